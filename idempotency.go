@@ -1,0 +1,439 @@
+// Package idempotency makes repeated operations safe when the network fails
+// mid-request.
+//
+// A [Guard] runs a caller's effect under an idempotency key: the first call
+// with a key runs the effect inside the store's transaction and stores its
+// [Response] with the key in that same transaction; every later call with the
+// same key and the same request fingerprint gets the stored response back
+// without running the effect again; the same key with another fingerprint is
+// refused with [ErrMismatch].
+//
+// The storage is a [KeyStore]; backends live in the sqlite, postgres, mysql
+// and redis packages, and the conformance package checks any implementation.
+package idempotency
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"math/rand/v2"
+	"net/http"
+	"time"
+	"unicode/utf8"
+)
+
+// Limits on keys and fingerprints.
+const (
+	// MaxIDLen is the longest key id, in bytes.
+	MaxIDLen = 255
+	// MaxScopeLen is the longest key scope, in bytes.
+	MaxScopeLen = 255
+	// MaxFingerprintLen is the longest fingerprint, in bytes.
+	MaxFingerprintLen = 255
+)
+
+// Errors returned by [Guard.Do]; match them with errors.Is.
+var (
+	// ErrInvalidKey: the key's id or scope is outside its allowed space. The
+	// store was not touched. (HTTP 400.)
+	ErrInvalidKey = errors.New("idempotency: invalid key")
+	// ErrInvalidFingerprint: the fingerprint is empty, too long or not
+	// printable ASCII. The store was not touched.
+	ErrInvalidFingerprint = errors.New("idempotency: invalid fingerprint")
+	// ErrInvalidConfig: a [Config] field is out of range. Returned by [New].
+	ErrInvalidConfig = errors.New("idempotency: invalid config")
+	// ErrInvalidResponse: fn returned a Response that cannot be stored
+	// (status outside 100..599, or a nil fn). The transaction was rolled
+	// back and the key left free.
+	ErrInvalidResponse = errors.New("idempotency: invalid response")
+	// ErrMismatch: the key was completed by a request with another
+	// fingerprint. fn was not called. (HTTP 422.)
+	ErrMismatch = errors.New("idempotency: key reused with a different request")
+	// ErrInProgress: another caller holds the key and the wait bound (or
+	// [Config.NoWait]) ran out before it finished. fn was not called. (HTTP 409.)
+	ErrInProgress = errors.New("idempotency: request with this key is in progress")
+	// ErrConflict: a retryable store conflict (serialization failure,
+	// deadlock, lock wait timeout, busy database). Stores wrap such errors
+	// with it; Do retries them and returns one only when its retries are
+	// exhausted.
+	ErrConflict = errors.New("idempotency: retryable store conflict")
+	// ErrLeaseLost: the caller's reservation expired and was taken over
+	// before it completed (stores with leases, such as Redis). Nothing the
+	// caller queued on its transaction was applied.
+	ErrLeaseLost = errors.New("idempotency: reservation lease lost")
+	// ErrInvalidJSON: [FingerprintJSON] was given bytes that are not one
+	// valid JSON value.
+	ErrInvalidJSON = errors.New("idempotency: invalid JSON")
+)
+
+// Key identifies one logical operation. Two keys are the same only if both
+// Scope and ID are byte-equal: the same ID in two scopes never meet.
+type Key struct {
+	// Scope partitions keys, e.g. by client or account: up to 255 bytes of
+	// valid UTF-8 without NUL. It may be empty.
+	Scope string
+	// ID is the client's idempotency key: 1 to 255 bytes of printable ASCII
+	// (0x20 to 0x7E), the value space of the Idempotency-Key header.
+	ID string
+}
+
+// Validate reports whether k is acceptable, with an error wrapping
+// [ErrInvalidKey] if not.
+func (k Key) Validate() error {
+	switch {
+	case len(k.ID) == 0:
+		return fmt.Errorf("%w: id is empty", ErrInvalidKey)
+	case len(k.ID) > MaxIDLen:
+		return fmt.Errorf("%w: id is %d bytes, longer than %d", ErrInvalidKey, len(k.ID), MaxIDLen)
+	case len(k.Scope) > MaxScopeLen:
+		return fmt.Errorf("%w: scope is %d bytes, longer than %d", ErrInvalidKey, len(k.Scope), MaxScopeLen)
+	case !utf8.ValidString(k.Scope):
+		return fmt.Errorf("%w: scope is not valid UTF-8", ErrInvalidKey)
+	}
+	if i := indexNotPrintable(k.ID); i >= 0 {
+		return fmt.Errorf("%w: id byte %d is %#02x, not printable ASCII", ErrInvalidKey, i, k.ID[i])
+	}
+	for i := 0; i < len(k.Scope); i++ {
+		if k.Scope[i] == 0 {
+			return fmt.Errorf("%w: scope contains NUL at byte %d", ErrInvalidKey, i)
+		}
+	}
+	return nil
+}
+
+func validateFingerprint(fp string) error {
+	switch {
+	case len(fp) == 0:
+		return fmt.Errorf("%w: empty", ErrInvalidFingerprint)
+	case len(fp) > MaxFingerprintLen:
+		return fmt.Errorf("%w: %d bytes, longer than %d", ErrInvalidFingerprint, len(fp), MaxFingerprintLen)
+	}
+	if i := indexNotPrintable(fp); i >= 0 {
+		return fmt.Errorf("%w: byte %d is %#02x, not printable ASCII", ErrInvalidFingerprint, i, fp[i])
+	}
+	return nil
+}
+
+func indexNotPrintable(s string) int {
+	for i := 0; i < len(s); i++ {
+		if s[i] < 0x20 || s[i] > 0x7e {
+			return i
+		}
+	}
+	return -1
+}
+
+// Response is what an operation answered: stored with the key when the
+// operation commits, and replayed byte-exact to every later caller with the
+// same key and fingerprint.
+type Response struct {
+	// Status is an HTTP-style status code, 100 to 599.
+	Status int
+	// Header holds response headers to replay; it may be nil.
+	Header http.Header
+	// Body is stored and replayed byte-exact; it may be nil or binary.
+	Body []byte
+	// Replayed is false when this call ran fn, true when the response was
+	// read back from the store.
+	Replayed bool
+}
+
+// Outcome says how a call of [Guard.Do] ended; see [Event].
+type Outcome int
+
+// The outcomes an [Observer] is told about.
+const (
+	// Executed: fn ran and its response was committed with the key.
+	Executed Outcome = iota + 1
+	// Replayed: a stored response was returned; fn did not run.
+	Replayed
+	// Mismatch: the key was used with another fingerprint.
+	Mismatch
+	// InProgress: the key was held by another caller past the wait bound.
+	InProgress
+	// Failed: fn, the store or validation returned an error.
+	Failed
+)
+
+func (o Outcome) String() string {
+	switch o {
+	case Executed:
+		return "executed"
+	case Replayed:
+		return "replayed"
+	case Mismatch:
+		return "mismatch"
+	case InProgress:
+		return "in_progress"
+	case Failed:
+		return "error"
+	}
+	return fmt.Sprintf("Outcome(%d)", int(o))
+}
+
+// Event describes one finished call of [Guard.Do].
+type Event struct {
+	Key      Key
+	Outcome  Outcome
+	Duration time.Duration
+	// Attempts counts reservations tried, retries of [ErrConflict] included.
+	Attempts int
+	// Err is the error Do returned, nil for Executed and Replayed.
+	Err error
+}
+
+// Observer is told about every call of [Guard.Do] once it ends, on the
+// calling goroutine. It must not block for long.
+type Observer func(ctx context.Context, ev Event)
+
+// Config tunes a [Guard]. The zero value (or nil) means the defaults.
+type Config struct {
+	// TTL is how long a completed key is remembered; after it the key
+	// counts as new. Defaults to 24h.
+	TTL time.Duration
+	// WaitTimeout bounds how long Do waits for another caller holding the
+	// same key before it returns [ErrInProgress]. Defaults to 30s. The
+	// caller's context bounds it too.
+	WaitTimeout time.Duration
+	// NoWait makes Do return [ErrInProgress] at once instead of waiting.
+	NoWait bool
+	// MaxRetries bounds how many times a [ErrConflict] is retried within one
+	// Do. Defaults to 10; a negative value means no retries.
+	MaxRetries int
+	// RetryBackoff is the base of the exponential backoff (full jitter)
+	// between retries, capped at 32 times the base. Defaults to 2ms.
+	RetryBackoff time.Duration
+	// PurgeBatch is how many keys one batch of [Guard.Purge] deletes.
+	// Defaults to 1000.
+	PurgeBatch int
+	// Observer, if set, is told about every call's outcome.
+	Observer Observer
+	// Now is the clock. Defaults to time.Now.
+	Now func() time.Time
+}
+
+// Defaults of [Config].
+const (
+	DefaultTTL          = 24 * time.Hour
+	DefaultWaitTimeout  = 30 * time.Second
+	DefaultMaxRetries   = 10
+	DefaultRetryBackoff = 2 * time.Millisecond
+	DefaultPurgeBatch   = 1000
+)
+
+// Guard runs operations under idempotency keys on a [KeyStore]. It is safe
+// for concurrent use; build it with [New].
+type Guard[Tx any] struct {
+	store KeyStore[Tx]
+	cfg   Config
+}
+
+// New returns a Guard on store. A nil cfg means the defaults; a field out of
+// range gives an error wrapping [ErrInvalidConfig].
+func New[Tx any](store KeyStore[Tx], cfg *Config) (*Guard[Tx], error) {
+	if store == nil {
+		return nil, fmt.Errorf("%w: nil store", ErrInvalidConfig)
+	}
+	var c Config
+	if cfg != nil {
+		c = *cfg
+	}
+	switch {
+	case c.TTL < 0:
+		return nil, fmt.Errorf("%w: negative TTL %v", ErrInvalidConfig, c.TTL)
+	case c.WaitTimeout < 0:
+		return nil, fmt.Errorf("%w: negative WaitTimeout %v", ErrInvalidConfig, c.WaitTimeout)
+	case c.RetryBackoff < 0:
+		return nil, fmt.Errorf("%w: negative RetryBackoff %v", ErrInvalidConfig, c.RetryBackoff)
+	case c.PurgeBatch < 0:
+		return nil, fmt.Errorf("%w: negative PurgeBatch %d", ErrInvalidConfig, c.PurgeBatch)
+	case c.TTL > 0 && c.TTL < time.Millisecond:
+		return nil, fmt.Errorf("%w: TTL %v shorter than 1ms", ErrInvalidConfig, c.TTL)
+	}
+	if c.TTL == 0 {
+		c.TTL = DefaultTTL
+	}
+	if c.WaitTimeout == 0 {
+		c.WaitTimeout = DefaultWaitTimeout
+	}
+	if c.MaxRetries == 0 {
+		c.MaxRetries = DefaultMaxRetries
+	} else if c.MaxRetries < 0 {
+		c.MaxRetries = 0
+	}
+	if c.RetryBackoff == 0 {
+		c.RetryBackoff = DefaultRetryBackoff
+	}
+	if c.PurgeBatch == 0 {
+		c.PurgeBatch = DefaultPurgeBatch
+	}
+	if c.Now == nil {
+		c.Now = time.Now
+	}
+	return &Guard[Tx]{store: store, cfg: c}, nil
+}
+
+// Do runs fn at most once per key, as seen by every caller of the key's
+// store:
+//
+//  1. New key: fn runs inside the store's transaction. (resp, nil) commits
+//     the effects done through tx, the key and resp together, and Do returns
+//     resp with Replayed false. An error from fn (or a panic, which Do
+//     re-raises) rolls everything back and leaves the key free.
+//  2. Completed key, same fingerprint: Do returns the stored response with
+//     Replayed true; fn is not called.
+//  3. Completed key, other fingerprint: an error wrapping [ErrMismatch].
+//  4. Key held by a running caller: Do waits for it, then behaves as 2 or 3,
+//     or competes again if that caller failed. Past [Config.WaitTimeout] (at
+//     once with [Config.NoWait]) it returns an error wrapping [ErrInProgress];
+//     ctx bounds the wait too.
+//  5. A key older than [Config.TTL] counts as new.
+//  6. Store conflicts ([ErrConflict]) are retried with a short backoff.
+//  7. Any other store error is returned and fn is not run.
+//
+// fn must do every write through tx, never through the pool the store was
+// built on: only writes through tx commit atomically with the key.
+func (g *Guard[Tx]) Do(ctx context.Context, key Key, fingerprint string, fn func(tx Tx) (Response, error)) (Response, error) {
+	if g.cfg.Observer == nil {
+		resp, _, err := g.do(ctx, key, fingerprint, fn)
+		return resp, err
+	}
+	start := time.Now()
+	ev := Event{Key: key, Outcome: Failed, Err: errPanicked}
+	defer func() {
+		ev.Duration = time.Since(start)
+		g.cfg.Observer(ctx, ev)
+	}()
+	resp, attempts, err := g.do(ctx, key, fingerprint, fn)
+	ev.Outcome, ev.Attempts, ev.Err = outcomeOf(resp, err), attempts, err
+	return resp, err
+}
+
+// errPanicked is what the observer is told when fn panicked.
+var errPanicked = errors.New("idempotency: fn panicked")
+
+func (g *Guard[Tx]) do(ctx context.Context, key Key, fingerprint string, fn func(tx Tx) (Response, error)) (Response, int, error) {
+	if err := key.Validate(); err != nil {
+		return Response{}, 0, err
+	}
+	if err := validateFingerprint(fingerprint); err != nil {
+		return Response{}, 0, err
+	}
+	if fn == nil {
+		return Response{}, 0, fmt.Errorf("%w: nil fn", ErrInvalidResponse)
+	}
+	wait := g.cfg.WaitTimeout
+	if g.cfg.NoWait {
+		wait = 0
+	}
+	for attempts := 1; ; attempts++ {
+		resp, err := g.attempt(ctx, key, fingerprint, wait, fn)
+		if err == nil || !errors.Is(err, ErrConflict) || attempts > g.cfg.MaxRetries {
+			return resp, attempts, err
+		}
+		if werr := sleep(ctx, backoff(g.cfg.RetryBackoff, attempts)); werr != nil {
+			return Response{}, attempts, fmt.Errorf("%w (while retrying: %w)", werr, err)
+		}
+	}
+}
+
+func outcomeOf(resp Response, err error) Outcome {
+	switch {
+	case err == nil && resp.Replayed:
+		return Replayed
+	case err == nil:
+		return Executed
+	case errors.Is(err, ErrMismatch):
+		return Mismatch
+	case errors.Is(err, ErrInProgress):
+		return InProgress
+	}
+	return Failed
+}
+
+// attempt is one reservation and, if it is won, one run of fn.
+func (g *Guard[Tx]) attempt(ctx context.Context, key Key, fp string, wait time.Duration, fn func(Tx) (Response, error)) (Response, error) {
+	if err := ctx.Err(); err != nil {
+		return Response{}, err
+	}
+	now := g.cfg.Now()
+	txn, rec, err := g.store.Reserve(ctx, Reservation{Key: key, Fingerprint: fp, Now: now, ExpiresAt: now.Add(g.cfg.TTL), Wait: wait})
+	switch {
+	case err != nil:
+		return Response{}, err
+	case txn == nil && rec == nil:
+		return Response{}, fmt.Errorf("idempotency: store returned neither a reservation nor a record for %q", key.ID)
+	case txn == nil:
+		if rec.Fingerprint != fp {
+			return Response{}, fmt.Errorf("%w: key %q", ErrMismatch, key.ID)
+		}
+		return rec.Response(), nil
+	}
+	return run(ctx, txn, fn)
+}
+
+// run calls fn on a won reservation and ends the transaction: Complete on
+// success, Rollback on an error or a panic (re-raised).
+func run[Tx any](ctx context.Context, txn Txn[Tx], fn func(Tx) (Response, error)) (resp Response, err error) {
+	done := false
+	defer func() {
+		if done {
+			return
+		}
+		// fn panicked: roll back with a context that is not cancelled.
+		_ = txn.Rollback(context.WithoutCancel(ctx))
+	}()
+	resp, err = fn(txn.Tx())
+	if err == nil && (resp.Status < 100 || resp.Status > 599) {
+		err = fmt.Errorf("%w: status %d outside 100..599", ErrInvalidResponse, resp.Status)
+	}
+	done = true
+	if err != nil {
+		if rerr := txn.Rollback(context.WithoutCancel(ctx)); rerr != nil {
+			return Response{}, errors.Join(err, fmt.Errorf("idempotency: rollback: %w", rerr))
+		}
+		return Response{}, err
+	}
+	resp.Replayed = false
+	if err := txn.Complete(ctx, resp); err != nil {
+		return Response{}, err
+	}
+	return resp, nil
+}
+
+func backoff(base time.Duration, attempt int) time.Duration {
+	shift := min(attempt-1, 5)
+	return rand.N(base<<shift + 1)
+}
+
+func sleep(ctx context.Context, d time.Duration) error {
+	t := time.NewTimer(d)
+	defer t.Stop()
+	select {
+	case <-ctx.Done():
+		return ctx.Err()
+	case <-t.C:
+		return nil
+	}
+}
+
+// Purge deletes expired keys in batches of [Config.PurgeBatch], each its own
+// short transaction, until a batch comes back short or ctx ends. It returns
+// how many keys it deleted.
+func (g *Guard[Tx]) Purge(ctx context.Context) (int, error) {
+	total := 0
+	before := g.cfg.Now()
+	for {
+		n, err := g.store.Purge(ctx, before, g.cfg.PurgeBatch)
+		total += n
+		if err != nil {
+			return total, err
+		}
+		if n < g.cfg.PurgeBatch {
+			return total, nil
+		}
+		if err := ctx.Err(); err != nil {
+			return total, err
+		}
+	}
+}

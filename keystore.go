@@ -1,0 +1,120 @@
+package idempotency
+
+import (
+	"context"
+	"net/http"
+	"time"
+)
+
+// KeyStore is the storage a [Guard] runs on. Tx is the backend's native
+// transaction handle (pgx.Tx, *sql.Tx, a Redis pipeline): the caller's effect
+// runs on the very transaction that holds the key.
+//
+// The core owns the protocol: validation, fingerprint comparison, retries of
+// [ErrConflict], TTL arithmetic, the observer. A backend owns only its
+// transaction type and these storage primitives.
+//
+// Rules every implementation follows:
+//
+//   - No method asks its pool for a second connection while it holds one.
+//     One call of Reserve uses at most one connection, and the [Txn] it
+//     returns keeps using that same connection until Complete or Rollback
+//     returns; after that the connection is back in the pool.
+//   - Errors that a retry of the whole attempt can cure (serialization
+//     failures, deadlocks, lock wait timeouts, a busy database) are wrapped
+//     with [ErrConflict]; a key held past the wait bound is reported with
+//     [ErrInProgress]; everything else is returned as it is (wrapped with %w)
+//     and makes [Guard.Do] fail closed.
+//   - Methods return promptly, with ctx.Err() in the chain, once ctx is done.
+//
+// Conformance of an implementation is checked by the conformance package.
+type KeyStore[Tx any] interface {
+	// Reserve tries to take the key for the caller, in a new transaction.
+	// It has exactly three successful outcomes:
+	//
+	//   - (txn, nil, nil): no live record existed (none at all, or only one
+	//     whose ExpiresAt <= r.Now); a record for r.Key with r.Fingerprint is
+	//     now held by txn's open transaction, which the caller ends with
+	//     Complete or Rollback. Other callers of the same key cannot take it
+	//     until then. On the SQL stores the reservation is a row inserted under
+	//     the table's unique key in the transaction the effect will use, so a
+	//     rollback frees the key with the effect.
+	//   - (nil, rec, nil): a completed, unexpired record exists; rec holds it
+	//     (whatever its fingerprint: the core compares). No transaction is
+	//     left open and no connection is held.
+	//   - (nil, nil, err) with err wrapping [ErrInProgress]: another caller
+	//     holds the key and still held it when r.Wait ran out (r.Wait == 0:
+	//     do not wait at all).
+	//
+	// While another caller holds the key, Reserve blocks (up to r.Wait and
+	// while ctx lives) until that caller completes (then it returns the
+	// record) or rolls back or loses its lease (then it competes again for
+	// the key). Under concurrent calls with the same key at most one obtains a
+	// Txn at any time.
+	//
+	// A backend may send the reservation in the same round trip as its BEGIN
+	// and may first look the key up outside a transaction, so that a replay
+	// costs one round trip.
+	Reserve(ctx context.Context, r Reservation) (Txn[Tx], *Record, error)
+
+	// Purge deletes at most limit records whose ExpiresAt <= before, in one
+	// short transaction of its own (one connection), and reports how many it
+	// deleted. Records held by an open transaction are skipped, never waited
+	// for. A backend whose records expire by themselves may return 0.
+	Purge(ctx context.Context, before time.Time, limit int) (int, error)
+}
+
+// Txn is a reservation held in an open transaction, returned by
+// [KeyStore.Reserve]. Exactly one of Complete or Rollback is called, once,
+// by the goroutine that called Reserve.
+type Txn[Tx any] interface {
+	// Tx is the native transaction handle; the caller's effect runs on it.
+	Tx() Tx
+
+	// Complete stores resp (status, header, body byte-exact) as the key's
+	// record, marks it completed and commits the transaction with it: the
+	// effect, the key and the response become visible together or not at
+	// all. It may send the update in the same round trip as COMMIT. After it
+	// returns, whatever the error, the transaction is over and the
+	// connection released. A commit that fails with a retryable conflict
+	// wraps [ErrConflict]; a backend that can tell that it lost the key
+	// (an expired lease taken over) returns [ErrLeaseLost].
+	Complete(ctx context.Context, resp Response) error
+
+	// Rollback abandons the transaction: the reservation and every effect
+	// done through Tx are discarded and the key is free again. It releases
+	// the connection even when it returns an error. It must work with an
+	// already cancelled ctx (the caller may be unwinding after a cancel).
+	Rollback(ctx context.Context) error
+}
+
+// Reservation is what [KeyStore.Reserve] is asked to reserve. The core fills
+// it; every field is already validated.
+type Reservation struct {
+	Key         Key
+	Fingerprint string
+	// Now is the core's clock reading for this attempt; records whose
+	// ExpiresAt <= Now count as absent.
+	Now time.Time
+	// ExpiresAt is Now plus the TTL: stored with the reservation.
+	ExpiresAt time.Time
+	// Wait bounds how long Reserve may wait for a key another caller holds;
+	// zero means do not wait.
+	Wait time.Duration
+}
+
+// Record is a completed key as a store returns it.
+type Record struct {
+	Key         Key
+	Fingerprint string
+	Status      int
+	Header      http.Header
+	Body        []byte
+	CreatedAt   time.Time
+	ExpiresAt   time.Time
+}
+
+// Response builds the replayed [Response] held by rec.
+func (rec *Record) Response() Response {
+	return Response{Status: rec.Status, Header: rec.Header, Body: rec.Body, Replayed: true}
+}
