@@ -32,6 +32,10 @@ type Fixture[Tx any] struct {
 	// Count reports how many effects labelled tag are committed, read
 	// through a connection of its own (not inside any Tx).
 	Count func(ctx context.Context, tag string) (int, error)
+	// Bare, used only by [Benchmark], performs the same effect as Effect in
+	// a plain transaction of the same pool, with no idempotency: the
+	// baseline every benchmark is compared with. Nil skips the benchmarks.
+	Bare func(ctx context.Context, tag string) error
 }
 
 // Options shape a fixture for one case.
