@@ -1,0 +1,28 @@
+package memstore_test
+
+import (
+	"context"
+	"testing"
+
+	"github.com/go-idempotency/idempotency/conformance"
+	"github.com/go-idempotency/idempotency/internal/memstore"
+)
+
+// TestConformance runs the suite on the in-memory store: it proves the suite
+// passes on a correct store without a server.
+func TestConformance(t *testing.T) { conformance.Run(t, harness) }
+
+// BenchmarkStore measures the core's own overhead: the store does no I/O.
+func BenchmarkStore(b *testing.B) { conformance.Benchmark(b, harness) }
+
+var harness = conformance.Harness[*memstore.Tx]{
+	NewFixture: func(t testing.TB, _ conformance.Options) conformance.Fixture[*memstore.Tx] {
+		s := memstore.New()
+		return conformance.Fixture[*memstore.Tx]{
+			Store:  s,
+			Effect: func(_ context.Context, tx *memstore.Tx, tag string) error { tx.Effect(tag); return nil },
+			Count:  func(_ context.Context, tag string) (int, error) { return s.Count(tag), nil },
+			Bare:   func(context.Context, string) error { return nil },
+		}
+	},
+}
