@@ -1,0 +1,84 @@
+package mysql
+
+import (
+	"context"
+	"database/sql"
+	"encoding/json"
+	"errors"
+	"fmt"
+
+	"github.com/go-idempotency/idempotency"
+)
+
+// txn is a reservation held by an open transaction on one connection.
+type txn struct {
+	s    *Store
+	conn *sql.Conn
+	tx   *sql.Tx
+	key  idempotency.Key
+	done bool
+}
+
+var errEnded = errors.New("mysql: the reservation's transaction has already ended")
+
+// Tx returns the transaction that holds the key; fn runs its effect on it.
+func (t *txn) Tx() *sql.Tx { return t.tx }
+
+// Complete stores resp on the key's row, marks it completed and commits.
+func (t *txn) Complete(ctx context.Context, resp idempotency.Response) error {
+	if t.done {
+		return errEnded
+	}
+	t.done = true
+	header, err := json.Marshal(resp.Header)
+	if err != nil {
+		t.end()
+		return fmt.Errorf("mysql: key %q: encode header: %w", t.key.ID, err)
+	}
+	res, err := t.tx.ExecContext(ctx, t.s.completeSQL, resp.Status, header, resp.Body, []byte(t.key.Scope), []byte(t.key.ID))
+	var n int64
+	if err == nil {
+		n, err = res.RowsAffected()
+	}
+	if err != nil {
+		t.end()
+		return wrapErr(ctx, err, "mysql: complete key %q", t.key.ID)
+	}
+	if n != 1 {
+		// fn deleted or completed the row through tx: nothing is committed.
+		t.end()
+		return fmt.Errorf("mysql: complete key %q: its pending row is gone from the transaction", t.key.ID)
+	}
+	err = t.tx.Commit()
+	_ = t.conn.Close()
+	if err != nil {
+		return wrapErr(ctx, err, "mysql: commit key %q", t.key.ID)
+	}
+	return nil
+}
+
+// Rollback abandons the transaction and releases the connection. A
+// transaction that database/sql already rolled back (its context ended) is
+// not an error.
+func (t *txn) Rollback(context.Context) error {
+	if t.done {
+		return nil
+	}
+	t.done = true
+	if err := t.end(); err != nil {
+		return fmt.Errorf("mysql: roll back key %q: %w", t.key.ID, err)
+	}
+	return nil
+}
+
+// end rolls the transaction back and releases the connection, closing it
+// when the rollback failed (the server then ends the transaction itself).
+func (t *txn) end() error {
+	err := t.tx.Rollback()
+	if err != nil && !errors.Is(err, sql.ErrTxDone) {
+		discard(t.conn)
+		return err
+	}
+	_ = t.conn.Close()
+	return nil
+}
