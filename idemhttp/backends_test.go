@@ -1,0 +1,135 @@
+package idemhttp_test
+
+import (
+	"context"
+	"crypto/rand"
+	"database/sql"
+	"encoding/hex"
+	"path/filepath"
+	"testing"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
+
+	"github.com/go-idempotency/idempotency"
+	"github.com/go-idempotency/idempotency/internal/testenv"
+	"github.com/go-idempotency/idempotency/postgres"
+	"github.com/go-idempotency/idempotency/sqlite"
+)
+
+func TestMiddlewareSQLite(t *testing.T) {
+	t.Parallel()
+	runMiddlewareTests(t, sqliteEnv)
+}
+
+func TestMiddlewarePostgres(t *testing.T) {
+	t.Parallel()
+	runMiddlewareTests(t, postgresEnv)
+}
+
+func setupCtx(t *testing.T) context.Context {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+	t.Cleanup(cancel)
+	return ctx
+}
+
+func guardOn[Tx any](t *testing.T, s idempotency.KeyStore[Tx]) func(*idempotency.Config) *idempotency.Guard[Tx] {
+	return func(cfg *idempotency.Config) *idempotency.Guard[Tx] {
+		g, err := idempotency.New(s, cfg)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return g
+	}
+}
+
+// sqliteEnv is a fresh SQLite database file with an effects table.
+func sqliteEnv(t *testing.T) env[*sql.Tx] {
+	ctx := setupCtx(t)
+	db, err := sqlite.Open(ctx, filepath.Join(t.TempDir(), "idemhttp.db"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { db.Close() })
+	s, err := sqlite.New(db, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := s.Migrate(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := db.ExecContext(ctx, `CREATE TABLE effects (tag TEXT NOT NULL)`); err != nil {
+		t.Fatal(err)
+	}
+	return env[*sql.Tx]{
+		newGuard: guardOn(t, s),
+		effect: func(ctx context.Context, tx *sql.Tx, tag string) error {
+			_, err := tx.ExecContext(ctx, `INSERT INTO effects (tag) VALUES (?)`, tag)
+			return err
+		},
+		count: func(ctx context.Context, tag string) int {
+			var n int
+			if err := db.QueryRowContext(ctx, `SELECT count(*) FROM effects WHERE tag = ?`, tag).Scan(&n); err != nil {
+				t.Fatal(err)
+			}
+			return n
+		},
+		breakStore: func() { db.Close() },
+	}
+}
+
+// postgresEnv is a fresh pair of tables (keys, effects) with random names,
+// dropped at cleanup.
+func postgresEnv(t *testing.T) env[pgx.Tx] {
+	ctx := setupCtx(t)
+	dsn := testenv.PostgresDSN(t)
+	pool, err := pgxpool.New(ctx, dsn)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(pool.Close)
+	var b [6]byte
+	_, _ = rand.Read(b[:])
+	table := "idemhttp_" + hex.EncodeToString(b[:])
+	effects := table + "_effects"
+	t.Cleanup(func() {
+		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+		defer cancel()
+		conn, err := pgx.Connect(ctx, dsn)
+		if err != nil {
+			t.Error(err)
+			return
+		}
+		defer conn.Close(ctx)
+		if _, err := conn.Exec(ctx, `DROP TABLE IF EXISTS `+table+`, `+effects); err != nil {
+			t.Error(err)
+		}
+	})
+	s, err := postgres.New(pool, &postgres.Config{Table: table})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := s.Migrate(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := pool.Exec(ctx, `CREATE TABLE `+effects+` (tag TEXT NOT NULL)`); err != nil {
+		t.Fatal(err)
+	}
+	return env[pgx.Tx]{
+		newGuard: guardOn(t, s),
+		effect: func(ctx context.Context, tx pgx.Tx, tag string) error {
+			_, err := tx.Exec(ctx, `INSERT INTO `+effects+` (tag) VALUES ($1)`, tag)
+			return err
+		},
+		count: func(ctx context.Context, tag string) int {
+			var n int
+			if err := pool.QueryRow(ctx, `SELECT count(*) FROM `+effects+` WHERE tag = $1`, tag).Scan(&n); err != nil {
+				t.Fatal(err)
+			}
+			return n
+		},
+		breakStore: pool.Close,
+	}
+}

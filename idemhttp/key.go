@@ -1,0 +1,77 @@
+package idemhttp
+
+import (
+	"crypto/rand"
+	"encoding/hex"
+	"errors"
+	"fmt"
+	"strings"
+)
+
+// HeaderKey is the name of the request header that carries the key.
+const HeaderKey = "Idempotency-Key"
+
+// HeaderReplayed is set to "true" on responses replayed from the store.
+const HeaderReplayed = "Idempotent-Replayed"
+
+// parseKey returns the key id carried by one Idempotency-Key field value.
+// The draft makes the value an RFC 8941 sf-string ("abc", where \" and \\
+// are the only escapes); most clients send the bare value, which is taken
+// as it is. Surrounding spaces and tabs are ignored. Parameters after a
+// quoted string are not accepted. The id's own limits are checked by
+// [idempotency.Key.Validate].
+func parseKey(v string) (string, error) {
+	v = strings.Trim(v, " \t")
+	if !strings.HasPrefix(v, `"`) {
+		return v, nil
+	}
+	var b strings.Builder
+	for i := 1; i < len(v); i++ {
+		switch c := v[i]; {
+		case c == '\\':
+			i++
+			if i == len(v) {
+				return "", errors.New("sf-string ends inside an escape")
+			}
+			if v[i] != '"' && v[i] != '\\' {
+				return "", fmt.Errorf("sf-string has the invalid escape \\%c", v[i])
+			}
+			b.WriteByte(v[i])
+		case c == '"':
+			if i != len(v)-1 {
+				return "", errors.New("sf-string is followed by more data")
+			}
+			return b.String(), nil
+		case c < 0x20 || c > 0x7e:
+			return "", fmt.Errorf("sf-string byte %d is %#02x, not printable ASCII", i, c)
+		default:
+			b.WriteByte(c)
+		}
+	}
+	return "", errors.New("sf-string has no closing quote")
+}
+
+// NewKey returns a fresh random key: a version 4 UUID from crypto/rand.
+func NewKey() string {
+	var u [16]byte
+	_, _ = rand.Read(u[:]) // crypto/rand.Read never fails (it crashes the program instead)
+	u[6] = u[6]&0x0f | 0x40
+	u[8] = u[8]&0x3f | 0x80
+	var b [36]byte
+	hex.Encode(b[0:8], u[0:4])
+	b[8] = '-'
+	hex.Encode(b[9:13], u[4:6])
+	b[13] = '-'
+	hex.Encode(b[14:18], u[6:8])
+	b[18] = '-'
+	hex.Encode(b[19:23], u[8:10])
+	b[23] = '-'
+	hex.Encode(b[24:], u[10:])
+	return string(b[:])
+}
+
+// quoteKey writes id as an sf-string, the form the draft specifies.
+func quoteKey(id string) string {
+	r := strings.NewReplacer(`\`, `\\`, `"`, `\"`)
+	return `"` + r.Replace(id) + `"`
+}

@@ -1,0 +1,601 @@
+package idemhttp_test
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"log"
+	"net/http"
+	"net/http/httptest"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/go-idempotency/idempotency"
+	"github.com/go-idempotency/idempotency/idemhttp"
+)
+
+// env is one isolated store behind a guard, plus a way to perform and count
+// an effect inside the store's transaction.
+type env[Tx any] struct {
+	newGuard func(cfg *idempotency.Config) *idempotency.Guard[Tx]
+	// effect inserts one row labelled tag through tx.
+	effect func(ctx context.Context, tx Tx, tag string) error
+	// count counts committed rows labelled tag, outside any transaction.
+	count func(ctx context.Context, tag string) int
+	// breakStore makes every later store call fail (closes the pool).
+	breakStore func()
+}
+
+// backend builds a fresh env per test; it registers cleanups with t.
+type backend[Tx any] func(t *testing.T) env[Tx]
+
+// server is a guarded httptest server whose handler, per request, runs
+// step(n) (n counts handler runs from 1) after doing one effect labelled
+// with the request's key id.
+type server[Tx any] struct {
+	*httptest.Server
+	env   env[Tx]
+	calls atomic.Int64
+}
+
+// step decides what the handler does on its n-th run, after its effect.
+type step func(n int64, w http.ResponseWriter, r *http.Request)
+
+func created(n int64, w http.ResponseWriter, r *http.Request) {
+	body, _ := io.ReadAll(r.Body)
+	w.Header().Set("Content-Type", "application/json")
+	w.Header().Set("Location", fmt.Sprintf("/things/%d", n))
+	w.WriteHeader(http.StatusCreated)
+	fmt.Fprintf(w, `{"run":%d,"echo":%q,"at":%q}`, n, body, time.Now().Format(time.RFC3339Nano))
+}
+
+func startServer[Tx any](t *testing.T, e env[Tx], cfg *idempotency.Config, opts *idemhttp.Options, s step) *server[Tx] {
+	t.Helper()
+	srv := &server[Tx]{env: e}
+	g := e.newGuard(cfg)
+	h := http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		n := srv.calls.Add(1)
+		tx, ok := idemhttp.TxFrom[Tx](r.Context())
+		key, kok := idemhttp.KeyFrom(r.Context())
+		if !ok || !kok {
+			w.WriteHeader(http.StatusTeapot) // unguarded: no effect
+			return
+		}
+		if err := e.effect(r.Context(), tx, key.Scope+"/"+key.ID); err != nil {
+			http.Error(w, err.Error(), http.StatusInternalServerError)
+			return
+		}
+		s(n, w, r)
+	})
+	srv.Server = httptest.NewUnstartedServer(idemhttp.Middleware(g, opts)(h))
+	srv.Config.ErrorLog = log.New(io.Discard, "", 0) // panics are expected in some tests
+	srv.Start()
+	t.Cleanup(srv.Close)
+	return srv
+}
+
+type result struct {
+	status int
+	header http.Header
+	body   []byte
+}
+
+// send posts body with the given Idempotency-Key values (none if empty).
+func (s *server[Tx]) send(t *testing.T, method, path, ctype, body string, keys ...string) result {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	req, err := http.NewRequestWithContext(ctx, method, s.URL+path, strings.NewReader(body))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if ctype != "" {
+		req.Header.Set("Content-Type", ctype)
+	}
+	for _, k := range keys {
+		req.Header.Add(idemhttp.HeaderKey, k)
+	}
+	resp, err := s.Client().Do(req)
+	if err != nil {
+		t.Fatalf("%s %s: %v", method, path, err)
+	}
+	defer resp.Body.Close()
+	b, err := io.ReadAll(resp.Body)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return result{resp.StatusCode, resp.Header, b}
+}
+
+func (s *server[Tx]) post(t *testing.T, body string, keys ...string) result {
+	t.Helper()
+	return s.send(t, http.MethodPost, "/things", "application/json", body, keys...)
+}
+
+func (s *server[Tx]) effects(t *testing.T, tag string) int {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	return s.env.count(ctx, tag)
+}
+
+func (s *server[Tx]) wantCalls(t *testing.T, want int64) {
+	t.Helper()
+	if got := s.calls.Load(); got != want {
+		t.Errorf("handler ran %d times, want %d", got, want)
+	}
+}
+
+func (s *server[Tx]) wantEffects(t *testing.T, tag string, want int) {
+	t.Helper()
+	if got := s.effects(t, tag); got != want {
+		t.Errorf("%d effects committed for %q, want %d", got, tag, want)
+	}
+}
+
+// wantProblem checks an RFC 9457 answer of the given status and type.
+func wantProblem(t *testing.T, res result, status int, typ string) idemhttp.Problem {
+	t.Helper()
+	var p idemhttp.Problem
+	if ct := res.header.Get("Content-Type"); ct != idemhttp.ProblemContentType {
+		t.Errorf("Content-Type %q, want %q (status %d, body %s)", ct, idemhttp.ProblemContentType, res.status, res.body)
+	}
+	dec := json.NewDecoder(bytes.NewReader(res.body))
+	dec.DisallowUnknownFields()
+	if err := dec.Decode(&p); err != nil {
+		t.Fatalf("problem body %q: %v", res.body, err)
+	}
+	if res.status != status || p.Status != status || p.Type != typ || p.Title == "" || p.Detail == "" && status != 500 {
+		t.Errorf("got %d %+v; want status %d type %s with title and detail", res.status, p, status, typ)
+	}
+	return p
+}
+
+func wantStatus(t *testing.T, res result, status int) {
+	t.Helper()
+	if res.status != status {
+		t.Fatalf("status %d (body %s), want %d", res.status, res.body, status)
+	}
+}
+
+func wantReplay(t *testing.T, first, replay result) {
+	t.Helper()
+	if replay.status != first.status || !bytes.Equal(replay.body, first.body) {
+		t.Errorf("replay %d %q, first %d %q: want the same status and bytes", replay.status, replay.body, first.status, first.body)
+	}
+	if got := replay.header.Get(idemhttp.HeaderReplayed); got != "true" {
+		t.Errorf("replay %s = %q, want true", idemhttp.HeaderReplayed, got)
+	}
+	if got := first.header.Values(idemhttp.HeaderReplayed); got != nil {
+		t.Errorf("first response has %s %q", idemhttp.HeaderReplayed, got)
+	}
+}
+
+// runMiddlewareTests runs every middleware case on one backend.
+func runMiddlewareTests[Tx any](t *testing.T, b backend[Tx]) {
+	cases := []struct {
+		name string
+		fn   func(*testing.T, env[Tx])
+	}{
+		{"MissingKey", testMissingKey[Tx]},
+		{"InvalidKey", testInvalidKey[Tx]},
+		{"QuotedKey", testQuotedKey[Tx]},
+		{"InvalidJSON", testInvalidJSON[Tx]},
+		{"InProgressNoWait", testInProgressNoWait[Tx]},
+		{"RequestTooLarge", testRequestTooLarge[Tx]},
+		{"KeyReused", testKeyReused[Tx]},
+		{"Replay", testReplay[Tx]},
+		{"ServerErrorNotStored", testServerErrorNotStored[Tx]},
+		{"TransientNotStored", testTransientNotStored[Tx]},
+		{"PanicRollsBack", testPanicRollsBack[Tx]},
+		{"ResponseTooLarge", testResponseTooLarge[Tx]},
+		{"Scope", testScope[Tx]},
+		{"StoreDown", testStoreDown[Tx]},
+		{"ConcurrentSameKey", testConcurrentSameKey[Tx]},
+	}
+	for _, c := range cases {
+		t.Run(c.name, func(t *testing.T) {
+			t.Parallel()
+			c.fn(t, b(t))
+		})
+	}
+}
+
+func testMissingKey[Tx any](t *testing.T, e env[Tx]) {
+	s := startServer(t, e, nil, nil, created)
+	wantProblem(t, s.post(t, `{"a":1}`), 400, idemhttp.ProblemMissingKey)
+	wantProblem(t, s.send(t, http.MethodPatch, "/things", "text/plain", "x"), 400, idemhttp.ProblemMissingKey)
+	// Other methods pass through, without a transaction.
+	wantStatus(t, s.send(t, http.MethodGet, "/things", "", ""), http.StatusTeapot)
+	wantStatus(t, s.send(t, http.MethodPut, "/things", "", "x"), http.StatusTeapot)
+	s.wantCalls(t, 2)
+
+	// With KeyOptional, a request without key goes through unprotected.
+	o := startServer(t, e, nil, &idemhttp.Options{KeyOptional: true}, created)
+	wantStatus(t, o.post(t, `{}`), http.StatusTeapot)
+	o.wantCalls(t, 1)
+}
+
+func testInvalidKey[Tx any](t *testing.T, e env[Tx]) {
+	s := startServer(t, e, nil, nil, created)
+	for _, keys := range [][]string{
+		{strings.Repeat("k", idempotency.MaxIDLen+1)},
+		{"caf\u00e9"},
+		{`"unterminated`},
+		{`"bad\escape"`},
+		{`""`},
+		{""},
+		{"a", "b"},
+	} {
+		p := wantProblem(t, s.post(t, `{}`, keys...), 400, idemhttp.ProblemInvalidKey)
+		t.Logf("%q: %s", keys, p.Detail)
+	}
+	s.wantCalls(t, 0)
+	// The longest key is accepted.
+	long := strings.Repeat("k", idempotency.MaxIDLen)
+	wantStatus(t, s.post(t, `{}`, long), http.StatusCreated)
+	s.wantEffects(t, "/"+long, 1)
+}
+
+func testQuotedKey[Tx any](t *testing.T, e env[Tx]) {
+	s := startServer(t, e, nil, nil, created)
+	first := s.post(t, `{"a":1}`, `"k-\"q\"-\\"`)
+	wantStatus(t, first, http.StatusCreated)
+	// The bare form of the same id is the same key.
+	wantReplay(t, first, s.post(t, `{"a":1}`, `k-"q"-\`))
+	wantReplay(t, first, s.post(t, `{"a":1}`, ` "k-\"q\"-\\" `))
+	s.wantCalls(t, 1)
+	s.wantEffects(t, `/k-"q"-\`, 1)
+}
+
+func testInvalidJSON[Tx any](t *testing.T, e env[Tx]) {
+	s := startServer(t, e, nil, nil, created)
+	for _, c := range []struct{ ctype, body string }{
+		{"application/json", `{"a":`},
+		{"application/json; charset=utf-8", `{"a":1,"a":2}`},
+		{"application/merge-patch+json", `{"a":1} {"b":2}`},
+		{"application/json", `nope`},
+	} {
+		wantProblem(t, s.send(t, http.MethodPost, "/things", c.ctype, c.body, "bad-json"), 400, idemhttp.ProblemInvalidBody)
+	}
+	s.wantCalls(t, 0)
+	// Nothing was stored: the key still runs a valid request. The same
+	// bytes as text are not parsed.
+	wantStatus(t, s.send(t, http.MethodPost, "/things", "text/plain", `{"a":`, "bad-json"), http.StatusCreated)
+	s.wantEffects(t, "/bad-json", 1)
+}
+
+func testInProgressNoWait[Tx any](t *testing.T, e env[Tx]) {
+	entered, release := make(chan struct{}), make(chan struct{})
+	s := startServer(t, e, &idempotency.Config{NoWait: true}, nil, func(n int64, w http.ResponseWriter, r *http.Request) {
+		if n == 1 {
+			close(entered)
+			<-release
+		}
+		created(n, w, r)
+	})
+	done := make(chan result, 1)
+	go func() { done <- s.post(t, `{}`, "busy") }()
+	select {
+	case <-entered:
+	case <-time.After(20 * time.Second):
+		t.Fatal("the first request never reached the handler")
+	}
+	res := s.post(t, `{}`, "busy")
+	close(release)
+	wantProblem(t, res, http.StatusConflict, idemhttp.ProblemInProgress)
+	if res.header.Get("Retry-After") == "" {
+		t.Error("409 without Retry-After")
+	}
+	first := <-done
+	wantStatus(t, first, http.StatusCreated)
+	wantReplay(t, first, s.post(t, `{}`, "busy"))
+	s.wantCalls(t, 1)
+	s.wantEffects(t, "/busy", 1)
+}
+
+func testRequestTooLarge[Tx any](t *testing.T, e env[Tx]) {
+	s := startServer(t, e, nil, &idemhttp.Options{MaxRequestBody: 16}, created)
+	wantProblem(t, s.post(t, `{"a":"1234567890"}`, "big"), http.StatusRequestEntityTooLarge, idemhttp.ProblemRequestTooLarge)
+	// Without a Content-Length (chunked), the limit holds while reading.
+	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+	defer cancel()
+	req, _ := http.NewRequestWithContext(ctx, http.MethodPost, s.URL+"/things", io.MultiReader(strings.NewReader(`{"a":"123`), strings.NewReader(`4567890"}`)))
+	req.Header.Set(idemhttp.HeaderKey, "big")
+	req.Header.Set("Content-Type", "application/json")
+	resp, err := s.Client().Do(req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	b, _ := io.ReadAll(resp.Body)
+	resp.Body.Close()
+	wantProblem(t, result{resp.StatusCode, resp.Header, b}, http.StatusRequestEntityTooLarge, idemhttp.ProblemRequestTooLarge)
+	s.wantCalls(t, 0)
+	// Exactly at the limit is accepted, and the key was never stored.
+	wantStatus(t, s.post(t, `{"a":"12345678"}`, "big"), http.StatusCreated)
+	s.wantEffects(t, "/big", 1)
+}
+
+func testKeyReused[Tx any](t *testing.T, e env[Tx]) {
+	s := startServer(t, e, nil, nil, created)
+	first := s.post(t, `{"amount":100,"order":7}`, "reuse")
+	wantStatus(t, first, http.StatusCreated)
+	// Same JSON value, other key order and spacing: same request.
+	wantReplay(t, first, s.post(t, "{ \"order\": 7,\n \"amount\": 1.00e2 }", "reuse"))
+	wantProblem(t, s.post(t, `{"amount":101,"order":7}`, "reuse"), 422, idemhttp.ProblemKeyReused)
+	wantProblem(t, s.send(t, http.MethodPost, "/other", "application/json", `{"amount":100,"order":7}`, "reuse"), 422, idemhttp.ProblemKeyReused)
+	wantProblem(t, s.send(t, http.MethodPatch, "/things", "application/json", `{"amount":100,"order":7}`, "reuse"), 422, idemhttp.ProblemKeyReused)
+	wantProblem(t, s.send(t, http.MethodPost, "/things", "text/plain", `{"amount":100,"order":7}`, "reuse"), 422, idemhttp.ProblemKeyReused)
+	s.wantCalls(t, 1)
+	s.wantEffects(t, "/reuse", 1)
+}
+
+func testReplay[Tx any](t *testing.T, e env[Tx]) {
+	binary := []byte{0, 1, 2, 0xff, 0xfe, '\r', '\n', 0x80}
+	s := startServer(t, e, nil, nil, func(n int64, w http.ResponseWriter, r *http.Request) {
+		h := w.Header()
+		h.Set("Content-Type", "application/octet-stream")
+		h.Set("Location", fmt.Sprintf("/things/%d", n))
+		h.Add("Link", "</a>; rel=a")
+		h.Add("Link", "</b>; rel=b")
+		h.Set("X-Not-Listed", "1")
+		h.Set("Keep-Alive", "timeout=5")
+		http.SetCookie(w, &http.Cookie{Name: "session", Value: "secret"})
+		w.WriteHeader(http.StatusAccepted)
+		_, _ = w.Write(binary)
+		fmt.Fprintf(w, "run %d at %s", n, time.Now().Format(time.RFC3339Nano))
+	})
+	first := s.post(t, `{"x":[1,2,3]}`, "replay")
+	wantStatus(t, first, http.StatusAccepted)
+	// The first response is sent as the handler wrote it.
+	for _, f := range []string{"Set-Cookie", "X-Not-Listed", "Location", "Content-Type"} {
+		if first.header.Get(f) == "" {
+			t.Errorf("first response lacks %s: %v", f, first.header)
+		}
+	}
+	if !bytes.HasPrefix(first.body, binary) {
+		t.Fatalf("first body %q", first.body)
+	}
+	for range 3 {
+		replay := s.post(t, `{"x":[1,2,3]}`, "replay")
+		wantReplay(t, first, replay)
+		for _, f := range []string{"Content-Type", "Location"} {
+			if replay.header.Get(f) != first.header.Get(f) {
+				t.Errorf("replay %s %q, first %q", f, replay.header.Get(f), first.header.Get(f))
+			}
+		}
+		if got := replay.header.Values("Link"); len(got) != 2 || got[0] != "</a>; rel=a" || got[1] != "</b>; rel=b" {
+			t.Errorf("replay Link %q, want both values in order", got)
+		}
+		for _, f := range []string{"Set-Cookie", "X-Not-Listed", "Keep-Alive"} {
+			if v := replay.header.Values(f); v != nil {
+				t.Errorf("replay has %s %q; it must not be stored", f, v)
+			}
+		}
+	}
+	s.wantCalls(t, 1)
+	s.wantEffects(t, "/replay", 1)
+
+	// A custom allowlist replays what it lists, never cookies.
+	c := startServer(t, e, nil, &idemhttp.Options{ReplayHeaders: []string{"x-not-listed", "Set-Cookie"}}, func(n int64, w http.ResponseWriter, r *http.Request) {
+		w.Header().Set("X-Not-Listed", "kept")
+		http.SetCookie(w, &http.Cookie{Name: "session", Value: "secret"})
+		_, _ = io.WriteString(w, "plain text")
+	})
+	first = c.post(t, `{}`, "allow")
+	replay := c.post(t, `{}`, "allow")
+	wantReplay(t, first, replay)
+	if replay.header.Get("X-Not-Listed") != "kept" || replay.header.Get("Set-Cookie") != "" {
+		t.Errorf("custom allowlist replay headers %v", replay.header)
+	}
+	// The sniffed Content-Type is the one net/http would have sent, both times.
+	if replay.header.Get("Content-Type") != "text/plain; charset=utf-8" || first.header.Get("Content-Type") != "text/plain; charset=utf-8" {
+		t.Errorf("Content-Type first %q replay %q", first.header.Get("Content-Type"), replay.header.Get("Content-Type"))
+	}
+}
+
+func testServerErrorNotStored[Tx any](t *testing.T, e env[Tx]) {
+	s := startServer(t, e, nil, nil, func(n int64, w http.ResponseWriter, r *http.Request) {
+		if n == 1 {
+			w.Header().Set("X-Failure", "yes")
+			http.Error(w, "upstream down", http.StatusBadGateway)
+			return
+		}
+		created(n, w, r)
+	})
+	res := s.post(t, `{}`, "fivexx")
+	if res.status != http.StatusBadGateway || string(res.body) != "upstream down\n" || res.header.Get("X-Failure") != "yes" {
+		t.Fatalf("got %d %q %v; want the handler's own 502", res.status, res.body, res.header)
+	}
+	s.wantEffects(t, "/fivexx", 0) // rolled back
+	first := s.post(t, `{}`, "fivexx")
+	wantStatus(t, first, http.StatusCreated)
+	wantReplay(t, first, s.post(t, `{}`, "fivexx"))
+	s.wantCalls(t, 2)
+	s.wantEffects(t, "/fivexx", 1)
+}
+
+func testTransientNotStored[Tx any](t *testing.T, e env[Tx]) {
+	s := startServer(t, e, nil, nil, func(n int64, w http.ResponseWriter, r *http.Request) {
+		if n == 1 {
+			w.Header().Set("Retry-After", "0")
+			w.WriteHeader(http.StatusTooManyRequests)
+			return
+		}
+		w.WriteHeader(http.StatusBadRequest) // a stored 4xx
+		_, _ = io.WriteString(w, "bad order")
+	})
+	wantStatus(t, s.post(t, `{}`, "transient"), http.StatusTooManyRequests)
+	s.wantEffects(t, "/transient", 0)
+	first := s.post(t, `{}`, "transient")
+	wantStatus(t, first, http.StatusBadRequest)
+	wantReplay(t, first, s.post(t, `{}`, "transient"))
+	s.wantCalls(t, 2)
+	s.wantEffects(t, "/transient", 1)
+}
+
+func testPanicRollsBack[Tx any](t *testing.T, e env[Tx]) {
+	s := startServer(t, e, nil, nil, func(n int64, w http.ResponseWriter, r *http.Request) {
+		if n == 1 {
+			w.WriteHeader(http.StatusCreated)
+			_, _ = io.WriteString(w, "never sent")
+			panic("handler bug")
+		}
+		created(n, w, r)
+	})
+	// The panicking attempt drops the connection; the Client retries it with
+	// the same key and the handler runs again.
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	req, _ := http.NewRequestWithContext(ctx, http.MethodPost, s.URL+"/things", strings.NewReader(`{"p":1}`))
+	req.Header.Set("Content-Type", "application/json")
+	c := &idemhttp.Client{HTTPClient: s.Client(), BaseDelay: time.Millisecond}
+	resp, err := c.Do(req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	body, _ := io.ReadAll(resp.Body)
+	resp.Body.Close()
+	first := result{resp.StatusCode, resp.Header, body}
+	wantStatus(t, first, http.StatusCreated)
+	s.wantCalls(t, 2)
+	id := strings.Trim(resp.Request.Header.Get(idemhttp.HeaderKey), `"`) // a generated UUID, quoted
+	s.wantEffects(t, "/"+id, 1)
+	wantReplay(t, first, s.post(t, `{"p":1}`, id))
+}
+
+func testResponseTooLarge[Tx any](t *testing.T, e env[Tx]) {
+	var writeErr atomic.Value
+	s := startServer(t, e, nil, &idemhttp.Options{MaxResponseBody: 10}, func(n int64, w http.ResponseWriter, r *http.Request) {
+		if n == 1 {
+			_, err := io.WriteString(w, "0123456789A")
+			writeErr.Store(fmt.Sprint(err))
+			return
+		}
+		_, _ = io.WriteString(w, "0123456789")
+	})
+	wantProblem(t, s.post(t, `{}`, "huge"), 500, idemhttp.ProblemResponseTooLarge)
+	if got, _ := writeErr.Load().(string); got == "<nil>" || got == "" {
+		t.Error("the handler's Write past the limit returned no error")
+	}
+	s.wantEffects(t, "/huge", 0)
+	first := s.post(t, `{}`, "huge")
+	wantStatus(t, first, http.StatusOK)
+	wantReplay(t, first, s.post(t, `{}`, "huge"))
+	s.wantEffects(t, "/huge", 1)
+}
+
+func testScope[Tx any](t *testing.T, e env[Tx]) {
+	opts := &idemhttp.Options{Scope: func(r *http.Request) (string, error) {
+		acct := r.Header.Get("X-Account")
+		if acct == "" {
+			return "", &idemhttp.Problem{Type: "https://example.com/unauthorized", Title: "Unauthorized", Status: 401, Detail: "no account"}
+		}
+		return acct, nil
+	}}
+	s := startServer(t, e, nil, opts, created)
+	post := func(acct string) result {
+		ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+		defer cancel()
+		req, _ := http.NewRequestWithContext(ctx, http.MethodPost, s.URL+"/things", strings.NewReader(`{}`))
+		req.Header.Set(idemhttp.HeaderKey, "shared")
+		if acct != "" {
+			req.Header.Set("X-Account", acct)
+		}
+		resp, err := s.Client().Do(req)
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer resp.Body.Close()
+		b, _ := io.ReadAll(resp.Body)
+		return result{resp.StatusCode, resp.Header, b}
+	}
+	a, b := post("alice"), post("bob")
+	wantStatus(t, a, http.StatusCreated)
+	wantStatus(t, b, http.StatusCreated)
+	if bytes.Equal(a.body, b.body) {
+		t.Error("two scopes shared one response")
+	}
+	wantReplay(t, a, post("alice"))
+	wantProblem(t, post(""), 401, "https://example.com/unauthorized")
+	s.wantCalls(t, 2)
+	s.wantEffects(t, "alice/shared", 1)
+	s.wantEffects(t, "bob/shared", 1)
+
+	// A Scope failure that is not a Problem fails closed with 500.
+	var causes atomic.Int64
+	f := startServer(t, e, nil, &idemhttp.Options{
+		Scope:   func(*http.Request) (string, error) { return "", errors.New("auth backend down") },
+		OnError: func(*http.Request, error) { causes.Add(1) },
+	}, created)
+	wantProblem(t, f.post(t, `{}`, "k"), 500, idemhttp.ProblemInternal)
+	f.wantCalls(t, 0)
+	if causes.Load() != 1 {
+		t.Errorf("OnError called %d times, want 1", causes.Load())
+	}
+}
+
+func TestNilGuardFailsClosed(t *testing.T) {
+	t.Parallel()
+	var ran atomic.Bool
+	h := idemhttp.Middleware[any](nil, nil)(http.HandlerFunc(func(http.ResponseWriter, *http.Request) { ran.Store(true) }))
+	srv := httptest.NewServer(h)
+	defer srv.Close()
+	s := &server[any]{Server: srv}
+	wantProblem(t, s.post(t, `{}`, "k"), 500, idemhttp.ProblemInternal)
+	if ran.Load() {
+		t.Error("the handler ran without a guard")
+	}
+}
+
+func testStoreDown[Tx any](t *testing.T, e env[Tx]) {
+	var causes atomic.Int64
+	s := startServer(t, e, nil, &idemhttp.Options{OnError: func(*http.Request, error) { causes.Add(1) }}, created)
+	e.breakStore()
+	res := s.post(t, `{}`, "down")
+	wantProblem(t, res, http.StatusServiceUnavailable, idemhttp.ProblemStoreUnavailable)
+	if res.header.Get("Retry-After") == "" {
+		t.Error("503 without Retry-After")
+	}
+	s.wantCalls(t, 0)
+	if causes.Load() != 1 {
+		t.Errorf("OnError called %d times, want 1", causes.Load())
+	}
+}
+
+func testConcurrentSameKey[Tx any](t *testing.T, e env[Tx]) {
+	s := startServer(t, e, nil, nil, created)
+	const n = 20
+	results := make([]result, n)
+	gate := make(chan struct{})
+	var wg sync.WaitGroup
+	for i := range n {
+		wg.Go(func() {
+			<-gate
+			results[i] = s.post(t, `{"amount":5}`, "together")
+		})
+	}
+	close(gate)
+	wg.Wait()
+	replayed := 0
+	for i, r := range results {
+		wantStatus(t, r, http.StatusCreated)
+		if !bytes.Equal(r.body, results[0].body) {
+			t.Errorf("response %d %q differs from %q", i, r.body, results[0].body)
+		}
+		if r.header.Get(idemhttp.HeaderReplayed) == "true" {
+			replayed++
+		}
+	}
+	if replayed != n-1 {
+		t.Errorf("%d replays, want %d", replayed, n-1)
+	}
+	s.wantCalls(t, 1)
+	s.wantEffects(t, "/together", 1)
+}

@@ -1,0 +1,94 @@
+package idemhttp
+
+import (
+	"encoding/json"
+	"fmt"
+	"net/http"
+	"strconv"
+)
+
+// problemBase prefixes every problem type: the URIs resolve to the
+// documentation of the constants below.
+const problemBase = "https://pkg.go.dev/github.com/go-idempotency/idempotency/idemhttp#"
+
+// Problem types written by [Middleware], stable across versions. Each is a
+// URI that resolves to its own documentation.
+const (
+	// ProblemMissingKey (400): the method requires an Idempotency-Key
+	// header and the request has none. Nothing was stored.
+	ProblemMissingKey = problemBase + "ProblemMissingKey"
+	// ProblemInvalidKey (400): the Idempotency-Key header is not a valid
+	// sf-string or bare key of 1 to 255 printable ASCII bytes, or it was
+	// sent more than once. Nothing was stored.
+	ProblemInvalidKey = problemBase + "ProblemInvalidKey"
+	// ProblemInvalidBody (400): the request has a JSON content type and its
+	// body is not exactly one valid JSON value (duplicate object keys
+	// included), or the body could not be read. Nothing was stored.
+	ProblemInvalidBody = problemBase + "ProblemInvalidBody"
+	// ProblemInProgress (409): a request with the same key is still being
+	// processed. Retry later with the same key (the response carries
+	// Retry-After).
+	ProblemInProgress = problemBase + "ProblemInProgress"
+	// ProblemRequestTooLarge (413): the request body is larger than
+	// [Options].MaxRequestBody. Nothing was stored.
+	ProblemRequestTooLarge = problemBase + "ProblemRequestTooLarge"
+	// ProblemKeyReused (422): the key was already used with another
+	// request (another method, route or body). The handler did not run.
+	ProblemKeyReused = problemBase + "ProblemKeyReused"
+	// ProblemResponseTooLarge (500): the handler wrote a response body
+	// larger than [Options].MaxResponseBody. Its writes were rolled back
+	// and the key is free.
+	ProblemResponseTooLarge = problemBase + "ProblemResponseTooLarge"
+	// ProblemInternal (500): the middleware is misconfigured (nil guard,
+	// Scope failed or returned an invalid scope, the handler wrote an
+	// invalid status). The handler's writes, if any, were rolled back.
+	ProblemInternal = problemBase + "ProblemInternal"
+	// ProblemStoreUnavailable (503): the key store failed (the middleware
+	// fails closed: the handler did not run, or its writes were rolled
+	// back). Retry later with the same key (the response carries
+	// Retry-After).
+	ProblemStoreUnavailable = problemBase + "ProblemStoreUnavailable"
+)
+
+// ProblemContentType is the media type of problem details (RFC 9457).
+const ProblemContentType = "application/problem+json"
+
+// Problem is an RFC 9457 problem details object. The middleware writes one
+// for every error it answers itself; a [Options].Scope function may return
+// one (as error) to choose the answer, e.g. a 401.
+type Problem struct {
+	// Type is a URI identifying the problem type.
+	Type string `json:"type"`
+	// Title is a short, human-readable summary of the problem type.
+	Title string `json:"title"`
+	// Status is the HTTP status code.
+	Status int `json:"status"`
+	// Detail explains this occurrence.
+	Detail string `json:"detail,omitempty"`
+}
+
+// Error returns the title, the status and the detail.
+func (p *Problem) Error() string {
+	if p.Detail == "" {
+		return fmt.Sprintf("%s (%d)", p.Title, p.Status)
+	}
+	return fmt.Sprintf("%s (%d): %s", p.Title, p.Status, p.Detail)
+}
+
+// writeProblem answers p as application/problem+json. retryAfter > 0 adds a
+// Retry-After header in seconds.
+func writeProblem(w http.ResponseWriter, p *Problem, retryAfter int) {
+	body, err := json.Marshal(p)
+	if err != nil { // a Problem always marshals; keep the status anyway
+		body = []byte(`{"status":` + strconv.Itoa(p.Status) + `}`)
+	}
+	h := w.Header()
+	h.Set("Content-Type", ProblemContentType)
+	h.Set("Content-Length", strconv.Itoa(len(body)))
+	h.Set("Cache-Control", "no-store")
+	if retryAfter > 0 {
+		h.Set("Retry-After", strconv.Itoa(retryAfter))
+	}
+	w.WriteHeader(p.Status)
+	_, _ = w.Write(body)
+}
