@@ -168,3 +168,135 @@ func benchPrefix() string {
 	_, _ = rand.Read(b)
 	return "b" + hex.EncodeToString(b) + "-"
 }
+
+// ScaleKeys is how many existing keys [BenchmarkScale] works against.
+const ScaleKeys = 1_000_000
+
+// BenchmarkScale measures a backend with a large table ([ScaleKeys] rows,
+// written by Fixture.Fill). Sub-benchmarks:
+//
+//   - NewKeyEmpty, NewKeyFull: Do with a new key on an empty store, then
+//     with ScaleKeys live keys present (compare the two).
+//   - PurgeUnderLoad: ScaleKeys expired keys; 8 goroutines call Do with new
+//     keys while Guard.Purge deletes them all in batches. It reports the
+//     p99 latency of Do before (p99-idle-ns) and during (p99-purge-ns) the
+//     purge, their ratio (p99-ratio), the purge's duration (purge-s) and
+//     how many keys it deleted (purged).
+//
+// It takes minutes on a server store; run it on its own:
+//
+//	go test -run '^$' -bench BenchmarkScale -benchtime 2000x ./postgres
+func BenchmarkScale[Tx any](b *testing.B, h Harness[Tx]) {
+	ctx := context.Background()
+	newKeys := func(b *testing.B, g *idempotency.Guard[Tx], f Fixture[Tx], prefix string) {
+		fn := func(tx Tx) (idempotency.Response, error) {
+			if err := f.Effect(ctx, tx, "scale"); err != nil {
+				return idempotency.Response{}, err
+			}
+			return created("scale", 1), nil
+		}
+		b.ReportAllocs()
+		i := 0
+		for b.Loop() {
+			i++
+			if _, err := g.Do(ctx, idempotency.Key{Scope: "scale", ID: prefix + strconv.Itoa(i)}, "fp", fn); err != nil {
+				b.Fatal(err)
+			}
+		}
+	}
+	guard := func(b *testing.B, f Fixture[Tx], cfg *idempotency.Config) *idempotency.Guard[Tx] {
+		g, err := idempotency.New(f.Store, cfg)
+		if err != nil {
+			b.Fatal(err)
+		}
+		return g
+	}
+	fixture := func(b *testing.B) Fixture[Tx] {
+		f := h.NewFixture(b, Options{})
+		if f.Fill == nil {
+			b.Skip("conformance: Fixture.Fill is nil")
+		}
+		return f
+	}
+
+	b.Run("NewKeyEmpty", func(b *testing.B) {
+		f := fixture(b)
+		newKeys(b, guard(b, f, nil), f, benchPrefix())
+	})
+	b.Run("NewKeyFull", func(b *testing.B) {
+		f := fixture(b)
+		if err := f.Fill(ctx, ScaleKeys, time.Now().Add(time.Hour)); err != nil {
+			b.Fatal(err)
+		}
+		newKeys(b, guard(b, f, nil), f, benchPrefix())
+	})
+	b.Run("PurgeUnderLoad", func(b *testing.B) {
+		f := fixture(b)
+		if err := f.Fill(ctx, ScaleKeys, time.Now().Add(-time.Hour)); err != nil {
+			b.Fatal(err)
+		}
+		g := guard(b, f, nil)
+		prefix := benchPrefix()
+		var seq atomic.Int64
+		load := func(stop <-chan struct{}, lat *Latencies) {
+			fn := func(tx Tx) (idempotency.Response, error) {
+				if err := f.Effect(ctx, tx, "scale"); err != nil {
+					return idempotency.Response{}, err
+				}
+				return created("scale", 1), nil
+			}
+			var wg sync.WaitGroup
+			for range 8 {
+				wg.Go(func() {
+					for {
+						select {
+						case <-stop:
+							return
+						default:
+						}
+						start := time.Now()
+						key := idempotency.Key{Scope: "scale", ID: prefix + strconv.FormatInt(seq.Add(1), 36)}
+						if _, err := g.Do(ctx, key, "fp", fn); err != nil {
+							b.Error(err)
+							return
+						}
+						lat.Add(time.Since(start))
+					}
+				})
+			}
+			wg.Wait()
+		}
+		measured := false
+		for b.Loop() {
+			if measured {
+				continue // one purge of ScaleKeys keys is the measurement
+			}
+			measured = true
+			// Idle: the load alone, for a fixed 3 s window.
+			var idle, busy Latencies
+			stop := make(chan struct{})
+			go func() { time.Sleep(3 * time.Second); close(stop) }()
+			load(stop, &idle)
+
+			stop = make(chan struct{})
+			done := make(chan struct{})
+			go func() { defer close(done); load(stop, &busy) }()
+			start := time.Now()
+			n, err := g.Purge(ctx)
+			purge := time.Since(start)
+			close(stop)
+			<-done
+			if err != nil {
+				b.Fatal(err)
+			}
+			b.ReportMetric(float64(idle.Percentile(99).Nanoseconds()), "p99-idle-ns")
+			b.ReportMetric(float64(busy.Percentile(99).Nanoseconds()), "p99-purge-ns")
+			b.ReportMetric(float64(busy.Percentile(99))/float64(idle.Percentile(99)), "p99-ratio")
+			b.ReportMetric(purge.Seconds(), "purge-s")
+			b.ReportMetric(float64(n), "purged")
+			if n < ScaleKeys {
+				b.Fatalf("purge deleted %d keys, want at least %d", n, ScaleKeys)
+			}
+		}
+	})
+}

@@ -16,6 +16,7 @@ package conformance
 import (
 	"context"
 	"testing"
+	"time"
 
 	"github.com/go-idempotency/idempotency"
 )
@@ -36,6 +37,11 @@ type Fixture[Tx any] struct {
 	// a plain transaction of the same pool, with no idempotency: the
 	// baseline every benchmark is compared with. Nil skips the benchmarks.
 	Bare func(ctx context.Context, tag string) error
+	// Fill, used only by [BenchmarkScale], writes n completed records
+	// straight into the store (bulk SQL, not through Do), with ids that no
+	// benchmark key uses, all expiring at expiresAt. Nil skips the scale
+	// benchmarks.
+	Fill func(ctx context.Context, n int, expiresAt time.Time) error
 }
 
 // Options shape a fixture for one case.

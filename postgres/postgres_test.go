@@ -165,10 +165,20 @@ func harness(cfg postgres.Config, configure ...func(*pgxpool.Config)) conformanc
 	return conformance.Harness[pgx.Tx]{
 		NewFixture: func(t testing.TB, opts conformance.Options) conformance.Fixture[pgx.Tx] {
 			f := newFixture(t, newPool(t, opts.MaxConns, configure...), cfg)
-			return conformance.Fixture[pgx.Tx]{Store: f.store, Effect: f.effect, Count: f.count}
+			return conformance.Fixture[pgx.Tx]{Store: f.store, Effect: f.effect, Count: f.count, Bare: f.bare}
 		},
 	}
 }
+
+// bare is the baseline of the benchmarks: the same one-row insert as
+// effect, in a plain transaction of the same pool.
+func (f *fixture) bare(ctx context.Context, tag string) error {
+	return pgx.BeginFunc(ctx, f.pool, func(tx pgx.Tx) error { return f.effect(ctx, tx, tag) })
+}
+
+// BenchmarkStore compares Do with the bare effect transaction; see
+// conformance.Benchmark and cmd/idembench.
+func BenchmarkStore(b *testing.B) { conformance.Benchmark(b, harness(postgres.Config{})) }
 
 // TestConformance runs the shared suite under each isolation level a pool
 // can default to, and with the level given by Config.TxOptions.
