@@ -28,7 +28,9 @@ import (
 //
 // Run `go run ./cmd/benchtable` to get the ratios to the baseline as a table.
 func Benchmark[Tx any](b *testing.B, h Harness[Tx]) {
-	f := h.NewFixture(b, Options{})
+	// A pool larger than the 20 callers of SameKey20, so that it measures
+	// how fast waiters get their answer, not how they queue for connections.
+	f := h.NewFixture(b, Options{MaxConns: 2 * Callers})
 	if f.Bare == nil {
 		b.Skip("conformance: Fixture.Bare is nil")
 	}
