@@ -332,6 +332,8 @@ func testKeyReused[Tx any](t *testing.T, e env[Tx]) {
 	wantProblem(t, s.send(t, http.MethodPost, "/other", "application/json", `{"amount":100,"order":7}`, "reuse"), 422, idemhttp.ProblemKeyReused)
 	wantProblem(t, s.send(t, http.MethodPatch, "/things", "application/json", `{"amount":100,"order":7}`, "reuse"), 422, idemhttp.ProblemKeyReused)
 	wantProblem(t, s.send(t, http.MethodPost, "/things", "text/plain", `{"amount":100,"order":7}`, "reuse"), 422, idemhttp.ProblemKeyReused)
+	// The query string is part of the default route.
+	wantProblem(t, s.send(t, http.MethodPost, "/things?currency=EUR", "application/json", `{"amount":100,"order":7}`, "reuse"), 422, idemhttp.ProblemKeyReused)
 	s.wantCalls(t, 1)
 	s.wantEffects(t, "/reuse", 1)
 }
