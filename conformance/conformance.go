@@ -8,6 +8,7 @@ import (
 	"fmt"
 	"net/http"
 	"reflect"
+	"runtime"
 	"strconv"
 	"sync"
 	"sync/atomic"
@@ -55,6 +56,7 @@ func Run[Tx any](t *testing.T, h Harness[Tx]) {
 		{"TTLExpiry", s.ttlExpiry},
 		{"Purge", s.purge},
 		{"Observer", s.observer},
+		{"NoGoroutineGrowth", s.noGoroutineGrowth},
 	}
 	for _, c := range cases {
 		t.Run(c.name, c.fn)
@@ -843,4 +845,55 @@ func (s *suite[Tx]) observer(t *testing.T) {
 	if !errors.Is(events[3].Err, errFnFails) || events[0].Key != key {
 		t.Fatalf("events carry the key and the error: got %+v", events)
 	}
+}
+
+func (s *suite[Tx]) noGoroutineGrowth(t *testing.T) {
+	e := s.setup(t, Options{MaxConns: 2})
+	g := e.guard(nil)
+	round := func(i int) {
+		key := idempotency.Key{ID: uniq("k")}
+		if _, err := g.Do(e.ctx, key, "fp", e.effectFn("growth", new(atomic.Int64))); err != nil {
+			t.Fatalf("call %d: %v", i, err)
+		}
+		if r, err := g.Do(e.ctx, key, "fp", e.effectFn("growth", new(atomic.Int64))); err != nil || !r.Replayed {
+			t.Fatalf("replay %d: %+v, %v", i, r, err)
+		}
+		if _, err := g.Do(e.ctx, key, "other", e.effectFn("growth", new(atomic.Int64))); !errors.Is(err, idempotency.ErrMismatch) {
+			t.Fatalf("mismatch %d: %v", i, err)
+		}
+		if _, err := g.Do(e.ctx, idempotency.Key{ID: uniq("k")}, "fp", func(Tx) (idempotency.Response, error) {
+			return idempotency.Response{}, errFnFails
+		}); !errors.Is(err, errFnFails) {
+			t.Fatalf("failing fn %d: %v", i, err)
+		}
+	}
+	for i := range 10 { // warm up the pool and the driver
+		round(i)
+	}
+	settle := func() int {
+		n := runtime.NumGoroutine()
+		for range 20 {
+			time.Sleep(25 * time.Millisecond)
+			if m := runtime.NumGoroutine(); m <= n {
+				n = m
+			}
+		}
+		return n
+	}
+	before := settle()
+	const rounds = 200
+	for i := range rounds {
+		round(i)
+	}
+	// Goroutines that end on their own (lease renewals, driver watchers)
+	// get time to end; what is left grew with the number of keys.
+	deadline := time.Now().Add(5 * time.Second)
+	after := settle()
+	for after > before+2 && time.Now().Before(deadline) {
+		after = settle()
+	}
+	if after > before+2 {
+		t.Fatalf("goroutines grew from %d to %d over %d keys: something started per call never ends", before, after, 2*rounds)
+	}
+	e.count("growth", 10+rounds, "one effect per new key")
 }
