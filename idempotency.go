@@ -369,7 +369,13 @@ func (g *Guard[Tx]) attempt(ctx context.Context, key Key, fp string, wait time.D
 		}
 		return rec.Response(), nil
 	}
-	return run(ctx, txn, fn)
+	resp, err := run(ctx, txn, fn)
+	if err != nil && !errors.Is(err, ErrConflict) {
+		if c, ok := g.store.(ConflictClassifier); ok && c.IsConflict(err) {
+			err = fmt.Errorf("%w: %w", ErrConflict, err)
+		}
+	}
+	return resp, err
 }
 
 // run calls fn on a won reservation and ends the transaction: Complete on

@@ -123,3 +123,33 @@ func TestOutcomeString(t *testing.T) {
 		}
 	}
 }
+
+var errDeadlock = errors.New("ERROR: deadlock detected (SQLSTATE 40P01)")
+
+func TestConflictInFnIsRetried(t *testing.T) {
+	s := memstore.New()
+	s.Conflict = func(err error) bool { return errors.Is(err, errDeadlock) }
+	g := newGuard(t, s, nil)
+	var calls int
+	resp, err := g.Do(context.Background(), idempotency.Key{ID: "k"}, "fp", func(tx *memstore.Tx) (idempotency.Response, error) {
+		calls++
+		tx.Effect("pay")
+		if calls < 3 {
+			return idempotency.Response{}, errDeadlock
+		}
+		return idempotency.Response{Status: 201}, nil
+	})
+	if err != nil || resp.Status != 201 || calls != 3 || s.Count("pay") != 1 {
+		t.Fatalf("got %+v, %v after %d calls, %d effects; want 201 after 3 calls and 1 effect", resp, err, calls, s.Count("pay"))
+	}
+	// Other errors from fn are not retried, and come back as they are.
+	calls = 0
+	other := errors.New("card declined")
+	_, err = g.Do(context.Background(), idempotency.Key{ID: "k2"}, "fp", func(*memstore.Tx) (idempotency.Response, error) {
+		calls++
+		return idempotency.Response{}, other
+	})
+	if err != other || calls != 1 {
+		t.Fatalf("got %v after %d calls; want fn's own error after 1 call", err, calls)
+	}
+}

@@ -118,3 +118,14 @@ type Record struct {
 func (rec *Record) Response() Response {
 	return Response{Status: rec.Status, Header: rec.Header, Body: rec.Body, Replayed: true}
 }
+
+// ConflictClassifier is an optional interface of a [KeyStore]. When fn
+// returns an error that IsConflict reports as a retryable conflict of the
+// store (a deadlock or serialization failure met by one of fn's own
+// statements on Tx), [Guard.Do] rolls back and retries the whole attempt,
+// fn included, as it does for [ErrConflict]: the rolled-back attempt left
+// no effect through Tx, and callers do not see conflicts unless the retries
+// are exhausted.
+type ConflictClassifier interface {
+	IsConflict(err error) bool
+}

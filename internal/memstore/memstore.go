@@ -28,7 +28,12 @@ type Store struct {
 	counts  map[string]int
 	// ReserveErr, when set, is returned by Reserve (to test failing stores).
 	ReserveErr func() error
+	// Conflict, when set, classifies fn's errors (see IsConflict).
+	Conflict func(error) bool
 }
+
+// IsConflict implements [idempotency.ConflictClassifier] through s.Conflict.
+func (s *Store) IsConflict(err error) bool { return s.Conflict != nil && s.Conflict(err) }
 
 var _ idempotency.KeyStore[*Tx] = (*Store)(nil)
 
