@@ -4,25 +4,51 @@
 // A key is a row of one table (see [Schema]; [Store.Migrate] creates it).
 // [Store.Reserve] inserts the key's row in the very transaction the effect
 // then runs in, so the effect, the key and the stored response commit
-// together or not at all:
+// together or not at all.
 //
-//   - A replay of a completed key is one plain SELECT, outside any
-//     transaction (one round trip).
-//   - A new key is reserved by an INSERT ... ON CONFLICT sent in the same
-//     round trip as BEGIN; an expired row is taken over by the same
-//     statement. The response is stored by an UPDATE sent in the same round
-//     trip as COMMIT.
-//   - A key held by another open transaction makes the INSERT wait on the
-//     primary key. The wait is bounded by a lock_timeout (the wait bound, or
-//     the time left before ctx's deadline if that is shorter) that applies
-//     to that one statement only: the setting in force before it is restored
-//     right after it, so fn's statements keep the session's lock_timeout.
+// # Round trips
+//
+// One call of [idempotency.Guard.Do] on one pooled connection costs, with
+// the effect's own statements counted as one round trip:
+//
+//   - A new key: 3, as many as the bare effect transaction (BEGIN, the
+//     effect, COMMIT). The reservation, an INSERT ... ON CONFLICT DO
+//     NOTHING, travels with BEGIN; the UPDATE that stores the response
+//     travels with COMMIT.
+//   - A replay (a completed, live key): 2. The INSERT finds the row; a
+//     ROLLBACK and a plain SELECT of the row follow in one round trip.
+//   - A caller that waited for another caller's key: once that caller has
+//     committed, 1 more (the same ROLLBACK and SELECT).
+//   - An expired key: taken over by an UPDATE in one more round trip.
+//
+// With [Config.LookupFirst] a plain SELECT outside any transaction comes
+// first: a replay costs 1 round trip and a new key 4. The default serves
+// the common case, where most calls carry a new key and replays are retries.
+//
+// Measured against the bare transaction the extra cost of a new key is not
+// in round trips but in the server's work: writing the key row and then
+// the response (an insert and a HOT update, with their WAL) and the few
+// small functions that scope the wait bound.
+//
+// # Waiting
+//
+// A key held by another open transaction makes the INSERT wait on the
+// primary key. The wait is bounded by a lock_timeout (the wait bound, or
+// the time left before ctx's deadline if that is shorter) that the INSERT
+// itself sets before it can wait and restores once it has inserted, so
+// fn's statements keep the session's lock_timeout. ON CONFLICT DO NOTHING
+// locks nothing once the holder has ended, so the waiters of a key wake up
+// together instead of one after another.
 //
 // The store works under any isolation level ([Config.TxOptions] or the
 // server's default): under REPEATABLE READ and SERIALIZABLE a caller that
 // waited for a key gets a serialization failure, which the store reports as
 // [idempotency.ErrConflict] and [idempotency.Guard.Do] retries; the retry
-// finds the completed key.
+// finds the completed key. A new key reads nothing in its transaction, so
+// under SERIALIZABLE it takes no predicate lock that could make callers of
+// distinct keys fail.
+//
+// # The transaction handle
 //
 // The [pgx.Tx] given to fn behaves like the one [pgxpool.Pool.Begin]
 // returns (Exec, Query, QueryRow, SendBatch, CopyFrom, Prepare, Begin for a
@@ -37,4 +63,10 @@
 // replaces it. The server session stops waiting only at its lock_timeout;
 // configure pgconn.CancelRequestContextWatcherHandler on the pool's
 // ConnConfig to cancel it at once instead.
+//
+// # Purge
+//
+// [Store.Purge] deletes the oldest expired rows, found through the
+// expires_at index, in one short statement per batch, skipping rows that
+// open transactions hold.
 package postgres

@@ -8,11 +8,13 @@ import (
 	"hash/fnv"
 	"math"
 	"net/http"
+	"strconv"
 	"strings"
 	"time"
 
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgconn"
+	"github.com/jackc/pgx/v5/pgtype"
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/go-idempotency/idempotency"
@@ -42,20 +44,30 @@ type Config struct {
 	// access mode cannot be read only). Defaults to the zero value: a plain
 	// BEGIN, at the session's default isolation level.
 	TxOptions pgx.TxOptions
+	// LookupFirst makes Reserve look the key up with a plain SELECT, outside
+	// any transaction, before it begins the transaction that reserves it: a
+	// replay then costs one round trip instead of two, and a new key one
+	// round trip more (four instead of three, the effect's included). Choose
+	// it when replays are a large share of the calls. Defaults to false: the
+	// look-up travels with BEGIN and the reservation (see the package
+	// documentation).
+	LookupFirst bool
 }
 
 // Store is an [idempotency.KeyStore] on a PostgreSQL table. It is safe for
 // concurrent use; build it with [New].
 type Store struct {
-	pool      *pgxpool.Pool
-	table     string // as configured, validated
-	txOptions pgx.TxOptions
-	commitSQL string
+	pool        *pgxpool.Pool
+	table       string // as configured, validated
+	txOptions   pgx.TxOptions
+	lookupFirst bool
+	commitSQL   string
 
 	schema      string
 	migrateSQL  string
 	lookupSQL   string
-	reserveSQL  string
+	insertSQL   string
+	takeOverSQL string
 	completeSQL string
 	purgeSQL    string
 }
@@ -82,11 +94,12 @@ func New(pool *pgxpool.Pool, cfg *Config) (*Store, error) {
 		return nil, fmt.Errorf("%w: postgres: TxOptions.AccessMode read only: the key is written in that transaction", idempotency.ErrInvalidConfig)
 	}
 	s := &Store{
-		pool:      pool,
-		table:     c.Table,
-		txOptions: c.TxOptions,
-		commitSQL: "commit",
-		schema:    schemaSQL(c.Table, q),
+		pool:        pool,
+		table:       c.Table,
+		txOptions:   c.TxOptions,
+		lookupFirst: c.LookupFirst,
+		commitSQL:   "commit",
+		schema:      schemaSQL(c.Table, q),
 	}
 	if c.TxOptions.CommitQuery != "" {
 		s.commitSQL = c.TxOptions.CommitQuery
@@ -94,18 +107,20 @@ func New(pool *pgxpool.Pool, cfg *Config) (*Store, error) {
 	h := fnv.New64a()
 	h.Write([]byte("idempotency/postgres " + q))
 	s.migrateSQL = fmt.Sprintf("SELECT pg_advisory_xact_lock(%d);\n%s", int64(h.Sum64()), s.schema)
+	// The key's row if it is completed or expired (a live pending row is
+	// held by an open transaction, so this statement cannot see it).
 	s.lookupSQL = `SELECT fingerprint, status, header, body, created_at, expires_at FROM ` + q +
-		` WHERE scope = $1 AND id = $2 AND state = 'completed' AND expires_at > $3`
-	s.reserveSQL = `INSERT INTO ` + q + ` AS k (scope, id, fingerprint, state, created_at, expires_at)
-VALUES ($1, $2, $3, 'pending', $4, $5)
-ON CONFLICT (scope, id) DO UPDATE SET fingerprint = EXCLUDED.fingerprint, state = 'pending',
-	status = NULL, header = NULL, body = NULL, created_at = EXCLUDED.created_at, expires_at = EXCLUDED.expires_at
-WHERE k.expires_at <= EXCLUDED.created_at
-RETURNING true`
-	s.completeSQL = `UPDATE ` + q + ` SET state = 'completed', status = $3, header = $4, body = $5
-WHERE scope = $1 AND id = $2 AND state = 'pending'`
-	s.purgeSQL = `DELETE FROM ` + q + ` WHERE (scope, id) IN (SELECT scope, id FROM ` + q +
-		` WHERE expires_at <= $1 LIMIT $2 FOR UPDATE SKIP LOCKED)`
+		` WHERE scope = $1 AND id = $2 AND (state = 'completed' OR expires_at <= $3)`
+	s.insertSQL, s.takeOverSQL = reservationSQL(q)
+	// The key row is found by the ctid the reservation returned (stable:
+	// the transaction holds the row); the other conditions only check it.
+	s.completeSQL = `UPDATE ` + q + ` SET state = 'completed', status = $4, header = $5, body = $6
+WHERE ctid = $1 AND scope = $2 AND id = $3 AND state = 'pending'`
+	// The oldest expired rows, found through the expires_at index (a scan
+	// of the table would walk over the rows earlier batches deleted, which
+	// stay until VACUUM), locked, then deleted by ctid.
+	s.purgeSQL = `DELETE FROM ` + q + ` WHERE ctid = ANY (ARRAY(SELECT ctid FROM ` + q +
+		` WHERE expires_at <= $1 ORDER BY expires_at LIMIT $2 FOR UPDATE SKIP LOCKED))`
 	return s, nil
 }
 
@@ -132,100 +147,144 @@ func (s *Store) Migrate(ctx context.Context) error {
 	return nil
 }
 
-// Reserve implements [idempotency.KeyStore]. It first looks the key up
-// outside any transaction (a completed, live key costs that one round
-// trip); otherwise it acquires one connection, begins the transaction and
-// inserts (or takes over an expired) key row in one round trip. A key held
-// by another open transaction makes the insert wait up to r.Wait, or until
-// ctx's deadline if that comes first (a lock_timeout; 1ms when r.Wait is
-// 0), and while ctx lives.
+// Reserve implements [idempotency.KeyStore]. It acquires one connection
+// and, in one round trip, begins the transaction and inserts the key row
+// (see reservationSQL). A key held by another open transaction makes the
+// insert wait up to r.Wait, or until ctx's deadline if that comes first (a
+// lock_timeout; 1ms when r.Wait is 0), and while ctx lives. If a committed
+// row is in the way, a second round trip ends the transaction and reads it:
+// a live completed row is returned, an expired one taken over. With
+// [Config.LookupFirst], a plain look-up comes first.
 func (s *Store) Reserve(ctx context.Context, r idempotency.Reservation) (idempotency.Txn[pgx.Tx], *idempotency.Record, error) {
 	now := r.Now.Truncate(time.Microsecond)
-	rec, err := scanRecord(s.pool.QueryRow(ctx, s.lookupSQL, r.Key.Scope, r.Key.ID, now), r.Key)
-	if err != nil {
-		return nil, nil, classify(ctx, fmt.Errorf("postgres: look up key %q: %w", r.Key.ID, err), false)
-	}
-	if rec != nil {
-		return nil, rec, nil
-	}
-
 	conn, err := s.pool.Acquire(ctx)
 	if err != nil {
 		return nil, nil, classify(ctx, fmt.Errorf("postgres: acquire: %w", err), false)
 	}
-	b := &pgx.Batch{}
-	b.BeginTx(s.txOptions)
-	b.Queue(saveLockTimeoutSQL)
-	b.Queue(setLockTimeoutSQL, lockTimeout(ctx, r.Wait))
-	b.Queue(s.reserveSQL, r.Key.Scope, r.Key.ID, r.Fingerprint, now, r.ExpiresAt.Truncate(time.Microsecond))
-	b.Queue(restoreLockTimeoutSQL)
-	br := conn.SendBatch(ctx, b)
-	won, err := readReservation(br)
-	if err != nil {
-		abandon(ctx, conn)
-		return nil, nil, classify(ctx, fmt.Errorf("postgres: reserve key %q (wait bound %v): %w", r.Key.ID, r.Wait, err), true)
-	}
-	if won {
-		return &txn{s: s, conn: conn, tx: &tx{inner: br.Tx()}, key: r.Key}, nil, nil
-	}
-
-	// A live row is in the way, committed (the insert waited for any open
-	// transaction that held it). The statement's snapshot may predate that
-	// commit: end the transaction and read the row in a fresh statement, on
-	// the same connection, in the same round trip.
-	b = &pgx.Batch{}
-	b.Queue("rollback")
-	b.Queue(s.lookupSQL, r.Key.Scope, r.Key.ID, now)
-	br = conn.SendBatch(ctx, b)
-	_, err = br.Exec()
-	if err == nil {
-		rec, err = scanRecord(br.QueryRow(), r.Key)
-	}
-	if cerr := br.Close(); err == nil {
-		err = cerr
-	}
-	abandon(ctx, conn)
-	if err != nil {
-		return nil, nil, classify(ctx, fmt.Errorf("postgres: read key %q: %w", r.Key.ID, err), false)
-	}
-	if rec == nil {
-		// Expired, purged or never completed since the insert saw it: the
-		// key is worth competing for again.
-		return nil, nil, fmt.Errorf("%w: key %q changed while it was read", idempotency.ErrConflict, r.Key.ID)
-	}
-	return nil, rec, nil
-}
-
-// The reservation's wait bound is a lock_timeout local to the transaction,
-// saved before and restored right after the insert, so that fn's statements
-// run under the lock_timeout the session had.
-const (
-	saveLockTimeoutSQL    = `SELECT set_config('idempotency.saved_lock_timeout', current_setting('lock_timeout'), true)`
-	setLockTimeoutSQL     = `SELECT set_config('lock_timeout', $1, true)`
-	restoreLockTimeoutSQL = `SELECT set_config('lock_timeout', current_setting('idempotency.saved_lock_timeout'), true)`
-)
-
-// readReservation reads the results of the reservation batch and closes it.
-// won reports whether the key row was inserted or taken over.
-func readReservation(br pgx.BatchResults) (won bool, err error) {
-	for range 3 { // begin, save, set
-		if _, err = br.Exec(); err != nil {
-			break
+	expired := false
+	if s.lookupFirst {
+		var rec *idempotency.Record
+		rec, expired, err = scanKey(conn.QueryRow(ctx, s.lookupSQL, r.Key.Scope, r.Key.ID, now), r.Key, now)
+		if err != nil || rec != nil {
+			abandon(ctx, conn)
+			if err != nil {
+				return nil, nil, classify(ctx, fmt.Errorf("postgres: look up key %q: %w", r.Key.ID, err), false)
+			}
+			return nil, rec, nil
 		}
 	}
+	if !expired {
+		t, err := s.begin(ctx, conn, s.insertSQL, r, now)
+		if err != nil {
+			return nil, nil, err
+		}
+		if t != nil {
+			return t, nil, nil
+		}
+		// A committed row holds the key (the insert waited for any open
+		// transaction that held it), newer than the statement's snapshot
+		// maybe: end the transaction and read the row in a fresh statement,
+		// on the same connection, in the same round trip.
+		var rec *idempotency.Record
+		b := &pgx.Batch{}
+		b.Queue("rollback")
+		b.Queue(s.lookupSQL, r.Key.Scope, r.Key.ID, now)
+		br := conn.SendBatch(ctx, b)
+		_, err = br.Exec()
+		if err == nil {
+			rec, expired, err = scanKey(br.QueryRow(), r.Key, now)
+		}
+		if cerr := br.Close(); err == nil {
+			err = cerr
+		}
+		if err != nil || rec != nil {
+			abandon(ctx, conn)
+			if err != nil {
+				return nil, nil, classify(ctx, fmt.Errorf("postgres: read key %q: %w", r.Key.ID, err), false)
+			}
+			return nil, rec, nil
+		}
+	}
+	if expired {
+		t, err := s.begin(ctx, conn, s.takeOverSQL, r, now)
+		if err != nil {
+			return nil, nil, err
+		}
+		if t != nil {
+			return t, nil, nil
+		}
+	}
+	// Purged, taken over by another caller, or never completed since the
+	// insert saw it: the key is worth competing for again.
+	abandon(ctx, conn)
+	return nil, nil, fmt.Errorf("%w: key %q changed while it was read", idempotency.ErrConflict, r.Key.ID)
+}
+
+// begin begins the transaction and runs stmt (insertSQL or takeOverSQL) in
+// one round trip. It returns the reservation if stmt reserved the key row,
+// nil (and the transaction still open) if a committed row was in the way.
+// On an error it releases conn.
+func (s *Store) begin(ctx context.Context, conn *pgxpool.Conn, stmt string, r idempotency.Reservation, now time.Time) (*txn, error) {
+	b := &pgx.Batch{}
+	b.BeginTx(s.txOptions)
+	b.Queue(stmt, r.Key.Scope, r.Key.ID, r.Fingerprint, now, r.ExpiresAt.Truncate(time.Microsecond), lockTimeout(ctx, r.Wait))
+	br := conn.SendBatch(ctx, b)
+	var row pgtype.TID
+	_, err := br.Exec() // begin
 	if err == nil {
-		err = br.QueryRow().Scan(&won)
+		err = br.QueryRow().Scan(&row, nil)
 		if errors.Is(err, pgx.ErrNoRows) {
 			err = nil
 		}
 	}
-	if err == nil {
-		_, err = br.Exec() // restore
-	}
 	if cerr := br.Close(); err == nil {
 		err = cerr
 	}
-	return won, err
+	if err != nil {
+		abandon(ctx, conn)
+		return nil, classify(ctx, fmt.Errorf("postgres: reserve key %q (wait bound %v): %w", r.Key.ID, r.Wait, err), true)
+	}
+	if !row.Valid {
+		return nil, nil
+	}
+	return &txn{s: s, conn: conn, tx: &tx{inner: br.Tx()}, key: r.Key, row: row}, nil
+}
+
+// reservationSQL returns the two statements that reserve a key on the
+// quoted table q: insertSQL inserts the pending key row, takeOverSQL turns
+// an expired row into it. Their parameters: scope $1, id $2, fingerprint
+// $3, now $4, expires_at $5 and the wait bound $6 (a lock_timeout value);
+// every one is cast, so that the simple protocol works too. Each returns
+// the ctid of the row it reserved (with which the completion finds the row
+// without an index scan), or no row.
+//
+// The wait bound is a lock_timeout local to the transaction, set by the
+// statement itself before it can wait (in its FROM list, after saving the
+// session's value) and restored by its RETURNING list once it has reserved
+// the row, so that fn's statements run under the session's lock_timeout.
+// (When nothing is reserved the transaction is rolled back.)
+//
+// The insert is ON CONFLICT DO NOTHING: it waits for an open transaction
+// that holds the key and, once that has ended, locks nothing. DO UPDATE
+// (which could take over an expired row in the same statement) would lock
+// the live row even when its WHERE fails, and so make all the waiters of a
+// key queue behind each other's rollback. A new key reads nothing, so under
+// SERIALIZABLE it takes no predicate lock.
+func reservationSQL(q string) (insertSQL, takeOverSQL string) {
+	const bound = `(SELECT set_config('lock_timeout', $6::text, true)
+	FROM (SELECT set_config('idempotency.saved_lock_timeout', current_setting('lock_timeout'), true) OFFSET 0) saved
+	OFFSET 0) bound`
+	const restore = `set_config('lock_timeout', current_setting('idempotency.saved_lock_timeout'), true)`
+	insertSQL = `INSERT INTO ` + q + ` (scope, id, fingerprint, state, created_at, expires_at)
+SELECT $1::text, $2::text, $3::text, 'pending', $4::timestamptz, $5::timestamptz FROM ` + bound + `
+ON CONFLICT (scope, id) DO NOTHING
+RETURNING ctid, ` + restore
+	takeOverSQL = `UPDATE ` + q + ` AS k SET fingerprint = $3::text, state = 'pending', status = NULL, header = NULL, body = NULL,
+	created_at = $4::timestamptz, expires_at = $5::timestamptz
+FROM ` + bound + `
+WHERE k.scope = $1::text AND k.id = $2::text AND k.expires_at <= $4::timestamptz
+RETURNING k.ctid, ` + restore
+	return insertSQL, takeOverSQL
 }
 
 // lockTimeout renders a wait bound as a lock_timeout: whole milliseconds,
@@ -239,20 +298,36 @@ func lockTimeout(ctx context.Context, wait time.Duration) string {
 	ms := (wait + time.Millisecond - 1) / time.Millisecond
 	ms = max(ms, 1)
 	ms = min(ms, math.MaxInt32)
-	return fmt.Sprintf("%dms", ms)
+	return strconv.FormatInt(int64(ms), 10) + "ms"
 }
 
-// scanRecord scans a completed key row; no row gives (nil, nil).
-func scanRecord(row pgx.Row, key idempotency.Key) (*idempotency.Record, error) {
-	rec := &idempotency.Record{Key: key}
-	var header []byte
-	err := row.Scan(&rec.Fingerprint, &rec.Status, &header, &rec.Body, &rec.CreatedAt, &rec.ExpiresAt)
-	if errors.Is(err, pgx.ErrNoRows) {
-		return nil, nil
+// scanKey scans a row of lookupSQL: a live completed record, or expired
+// true for an expired row (neither for no row).
+func scanKey(row pgx.Row, key idempotency.Key, now time.Time) (rec *idempotency.Record, expired bool, err error) {
+	var (
+		fp                 string
+		status             *int
+		header, body       []byte
+		created, expiresAt time.Time
+	)
+	err = row.Scan(&fp, &status, &header, &body, &created, &expiresAt)
+	switch {
+	case errors.Is(err, pgx.ErrNoRows):
+		return nil, false, nil
+	case err != nil:
+		return nil, false, err
+	case !expiresAt.After(now):
+		return nil, true, nil
+	case status == nil:
+		return nil, false, fmt.Errorf("postgres: completed key %q has no status", key.ID)
 	}
-	if err != nil {
-		return nil, err
-	}
+	rec, err = newRecord(key, fp, *status, header, body, created, expiresAt)
+	return rec, false, err
+}
+
+// newRecord builds the record of a completed key row.
+func newRecord(key idempotency.Key, fp string, status int, header, body []byte, created, expiresAt time.Time) (*idempotency.Record, error) {
+	rec := &idempotency.Record{Key: key, Fingerprint: fp, Status: status, Body: body, CreatedAt: created, ExpiresAt: expiresAt}
 	if header != nil {
 		if err := json.Unmarshal(header, &rec.Header); err != nil {
 			return nil, fmt.Errorf("postgres: stored header of key %q: %w", key.ID, err)

@@ -165,7 +165,7 @@ func harness(cfg postgres.Config, configure ...func(*pgxpool.Config)) conformanc
 	return conformance.Harness[pgx.Tx]{
 		NewFixture: func(t testing.TB, opts conformance.Options) conformance.Fixture[pgx.Tx] {
 			f := newFixture(t, newPool(t, opts.MaxConns, configure...), cfg)
-			return conformance.Fixture[pgx.Tx]{Store: f.store, Effect: f.effect, Count: f.count, Bare: f.bare}
+			return conformance.Fixture[pgx.Tx]{Store: f.store, Effect: f.effect, Count: f.count, Bare: f.bare, Fill: f.fill}
 		},
 	}
 }
@@ -176,9 +176,42 @@ func (f *fixture) bare(ctx context.Context, tag string) error {
 	return pgx.BeginFunc(ctx, f.pool, func(tx pgx.Tx) error { return f.effect(ctx, tx, tag) })
 }
 
+// fill writes n completed keys in scope "fill" (no benchmark uses it),
+// expiring at expiresAt, in one INSERT ... SELECT over generate_series, then
+// ANALYZEs the table, as autovacuum would after such a bulk load (the test
+// server runs with autovacuum off).
+func (f *fixture) fill(ctx context.Context, n int, expiresAt time.Time) error {
+	table := pgx.Identifier(strings.Split(f.table, ".")).Sanitize()
+	_, err := f.pool.Exec(ctx, `INSERT INTO `+table+` (scope, id, fingerprint, state, status, header, body, created_at, expires_at)
+		SELECT 'fill', 'fill-' || g, 'fp', 'completed', 201, '{"Content-Type":["application/json"]}', '{"filled":true}',
+			$1::timestamptz - interval '24 hours', $1::timestamptz
+		FROM generate_series(1, $2::int) g`, expiresAt, n)
+	if err != nil {
+		return fmt.Errorf("fill %d keys: %w", n, err)
+	}
+	if _, err := f.pool.Exec(ctx, `ANALYZE `+table); err != nil {
+		return fmt.Errorf("analyze after fill: %w", err)
+	}
+	return nil
+}
+
 // BenchmarkStore compares Do with the bare effect transaction; see
 // conformance.Benchmark and cmd/idembench.
 func BenchmarkStore(b *testing.B) { conformance.Benchmark(b, harness(postgres.Config{})) }
+
+// BenchmarkScale measures Do and Purge with a million keys in the table; see
+// conformance.BenchmarkScale. It takes minutes:
+//
+//	go test -run '^$' -bench BenchmarkScale -benchtime 500x ./postgres
+func BenchmarkScale(b *testing.B) { conformance.BenchmarkScale(b, harness(postgres.Config{})) }
+
+// BenchmarkLookupFirst is BenchmarkStore with Config.LookupFirst (its own
+// name, so that idembench's default pattern does not mix the two):
+//
+//	go test -run '^$' -bench BenchmarkLookupFirst -benchmem ./postgres | go run ./cmd/idembench -parse
+func BenchmarkLookupFirst(b *testing.B) {
+	conformance.Benchmark(b, harness(postgres.Config{LookupFirst: true}))
+}
 
 // TestConformance runs the shared suite under each isolation level a pool
 // can default to, and with the level given by Config.TxOptions.
@@ -194,6 +227,9 @@ func TestConformance(t *testing.T) {
 	})
 	t.Run("TxOptionsSerializable", func(t *testing.T) {
 		conformance.Run(t, harness(postgres.Config{TxOptions: pgx.TxOptions{IsoLevel: pgx.Serializable}}))
+	})
+	t.Run("LookupFirst", func(t *testing.T) {
+		conformance.Run(t, harness(postgres.Config{LookupFirst: true}))
 	})
 	// The simple protocol, as used behind PgBouncer: batches become one
 	// multi-statement query.
@@ -582,7 +618,7 @@ func TestLostRaceOnSameConnection(t *testing.T) {
 	}()
 	// The waiter is blocked in its INSERT once it shows up as blocked by
 	// another backend (watched on a connection outside the pool of 2).
-	waitBlocked(t, ctx, `INSERT INTO "`+f.table+`"%`)
+	waitBlocked(t, ctx, `%INSERT INTO "`+f.table+`"%`)
 	release.do()
 	if err := <-holder; err != nil {
 		t.Fatalf("holder: %v", err)

@@ -3,7 +3,10 @@ package postgres_test
 import (
 	"context"
 	"errors"
+	"fmt"
 	"net/http"
+	"runtime"
+	"sync"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -12,6 +15,7 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/go-idempotency/idempotency"
+	"github.com/go-idempotency/idempotency/internal/testenv"
 	"github.com/go-idempotency/idempotency/postgres"
 )
 
@@ -40,20 +44,130 @@ func TestLockTimeoutScopedToReservation(t *testing.T) {
 		t.Run(c.name, func(t *testing.T) {
 			pool := newPool(t, 1, c.configure...)
 			f := newFixture(t, pool, postgres.Config{})
-			g := f.guard(t, c.cfg)
-			var inFn string
-			_, err := g.Do(ctx, idempotency.Key{ID: "k"}, "fp", func(tx pgx.Tx) (idempotency.Response, error) {
-				return idempotency.Response{Status: 200}, tx.QueryRow(ctx, "SHOW lock_timeout").Scan(&inFn)
-			})
-			if err != nil || inFn != c.want {
-				t.Fatalf("lock_timeout inside fn: got %q, %v; want %q", inFn, err, c.want)
+			cfg := idempotency.Config{TTL: time.Hour}
+			if c.cfg != nil {
+				cfg = *c.cfg
 			}
-			var after string
-			if err := pool.QueryRow(ctx, "SHOW lock_timeout").Scan(&after); err != nil || after != c.want {
-				t.Fatalf("lock_timeout of the connection after Do: got %q, %v; want %q", after, err, c.want)
+			now := time.Now()
+			cfg.TTL, cfg.Now = time.Hour, func() time.Time { return now }
+			g := f.guard(t, &cfg)
+			// A new key (the INSERT), then the same key once expired (the
+			// takeover UPDATE): each sets and restores the bound.
+			for _, step := range []string{"new key", "expired key taken over"} {
+				var inFn string
+				r, err := g.Do(ctx, idempotency.Key{ID: "k"}, "fp", func(tx pgx.Tx) (idempotency.Response, error) {
+					return idempotency.Response{Status: 200}, tx.QueryRow(ctx, "SHOW lock_timeout").Scan(&inFn)
+				})
+				if err != nil || r.Replayed || inFn != c.want {
+					t.Fatalf("%s: lock_timeout inside fn: got %q, %+v, %v; want %q", step, inFn, r, err, c.want)
+				}
+				var after string
+				if err := pool.QueryRow(ctx, "SHOW lock_timeout").Scan(&after); err != nil || after != c.want {
+					t.Fatalf("%s: lock_timeout of the connection after Do: got %q, %v; want %q", step, after, err, c.want)
+				}
+				now = now.Add(2 * time.Hour)
 			}
 		})
 	}
+}
+
+// TestReplayLocksNothing: a replay neither takes nor waits for a lock on
+// the completed row (ON CONFLICT DO NOTHING; DO UPDATE would lock the row,
+// and the waiters of a key would then wake up one after another): with the
+// row locked by another transaction, a replay with NoWait still succeeds.
+func TestReplayLocksNothing(t *testing.T) {
+	ctx := testContext(t)
+	pool := newPool(t, 2)
+	f := newFixture(t, pool, postgres.Config{})
+	for _, noWait := range []bool{false, true} {
+		g := f.guard(t, &idempotency.Config{NoWait: noWait})
+		key := idempotency.Key{ID: fmt.Sprintf("k-%v", noWait)}
+		fn := func(tx pgx.Tx) (idempotency.Response, error) {
+			return idempotency.Response{Status: 201, Body: []byte("once")}, f.effect(ctx, tx, "locks")
+		}
+		if _, err := g.Do(ctx, key, "fp", fn); err != nil {
+			t.Fatal(err)
+		}
+		locker, err := pgx.Connect(ctx, testenv.PostgresDSN(t))
+		if err != nil {
+			t.Fatal(err)
+		}
+		ltx, err := locker.Begin(ctx)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if _, err := ltx.Exec(ctx, `SELECT 1 FROM "`+f.table+`" WHERE id = $1 FOR UPDATE`, key.ID); err != nil {
+			t.Fatal(err)
+		}
+		dctx, cancel := context.WithTimeout(ctx, 5*time.Second)
+		r, err := g.Do(dctx, key, "fp", fn)
+		cancel()
+		_ = ltx.Rollback(ctx)
+		_ = locker.Close(ctx)
+		if err != nil || !r.Replayed || string(r.Body) != "once" {
+			t.Fatalf("NoWait %v: replay while another transaction locks the row: got %+v, %v; want the stored response", noWait, r, err)
+		}
+	}
+	f.mustCount(t, ctx, "locks", 2)
+}
+
+// TestNoGrowth: thousands of keys (new, replayed, failed) leave the number
+// of goroutines and the live heap where they were.
+func TestNoGrowth(t *testing.T) {
+	ctx := testContext(t)
+	f := newFixture(t, newPool(t, 4), postgres.Config{})
+	g := f.guard(t, nil)
+	errFn := errors.New("fn fails")
+	round := func(i int) {
+		key := idempotency.Key{ID: fmt.Sprintf("g-%d", i)}
+		fn := func(tx pgx.Tx) (idempotency.Response, error) {
+			if i%10 == 9 {
+				return idempotency.Response{}, errFn
+			}
+			return idempotency.Response{Status: 201, Header: http.Header{"A": {"b"}}, Body: []byte("body")}, f.effect(ctx, tx, "growth")
+		}
+		if _, err := g.Do(ctx, key, "fp", fn); err != nil && !errors.Is(err, errFn) {
+			t.Fatalf("key %d: %v", i, err)
+		}
+		if i%2 == 0 {
+			if _, err := g.Do(ctx, key, "fp", fn); err != nil && !errors.Is(err, errFn) {
+				t.Fatalf("key %d again: %v", i, err)
+			}
+		}
+	}
+	measure := func() (goroutines int, heap uint64) {
+		var ms runtime.MemStats
+		for range 3 {
+			runtime.GC()
+		}
+		runtime.ReadMemStats(&ms)
+		return runtime.NumGoroutine(), ms.HeapAlloc
+	}
+	var wg sync.WaitGroup
+	parallel := func(from, to int) {
+		for w := range 4 {
+			wg.Go(func() {
+				for i := from + w; i < to; i += 4 {
+					round(i)
+				}
+			})
+		}
+		wg.Wait()
+	}
+	parallel(0, 400) // warm the pool and the statement caches
+	g0, h0 := measure()
+	const keys = 3000
+	parallel(400, 400+keys)
+	g1, h1 := measure()
+	t.Logf("goroutines %d -> %d, live heap %d -> %d bytes over %d keys", g0, g1, h0, h1, keys)
+	if g1 > g0 {
+		t.Errorf("goroutines grew from %d to %d over %d keys", g0, g1, keys)
+	}
+	// 256 KiB over 3000 keys: a leak of 90 bytes per key would show.
+	if h1 > h0+256<<10 {
+		t.Errorf("live heap grew from %d to %d bytes over %d keys", h0, h1, keys)
+	}
+	f.mustCount(t, ctx, "growth", (400+keys)*9/10)
 }
 
 // TestTxBehaviour: the pgx.Tx fn receives works like pgx's own inside fn
@@ -201,55 +315,63 @@ func TestTxBehaviour(t *testing.T) {
 	}
 }
 
-// TestRoundTrips counts the round trips of Do on a warm connection: a
-// replay is one, a new key is the effect's plus three (look-up,
-// BEGIN+reservation, UPDATE+COMMIT).
+// TestRoundTrips counts the round trips of Do on a warm connection. By
+// default a new key costs what the bare effect transaction costs (BEGIN
+// with the reservation, the effect, the completion with COMMIT: 3) and a
+// replay 2 (BEGIN with the look-up, ROLLBACK); with LookupFirst a replay is
+// one plain SELECT and a new key costs that one more (4).
 func TestRoundTrips(t *testing.T) {
-	ctx := testContext(t)
-	var queries atomic.Int64
-	tr := &tracer{queries: &queries}
-	f := newFixture(t, newPool(t, 1, func(c *pgxpool.Config) { c.ConnConfig.Tracer = tr }), postgres.Config{})
-	g := f.guard(t, nil)
-	fn := func(tx pgx.Tx) (idempotency.Response, error) {
-		return idempotency.Response{Status: 201, Header: http.Header{"A": {"b"}}, Body: []byte("x")}, f.effect(ctx, tx, "rt")
-	}
-	trips := func(do func()) int64 {
-		q, b := queries.Load(), tr.batches.Load()
-		do()
-		return queries.Load() - q + tr.batches.Load() - b
-	}
-	// Warm the connection's statement cache: the first use of a statement
-	// on a connection costs one more round trip to prepare it.
-	for _, id := range []string{"warm", "warm"} {
-		if _, err := g.Do(ctx, idempotency.Key{ID: id}, "fp", fn); err != nil {
-			t.Fatal(err)
-		}
-	}
-	newKey := trips(func() {
-		if r, err := g.Do(ctx, idempotency.Key{ID: "new"}, "fp", fn); err != nil || r.Replayed {
-			t.Fatalf("new key: %+v, %v", r, err)
-		}
-	})
-	replay := trips(func() {
-		if r, err := g.Do(ctx, idempotency.Key{ID: "new"}, "fp", fn); err != nil || !r.Replayed {
-			t.Fatalf("replay: %+v, %v", r, err)
-		}
-	})
-	bare := trips(func() {
-		b := &pgx.Batch{}
-		b.BeginTx(pgx.TxOptions{})
-		b.Queue("INSERT INTO "+f.effects+" (tag) VALUES ($1)", "bare")
-		br := f.pool.SendBatch(ctx, b)
-		if err := br.Close(); err != nil {
-			t.Fatal(err)
-		}
-		if err := br.Tx().Commit(ctx); err != nil {
-			t.Fatal(err)
-		}
-	})
-	t.Logf("round trips: new key %d, replay %d, bare effect transaction (batched BEGIN) %d", newKey, replay, bare)
-	if newKey != 4 || replay != 1 {
-		t.Fatalf("round trips: new key %d, want 4 (one of them the effect); replay %d, want 1", newKey, replay)
+	for _, c := range []struct {
+		name                string
+		cfg                 postgres.Config
+		wantNew, wantReplay int64
+	}{
+		{"Default", postgres.Config{}, 3, 2},
+		{"LookupFirst", postgres.Config{LookupFirst: true}, 4, 1},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			ctx := testContext(t)
+			var queries atomic.Int64
+			tr := &tracer{queries: &queries}
+			f := newFixture(t, newPool(t, 1, func(c *pgxpool.Config) { c.ConnConfig.Tracer = tr }), c.cfg)
+			g := f.guard(t, nil)
+			fn := func(tx pgx.Tx) (idempotency.Response, error) {
+				return idempotency.Response{Status: 201, Header: http.Header{"A": {"b"}}, Body: []byte("x")}, f.effect(ctx, tx, "rt")
+			}
+			trips := func(do func()) int64 {
+				q, b := queries.Load(), tr.batches.Load()
+				do()
+				return queries.Load() - q + tr.batches.Load() - b
+			}
+			// Warm the connection's statement cache: the first use of a
+			// statement on a connection costs one more round trip to
+			// prepare it.
+			for _, id := range []string{"warm", "warm"} {
+				if _, err := g.Do(ctx, idempotency.Key{ID: id}, "fp", fn); err != nil {
+					t.Fatal(err)
+				}
+			}
+			newKey := trips(func() {
+				if r, err := g.Do(ctx, idempotency.Key{ID: "new"}, "fp", fn); err != nil || r.Replayed {
+					t.Fatalf("new key: %+v, %v", r, err)
+				}
+			})
+			replay := trips(func() {
+				if r, err := g.Do(ctx, idempotency.Key{ID: "new"}, "fp", fn); err != nil || !r.Replayed {
+					t.Fatalf("replay: %+v, %v", r, err)
+				}
+			})
+			bare := trips(func() {
+				if err := f.bare(ctx, "bare"); err != nil {
+					t.Fatal(err)
+				}
+			})
+			t.Logf("round trips: new key %d, replay %d, bare effect transaction %d", newKey, replay, bare)
+			if newKey != c.wantNew || replay != c.wantReplay || bare != 3 {
+				t.Fatalf("round trips: new key %d, want %d (one of them the effect); replay %d, want %d; bare %d, want 3",
+					newKey, c.wantNew, replay, c.wantReplay, bare)
+			}
+		})
 	}
 }
 
@@ -333,7 +455,7 @@ func TestCancelWhileWaitingReleasesConnection(t *testing.T) {
 		})
 		werr <- err
 	}()
-	waitBlocked(t, ctx, `INSERT INTO "`+f.table+`"%`)
+	waitBlocked(t, ctx, `%INSERT INTO "`+f.table+`"%`)
 	cancel()
 	select {
 	case err := <-werr:

@@ -24,6 +24,7 @@ type txn struct {
 	conn *pgxpool.Conn
 	tx   *tx
 	key  idempotency.Key
+	row  pgtype.TID // the key row, reserved by this transaction
 	done bool
 }
 
@@ -52,7 +53,7 @@ func (t *txn) Complete(ctx context.Context, resp idempotency.Response) (err erro
 		return fmt.Errorf("postgres: key %q: encode header: %w", t.key.ID, err)
 	}
 	b := &pgx.Batch{}
-	b.Queue(t.s.completeSQL, t.key.Scope, t.key.ID, resp.Status, header, resp.Body)
+	b.Queue(t.s.completeSQL, t.row, t.key.Scope, t.key.ID, resp.Status, header, resp.Body)
 	b.Queue(t.s.commitSQL)
 	br := t.conn.SendBatch(ctx, b)
 	var updated, committed pgconn.CommandTag
