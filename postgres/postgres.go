@@ -31,6 +31,7 @@ const maxIdentLen = 63
 const rollbackTimeout = 5 * time.Second
 
 var _ idempotency.KeyStore[pgx.Tx] = (*Store)(nil)
+var _ idempotency.ConflictClassifier = (*Store)(nil)
 
 // Config tunes a [Store]. The zero value (or nil) means the defaults.
 type Config struct {
@@ -376,6 +377,14 @@ func abandon(ctx context.Context, conn *pgxpool.Conn) {
 // (reservingLock: a lock timeout is our own wait bound and wraps
 // [idempotency.ErrInProgress] instead); once ctx is done, ctx.Err() is in
 // the chain.
+// IsConflict implements [idempotency.ConflictClassifier]: a serialization
+// failure (40001) or a deadlock (40P01) met by one of fn's own statements
+// makes [idempotency.Guard.Do] roll back and run the attempt again.
+func (s *Store) IsConflict(err error) bool {
+	var pgErr *pgconn.PgError
+	return errors.As(err, &pgErr) && (pgErr.Code == "40001" || pgErr.Code == "40P01")
+}
+
 func classify(ctx context.Context, err error, reservingLock bool) error {
 	if err == nil {
 		return nil

@@ -13,6 +13,7 @@ import (
 	"time"
 
 	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/go-idempotency/idempotency"
@@ -665,4 +666,37 @@ func releaser(t testing.TB) release {
 	r := release{c: c, do: sync.OnceFunc(func() { close(c) })}
 	t.Cleanup(r.do)
 	return r
+}
+
+// TestConflictInFnRetried: a deadlock met by fn's own statement is retried
+// by Do (the store classifies it), so the caller gets the response and the
+// effect commits once.
+func TestConflictInFnRetried(t *testing.T) {
+	ctx := testContext(t)
+	f := newFixture(t, newPool(t, 2), postgres.Config{})
+	g := f.guard(t, nil)
+	var calls atomic.Int64
+	resp, err := g.Do(ctx, idempotency.Key{ID: randomName("k")}, "fp", func(tx pgx.Tx) (idempotency.Response, error) {
+		if err := f.effect(ctx, tx, "pay"); err != nil {
+			return idempotency.Response{}, err
+		}
+		if calls.Add(1) == 1 {
+			// What a real deadlock returns from tx.Exec.
+			return idempotency.Response{}, fmt.Errorf("charge: %w", &pgconn.PgError{Code: "40P01", Message: "deadlock detected"})
+		}
+		return idempotency.Response{Status: 201}, nil
+	})
+	if err != nil || resp.Status != 201 || calls.Load() != 2 {
+		t.Fatalf("got %+v, %v after %d calls; want 201 after 2", resp, err, calls.Load())
+	}
+	f.mustCount(t, ctx, "pay", 1)
+	// Any other database error from fn is returned as it is.
+	_, err = g.Do(ctx, idempotency.Key{ID: randomName("k")}, "fp", func(tx pgx.Tx) (idempotency.Response, error) {
+		_, err := tx.Exec(ctx, "SELECT 1/0")
+		return idempotency.Response{}, err
+	})
+	var pgErr *pgconn.PgError
+	if !errors.As(err, &pgErr) || pgErr.Code != "22012" || errors.Is(err, idempotency.ErrConflict) {
+		t.Fatalf("division by zero in fn: got %v, want the 22012 error itself", err)
+	}
 }
