@@ -60,6 +60,10 @@ type Features struct {
 	// time for the whole database (SQLite): a caller holding one key then
 	// delays callers of other keys too.
 	SerialWriters bool
+	// SelfExpiring is true when the store deletes expired records by
+	// itself (Redis key expiry) and [idempotency.KeyStore.Purge] always
+	// returns 0. Otherwise Purge must delete exactly the expired keys.
+	SelfExpiring bool
 }
 
 // Harness tells [Run] how to build fixtures for a backend.

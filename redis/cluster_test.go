@@ -82,7 +82,7 @@ func startCluster(t *testing.T) []string {
 	return addrs
 }
 
-func waitFor(t *testing.T, d time.Duration, what string, ok func() bool) {
+func waitFor(t testing.TB, d time.Duration, what string, ok func() bool) {
 	t.Helper()
 	deadline := time.Now().Add(d)
 	for !ok() {

@@ -28,10 +28,11 @@
 //
 // Each key is a Redis hash under Config.Prefix. A reservation writes it as
 // pending, with a random owner token, and gives it a lease (Config.Lease,
-// 30s by default) that a goroutine of the reservation renews every third of
-// the lease while fn runs, by compare-and-set on the token. A holder that
-// dies stops renewing; Redis deletes the pending record when the lease runs
-// out, and the key is free again.
+// 30s by default) that a timer of the reservation renews every third of the
+// lease while fn runs, by compare-and-set on the token; no goroutine runs
+// between renewals, and none is left once Complete or Rollback returns. A
+// holder that dies stops renewing; Redis deletes the pending record when
+// the lease runs out, and the key is free again.
 //
 // Complete (see [idempotency.Txn]) watches the record (WATCH), checks that the token is still
 // the caller's, and sends fn's queued commands, the completed record, its
@@ -43,12 +44,32 @@
 // [Store.Purge] always returns 0. A completed record whose ExpiresAt is not
 // after the core's clock counts as absent and is taken over atomically.
 //
-// Callers that find a key pending subscribe to a channel of the key before
-// they look at it again (no lost wake-up) and wait for the holder's
-// completion or rollback, for its lease to run out, or for their wait bound
-// or context to end. Polling (a tenth of the lease, between 50ms and 1s) is
-// only a fallback for a lost message. Each waiting caller holds one pub/sub
-// connection, which go-redis dials outside its command pool.
+// Callers of one key in one [Store] that arrive while another of them runs
+// the reservation script wait for its answer instead of sending their own.
+// A caller that finds a key pending waits for the holder's completion or
+// rollback, for its lease to run out, or for its wait bound or context to
+// end. When the holder is a reservation of the same Store (Redis names
+// the owner token), the caller waits on it in memory and, if it completed,
+// takes a copy of the record it stored, without asking Redis again.
+// Otherwise the caller subscribes to a channel of the key before it looks
+// at it again (no lost wake-up) and is woken by the holder's PUBLISH; it
+// holds one pub/sub connection meanwhile, which go-redis dials outside its
+// command pool. Polling (a tenth of the lease, between 50ms and 1s) is only
+// a fallback for a lost message.
+//
+// # Round trips
+//
+// A Do with a new key costs three round trips on a single node or Sentinel
+// (the reservation script; WATCH with the token check; MULTI, fn's
+// commands, the record, EXPIRE, PUBLISH, EXEC) and four on Cluster, where
+// go-redis sends WATCH on its own. A replay costs one (the reservation
+// script returns the completed record). The bare effect, fn's commands in a
+// plain MULTI/EXEC, costs one. Redis has no conditional EXEC: a script
+// queued in the MULTI cannot stop fn's commands, so the token is checked
+// under WATCH and its answer must be back before EXEC is sent. Only a WATCH
+// armed in the reservation's own round trip would save one, at the price of
+// pinning a pooled connection for fn's whole run and of one more round trip
+// (UNWATCH) on every replay, so this store does not do it.
 //
 // Replication in Redis is asynchronous: a failover (Sentinel, Cluster) can
 // lose the latest writes, so a key completed just before it can come back

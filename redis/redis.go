@@ -9,6 +9,8 @@ import (
 	"fmt"
 	"strconv"
 	"strings"
+	"sync"
+	"sync/atomic"
 	"time"
 
 	goredis "github.com/redis/go-redis/v9"
@@ -54,6 +56,13 @@ type Store struct {
 	reserveScript *goredis.Script
 	renewScript   *goredis.Script
 	releaseScript *goredis.Script
+
+	tokens string // starts every token of this Store
+
+	mu      sync.Mutex
+	holds   map[string]*hold // by token: the reservations this Store is making or holds
+	looking map[string]*hold // by record key: the caller running the reservation script
+	looks   uint64           // looks started so far
 }
 
 var _ idempotency.KeyStore[*Tx] = (*Store)(nil)
@@ -93,6 +102,9 @@ func New(client goredis.UniversalClient, cfg *Config) (*Store, error) {
 		reserveScript: goredis.NewScript(reserveLua),
 		renewScript:   goredis.NewScript(renewLua),
 		releaseScript: goredis.NewScript(releaseLua),
+		tokens:        rand.Text()[:8] + ".",
+		holds:         make(map[string]*hold),
+		looking:       make(map[string]*hold),
 	}, nil
 }
 
@@ -143,8 +155,9 @@ const (
 
 // reserveLua takes the key unless a live record holds it.
 // KEYS[1] record. ARGV: token, scope, id, fingerprint, now ms, expires ms,
-// lease ms. Returns {"reserved"}, {"pending", pttl ms} or {"completed",
-// fingerprint, status, header, body, created, expires, scope, id}.
+// lease ms. Returns {"reserved"}, {"pending", pttl ms, owner} or
+// {"completed", fingerprint, status, header, body, created, expires, scope,
+// id}.
 const reserveLua = `
 local r = redis.call('HMGET', KEYS[1], 'state', 'owner', 'fp', 'status', 'hdr', 'body', 'created', 'expires', 'scope', 'id')
 if r[1] == 'completed' then
@@ -155,7 +168,7 @@ elseif r[1] == 'pending' then
   if r[2] == ARGV[1] then
     return {'reserved'}
   end
-  return {'pending', tostring(redis.call('PTTL', KEYS[1]))}
+  return {'pending', tostring(redis.call('PTTL', KEYS[1])), r[2]}
 elseif r[1] then
   return redis.error_reply('idempotency: record ' .. KEYS[1] .. ' has unknown state ' .. tostring(r[1]))
 end
@@ -187,20 +200,32 @@ return 0
 `
 
 // Reserve implements [idempotency.KeyStore]. One call of the reservation
-// script (a single round trip) reserves a free key or returns a completed
-// record. A caller that finds the key pending subscribes to its wake-up
-// channel and waits, as the package doc describes.
+// script (a single round trip, shared by the callers of the same key that
+// arrive while it runs) reserves a free key or returns a completed record.
+// A caller that finds the key pending waits, as the package doc describes:
+// for a holder in this Store, on the holder itself; for any other, on the
+// key's wake-up channel, subscribed before it looks again.
 func (s *Store) Reserve(ctx context.Context, r idempotency.Reservation) (idempotency.Txn[*Tx], *idempotency.Record, error) {
 	k := s.keysFor(r.Key)
-	token := rand.Text()
+	token := s.tokens + rand.Text()
 	var deadline time.Time
 	if r.Wait > 0 {
 		deadline = time.Now().Add(r.Wait)
 	}
+	// Known before the script can reserve, so that this Store's waiters
+	// find the holder as soon as Redis names it.
+	own := s.addHold(token)
 	var w *waiter
-	defer func() { w.close() }()
+	var ended string // a holder of this Store that ended while Redis still named it
+	var after uint64 // looks up to this one are older than what this caller waits to see
+	defer func() {
+		w.close()
+		if own != nil {
+			s.endHold(own)
+		}
+	}()
 	for {
-		out, err := s.try(ctx, k, r, token)
+		out, err := s.look(ctx, k, r, own, after)
 		if err != nil {
 			return nil, nil, err
 		}
@@ -208,27 +233,216 @@ func (s *Store) Reserve(ctx context.Context, r idempotency.Reservation) (idempot
 		case out.rec != nil:
 			return nil, out.rec, nil
 		case out.reserved:
-			return s.newTxn(k, token, r), nil, nil
+			t := s.newTxn(k, r, own)
+			own = nil
+			return t, nil, nil
 		}
 		remaining := time.Until(deadline)
 		if r.Wait <= 0 || remaining <= 0 {
 			return nil, nil, fmt.Errorf("%w: key %q", idempotency.ErrInProgress, r.Key.ID)
 		}
-		if w == nil {
+		h := s.holdOf(out.owner)
+		if h == nil && out.owner != ended && strings.HasPrefix(out.owner, s.tokens) {
+			// The holder was this Store's and has just ended: look again
+			// at once (and wait as for any holder if Redis still names it).
+			ended = out.owner
+			after = s.lookSeq()
+			continue
+		}
+		if h == nil && w == nil {
 			// Subscribe, then look again: a completion after that look
 			// publishes to a live subscription.
 			if w, err = s.subscribe(ctx, k.wake, remaining); err != nil {
 				return nil, nil, fmt.Errorf("%w: waiting for key %q: %w", idempotency.ErrInProgress, r.Key.ID, err)
 			}
+			after = s.lookSeq()
 			continue
 		}
 		d := min(remaining, s.poll)
 		if out.pttl >= 0 {
 			d = min(d, out.pttl+time.Millisecond)
 		}
-		if err := w.wait(ctx, d); err != nil {
+		rec, err := wait(ctx, h, w, d)
+		after = s.lookSeq()
+		if err != nil {
 			return nil, nil, fmt.Errorf("%w: waiting for key %q: %w", idempotency.ErrInProgress, r.Key.ID, err)
 		}
+		if rec != nil && rec.Key == r.Key && rec.ExpiresAt.UnixMilli() > r.Now.UnixMilli() {
+			return nil, rec, nil
+		}
+	}
+}
+
+// hold is a reservation this Store is making or holds, for the Store's own
+// waiters: done is closed once it has ended in Redis (completed, released,
+// found lost, or never made).
+type hold struct {
+	token   string
+	done    chan struct{}
+	waiters atomic.Int32 // callers waiting on done
+	// Callers of the same key waiting for this caller's reservation
+	// script (see look), nil while there are none, and which look that
+	// is. Guarded by Store.mu.
+	joined *lookResult
+	seq    uint64
+	// Set before done is closed when Complete succeeded and someone
+	// waited: the stored record, as the reservation script would return it.
+	rec *idempotency.Record
+}
+
+func (s *Store) addHold(token string) *hold {
+	h := &hold{token: token, done: make(chan struct{})}
+	s.mu.Lock()
+	s.holds[token] = h
+	s.mu.Unlock()
+	return h
+}
+
+// endHold wakes h's waiters; they look at the key again, or take the
+// record h carries.
+func (s *Store) endHold(h *hold) {
+	s.mu.Lock()
+	delete(s.holds, h.token)
+	s.mu.Unlock()
+	close(h.done)
+}
+
+// holdOf returns the hold of the reservation under token, if this Store is
+// making or holds it.
+func (s *Store) holdOf(token string) *hold {
+	if token == "" {
+		return nil
+	}
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.holds[token]
+}
+
+// record returns a copy of the record the holder completed, or nil.
+func (h *hold) record() *idempotency.Record {
+	if h.rec == nil {
+		return nil
+	}
+	return cloneRecord(h.rec)
+}
+
+// lookSeq numbers the latest look started.
+func (s *Store) lookSeq() uint64 {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.looks
+}
+
+// cloneRecord returns a copy of rec that shares nothing with it.
+func cloneRecord(rec *idempotency.Record) *idempotency.Record {
+	c := *rec
+	c.Header = rec.Header.Clone()
+	c.Body = append([]byte{}, rec.Body...)
+	return &c
+}
+
+// lookResult is what one run of the reservation script found, for the
+// callers that joined it.
+type lookResult struct {
+	done   chan struct{} // closed once out and err are set
+	out    tryResult     // out.rec, if any, is the callers' to copy, never to change
+	err    error
+	leader string // the token the script ran with
+	n      int    // callers that joined; guarded by Store.mu
+}
+
+// look runs the reservation script for r under own's token, unless another
+// caller of this Store is running it for the same key: then it waits for
+// that answer and uses it when it can (the key held by that caller, or a
+// completed record that has not expired on r's clock); otherwise it runs
+// the script itself. Concurrent callers of one key thus cost one round
+// trip, not one each. A look numbered after or lower started before what
+// the caller waits to see (its subscription, a wake-up), and may have run
+// before it: the caller does not join it.
+func (s *Store) look(ctx context.Context, k keys, r idempotency.Reservation, own *hold, after uint64) (tryResult, error) {
+	s.mu.Lock()
+	l := s.looking[k.rec]
+	if l != nil && l.seq <= after {
+		s.mu.Unlock()
+		return s.try(ctx, k, r, own.token)
+	}
+	if l == nil {
+		s.looks++
+		own.seq = s.looks
+		s.looking[k.rec] = own
+		s.mu.Unlock()
+		out, err := s.try(ctx, k, r, own.token)
+		s.mu.Lock()
+		delete(s.looking, k.rec)
+		j := own.joined
+		own.joined = nil
+		s.mu.Unlock()
+		if j != nil {
+			j.out, j.err = out, err
+			if out.rec != nil {
+				j.out.rec = cloneRecord(out.rec) // the caller may change its own
+			}
+			close(j.done)
+		}
+		return out, err
+	}
+	j := l.joined
+	if j == nil {
+		j = &lookResult{done: make(chan struct{}), leader: l.token}
+		l.joined = j
+	}
+	j.n++
+	s.mu.Unlock()
+	select {
+	case <-j.done:
+	case <-ctx.Done():
+		return tryResult{}, ctx.Err()
+	}
+	switch out := j.out; {
+	case j.err != nil:
+		// The other caller failed (its own context may have ended): look
+		// ourselves.
+	case out.reserved:
+		return tryResult{pttl: -1, owner: j.leader}, nil
+	case out.rec != nil:
+		if out.rec.Key == r.Key && out.rec.ExpiresAt.UnixMilli() > r.Now.UnixMilli() {
+			return tryResult{rec: cloneRecord(out.rec)}, nil
+		}
+	default:
+		return out, nil // pending: held by someone else
+	}
+	return s.try(ctx, k, r, own.token)
+}
+
+// wait returns when the local holder h ends (with its record if it
+// completed), after a message on w's channel (or a resubscription after a
+// reconnect, which may have lost one), after d, or with ctx's error. Either
+// h or w may be nil.
+func wait(ctx context.Context, h *hold, w *waiter, d time.Duration) (*idempotency.Record, error) {
+	var done <-chan struct{}
+	if h != nil {
+		h.waiters.Add(1)
+		defer h.waiters.Add(-1)
+		done = h.done
+	}
+	var msgs <-chan any
+	if w != nil {
+		msgs = w.msgs
+	}
+	t := time.NewTimer(d)
+	defer t.Stop()
+	select {
+	case <-done:
+		return h.record(), nil
+	case _, ok := <-msgs:
+		if !ok {
+			w.msgs = nil // closed with the client: rely on the timer
+		}
+		return nil, nil
+	case <-t.C:
+		return nil, nil
+	case <-ctx.Done():
+		return nil, ctx.Err()
 	}
 }
 
@@ -237,6 +451,7 @@ type tryResult struct {
 	reserved bool
 	rec      *idempotency.Record
 	pttl     time.Duration // pending: time left on the holder's lease, < 0 if unknown
+	owner    string        // pending: the holder's token
 }
 
 func (s *Store) try(ctx context.Context, k keys, r idempotency.Reservation, token string) (tryResult, error) {
@@ -262,7 +477,7 @@ func (s *Store) try(ctx context.Context, k keys, r idempotency.Reservation, toke
 		if err != nil || ms < 0 {
 			ms = -1
 		}
-		return tryResult{pttl: time.Duration(ms) * time.Millisecond}, nil
+		return tryResult{pttl: time.Duration(ms) * time.Millisecond, owner: str(2)}, nil
 	case "completed":
 		rec, err := decodeRecord(str(1), str(2), str(3), str(4), str(5), str(6), str(7), str(8))
 		if err != nil {
@@ -305,24 +520,6 @@ func (s *Store) subscribe(ctx context.Context, channel string, d time.Duration) 
 			w.close()
 			return nil, ctx.Err()
 		}
-	}
-}
-
-// wait returns after a message on the channel (or a resubscription after a
-// reconnect, which may have lost one), after d, or with ctx's error.
-func (w *waiter) wait(ctx context.Context, d time.Duration) error {
-	t := time.NewTimer(d)
-	defer t.Stop()
-	select {
-	case _, ok := <-w.msgs:
-		if !ok {
-			w.msgs = nil // closed with the client: rely on the timer
-		}
-		return nil
-	case <-t.C:
-		return nil
-	case <-ctx.Done():
-		return ctx.Err()
 	}
 }
 

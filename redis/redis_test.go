@@ -8,6 +8,7 @@ import (
 	"fmt"
 	"net"
 	"net/http"
+	"runtime"
 	"strconv"
 	"sync"
 	"sync/atomic"
@@ -34,23 +35,30 @@ func newPrefix() string { return "idemtest:{" + uniq("p") + "}:" }
 // dropPrefix deletes every key under prefix, on every master.
 func dropPrefix(t testing.TB, client goredis.UniversalClient, prefix string) {
 	t.Helper()
-	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute) // a million keys after BenchmarkScale
 	defer cancel()
 	drop := func(ctx context.Context, c goredis.UniversalClient) error {
-		var ks []string
-		iter := c.Scan(ctx, 0, prefix+"*", 1000).Iterator()
-		for iter.Next(ctx) {
-			ks = append(ks, iter.Val())
-		}
-		if err := iter.Err(); err != nil {
-			return err
-		}
-		for _, k := range ks {
-			if err := c.Del(ctx, k).Err(); err != nil {
+		var cursor uint64
+		for {
+			ks, next, err := c.Scan(ctx, cursor, prefix+"*", 10000).Result()
+			if err != nil {
 				return err
 			}
+			if len(ks) > 0 {
+				if _, err := c.Pipelined(ctx, func(p goredis.Pipeliner) error {
+					for _, k := range ks {
+						p.Unlink(ctx, k)
+					}
+					return nil
+				}); err != nil {
+					return err
+				}
+			}
+			if next == 0 {
+				return nil
+			}
+			cursor = next
 		}
-		return nil
 	}
 	var err error
 	if cc, ok := client.(*goredis.ClusterClient); ok {
@@ -75,6 +83,42 @@ func (f *fixture) effectKey(tag string) string { return f.prefix + "effects:" + 
 
 func (f *fixture) effect(ctx context.Context, tx *Tx, tag string) error {
 	tx.Incr(ctx, f.effectKey(tag))
+	return nil
+}
+
+// bare performs the effect of [fixture.effect] in a plain MULTI/EXEC on the
+// same client, with no idempotency: the benchmarks' baseline.
+func (f *fixture) bare(ctx context.Context, tag string) error {
+	_, err := f.client.TxPipelined(ctx, func(p goredis.Pipeliner) error {
+		p.Incr(ctx, f.effectKey(tag))
+		return nil
+	})
+	return err
+}
+
+// fill writes n completed records (scope "fill", ids 0 to n-1) expiring at
+// expiresAt, in pipelined batches.
+func (f *fixture) fill(ctx context.Context, n int, expiresAt time.Time) error {
+	if !expiresAt.After(time.Now()) {
+		return fmt.Errorf("redis: cannot store records expired at %v: Redis deletes them at once", expiresAt)
+	}
+	const batch = 10000
+	created := strconv.FormatInt(time.Now().UnixMilli(), 10)
+	expires := strconv.FormatInt(expiresAt.UnixMilli(), 10)
+	for i := 0; i < n; i += batch {
+		if _, err := f.client.Pipelined(ctx, func(p goredis.Pipeliner) error {
+			for j := i; j < min(i+batch, n); j++ {
+				key := idempotency.Key{Scope: "fill", ID: strconv.Itoa(j)}
+				rec := f.store.keysFor(key).rec
+				p.HSet(ctx, rec, "state", stateCompleted, "scope", key.Scope, "id", key.ID, "fp", "fp",
+					"status", "201", "hdr", "{}", "body", "filled", "created", created, "expires", expires)
+				p.PExpireAt(ctx, rec, expiresAt)
+			}
+			return nil
+		}); err != nil {
+			return err
+		}
+	}
 	return nil
 }
 
@@ -119,8 +163,10 @@ func harness(newClient func(t testing.TB) func(int) goredis.UniversalClient) con
 	return conformance.Harness[*Tx]{
 		NewFixture: func(t testing.TB, opts conformance.Options) conformance.Fixture[*Tx] {
 			f := newFixture(t, newClient(t), opts.MaxConns, nil)
-			return conformance.Fixture[*Tx]{Store: f.store, Effect: f.effect, Count: f.count}
+			return conformance.Fixture[*Tx]{Store: f.store, Effect: f.effect, Count: f.count, Bare: f.bare, Fill: f.fill}
 		},
+		// Completed records expire by themselves; Purge returns 0.
+		Features: conformance.Features{SelfExpiring: true},
 	}
 }
 
@@ -334,51 +380,90 @@ func TestTwentyCallersOneKey(t *testing.T) {
 
 // TestWaitersWokenPromptly measures how soon waiters return after the
 // holder completes; with a 30s lease the fallback poll is 1s, so only the
-// wake-up message makes them fast. It logs, it does not assert speed.
+// wake-up makes them fast. Waiters on the holder's Store wait on the holder
+// itself and take its record (each its own copy); waiters on another Store
+// (another process) wait on the key's pub/sub channel. It logs, it does not
+// assert speed.
 func TestWaitersWokenPromptly(t *testing.T) {
-	ctx := testCtx(t, 30*time.Second)
-	f := newFixture(t, singleClient(t), 0, nil)
-	g, err := idempotency.New(f.store, &idempotency.Config{WaitTimeout: 20 * time.Second})
-	if err != nil {
-		t.Fatal(err)
-	}
-	key := idempotency.Key{ID: uniq("wake")}
-	holder, _, err := f.store.Reserve(ctx, reservation(key, "fp", 0))
-	if err != nil || holder == nil {
-		t.Fatalf("holder: %v, %v", holder, err)
-	}
-	const waiters = 5
-	returned := make([]time.Time, waiters)
-	resps := make([]idempotency.Response, waiters)
-	errs := make([]error, waiters)
-	var wg sync.WaitGroup
-	for i := range waiters {
-		wg.Add(1)
-		go func() {
-			defer wg.Done()
-			resps[i], errs[i] = g.Do(ctx, key, "fp", func(*Tx) (idempotency.Response, error) {
-				return idempotency.Response{}, errors.New("a waiter must not run fn")
-			})
-			returned[i] = time.Now()
-		}()
-	}
-	time.Sleep(300 * time.Millisecond) // let the waiters subscribe
-	_ = f.effect(ctx, holder.Tx(), "wake")
-	before := time.Now()
-	if err := holder.Complete(ctx, idempotency.Response{Status: 201, Body: []byte("done")}); err != nil {
-		t.Fatal(err)
-	}
-	after := time.Now()
-	wg.Wait()
-	for i := range waiters {
-		if errs[i] != nil || !resps[i].Replayed || string(resps[i].Body) != "done" {
-			t.Fatalf("waiter %d: got %+v, %v; want the replay", i, resps[i], errs[i])
+	for _, remote := range []bool{false, true} {
+		name := "Local"
+		if remote {
+			name = "Remote"
 		}
-		t.Logf("waiter %d returned %v after Complete started (%v after it returned)",
-			i, returned[i].Sub(before), returned[i].Sub(after))
-	}
-	if c, err := f.count(ctx, "wake"); err != nil || c != 1 {
-		t.Fatalf("effects: got %d, %v; want 1", c, err)
+		t.Run(name, func(t *testing.T) {
+			ctx := testCtx(t, 30*time.Second)
+			f := newFixture(t, singleClient(t), 0, nil)
+			s := f.store
+			if remote {
+				other := goredis.NewClient(&goredis.Options{Addr: testenv.RedisAddr(t)})
+				t.Cleanup(func() { _ = other.Close() })
+				var err error
+				if s, err = New(other, &Config{Prefix: f.prefix}); err != nil {
+					t.Fatal(err)
+				}
+			}
+			g, err := idempotency.New(s, &idempotency.Config{WaitTimeout: 20 * time.Second})
+			if err != nil {
+				t.Fatal(err)
+			}
+			key := idempotency.Key{ID: uniq("wake")}
+			holder, _, err := f.store.Reserve(ctx, reservation(key, "fp", 0))
+			if err != nil || holder == nil {
+				t.Fatalf("holder: %v, %v", holder, err)
+			}
+			const waiters = 5
+			returned := make([]time.Time, waiters)
+			resps := make([]idempotency.Response, waiters)
+			errs := make([]error, waiters)
+			var wg sync.WaitGroup
+			for i := range waiters {
+				wg.Go(func() {
+					resps[i], errs[i] = g.Do(ctx, key, "fp", func(*Tx) (idempotency.Response, error) {
+						return idempotency.Response{}, errors.New("a waiter must not run fn")
+					})
+					returned[i] = time.Now()
+				})
+			}
+			wake := f.store.keysFor(key).wake
+			waitFor(t, 10*time.Second, "the waiters", func() bool {
+				n, err := f.client.PubSubNumSub(ctx, wake).Result()
+				if remote {
+					return err == nil && n[wake] == waiters
+				}
+				return err == nil && n[wake] == 0 && holder.(*txn).hold.waiters.Load() == waiters
+			})
+			_ = f.effect(ctx, holder.Tx(), "wake")
+			hdr := http.Header{"X-A": {"1", "2"}, "x-raw": {""}, "Empty": {}}
+			before := time.Now()
+			if err := holder.Complete(ctx, idempotency.Response{Status: 201, Header: hdr, Body: []byte("done")}); err != nil {
+				t.Fatal(err)
+			}
+			after := time.Now()
+			hdr.Set("X-A", "changed by the holder's caller")
+			wg.Wait()
+			_, stored, err := f.store.Reserve(ctx, reservation(key, "fp", 0))
+			if err != nil || stored == nil {
+				t.Fatalf("the stored record: %v, %v", stored, err)
+			}
+			for i := range waiters {
+				r := resps[i]
+				if errs[i] != nil || !r.Replayed || r.Status != 201 || string(r.Body) != "done" ||
+					fmt.Sprintf("%#v", r.Header) != fmt.Sprintf("%#v", stored.Header) {
+					t.Fatalf("waiter %d: got %+v, %v; want the replay of %+v", i, r, errs[i], stored)
+				}
+				t.Logf("waiter %d returned %v after Complete started (%v after it returned)",
+					i, returned[i].Sub(before), returned[i].Sub(after))
+			}
+			// Each waiter owns what it got.
+			resps[0].Header.Set("X-A", "mine")
+			resps[0].Body[0] = 'D'
+			if resps[1].Header.Get("X-A") != "1" || string(resps[1].Body) != "done" {
+				t.Fatalf("waiters share their response: %+v", resps[1])
+			}
+			if c, err := f.count(ctx, "wake"); err != nil || c != 1 {
+				t.Fatalf("effects: got %d, %v; want 1", c, err)
+			}
+		})
 	}
 }
 
@@ -783,5 +868,394 @@ func TestRenewalKeepsKey(t *testing.T) {
 	}
 	if n, err := f.count(ctx, "renew"); err != nil || n != 1 || calls.Load() != 1 {
 		t.Fatalf("effects %d (%v), fn calls %d; want 1 and 1", n, err, calls.Load())
+	}
+}
+
+// TestNoGoroutineGrowth: whatever way a Do ends (new key, replay, error,
+// lease lost while fn runs, renewals, waiters in this Store and in another
+// one), nothing it started is left running: the lease renewals of every
+// reservation end with it.
+func TestNoGoroutineGrowth(t *testing.T) {
+	ctx := testCtx(t, 60*time.Second)
+	const lease = 90 * time.Millisecond // renewals every 30ms
+	rt := &roundTrips{}
+	f := newFixture(t, func(int) goredis.UniversalClient {
+		c := goredis.NewClient(&goredis.Options{Addr: testenv.RedisAddr(t), PoolSize: 4})
+		c.AddHook(rt)
+		return c
+	}, 0, &Config{Lease: lease})
+	other := goredis.NewClient(&goredis.Options{Addr: testenv.RedisAddr(t), PoolSize: 4})
+	t.Cleanup(func() { _ = other.Close() })
+	remote, err := New(other, &Config{Prefix: f.prefix, Lease: lease})
+	if err != nil {
+		t.Fatal(err)
+	}
+	cfg := &idempotency.Config{WaitTimeout: 10 * time.Second}
+	g, err := idempotency.New(f.store, cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	gr, err := idempotency.New(remote, cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	errFn := errors.New("fn fails")
+	var effects int
+	effect := func(d time.Duration) func(*Tx) (idempotency.Response, error) {
+		return func(tx *Tx) (idempotency.Response, error) {
+			_ = f.effect(ctx, tx, "growth")
+			time.Sleep(d)
+			return idempotency.Response{Status: 201, Body: []byte("ok")}, nil
+		}
+	}
+	round := func(i int) {
+		key := idempotency.Key{ID: uniq("g")}
+		// A holder that renews its lease, with waiters here and elsewhere.
+		var wg sync.WaitGroup
+		errs := make([]error, 4)
+		for j := range errs {
+			gj := g
+			if j%2 == 1 {
+				gj = gr
+			}
+			wg.Go(func() { _, errs[j] = gj.Do(ctx, key, "fp", effect(2*lease/3)) })
+		}
+		wg.Wait()
+		for j, err := range errs {
+			if err != nil {
+				t.Fatalf("round %d, caller %d: %v", i, j, err)
+			}
+		}
+		effects++
+		if r, err := g.Do(ctx, key, "fp", effect(0)); err != nil || !r.Replayed {
+			t.Fatalf("round %d, replay: %+v, %v", i, r, err)
+		}
+		if _, err := g.Do(ctx, idempotency.Key{ID: uniq("g")}, "fp", func(*Tx) (idempotency.Response, error) {
+			return idempotency.Response{}, errFn
+		}); !errors.Is(err, errFn) {
+			t.Fatalf("round %d, failing fn: %v", i, err)
+		}
+		// The lease is taken from the holder while fn runs: its renewal
+		// finds the token gone, and Complete reports the loss.
+		lost := idempotency.Key{ID: uniq("g")}
+		if _, err := g.Do(ctx, lost, "fp", func(tx *Tx) (idempotency.Response, error) {
+			_ = f.effect(ctx, tx, "lost")
+			if err := other.HSet(ctx, f.store.keysFor(lost).rec, "owner", "someone-else").Err(); err != nil {
+				return idempotency.Response{}, err
+			}
+			time.Sleep(lease / 2)
+			return idempotency.Response{Status: 201}, nil
+		}); !errors.Is(err, idempotency.ErrLeaseLost) {
+			t.Fatalf("round %d, lease lost: got %v, want ErrLeaseLost", i, err)
+		}
+		// A reservation given up without a Do, as a crashed caller's.
+		txn, _, err := f.store.Reserve(ctx, reservation(idempotency.Key{ID: uniq("g")}, "fp", 0))
+		if err != nil || txn == nil {
+			t.Fatalf("round %d, reserve: %v, %v", i, txn, err)
+		}
+		if err := txn.Rollback(ctx); err != nil {
+			t.Fatal(err)
+		}
+	}
+	settle := func() int {
+		n := runtime.NumGoroutine()
+		for range 20 {
+			time.Sleep(25 * time.Millisecond)
+			n = min(n, runtime.NumGoroutine())
+		}
+		return n
+	}
+	for i := range 3 { // warm up both pools
+		round(i)
+	}
+	before := settle()
+	const rounds = 40
+	for i := range rounds {
+		round(i)
+	}
+	sent := rt.n.Load()
+	after := settle()
+	if n := rt.n.Load() - sent; n != 0 {
+		t.Fatalf("%d commands sent after every Do returned: a lease renewal outlived its reservation", n)
+	}
+	for deadline := time.Now().Add(5 * time.Second); after > before && time.Now().Before(deadline); {
+		after = settle()
+	}
+	if after > before {
+		t.Fatalf("goroutines grew from %d to %d over %d rounds", before, after, rounds)
+	}
+	f.store.mu.Lock()
+	held := len(f.store.holds)
+	f.store.mu.Unlock()
+	if held != 0 {
+		t.Fatalf("%d reservations still known to the Store after every Do returned", held)
+	}
+	if n, err := f.count(ctx, "growth"); err != nil || n != effects {
+		t.Fatalf("effects: got %d, %v; want %d", n, err, effects)
+	}
+	if n, err := f.count(ctx, "lost"); err != nil || n != 0 {
+		t.Fatalf("effects of holders that lost the lease: got %d, %v; want 0", n, err)
+	}
+	t.Logf("goroutines: %d before, %d after %d rounds", before, after, rounds)
+}
+
+// scriptCalls counts the reservation scripts run on one record and, once
+// armed, holds the next one back (before it is sent, or after its reply
+// with afterReply) until release is closed.
+type scriptCalls struct {
+	rec        string
+	afterReply bool
+	n          atomic.Int64
+	armed      atomic.Bool
+	held       chan struct{} // closed when a call is held back
+	release    chan struct{}
+}
+
+func newScriptCalls() *scriptCalls {
+	return &scriptCalls{held: make(chan struct{}), release: make(chan struct{})}
+}
+
+func (h *scriptCalls) DialHook(next goredis.DialHook) goredis.DialHook { return next }
+func (h *scriptCalls) ProcessHook(next goredis.ProcessHook) goredis.ProcessHook {
+	return func(ctx context.Context, cmd goredis.Cmder) error {
+		args := cmd.Args()
+		if (cmd.Name() != "evalsha" && cmd.Name() != "eval") || len(args) < 4 || args[3] != h.rec {
+			return next(ctx, cmd)
+		}
+		h.n.Add(1)
+		hold := h.armed.CompareAndSwap(true, false)
+		if hold && !h.afterReply {
+			close(h.held)
+			<-h.release
+		}
+		err := next(ctx, cmd)
+		if hold && h.afterReply {
+			close(h.held)
+			<-h.release
+		}
+		return err
+	}
+}
+func (h *scriptCalls) ProcessPipelineHook(next goredis.ProcessPipelineHook) goredis.ProcessPipelineHook {
+	return next
+}
+
+// TestConcurrentCallersShareOneLook: callers of one key in one Store that
+// arrive while another runs the reservation script wait for its answer
+// instead of running their own: for a completed key they each get their own
+// copy of the record; for a new key they wait on the caller that reserved
+// it and get its record when it completes. One script call in all.
+func TestConcurrentCallersShareOneLook(t *testing.T) {
+	const n = 10
+	for _, completed := range []bool{true, false} {
+		name := "NewKey"
+		if completed {
+			name = "Completed"
+		}
+		t.Run(name, func(t *testing.T) {
+			ctx := testCtx(t, 30*time.Second)
+			h := newScriptCalls()
+			f := newFixture(t, func(int) goredis.UniversalClient {
+				c := goredis.NewClient(&goredis.Options{Addr: testenv.RedisAddr(t)})
+				c.AddHook(h)
+				return c
+			}, 0, nil)
+			g, err := idempotency.New(f.store, nil)
+			if err != nil {
+				t.Fatal(err)
+			}
+			key := idempotency.Key{ID: uniq("share")}
+			var calls atomic.Int64
+			waiters := func() int32 {
+				f.store.mu.Lock()
+				defer f.store.mu.Unlock()
+				w := int32(0)
+				for _, hd := range f.store.holds {
+					w += hd.waiters.Load()
+				}
+				return w
+			}
+			fn := func(tx *Tx) (idempotency.Response, error) {
+				calls.Add(1)
+				_ = f.effect(ctx, tx, "share")
+				if !completed {
+					// Every other caller waits on this one by now.
+					waitFor(t, 10*time.Second, "the waiters", func() bool { return waiters() == n-1 })
+				}
+				return idempotency.Response{Status: 201, Header: http.Header{"X-A": {"a"}}, Body: []byte("shared")}, nil
+			}
+			if completed {
+				if _, err := g.Do(ctx, key, "fp", fn); err != nil {
+					t.Fatal(err)
+				}
+			}
+			h.rec = f.store.keysFor(key).rec
+			h.armed.Store(true)
+			resps := make([]idempotency.Response, n)
+			errs := make([]error, n)
+			var wg sync.WaitGroup
+			wg.Go(func() { resps[0], errs[0] = g.Do(ctx, key, "fp", fn) })
+			<-h.held // the first caller's script is on its way
+			for i := 1; i < n; i++ {
+				wg.Go(func() { resps[i], errs[i] = g.Do(ctx, key, "fp", fn) })
+			}
+			waitFor(t, 10*time.Second, "the callers to join", func() bool {
+				f.store.mu.Lock()
+				defer f.store.mu.Unlock()
+				l := f.store.looking[h.rec]
+				return l != nil && l.joined != nil && l.joined.n == n-1
+			})
+			close(h.release)
+			wg.Wait()
+			replayed := 0
+			for i := range n {
+				r := resps[i]
+				if errs[i] != nil || r.Status != 201 || r.Header.Get("X-A") != "a" || string(r.Body) != "shared" {
+					t.Fatalf("caller %d: got %+v, %v", i, r, errs[i])
+				}
+				if r.Replayed {
+					replayed++
+				}
+			}
+			if want := n - 1; completed && replayed != n || !completed && replayed != want {
+				t.Fatalf("%d of %d callers replayed", replayed, n)
+			}
+			if got := h.n.Load(); got != 1 {
+				t.Fatalf("reservation scripts run: got %d, want 1 for %d callers", got, n)
+			}
+			if c, err := f.count(ctx, "share"); err != nil || c != 1 || calls.Load() != 1 {
+				t.Fatalf("effects %d (%v), fn calls %d; want 1 and 1", c, err, calls.Load())
+			}
+			// Each caller owns what it got.
+			resps[1].Header.Set("X-A", "mine")
+			resps[1].Body[0] = 'S'
+			if resps[2].Header.Get("X-A") != "a" || string(resps[2].Body) != "shared" {
+				t.Fatalf("callers share their response: %+v", resps[2])
+			}
+		})
+	}
+}
+
+// TestJoinedLookFails: when the caller whose reservation script others
+// joined fails (here its context ends), the others look for themselves:
+// one runs fn, the rest get its response.
+func TestJoinedLookFails(t *testing.T) {
+	const n = 6
+	ctx := testCtx(t, 30*time.Second)
+	h := newScriptCalls()
+	f := newFixture(t, func(int) goredis.UniversalClient {
+		c := goredis.NewClient(&goredis.Options{Addr: testenv.RedisAddr(t)})
+		c.AddHook(h)
+		return c
+	}, 0, nil)
+	g, err := idempotency.New(f.store, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	key := idempotency.Key{ID: uniq("fail")}
+	h.rec = f.store.keysFor(key).rec
+	h.armed.Store(true)
+	var calls atomic.Int64
+	fn := func(tx *Tx) (idempotency.Response, error) {
+		calls.Add(1)
+		_ = f.effect(ctx, tx, "fail")
+		return idempotency.Response{Status: 201, Body: []byte("ok")}, nil
+	}
+	lctx, cancel := context.WithCancel(ctx)
+	leader := make(chan error, 1)
+	go func() { _, err := g.Do(lctx, key, "fp", fn); leader <- err }()
+	<-h.held
+	resps := make([]idempotency.Response, n)
+	errs := make([]error, n)
+	var wg sync.WaitGroup
+	for i := range n {
+		wg.Go(func() { resps[i], errs[i] = g.Do(ctx, key, "fp", fn) })
+	}
+	waitFor(t, 10*time.Second, "the callers to join", func() bool {
+		f.store.mu.Lock()
+		defer f.store.mu.Unlock()
+		l := f.store.looking[h.rec]
+		return l != nil && l.joined != nil && l.joined.n == n
+	})
+	cancel()
+	close(h.release)
+	if err := <-leader; !errors.Is(err, context.Canceled) {
+		t.Fatalf("the cancelled caller: got %v, want context.Canceled", err)
+	}
+	wg.Wait()
+	executed := 0
+	for i := range n {
+		if errs[i] != nil || string(resps[i].Body) != "ok" {
+			t.Fatalf("caller %d: got %+v, %v", i, resps[i], errs[i])
+		}
+		if !resps[i].Replayed {
+			executed++
+		}
+	}
+	if c, err := f.count(ctx, "fail"); err != nil || c != 1 || executed != 1 || calls.Load() != 1 {
+		t.Fatalf("effects %d (%v), executed %d, fn calls %d; want 1, 1, 1", c, err, executed, calls.Load())
+	}
+}
+
+// TestWokenWaiterLooksAfresh: a waiter woken by the holder's message looks
+// at the key with a script sent after the wake-up, never with the answer of
+// one that ran before it (that answer says pending, and the waiter would
+// sleep until its poll). Here another caller's script ran before the
+// completion and its reply is held back: the woken waiter must not wait for
+// it.
+func TestWokenWaiterLooksAfresh(t *testing.T) {
+	ctx := testCtx(t, 30*time.Second)
+	f := newFixture(t, singleClient(t), 0, nil)
+	h := newScriptCalls()
+	h.afterReply = true
+	other := goredis.NewClient(&goredis.Options{Addr: testenv.RedisAddr(t)})
+	other.AddHook(h)
+	t.Cleanup(func() { _ = other.Close() })
+	remote, err := New(other, &Config{Prefix: f.prefix}) // another process, as far as f.store knows
+	if err != nil {
+		t.Fatal(err)
+	}
+	g, err := idempotency.New(remote, &idempotency.Config{WaitTimeout: 20 * time.Second})
+	if err != nil {
+		t.Fatal(err)
+	}
+	key := idempotency.Key{ID: uniq("fresh")}
+	h.rec = remote.keysFor(key).rec
+	holder, _, err := f.store.Reserve(ctx, reservation(key, "fp", 0))
+	if err != nil || holder == nil {
+		t.Fatalf("holder: %v, %v", holder, err)
+	}
+	fn := func(*Tx) (idempotency.Response, error) {
+		return idempotency.Response{}, errors.New("a waiter must not run fn")
+	}
+	type result struct {
+		r   idempotency.Response
+		err error
+	}
+	first, second := make(chan result, 1), make(chan result, 1)
+	go func() { r, err := g.Do(ctx, key, "fp", fn); first <- result{r, err} }()
+	// The first waiter looked, subscribed, and looked again.
+	waitFor(t, 10*time.Second, "the first waiter", func() bool {
+		remote.mu.Lock()
+		defer remote.mu.Unlock()
+		return h.n.Load() == 2 && remote.looking[h.rec] == nil
+	})
+	h.armed.Store(true)
+	go func() { r, err := g.Do(ctx, key, "fp", fn); second <- result{r, err} }()
+	<-h.held // the second caller's script ran (pending); its reply waits
+	if err := holder.Complete(ctx, idempotency.Response{Status: 201, Body: []byte("done")}); err != nil {
+		t.Fatal(err)
+	}
+	select {
+	case res := <-first:
+		if res.err != nil || !res.r.Replayed || string(res.r.Body) != "done" {
+			t.Fatalf("woken waiter: got %+v, %v; want the replay", res.r, res.err)
+		}
+	case <-time.After(10 * time.Second):
+		t.Fatal("the woken waiter waits for a script that ran before its wake-up")
+	}
+	close(h.release)
+	if res := <-second; res.err != nil || !res.r.Replayed || string(res.r.Body) != "done" {
+		t.Fatalf("second waiter: got %+v, %v; want the replay", res.r, res.err)
 	}
 }

@@ -1,6 +1,7 @@
 package redis
 
 import (
+	"bytes"
 	"context"
 	"encoding/json"
 	"errors"
@@ -8,6 +9,7 @@ import (
 	"net/http"
 	"slices"
 	"strconv"
+	"sync"
 	"time"
 
 	goredis "github.com/redis/go-redis/v9"
@@ -63,8 +65,8 @@ func (tx *Tx) Pipeline() goredis.Pipeliner { return tx }
 // TxPipeline returns tx itself.
 func (tx *Tx) TxPipeline() goredis.Pipeliner { return tx }
 
-// txn is one reservation: the key is held under token, and a goroutine
-// renews its lease until Complete or Rollback.
+// txn is one reservation: the key is held under token, and a timer renews
+// its lease until Complete or Rollback.
 type txn struct {
 	s       *Store
 	k       keys
@@ -73,52 +75,71 @@ type txn struct {
 	r       idempotency.Reservation
 	started time.Time
 	ended   bool
+	hold    *hold
 
-	stopRenew func()
-	renewDone chan struct{}
+	mu          sync.Mutex
+	stopped     bool
+	timer       *time.Timer    // the next renewal
+	cancelRenew func()         // cancels the renewal in flight, if any
+	renewing    sync.WaitGroup // the renewal in flight
 }
 
-func (s *Store) newTxn(k keys, token string, r idempotency.Reservation) *txn {
-	ctx, cancel := context.WithCancel(context.Background())
+// newTxn starts the renewals of the reservation that h names.
+func (s *Store) newTxn(k keys, r idempotency.Reservation, h *hold) *txn {
 	t := &txn{
-		s:         s,
-		k:         k,
-		token:     token,
-		tx:        &Tx{Pipeliner: s.client.TxPipeline(), base: k.base},
-		r:         r,
-		started:   time.Now(),
-		stopRenew: cancel,
-		renewDone: make(chan struct{}),
+		s:       s,
+		k:       k,
+		token:   h.token,
+		tx:      &Tx{Pipeliner: s.client.TxPipeline(), base: k.base},
+		r:       r,
+		started: time.Now(),
+		hold:    h,
 	}
-	go t.renew(ctx)
+	t.mu.Lock() // renew reads t.timer
+	t.timer = time.AfterFunc(s.renewEvery, t.renew)
+	t.mu.Unlock()
 	return t
 }
 
-// renew extends the lease every third of it while the reservation lives,
-// and gives up once the token no longer matches.
-func (t *txn) renew(ctx context.Context) {
-	defer close(t.renewDone)
-	tick := time.NewTicker(t.s.renewEvery)
-	defer tick.Stop()
-	for {
-		select {
-		case <-ctx.Done():
-			return
-		case <-tick.C:
-		}
-		rctx, cancel := context.WithTimeout(ctx, t.s.renewEvery)
-		n, err := t.s.renewScript.Run(rctx, t.s.client, []string{t.k.rec}, t.token, t.s.lease.Milliseconds()).Int()
-		cancel()
-		if err == nil && n == 0 {
-			return // lease lost: Complete will report it
-		}
+// renew extends the lease, and schedules the next renewal unless the
+// reservation has ended or the token no longer matches. It runs on the
+// timer's goroutine, which ends with it: nothing runs between renewals.
+func (t *txn) renew() {
+	t.mu.Lock()
+	if t.stopped {
+		t.mu.Unlock()
+		return
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), t.s.renewEvery)
+	t.cancelRenew = cancel
+	t.renewing.Add(1)
+	t.mu.Unlock()
+	defer t.renewing.Done()
+
+	n, err := t.s.renewScript.Run(ctx, t.s.client, []string{t.k.rec}, t.token, t.s.lease.Milliseconds()).Int()
+	cancel()
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	t.cancelRenew = nil
+	if !t.stopped && (err != nil || n != 0) { // n == 0: lease lost, Complete will report it
+		t.timer.Reset(t.s.renewEvery)
 	}
 }
 
+// stop ends the renewals: none is scheduled or in flight once it returns.
 func (t *txn) stop() {
-	t.stopRenew()
-	<-t.renewDone
+	t.mu.Lock()
+	t.stopped = true
+	t.timer.Stop()
+	if t.cancelRenew != nil {
+		t.cancelRenew()
+	}
+	t.mu.Unlock()
+	t.renewing.Wait()
 }
+
+// end tells the Store's waiters that the reservation is over in Redis.
+func (t *txn) end() { t.s.endHold(t.hold) }
 
 // Tx implements [idempotency.Txn].
 func (t *txn) Tx() *Tx { return t.tx }
@@ -136,6 +157,7 @@ func (t *txn) Complete(ctx context.Context, resp idempotency.Response) error {
 	}
 	t.ended = true
 	t.stop()
+	defer t.end()
 	err := t.commit(ctx, resp)
 	if err != nil && !errors.Is(err, idempotency.ErrLeaseLost) {
 		_ = t.release(ctx)
@@ -190,6 +212,21 @@ func (t *txn) commit(ctx context.Context, resp idempotency.Response) error {
 		})
 		switch {
 		case err == nil:
+			if t.hold.waiters.Load() > 0 {
+				// This Store's waiters take the record from here, as
+				// decodeRecord would give it.
+				rec := &idempotency.Record{
+					Key:         t.r.Key,
+					Fingerprint: t.r.Fingerprint,
+					Status:      resp.Status,
+					Body:        bytes.Clone(body),
+					CreatedAt:   time.UnixMilli(t.r.Now.UnixMilli()),
+					ExpiresAt:   time.UnixMilli(t.r.ExpiresAt.UnixMilli()),
+				}
+				if json.Unmarshal(hdr, &rec.Header) == nil {
+					t.hold.rec = rec
+				}
+			}
 			return nil
 		case errors.Is(err, errNotOwner):
 			return fmt.Errorf("%w: key %q", idempotency.ErrLeaseLost, t.r.Key.ID)
@@ -265,6 +302,7 @@ func (t *txn) Rollback(ctx context.Context) error {
 	t.ended = true
 	t.tx.Discard()
 	t.stop()
+	defer t.end()
 	return t.release(ctx)
 }
 
