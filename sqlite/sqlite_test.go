@@ -38,6 +38,7 @@ func testCtx(t testing.TB) context.Context {
 type fixture struct {
 	db      *sql.DB
 	store   *sqlite.Store
+	table   string
 	effects string
 }
 
@@ -82,7 +83,7 @@ func newFixture(t testing.TB, db *sql.DB, maxConns int) *fixture {
 		}
 		_ = db.Close()
 	})
-	return &fixture{db: db, store: store, effects: effects}
+	return &fixture{db: db, store: store, table: table, effects: effects}
 }
 
 func openFixture(t testing.TB, maxConns int) *fixture {
@@ -106,17 +107,53 @@ func (f *fixture) count(ctx context.Context, tag string) (int, error) {
 }
 
 func (f *fixture) conformance() conformance.Fixture[*sql.Tx] {
-	return conformance.Fixture[*sql.Tx]{Store: f.store, Effect: f.effect, Count: f.count}
+	return conformance.Fixture[*sql.Tx]{Store: f.store, Effect: f.effect, Count: f.count, Bare: f.bare, Fill: f.fill}
 }
 
-func TestConformance(t *testing.T) {
-	conformance.Run(t, conformance.Harness[*sql.Tx]{
+// bare is the baseline of the benchmarks: the same one-row insert as
+// effect, in a plain transaction of the same *sql.DB (same file, same DSN
+// options, so the same journal mode, synchronous mode and immediate BEGIN).
+func (f *fixture) bare(ctx context.Context, tag string) error {
+	tx, err := f.db.BeginTx(ctx, nil)
+	if err != nil {
+		return err
+	}
+	if err := f.effect(ctx, tx, tag); err != nil {
+		_ = tx.Rollback()
+		return err
+	}
+	return tx.Commit()
+}
+
+// fill writes n completed keys in scope "fill" (no benchmark uses it), all
+// expiring at expiresAt, with one INSERT ... SELECT over a recursive CTE.
+func (f *fixture) fill(ctx context.Context, n int, expiresAt time.Time) error {
+	now := time.Now().UnixNano()
+	_, err := f.db.ExecContext(ctx, `WITH RECURSIVE seq(i) AS (SELECT 1 UNION ALL SELECT i + 1 FROM seq WHERE i < ?1)
+INSERT INTO "`+f.table+`" (scope, id, fingerprint, state, status, header, body, created_at, expires_at)
+SELECT 'fill', 'fill-' || i, 'fp', 'completed', 200, NULL, x'7b7d', ?2, ?3 FROM seq`, n, now, expiresAt.UnixNano())
+	return err
+}
+
+func TestConformance(t *testing.T) { conformance.Run(t, harness()) }
+
+func harness() conformance.Harness[*sql.Tx] {
+	return conformance.Harness[*sql.Tx]{
 		NewFixture: func(t testing.TB, opts conformance.Options) conformance.Fixture[*sql.Tx] {
 			return openFixture(t, opts.MaxConns).conformance()
 		},
 		Features: conformance.Features{SerialWriters: true},
-	})
+	}
 }
+
+// BenchmarkStore compares Do with the bare effect transaction on a
+// database opened with [sqlite.Open]; see conformance.Benchmark and
+// cmd/idembench.
+func BenchmarkStore(b *testing.B) { conformance.Benchmark(b, harness()) }
+
+// BenchmarkScale runs Do against 1M existing keys and Purge of 1M expired
+// keys under load; see conformance.BenchmarkScale.
+func BenchmarkScale(b *testing.B) { conformance.BenchmarkScale(b, harness()) }
 
 // TestConformanceBareDSN runs the suite on databases opened without any DSN
 // option (rollback journal, no busy timeout, deferred transactions), as a

@@ -1,0 +1,246 @@
+package sqlite_test
+
+import (
+	"bytes"
+	"context"
+	"database/sql"
+	"errors"
+	"net/http"
+	"path/filepath"
+	"reflect"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/go-idempotency/idempotency"
+	"github.com/go-idempotency/idempotency/sqlite"
+)
+
+// TestWaitersGetOwnCopies: the callers that waited for a key get the
+// record its holder committed, equal to what a later replay reads from the
+// table, each in a copy of its own: what one caller does to its response
+// reaches neither the others nor the table.
+func TestWaitersGetOwnCopies(t *testing.T) {
+	ctx := testCtx(t)
+	f := openFixture(t, 0)
+	g := guard(t, f.store, nil)
+	key := idempotency.Key{ID: randName("k")}
+	want := idempotency.Response{Status: 201, Header: http.Header{"X-A": {"1", "2"}, "Location": {"/p/1"}}, Body: []byte("paid \x00\xff")}
+	const n = 20
+	rs := make([]idempotency.Response, n)
+	errs := make([]error, n)
+	gate := make(chan struct{})
+	var wg sync.WaitGroup
+	for i := range n {
+		wg.Go(func() {
+			<-gate
+			rs[i], errs[i] = g.Do(ctx, key, "fp", func(tx *sql.Tx) (idempotency.Response, error) {
+				time.Sleep(50 * time.Millisecond) // let the others queue on the key
+				return idempotency.Response{Status: want.Status, Header: want.Header.Clone(), Body: bytes.Clone(want.Body)}, f.effect(ctx, tx, "pay")
+			})
+			if errs[i] == nil {
+				// Scribble on the response at once, while the others may
+				// still be copying theirs.
+				rs[i].Header.Set("X-A", "scribbled")
+				rs[i].Header.Del("Location")
+				rs[i].Body[0] = 'X'
+			}
+		})
+	}
+	close(gate)
+	wg.Wait()
+	replayed := 0
+	for i, err := range errs {
+		if err != nil {
+			t.Fatalf("caller %d: %v", i, err)
+		}
+		if rs[i].Replayed {
+			replayed++
+		}
+	}
+	if replayed != n-1 {
+		t.Fatalf("replayed: got %d, want %d", replayed, n-1)
+	}
+	if c, err := f.count(ctx, "pay"); err != nil || c != 1 {
+		t.Fatalf("effects: %d, %v; want 1", c, err)
+	}
+	r, err := g.Do(ctx, key, "fp", func(*sql.Tx) (idempotency.Response, error) {
+		return idempotency.Response{}, errors.New("fn must not run for a completed key")
+	})
+	if err != nil || !r.Replayed || r.Status != want.Status || !reflect.DeepEqual(r.Header, want.Header) || !bytes.Equal(r.Body, want.Body) {
+		t.Fatalf("replay from the table: got %+v, %v; want %+v", r, err, want)
+	}
+}
+
+// TestNoWaitReplaysTogether: callers with NoWait that replay one completed
+// key at the same time all get the replay, none ErrInProgress, although
+// each finds another caller looking the key up.
+func TestNoWaitReplaysTogether(t *testing.T) {
+	ctx := testCtx(t)
+	f := openFixture(t, 0)
+	g := guard(t, f.store, &idempotency.Config{NoWait: true})
+	key := idempotency.Key{ID: randName("k")}
+	if _, err := g.Do(ctx, key, "fp", func(tx *sql.Tx) (idempotency.Response, error) {
+		return idempotency.Response{Status: 200, Body: []byte("ok")}, f.effect(ctx, tx, "x")
+	}); err != nil {
+		t.Fatal(err)
+	}
+	for round := range 20 {
+		const n = 20
+		errs := make(chan error, n)
+		gate := make(chan struct{})
+		var wg sync.WaitGroup
+		for range n {
+			wg.Go(func() {
+				<-gate
+				r, err := g.Do(ctx, key, "fp", func(*sql.Tx) (idempotency.Response, error) {
+					return idempotency.Response{}, errors.New("fn must not run for a completed key")
+				})
+				if err == nil && (!r.Replayed || string(r.Body) != "ok") {
+					err = errors.New("not the stored response: " + string(r.Body))
+				}
+				errs <- err
+			})
+		}
+		close(gate)
+		wg.Wait()
+		close(errs)
+		for err := range errs {
+			if err != nil {
+				t.Fatalf("round %d: NoWait replay of a completed key: %v", round, err)
+			}
+		}
+	}
+}
+
+// TestExternalWriterBound: a write transaction outside the Store (another
+// process, or code that writes without the Store) holds SQLite's write
+// lock. A reservation waits for it under its own bound, not under the
+// connection's busy timeout (5s with Open, 70ms, none), and leaves that
+// busy timeout as it was.
+func TestExternalWriterBound(t *testing.T) {
+	for _, c := range []struct {
+		name string
+		open func(t *testing.T) *fixture
+	}{
+		{"Open", func(t *testing.T) *fixture { return openFixture(t, 0) }},
+		{"NoOptions", func(t *testing.T) *fixture {
+			return newFixture(t, openBare(t, filepath.Join(t.TempDir(), "bare.db")+"?_pragma=journal_mode(WAL)"), 0)
+		}},
+		{"ShortBusyTimeout", func(t *testing.T) *fixture { // shorter than the bounds: waits in several attempts
+			return newFixture(t, openBare(t, filepath.Join(t.TempDir(), "short.db")+"?_pragma=busy_timeout(70)&_pragma=journal_mode(WAL)&_txlock=immediate"), 0)
+		}},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			ctx := testCtx(t)
+			f := c.open(t)
+			var bt0 int
+			if err := f.db.QueryRowContext(ctx, "PRAGMA busy_timeout").Scan(&bt0); err != nil {
+				t.Fatal(err)
+			}
+			ext, err := f.db.BeginTx(ctx, nil)
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer ext.Rollback()
+			if err := f.effect(ctx, ext, "external"); err != nil { // takes the write lock
+				t.Fatal(err)
+			}
+			for _, wait := range []time.Duration{0, 300 * time.Millisecond} {
+				start := time.Now()
+				_, _, err := f.store.Reserve(ctx, reservation(idempotency.Key{ID: "k"}, time.Now(), wait))
+				took := time.Since(start)
+				if !errors.Is(err, idempotency.ErrInProgress) {
+					t.Fatalf("wait %v while an external writer holds the lock: got %v, want ErrInProgress", wait, err)
+				}
+				if took < wait || took > wait+2*time.Second {
+					t.Fatalf("wait %v: returned after %v", wait, took)
+				}
+			}
+			time.AfterFunc(200*time.Millisecond, func() { _ = ext.Commit() })
+			txn, _, err := f.store.Reserve(ctx, reservation(idempotency.Key{ID: "k"}, time.Now(), 10*time.Second))
+			if err != nil || txn == nil {
+				t.Fatalf("after the external writer commits: %v", err)
+			}
+			if err := txn.Complete(ctx, idempotency.Response{Status: 200}); err != nil {
+				t.Fatal(err)
+			}
+			for range 3 { // every pooled connection kept its busy timeout
+				var bt int
+				if err := f.db.QueryRowContext(ctx, "PRAGMA busy_timeout").Scan(&bt); err != nil || bt != bt0 {
+					t.Fatalf("busy_timeout: got %d, %v; want %d", bt, err, bt0)
+				}
+			}
+		})
+	}
+}
+
+// TestPurgeWaitsForWriteTurn: Purge queues behind a held key like any
+// writer of the Store, gives up when its ctx ends, and runs once the key is
+// released.
+func TestPurgeWaitsForWriteTurn(t *testing.T) {
+	f := openFixture(t, 0)
+	release := hold(t, f, idempotency.Key{ID: "held"})
+	ctx, cancel := context.WithTimeout(testCtx(t), 200*time.Millisecond)
+	defer cancel()
+	if _, err := f.store.Purge(ctx, time.Now(), 10); !errors.Is(err, context.DeadlineExceeded) {
+		t.Fatalf("Purge while a key is held, ctx ending: got %v, want DeadlineExceeded", err)
+	}
+	release()
+	if n, err := f.store.Purge(testCtx(t), time.Now().Add(2*time.Hour), 10); err != nil || n != 1 {
+		t.Fatalf("Purge after the release: %d, %v; want 1", n, err)
+	}
+}
+
+// TestClose: Close releases the prepared statements; a reservation made
+// before still completes, and Reserve afterwards fails.
+func TestClose(t *testing.T) {
+	ctx := testCtx(t)
+	f := openFixture(t, 0)
+	txn, _, err := f.store.Reserve(ctx, reservation(idempotency.Key{ID: "k"}, time.Now(), 0))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := f.store.Close(); err != nil {
+		t.Fatal(err)
+	}
+	if err := txn.Complete(ctx, idempotency.Response{Status: 200}); err != nil {
+		t.Fatalf("Complete after Close: %v", err)
+	}
+	if _, _, err := f.store.Reserve(ctx, reservation(idempotency.Key{ID: "k2"}, time.Now(), 0)); err == nil {
+		t.Fatal("Reserve after Close: got nil, want an error")
+	}
+	var state string
+	if err := f.db.QueryRowContext(ctx, `SELECT state FROM "`+f.table+`" WHERE id = 'k'`).Scan(&state); err != nil || state != "completed" {
+		t.Fatalf("key completed across Close: %q, %v", state, err)
+	}
+	s2, err := sqlite.New(f.db, &sqlite.Config{Table: f.table})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, rec, err := s2.Reserve(ctx, reservation(idempotency.Key{ID: "k"}, time.Now(), 0)); err != nil || rec == nil {
+		t.Fatalf("another Store on the table: %v, %v; want the record", rec, err)
+	}
+}
+
+// TestCommittedPendingRow: a live pending row that a writer outside this
+// package committed is a key held by someone else (ErrInProgress), with or
+// without a wait, and the connection keeps its busy timeout.
+func TestCommittedPendingRow(t *testing.T) {
+	ctx := testCtx(t)
+	f := openFixture(t, 1)
+	now := time.Now()
+	if _, err := f.db.ExecContext(ctx, `INSERT INTO "`+f.table+`" (scope, id, fingerprint, state, created_at, expires_at) VALUES ('', 'k', 'fp', 'pending', ?, ?)`,
+		now.UnixNano(), now.Add(time.Hour).UnixNano()); err != nil {
+		t.Fatal(err)
+	}
+	for _, wait := range []time.Duration{0, time.Second} {
+		if _, _, err := f.store.Reserve(ctx, reservation(idempotency.Key{ID: "k"}, now, wait)); !errors.Is(err, idempotency.ErrInProgress) {
+			t.Fatalf("wait %v on a committed pending row: got %v, want ErrInProgress", wait, err)
+		}
+		var bt int
+		if err := f.db.QueryRowContext(ctx, "PRAGMA busy_timeout").Scan(&bt); err != nil || bt != 5000 {
+			t.Fatalf("wait %v: busy_timeout after: %d, %v; want 5000", wait, bt, err)
+		}
+	}
+}
