@@ -5,9 +5,11 @@
 // # Servers
 //
 // MySQL 8.0 or later and MariaDB 10.6 or later, InnoDB (the store uses
-// FOR UPDATE NOWAIT, FOR UPDATE SKIP LOCKED and a session-level
-// innodb_lock_wait_timeout). Tested on MariaDB 10.11; the SQL is limited to
-// what both accept.
+// FOR UPDATE NOWAIT, FOR UPDATE SKIP LOCKED, LOCK IN SHARE MODE and a
+// session-level innodb_lock_wait_timeout). The store sends only SQL that
+// both MySQL 8.0+ and MariaDB 10.6+ accept, the same statements to either
+// (no MariaDB-only syntax, no version-dependent comments); it never asks
+// which server it talks to. Tested on MariaDB 10.11.
 //
 // # DSN
 //
@@ -26,6 +28,9 @@
 //
 //   - interpolateParams=true: a statement with arguments is then one round
 //     trip instead of two (prepare, execute).
+//   - db.SetMaxIdleConns about as large as the number of concurrent callers:
+//     database/sql keeps 2 idle connections by default, and a caller that
+//     finds none dials and authenticates a new one.
 //   - readTimeout, if set, longer than the Guard's WaitTimeout: a waiting
 //     reservation is a statement that reads nothing until the key is
 //     released.
@@ -33,6 +38,10 @@
 //     than the biggest stored response: header and body are LONGBLOB and
 //     travel in one statement. The server defaults (16 MiB on MariaDB,
 //     64 MiB on MySQL) hold responses of several MiB.
+//   - innodb_lock_wait_timeout in the DSN equal to the Guard's WaitTimeout
+//     in seconds (innodb_lock_wait_timeout=30 for the default): the store
+//     then leaves the session's value alone, two round trips fewer per new
+//     key (not with [Config.SkipLookup], which never reads it).
 //
 // # How keys are held
 //
@@ -42,17 +51,16 @@
 // the effect then runs in, so the effect, the key and the stored response
 // commit together or not at all:
 //
-//   - A replay of a completed key is one plain SELECT outside any
-//     transaction (one round trip), which also reads the session's
-//     innodb_lock_wait_timeout.
-//   - A new key: innodb_lock_wait_timeout is set to the wait bound, START
-//     TRANSACTION, INSERT of the pending row, innodb_lock_wait_timeout set
-//     back to the session's value before fn runs; the response is stored by
-//     an UPDATE before COMMIT. With interpolateParams that is seven round
-//     trips plus the effect's own, against two for a bare transaction; five
-//     when the session's innodb_lock_wait_timeout already equals the wait
-//     bound (set it in the DSN, e.g. innodb_lock_wait_timeout=30 for the
-//     Guard's default WaitTimeout), since the store then leaves it alone.
+//   - First the key is looked up outside any transaction (unless
+//     [Config.SkipLookup]); a completed, live key is returned from that one
+//     SELECT, a consistent read that never waits and also reads the
+//     session's innodb_lock_wait_timeout.
+//   - A new key: innodb_lock_wait_timeout is set on the session to the
+//     wait bound (unless it has that value already), START TRANSACTION,
+//     the INSERT of the pending row, innodb_lock_wait_timeout set back to
+//     the session's value before fn runs, fn, an UPDATE storing the
+//     response, COMMIT. (Neither server accepts a per-statement
+//     innodb_lock_wait_timeout in SQL that the other accepts too.)
 //   - An expired row is taken over by an UPDATE guarded by expires_at <=
 //     now, in the transaction fn uses (no INSERT ... ON DUPLICATE KEY
 //     UPDATE: telling its takeover from its no-op would depend on
@@ -62,6 +70,32 @@
 //     INSERT fails with a duplicate key and leaves a shared lock on the
 //     committed row, which a locking read (LOCK IN SHARE MODE) then returns
 //     whatever the isolation level; the transaction is rolled back.
+//
+// # Round trips
+//
+// Per [idempotency.Guard.Do] with interpolateParams=true and an fn of one
+// statement (a bare transaction with that statement costs 3: START
+// TRANSACTION, the statement, COMMIT), on either server:
+//
+//	                        new key  replay
+//	default (lookup first)       8       1
+//	  session wait = bound       6       1
+//	SkipLookup                   7       6
+//
+// "session wait = bound": the session's innodb_lock_wait_timeout already
+// equals the wait bound in seconds (innodb_lock_wait_timeout=30 in the DSN
+// for the Guard's default WaitTimeout), so the store does not set and
+// restore it. The default's new key: lookup, SET, START TRANSACTION,
+// INSERT, SET back, fn, UPDATE, COMMIT. [Config.SkipLookup] cannot know the
+// session's value, so it always saves and sets it (one SET) and restores
+// it: new key SET, START TRANSACTION, INSERT, SET back, fn, UPDATE, COMMIT;
+// replay SET, START TRANSACTION, INSERT (duplicate key), locking read,
+// ROLLBACK, SET back. Through a [*sql.Tx] a new key costs at least 5 (bare
+// plus 2): database/sql sends START TRANSACTION and COMMIT by themselves
+// and fn's statements go straight to the server, so the reservation
+// (before fn) and the stored response (after it) cannot travel with
+// anything and take a round trip each. The two SETs are the price of
+// bounding the wait in SQL both servers accept.
 //
 // # Waiting
 //
@@ -78,11 +112,11 @@
 // Only when another caller takes the key between that probe and the INSERT
 // does the INSERT wait, for 1 second at most.
 //
-// When the holder of a key rolls back while several callers wait for it,
-// InnoDB grants the row to one of them and answers most others with a
-// deadlock: they retry as [idempotency.ErrConflict] and find the key held
-// or completed. Exactly one effect commits and no caller but the failing
-// one sees an error.
+// When the holder of a key rolls back while several callers wait for it
+// in their INSERT, InnoDB grants the row to one of them and answers most
+// others with a deadlock: they retry as [idempotency.ErrConflict] and find
+// the key held or completed. Exactly one effect commits and no caller but
+// the failing one sees an error.
 //
 // A Reserve whose ctx ends while it waits returns ctx's error at once: the
 // driver closes the connection (the pool opens another when needed). The
@@ -99,9 +133,9 @@
 // # Purge
 //
 // [Store.Purge] locks expired rows with SELECT ... FOR UPDATE SKIP LOCKED
-// in a READ COMMITTED transaction and deletes them one by one by primary
-// key (a DELETE naming several keys may scan the table and wait): rows held
-// by open transactions are skipped, never waited for. A batch of n rows
-// costs n + 5 round trips and holds its row locks meanwhile; keep
-// [idempotency.Config]'s PurgeBatch moderate.
+// in a READ COMMITTED transaction and deletes exactly those, 250 per
+// DELETE, each found by one unique lookup of its primary key (the keys are
+// a derived table joined first, STRAIGHT_JOIN, to the table FORCE INDEX
+// (PRIMARY)): rows held by open transactions are skipped, never waited
+// for. A batch of n rows costs 3 + n/250 round trips.
 package mysql

@@ -4,6 +4,7 @@ import (
 	"context"
 	"database/sql"
 	"database/sql/driver"
+	"encoding/hex"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -32,7 +33,10 @@ const (
 	stateCompleted = "completed"
 )
 
-var _ idempotency.KeyStore[*sql.Tx] = (*Store)(nil)
+var (
+	_ idempotency.KeyStore[*sql.Tx]  = (*Store)(nil)
+	_ idempotency.ConflictClassifier = (*Store)(nil)
+)
 
 // Config tunes a [Store]. The zero value (or nil) means the defaults.
 type Config struct {
@@ -47,24 +51,36 @@ type Config struct {
 	// before START TRANSACTION). Defaults to [sql.LevelDefault]: the
 	// session's level.
 	Isolation sql.IsolationLevel
+	// SkipLookup makes [Store.Reserve] begin the transaction and insert the
+	// key at once, without first looking it up outside any transaction. A
+	// new key then costs one round trip less; a replay costs three more
+	// (START TRANSACTION, the INSERT that meets the completed row, a locking
+	// read of it and ROLLBACK, instead of one SELECT) and holds a shared
+	// lock on the row meanwhile; and every caller arriving while the key is
+	// held waits in its INSERT, where a rollback of the holder answers most
+	// waiters with deadlocks (retried as [idempotency.ErrConflict]). No
+	// setting ever runs an effect twice. Defaults to false: look up first,
+	// so that a replay costs one round trip and opens no transaction.
+	SkipLookup bool
 }
 
 // Store is an [idempotency.KeyStore] on a MySQL or MariaDB table (InnoDB).
 // It is safe for concurrent use; build it with [New].
 type Store struct {
-	db        *sql.DB
-	table     string // validated
-	isolation sql.IsolationLevel
-	schema    string
+	db         *sql.DB
+	table      string // validated
+	isolation  sql.IsolationLevel
+	skipLookup bool
+	schema     string
 
-	lookupSQL     string
+	readSQL       string // the key's row (consistent read), no row if absent
+	lookupVarSQL  string // the session's lock wait timeout and the key's row, or NULLs
 	probeSQL      string
 	insertSQL     string
 	takeoverSQL   string
 	lockedReadSQL string
 	completeSQL   string
 	purgeSelect   string
-	purgeDelete   string
 }
 
 // New returns a Store on db. A nil cfg means the defaults. A bad table name
@@ -94,11 +110,13 @@ func New(db *sql.DB, cfg *Config) (*Store, error) {
 	q := "`" + c.Table + "`"
 	const cols = `fingerprint, state, status, header, body, created_at, expires_at`
 	return &Store{
-		db:        db,
-		table:     c.Table,
-		isolation: c.Isolation,
-		schema:    schema,
-		lookupSQL: `SELECT @@SESSION.innodb_lock_wait_timeout, k.fingerprint, k.state, k.status, k.header, k.body, k.created_at, k.expires_at
+		db:         db,
+		table:      c.Table,
+		isolation:  c.Isolation,
+		skipLookup: c.SkipLookup,
+		schema:     schema,
+		readSQL:    `SELECT ` + cols + ` FROM ` + q + ` WHERE scope = ? AND id = ?`,
+		lookupVarSQL: `SELECT @@SESSION.innodb_lock_wait_timeout, k.fingerprint, k.state, k.status, k.header, k.body, k.created_at, k.expires_at
 FROM (SELECT 1 AS one) AS d LEFT JOIN ` + q + ` AS k ON k.scope = ? AND k.id = ?`,
 		probeSQL: `SELECT state FROM ` + q + ` WHERE scope = ? AND id = ? FOR UPDATE NOWAIT`,
 		insertSQL: `INSERT INTO ` + q + ` (scope, id, fingerprint, state, status, header, body, created_at, expires_at)
@@ -109,7 +127,6 @@ created_at = ?, expires_at = ? WHERE scope = ? AND id = ? AND expires_at <= ?`,
 		completeSQL: `UPDATE ` + q + ` SET state = 'completed', status = ?, header = ?, body = ?
 WHERE scope = ? AND id = ? AND state = 'pending'`,
 		purgeSelect: `SELECT scope, id FROM ` + q + ` WHERE expires_at <= ? ORDER BY expires_at LIMIT ? FOR UPDATE SKIP LOCKED`,
-		purgeDelete: `DELETE FROM ` + q + ` WHERE scope = ? AND id = ?`,
 	}, nil
 }
 
@@ -164,37 +181,50 @@ func (s *Store) Migrate(ctx context.Context) error {
 	return nil
 }
 
-// Reserve implements [idempotency.KeyStore]. On one connection it first
-// looks the key up outside any transaction (a completed, live key costs
-// that one round trip); otherwise it begins the transaction fn will use and
-// inserts the key row (or takes over an expired one). A key held by another
-// open transaction makes the statement wait on the primary key, bounded by
-// innodb_lock_wait_timeout set to r.Wait rounded up to whole seconds (at
-// least 1) and restored before Reserve returns; r.Wait == 0 first probes
-// the row with FOR UPDATE NOWAIT and reports a held key at once.
+// Reserve implements [idempotency.KeyStore], on one connection:
+//
+//  1. Unless [Config.SkipLookup], it looks the key up outside any
+//     transaction, with a consistent read that also reads the session's
+//     innodb_lock_wait_timeout; a completed, live key costs that one round
+//     trip.
+//  2. r.Wait == 0: the row is probed with FOR UPDATE NOWAIT, and a held
+//     key is reported at once.
+//  3. It begins the transaction fn will use and inserts the key row (or
+//     takes over an expired one). A key held by another open transaction
+//     makes that statement wait on the primary key, bounded by an
+//     innodb_lock_wait_timeout of the wait bound, rounded up to whole
+//     seconds (at least 1), set on the session before START TRANSACTION
+//     (unless the session has it already) and restored before fn runs.
+//
+// The statements are the same on every server: MySQL 8.0 and later and
+// MariaDB 10.6 and later accept them all.
 func (s *Store) Reserve(ctx context.Context, r idempotency.Reservation) (idempotency.Txn[*sql.Tx], *idempotency.Record, error) {
 	now, exp := nanos(r.Now), nanos(r.ExpiresAt)
 	if exp <= now {
 		return nil, nil, fmt.Errorf("mysql: key %q: reservation expires at %v, not after now %v", r.Key.ID, r.ExpiresAt, r.Now)
 	}
+	k := keyOf(r.Key)
 	conn, err := s.db.Conn(ctx)
 	if err != nil {
 		return nil, nil, wrapErr(ctx, err, "mysql: connection for key %q", r.Key.ID)
 	}
-	// The lookup also reads the session's lock wait timeout, so that it
-	// can be changed for the reservation and restored for fn.
-	lockWait, row, err := s.lookup(ctx, conn, r.Key)
-	if err != nil {
-		release(ctx, conn, nil, "")
-		return nil, nil, wrapErr(ctx, err, "mysql: look up key %q", r.Key.ID)
-	}
-	if row.live(now) && row.state == stateCompleted {
-		release(ctx, conn, nil, "")
-		rec, err := row.record(r.Key)
-		return nil, rec, err
+	// lockWait is the session's innodb_lock_wait_timeout when the lookup
+	// read it, else -1.
+	lockWait, rw := int64(-1), row{}
+	if !s.skipLookup {
+		lockWait, rw, err = s.lookup(ctx, conn, k)
+		if err != nil {
+			release(ctx, conn, nil, "")
+			return nil, nil, wrapErr(ctx, err, "mysql: look up key %q", r.Key.ID)
+		}
+		if rw.live(now) && rw.state == stateCompleted {
+			release(ctx, conn, nil, "")
+			rec, err := rw.record(r.Key)
+			return nil, rec, err
+		}
 	}
 	if r.Wait == 0 {
-		if rec, err := s.probe(ctx, conn, r.Key, now); rec != nil || err != nil {
+		if rec, err := s.probe(ctx, conn, k, now); rec != nil || err != nil {
 			release(ctx, conn, nil, "")
 			return nil, rec, err
 		}
@@ -202,18 +232,25 @@ func (s *Store) Reserve(ctx context.Context, r idempotency.Reservation) (idempot
 
 	restore := ""
 	if want := lockWaitSeconds(r.Wait); lockWait != want {
-		if _, err := conn.ExecContext(ctx, setLockWaitSQL(want)); err != nil {
+		// innodb_lock_wait_timeout cannot be set for one statement in SQL
+		// that MySQL accepts: set it on the session for the reservation and
+		// restore it before fn runs.
+		set, undo := setLockWaitSQL(want), setLockWaitSQL(lockWait)
+		if lockWait < 0 { // not read: save it in the session
+			set, undo = saveAndSetLockWaitSQL(want), restoreSavedLockWaitSQL
+		}
+		if _, err := conn.ExecContext(ctx, set); err != nil {
 			release(ctx, conn, nil, "")
 			return nil, nil, wrapErr(ctx, err, "mysql: set innodb_lock_wait_timeout")
 		}
-		restore = setLockWaitSQL(lockWait)
+		restore = undo
 	}
 	tx, err := conn.BeginTx(ctx, &sql.TxOptions{Isolation: s.isolation})
 	if err != nil {
 		release(ctx, conn, nil, restore)
 		return nil, nil, wrapErr(ctx, err, "mysql: begin for key %q", r.Key.ID)
 	}
-	won, rec, err := s.claim(ctx, tx, r, row.found && !row.live(now), now, exp)
+	won, rec, err := s.claim(ctx, tx, k, r, rw.found && !rw.live(now), now, exp)
 	if err != nil || !won {
 		release(ctx, conn, tx, restore)
 		return nil, rec, wrapErr(ctx, err, "mysql: reserve key %q (wait bound %v)", r.Key.ID, r.Wait)
@@ -226,7 +263,7 @@ func (s *Store) Reserve(ctx context.Context, r idempotency.Reservation) (idempot
 			return nil, nil, wrapErr(ctx, err, "mysql: restore innodb_lock_wait_timeout")
 		}
 	}
-	return &txn{s: s, conn: conn, tx: tx, key: r.Key}, nil, nil
+	return &txn{s: s, conn: conn, tx: tx, key: k}, nil, nil
 }
 
 // claim takes the key in tx: it takes over the expired row the lookup saw,
@@ -234,11 +271,11 @@ func (s *Store) Reserve(ctx context.Context, r idempotency.Reservation) (idempot
 // row with a locking read (which, unlike a consistent read, sees the latest
 // committed version under every isolation level) and either takes it over
 // (expired) or returns it (completed).
-func (s *Store) claim(ctx context.Context, tx *sql.Tx, r idempotency.Reservation, sawExpired bool, now, exp int64) (bool, *idempotency.Record, error) {
-	scope, id := []byte(r.Key.Scope), []byte(r.Key.ID)
+func (s *Store) claim(ctx context.Context, tx *sql.Tx, k key, r idempotency.Reservation, sawExpired bool, now, exp int64) (bool, *idempotency.Record, error) {
+	fp := []byte(r.Fingerprint)
 	if sawExpired {
 		// Waits, bounded, if another caller is taking the row over.
-		n, err := s.takeOver(ctx, tx, r, now, exp)
+		n, err := takeOver(ctx, tx, s.takeoverSQL, k, fp, now, exp)
 		if err != nil {
 			return false, nil, mapError(err, true)
 		}
@@ -247,7 +284,7 @@ func (s *Store) claim(ctx context.Context, tx *sql.Tx, r idempotency.Reservation
 		}
 		// Taken over and completed, or purged, meanwhile: insert.
 	}
-	_, err := tx.ExecContext(ctx, s.insertSQL, scope, id, []byte(r.Fingerprint), now, exp)
+	_, err := tx.ExecContext(ctx, s.insertSQL, k.scope, k.id, fp, now, exp)
 	if err == nil {
 		return true, nil, nil
 	}
@@ -256,16 +293,16 @@ func (s *Store) claim(ctx context.Context, tx *sql.Tx, r idempotency.Reservation
 	}
 	// The duplicate-key error left a shared lock on the committed row: it
 	// cannot change until this transaction ends.
-	row, err := scanRow(tx.QueryRowContext(ctx, s.lockedReadSQL, scope, id))
+	rw, err := scanRow(tx.QueryRowContext(ctx, s.lockedReadSQL, k.scope, k.id))
 	switch {
 	case err != nil:
 		return false, nil, mapError(err, false)
-	case !row.found:
+	case !rw.found:
 		return false, nil, fmt.Errorf("%w: the row of key %q vanished while it was read", idempotency.ErrConflict, r.Key.ID)
-	case !row.live(now):
+	case !rw.live(now):
 		// Another reader holding a shared lock on the row makes this upgrade
 		// a deadlock or a wait: both are conflicts worth a retry.
-		n, err := s.takeOver(ctx, tx, r, now, exp)
+		n, err := takeOver(ctx, tx, s.takeoverSQL, k, fp, now, exp)
 		if err != nil {
 			return false, nil, mapError(err, false)
 		}
@@ -273,52 +310,55 @@ func (s *Store) claim(ctx context.Context, tx *sql.Tx, r idempotency.Reservation
 			return false, nil, fmt.Errorf("%w: the expired row of key %q changed while it was taken over", idempotency.ErrConflict, r.Key.ID)
 		}
 		return true, nil, nil
-	case row.state == stateCompleted:
-		rec, err := row.record(r.Key)
+	case rw.state == stateCompleted:
+		rec, err := rw.record(r.Key)
 		return false, rec, err
 	}
 	return false, nil, fmt.Errorf("%w: key %q is pending in a committed row (a transaction committed its reservation without completing it) until %v",
-		idempotency.ErrInProgress, r.Key.ID, time.Unix(0, row.expires).UTC())
+		idempotency.ErrInProgress, r.Key.ID, time.Unix(0, rw.expires).UTC())
 }
 
-// takeOver resets an expired row to a pending reservation of r and reports
-// how many rows it changed. The value is the same with or without the
-// DSN's clientFoundRows, because expires_at always changes.
-func (s *Store) takeOver(ctx context.Context, tx *sql.Tx, r idempotency.Reservation, now, exp int64) (int64, error) {
-	res, err := tx.ExecContext(ctx, s.takeoverSQL, []byte(r.Fingerprint), now, exp, []byte(r.Key.Scope), []byte(r.Key.ID), now)
+// takeOver resets k's expired row to a pending reservation with
+// fingerprint fp, with the statement query (see Store.takeoverSQL), and
+// reports how many rows it changed. The value is the same with or without
+// the DSN's clientFoundRows, because expires_at always changes.
+func takeOver(ctx context.Context, tx *sql.Tx, query string, k key, fp []byte, now, exp int64) (int64, error) {
+	res, err := tx.ExecContext(ctx, query, fp, now, exp, k.scope, k.id, now)
 	if err != nil {
 		return 0, err
 	}
 	return res.RowsAffected()
 }
 
-// probe serves r.Wait == 0: a locking read that refuses to wait, in
-// autocommit mode (its lock ends with the statement), tells whether an open
-// transaction holds the row. A held row is looked up again, because a
-// reader of a key completed just now may hold it for a moment: that key is
-// returned, any other gives ErrInProgress. (nil, nil) means not held.
-func (s *Store) probe(ctx context.Context, conn *sql.Conn, key idempotency.Key, now int64) (*idempotency.Record, error) {
+// probe serves r.Wait == 0: a locking read that
+// refuses to wait, in autocommit mode (its lock ends with the statement),
+// tells whether an open transaction holds the row. A held row is read
+// again, because a reader of a key completed just now may hold it for a
+// moment: that key is returned, any other gives ErrInProgress. (nil, nil)
+// means not held.
+func (s *Store) probe(ctx context.Context, conn *sql.Conn, k key, now int64) (*idempotency.Record, error) {
 	var state string
-	err := conn.QueryRowContext(ctx, s.probeSQL, []byte(key.Scope), []byte(key.ID)).Scan(&state)
+	err := conn.QueryRowContext(ctx, s.probeSQL, k.scope, k.id).Scan(&state)
 	if err == nil || errors.Is(err, sql.ErrNoRows) {
 		return nil, nil
 	}
 	if err = mapError(err, true); !errors.Is(err, idempotency.ErrInProgress) {
-		return nil, wrapErr(ctx, err, "mysql: probe key %q", key.ID)
+		return nil, wrapErr(ctx, err, "mysql: probe key %q", k.key.ID)
 	}
-	_, row, lerr := s.lookup(ctx, conn, key)
-	if lerr != nil {
-		return nil, wrapErr(ctx, lerr, "mysql: look up key %q", key.ID)
+	rw, rerr := scanRow(conn.QueryRowContext(ctx, s.readSQL, k.scope, k.id))
+	if rerr != nil {
+		return nil, wrapErr(ctx, rerr, "mysql: look up key %q", k.key.ID)
 	}
-	if row.live(now) && row.state == stateCompleted {
-		return row.record(key)
+	if rw.live(now) && rw.state == stateCompleted {
+		return rw.record(k.key)
 	}
-	return nil, fmt.Errorf("mysql: key %q (no wait): %w", key.ID, err)
+	return nil, fmt.Errorf("mysql: key %q (no wait): %w", k.key.ID, err)
 }
 
-// lookup reads the session's innodb_lock_wait_timeout and the key's row
-// with a consistent read, outside any transaction.
-func (s *Store) lookup(ctx context.Context, conn *sql.Conn, key idempotency.Key) (int64, row, error) {
+// lookup reads the key's row outside any transaction, with a consistent
+// read that also reads the session's innodb_lock_wait_timeout, which
+// Reserve changes and restores.
+func (s *Store) lookup(ctx context.Context, conn *sql.Conn, k key) (int64, row, error) {
 	var (
 		lockWait int64
 		rw       row
@@ -327,7 +367,7 @@ func (s *Store) lookup(ctx context.Context, conn *sql.Conn, key idempotency.Key)
 		created  sql.NullInt64
 		expires  sql.NullInt64
 	)
-	err := conn.QueryRowContext(ctx, s.lookupSQL, []byte(key.Scope), []byte(key.ID)).Scan(
+	err := conn.QueryRowContext(ctx, s.lookupVarSQL, k.scope, k.id).Scan(
 		&lockWait, &rw.fingerprint, &state, &status, &rw.header, &rw.body, &created, &expires)
 	if err != nil {
 		return 0, row{}, err
@@ -335,6 +375,17 @@ func (s *Store) lookup(ctx context.Context, conn *sql.Conn, key idempotency.Key)
 	rw.found = expires.Valid
 	rw.state, rw.status, rw.created, rw.expires = state.String, int(status.Int64), created.Int64, expires.Int64
 	return lockWait, rw, nil
+}
+
+// key is a key with its scope and id as the []byte arguments the
+// statements take (so that the driver sends them as binary strings).
+type key struct {
+	key       idempotency.Key
+	scope, id []byte
+}
+
+func keyOf(k idempotency.Key) key {
+	return key{key: k, scope: []byte(k.Scope), id: []byte(k.ID)}
 }
 
 // row is a key row as read from the table.
@@ -359,15 +410,15 @@ func scanRow(sc interface{ Scan(...any) error }) (row, error) {
 // live reports whether the row exists and has not expired at now.
 func (rw row) live(now int64) bool { return rw.found && rw.expires > now }
 
-func (rw row) record(key idempotency.Key) (*idempotency.Record, error) {
+func (rw row) record(k idempotency.Key) (*idempotency.Record, error) {
 	var h http.Header
 	if rw.header != nil {
 		if err := json.Unmarshal(rw.header, &h); err != nil {
-			return nil, fmt.Errorf("mysql: key %q: stored header: %w", key.ID, err)
+			return nil, fmt.Errorf("mysql: key %q: stored header: %w", k.ID, err)
 		}
 	}
 	return &idempotency.Record{
-		Key:         key,
+		Key:         k,
 		Fingerprint: string(rw.fingerprint),
 		Status:      rw.status,
 		Header:      h,
@@ -380,7 +431,7 @@ func (rw row) record(key idempotency.Key) (*idempotency.Record, error) {
 // Purge implements [idempotency.KeyStore]: in one READ COMMITTED
 // transaction it locks up to limit expired rows with FOR UPDATE SKIP LOCKED
 // (rows held by open transactions are skipped, never waited for), deletes
-// them one by one by primary key with a prepared statement, and commits.
+// them by primary key, purgeChunk rows per statement, and commits.
 func (s *Store) Purge(ctx context.Context, before time.Time, limit int) (int, error) {
 	if limit <= 0 {
 		return 0, nil
@@ -395,32 +446,25 @@ func (s *Store) Purge(ctx context.Context, before time.Time, limit int) (int, er
 	if err != nil {
 		return 0, wrapErr(ctx, err, "mysql: purge %s", s.table)
 	}
-	var keys []any
+	var keys [][2][]byte
 	for rows.Next() {
-		var scope, id []byte
-		if err := rows.Scan(&scope, &id); err != nil {
+		var k [2][]byte
+		if err := rows.Scan(&k[0], &k[1]); err != nil {
 			_ = rows.Close()
 			return 0, wrapErr(ctx, err, "mysql: purge %s", s.table)
 		}
-		keys = append(keys, scope, id)
+		keys = append(keys, k)
 	}
 	if err := rows.Err(); err != nil {
 		return 0, wrapErr(ctx, err, "mysql: purge %s", s.table)
 	}
-	if len(keys) == 0 {
-		return 0, nil
-	}
-	// One DELETE per row, by its full primary key: a statement naming
-	// several keys may scan the table (the optimizer's choice on a small
-	// one) and wait for a row that an open transaction holds.
-	stmt, err := tx.PrepareContext(ctx, s.purgeDelete)
-	if err != nil {
-		return 0, wrapErr(ctx, err, "mysql: purge %s", s.table)
-	}
-	defer stmt.Close()
 	deleted := 0
-	for i := 0; i < len(keys); i += 2 {
-		res, err := stmt.ExecContext(ctx, keys[i], keys[i+1])
+	var q []byte
+	for len(keys) > 0 {
+		chunk := keys[:min(len(keys), purgeChunk)]
+		keys = keys[len(chunk):]
+		q = s.appendPurgeDelete(q[:0], chunk)
+		res, err := tx.ExecContext(ctx, string(q))
 		if err != nil {
 			return 0, wrapErr(ctx, err, "mysql: purge %s", s.table)
 		}
@@ -430,10 +474,55 @@ func (s *Store) Purge(ctx context.Context, before time.Time, limit int) (int, er
 		}
 		deleted += int(n)
 	}
+	if deleted == 0 {
+		return 0, nil // nothing to commit: the deferred rollback ends tx
+	}
 	if err := tx.Commit(); err != nil {
 		return 0, wrapErr(ctx, err, "mysql: purge %s: commit", s.table)
 	}
 	return deleted, nil
+}
+
+// purgeChunk is how many rows one DELETE of Purge names: at most about
+// 1 KiB of SQL each (two hex-encoded keys of up to 255 bytes), so that a
+// statement stays far below max_allowed_packet (4 MiB at the least).
+const purgeChunk = 250
+
+// appendPurgeDelete appends to q a DELETE of exactly the rows keys (which
+// the transaction has locked already), with the keys as hex literals. The
+// keys form a derived table joined first (STRAIGHT_JOIN) to the keys table
+// through its primary key (FORCE INDEX): each row is found by one unique
+// lookup, so the statement never reads, locks or waits for another row. (A
+// WHERE naming the keys lets the optimizer scan a small table, or all the
+// rows of one scope, and wait for rows that open transactions hold.)
+func (s *Store) appendPurgeDelete(q []byte, keys [][2][]byte) []byte {
+	q = append(q, "DELETE k FROM ("...)
+	for i, k := range keys {
+		if i == 0 {
+			q = append(q, "SELECT "...)
+		} else {
+			q = append(q, " UNION ALL SELECT "...)
+		}
+		q = appendHex(q, k[0])
+		if i == 0 {
+			q = append(q, " AS scope"...)
+		}
+		q = append(q, ", "...)
+		q = appendHex(q, k[1])
+		if i == 0 {
+			q = append(q, " AS id"...)
+		}
+	}
+	q = append(q, ") AS d STRAIGHT_JOIN `"...)
+	q = append(q, s.table...)
+	return append(q, "` AS k FORCE INDEX (PRIMARY) ON k.scope = d.scope AND k.id = d.id"...)
+}
+
+// appendHex appends b as a hexadecimal literal, a binary string: X'...'.
+func appendHex(q, b []byte) []byte {
+	q = append(q, "X'"...)
+	q = hex.AppendEncode(q, b)
+	return append(q, '\'')
 }
 
 // lockWaitSeconds maps a wait bound to innodb_lock_wait_timeout: whole
@@ -449,6 +538,16 @@ func lockWaitSeconds(wait time.Duration) int64 {
 func setLockWaitSQL(seconds int64) string {
 	return "SET SESSION innodb_lock_wait_timeout = " + strconv.FormatInt(seconds, 10)
 }
+
+// saveAndSetLockWaitSQL saves the session's innodb_lock_wait_timeout in a
+// user variable and sets it to seconds; restoreSavedLockWaitSQL restores it
+// and clears the variable; each is right whether the server evaluates the
+// values of a SET one by one or all before assigning any.
+func saveAndSetLockWaitSQL(seconds int64) string {
+	return "SET @idempotency_lock_wait = @@SESSION.innodb_lock_wait_timeout, SESSION innodb_lock_wait_timeout = " + strconv.FormatInt(seconds, 10)
+}
+
+const restoreSavedLockWaitSQL = "SET SESSION innodb_lock_wait_timeout = @idempotency_lock_wait, @idempotency_lock_wait = NULL"
 
 // nanos is t in Unix nanoseconds, clamped to int64 (years 1678 to 2262).
 func nanos(t time.Time) int64 {
@@ -508,6 +607,22 @@ const (
 // lock wait timeout (or a NOWAIT refusal) then means that another caller
 // still holds the key ([idempotency.ErrInProgress]); at any other time it is
 // a retryable conflict, like a deadlock.
+// IsConflict implements [idempotency.ConflictClassifier]: a deadlock
+// (1213), a lock wait timeout (1205) or a snapshot conflict (1020) met by
+// one of fn's own statements makes [idempotency.Guard.Do] roll back and run
+// the attempt again.
+func (s *Store) IsConflict(err error) bool {
+	var me *gomysql.MySQLError
+	if !errors.As(err, &me) {
+		return false
+	}
+	switch me.Number {
+	case erLockDeadlock, erLockWaitTimeout, erCheckRead:
+		return true
+	}
+	return false
+}
+
 func mapError(err error, waiting bool) error {
 	var me *gomysql.MySQLError
 	if !errors.As(err, &me) || errors.Is(err, errDuplicate) ||

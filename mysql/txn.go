@@ -15,7 +15,7 @@ type txn struct {
 	s    *Store
 	conn *sql.Conn
 	tx   *sql.Tx
-	key  idempotency.Key
+	key  key
 	done bool
 }
 
@@ -30,29 +30,32 @@ func (t *txn) Complete(ctx context.Context, resp idempotency.Response) error {
 		return errEnded
 	}
 	t.done = true
-	header, err := json.Marshal(resp.Header)
-	if err != nil {
-		t.end()
-		return fmt.Errorf("mysql: key %q: encode header: %w", t.key.ID, err)
+	var header []byte // NULL: replayed as a nil http.Header
+	if resp.Header != nil {
+		var err error
+		if header, err = json.Marshal(resp.Header); err != nil {
+			t.end()
+			return fmt.Errorf("mysql: key %q: encode header: %w", t.key.key.ID, err)
+		}
 	}
-	res, err := t.tx.ExecContext(ctx, t.s.completeSQL, resp.Status, header, resp.Body, []byte(t.key.Scope), []byte(t.key.ID))
+	res, err := t.tx.ExecContext(ctx, t.s.completeSQL, resp.Status, header, resp.Body, t.key.scope, t.key.id)
 	var n int64
 	if err == nil {
 		n, err = res.RowsAffected()
 	}
 	if err != nil {
 		t.end()
-		return wrapErr(ctx, err, "mysql: complete key %q", t.key.ID)
+		return wrapErr(ctx, err, "mysql: complete key %q", t.key.key.ID)
 	}
 	if n != 1 {
 		// fn deleted or completed the row through tx: nothing is committed.
 		t.end()
-		return fmt.Errorf("mysql: complete key %q: its pending row is gone from the transaction", t.key.ID)
+		return fmt.Errorf("mysql: complete key %q: its pending row is gone from the transaction", t.key.key.ID)
 	}
 	err = t.tx.Commit()
 	_ = t.conn.Close()
 	if err != nil {
-		return wrapErr(ctx, err, "mysql: commit key %q", t.key.ID)
+		return wrapErr(ctx, err, "mysql: commit key %q", t.key.key.ID)
 	}
 	return nil
 }
@@ -66,7 +69,7 @@ func (t *txn) Rollback(context.Context) error {
 	}
 	t.done = true
 	if err := t.end(); err != nil {
-		return fmt.Errorf("mysql: roll back key %q: %w", t.key.ID, err)
+		return fmt.Errorf("mysql: roll back key %q: %w", t.key.key.ID, err)
 	}
 	return nil
 }
