@@ -45,14 +45,14 @@ type Config struct {
 	// access mode cannot be read only). Defaults to the zero value: a plain
 	// BEGIN, at the session's default isolation level.
 	TxOptions pgx.TxOptions
-	// LookupFirst makes Reserve look the key up with a plain SELECT, outside
-	// any transaction, before it begins the transaction that reserves it: a
-	// replay then costs one round trip instead of two, and a new key one
-	// round trip more (four instead of three, the effect's included). Choose
-	// it when replays are a large share of the calls. Defaults to false: the
-	// look-up travels with BEGIN and the reservation (see the package
-	// documentation).
-	LookupFirst bool
+	// SkipLookup leaves out the plain SELECT that Reserve sends, outside any
+	// transaction, before it begins the transaction that reserves the key:
+	// a new key then costs three round trips (the effect's included), as
+	// many as the bare effect transaction, and a replay two instead of one
+	// (the look-up then travels with BEGIN and the reservation; see the
+	// package documentation). Defaults to false: a replay of a completed key
+	// costs one round trip, like on the other SQL stores, and a new key four.
+	SkipLookup bool
 }
 
 // Store is an [idempotency.KeyStore] on a PostgreSQL table. It is safe for
@@ -98,7 +98,7 @@ func New(pool *pgxpool.Pool, cfg *Config) (*Store, error) {
 		pool:        pool,
 		table:       c.Table,
 		txOptions:   c.TxOptions,
-		lookupFirst: c.LookupFirst,
+		lookupFirst: !c.SkipLookup,
 		commitSQL:   "commit",
 		schema:      schemaSQL(c.Table, q),
 	}
@@ -154,8 +154,8 @@ func (s *Store) Migrate(ctx context.Context) error {
 // insert wait up to r.Wait, or until ctx's deadline if that comes first (a
 // lock_timeout; 1ms when r.Wait is 0), and while ctx lives. If a committed
 // row is in the way, a second round trip ends the transaction and reads it:
-// a live completed row is returned, an expired one taken over. With
-// [Config.LookupFirst], a plain look-up comes first.
+// a live completed row is returned, an expired one taken over. Unless
+// [Config.SkipLookup] is set, a plain look-up comes first.
 func (s *Store) Reserve(ctx context.Context, r idempotency.Reservation) (idempotency.Txn[pgx.Tx], *idempotency.Record, error) {
 	now := r.Now.Truncate(time.Microsecond)
 	conn, err := s.pool.Acquire(ctx)

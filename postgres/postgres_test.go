@@ -206,12 +206,12 @@ func BenchmarkStore(b *testing.B) { conformance.Benchmark(b, harness(postgres.Co
 //	go test -run '^$' -bench BenchmarkScale -benchtime 500x ./postgres
 func BenchmarkScale(b *testing.B) { conformance.BenchmarkScale(b, harness(postgres.Config{})) }
 
-// BenchmarkLookupFirst is BenchmarkStore with Config.LookupFirst (its own
+// BenchmarkSkipLookup is BenchmarkStore with Config.SkipLookup (its own
 // name, so that idembench's default pattern does not mix the two):
 //
-//	go test -run '^$' -bench BenchmarkLookupFirst -benchmem ./postgres | go run ./cmd/idembench -parse
-func BenchmarkLookupFirst(b *testing.B) {
-	conformance.Benchmark(b, harness(postgres.Config{LookupFirst: true}))
+//	go test -run '^$' -bench BenchmarkSkipLookup -benchmem ./postgres | go run ./cmd/idembench -parse
+func BenchmarkSkipLookup(b *testing.B) {
+	conformance.Benchmark(b, harness(postgres.Config{SkipLookup: true}))
 }
 
 // TestConformance runs the shared suite under each isolation level a pool
@@ -229,8 +229,8 @@ func TestConformance(t *testing.T) {
 	t.Run("TxOptionsSerializable", func(t *testing.T) {
 		conformance.Run(t, harness(postgres.Config{TxOptions: pgx.TxOptions{IsoLevel: pgx.Serializable}}))
 	})
-	t.Run("LookupFirst", func(t *testing.T) {
-		conformance.Run(t, harness(postgres.Config{LookupFirst: true}))
+	t.Run("SkipLookup", func(t *testing.T) {
+		conformance.Run(t, harness(postgres.Config{SkipLookup: true}))
 	})
 	// The simple protocol, as used behind PgBouncer: batches become one
 	// multi-statement query.
