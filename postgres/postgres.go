@@ -372,11 +372,6 @@ func abandon(ctx context.Context, conn *pgxpool.Conn) {
 	conn.Release()
 }
 
-// classify maps the driver's errors to the root sentinels: serialization
-// failures, deadlocks and lock timeouts wrap [idempotency.ErrConflict]
-// (reservingLock: a lock timeout is our own wait bound and wraps
-// [idempotency.ErrInProgress] instead); once ctx is done, ctx.Err() is in
-// the chain.
 // IsConflict implements [idempotency.ConflictClassifier]: a serialization
 // failure (40001) or a deadlock (40P01) met by one of fn's own statements
 // makes [idempotency.Guard.Do] roll back and run the attempt again.
@@ -385,6 +380,11 @@ func (s *Store) IsConflict(err error) bool {
 	return errors.As(err, &pgErr) && (pgErr.Code == "40001" || pgErr.Code == "40P01")
 }
 
+// classify maps the driver's errors to the root sentinels: serialization
+// failures, deadlocks and lock timeouts wrap [idempotency.ErrConflict]
+// (reservingLock: a lock timeout is our own wait bound and wraps
+// [idempotency.ErrInProgress] instead); once ctx is done, ctx.Err() is in
+// the chain.
 func classify(ctx context.Context, err error, reservingLock bool) error {
 	if err == nil {
 		return nil
