@@ -602,11 +602,6 @@ const (
 	erLockNowait      = 3572 // ER_LOCK_NOWAIT: MySQL's NOWAIT
 )
 
-// mapError translates the driver's error codes. waiting says that the
-// statement waited for a key under the reservation's lock wait bound: a
-// lock wait timeout (or a NOWAIT refusal) then means that another caller
-// still holds the key ([idempotency.ErrInProgress]); at any other time it is
-// a retryable conflict, like a deadlock.
 // IsConflict implements [idempotency.ConflictClassifier]: a deadlock
 // (1213), a lock wait timeout (1205) or a snapshot conflict (1020) met by
 // one of fn's own statements makes [idempotency.Guard.Do] roll back and run
@@ -623,6 +618,11 @@ func (s *Store) IsConflict(err error) bool {
 	return false
 }
 
+// mapError translates the driver's error codes. waiting says that the
+// statement waited for a key under the reservation's lock wait bound: a
+// lock wait timeout (or a NOWAIT refusal) then means that another caller
+// still holds the key ([idempotency.ErrInProgress]); at any other time it is
+// a retryable conflict, like a deadlock.
 func mapError(err error, waiting bool) error {
 	var me *gomysql.MySQLError
 	if !errors.As(err, &me) || errors.Is(err, errDuplicate) ||
