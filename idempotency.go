@@ -155,6 +155,8 @@ const (
 	Failed
 )
 
+// String returns the outcome as a metrics label: "executed", "replayed",
+// "mismatch", "in_progress" or "error".
 func (o Outcome) String() string {
 	switch o {
 	case Executed:
