@@ -812,11 +812,7 @@ func TestWatchRace(t *testing.T) {
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			h := &interfere{}
-			f := newFixture(t, func(int) goredis.UniversalClient {
-				c := goredis.NewClient(&goredis.Options{Addr: addr})
-				c.AddHook(h)
-				return c
-			}, 0, nil)
+			f := newFixture(t, hooked(addr, h), 0, nil)
 			key := idempotency.Key{ID: uniq("race")}
 			h.touch = func() { tc.touch(f.store, f.store.keysFor(key).rec) }
 			txn, _, err := f.store.Reserve(ctx, reservation(key, "fp", 0))
@@ -1055,11 +1051,7 @@ func TestConcurrentCallersShareOneLook(t *testing.T) {
 		t.Run(name, func(t *testing.T) {
 			ctx := testCtx(t, 30*time.Second)
 			h := newScriptCalls()
-			f := newFixture(t, func(int) goredis.UniversalClient {
-				c := goredis.NewClient(&goredis.Options{Addr: testenv.RedisAddr(t)})
-				c.AddHook(h)
-				return c
-			}, 0, nil)
+			f := newFixture(t, hooked(testenv.RedisAddr(t), h), 0, nil)
 			g, err := idempotency.New(f.store, nil)
 			if err != nil {
 				t.Fatal(err)
@@ -1143,11 +1135,7 @@ func TestJoinedLookFails(t *testing.T) {
 	const n = 6
 	ctx := testCtx(t, 30*time.Second)
 	h := newScriptCalls()
-	f := newFixture(t, func(int) goredis.UniversalClient {
-		c := goredis.NewClient(&goredis.Options{Addr: testenv.RedisAddr(t)})
-		c.AddHook(h)
-		return c
-	}, 0, nil)
+	f := newFixture(t, hooked(testenv.RedisAddr(t), h), 0, nil)
 	g, err := idempotency.New(f.store, nil)
 	if err != nil {
 		t.Fatal(err)
@@ -1257,5 +1245,15 @@ func TestWokenWaiterLooksAfresh(t *testing.T) {
 	close(h.release)
 	if res := <-second; res.err != nil || !res.r.Replayed || string(res.r.Body) != "done" {
 		t.Fatalf("second waiter: got %+v, %v; want the replay", res.r, res.err)
+	}
+}
+
+// hooked returns a fixture's client constructor: a client of addr with h
+// added, whatever pool size the fixture asks for.
+func hooked(addr string, h goredis.Hook) func(int) goredis.UniversalClient {
+	return func(int) goredis.UniversalClient {
+		c := goredis.NewClient(&goredis.Options{Addr: addr})
+		c.AddHook(h)
+		return c
 	}
 }
