@@ -16,8 +16,10 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"math"
 	"math/rand/v2"
 	"net/http"
+	"sync"
 	"time"
 	"unicode/utf8"
 )
@@ -64,7 +66,24 @@ var (
 	// ErrInvalidJSON: [FingerprintJSON] was given bytes that are not one
 	// valid JSON value.
 	ErrInvalidJSON = errors.New("idempotency: invalid JSON")
+	// ErrStore: the store failed (a cut connection, a timeout, a busy
+	// database, conflicts still failing after every retry, a lost commit
+	// reply). The driver's error stays in the chain. Whatever the store did,
+	// the guarantee holds: the effect and the key were committed together
+	// or not at all, so retrying the same request with the same key is
+	// safe; it replays the committed answer or runs fn once. (HTTP 503.)
+	ErrStore = errors.New("idempotency: store failed; retrying with the same key is safe")
 )
+
+// MaxExpiry is the latest expiry a record can have: the latest instant a
+// signed 64-bit count of Unix nanoseconds can hold. Now plus the TTL is
+// clamped to it, so a TTL such as math.MaxInt64 means "never expire" on
+// every store.
+var MaxExpiry = time.Unix(0, math.MaxInt64).UTC()
+
+// minClock is the earliest clock reading a store can hold (the earliest
+// instant of a signed 64-bit count of Unix nanoseconds).
+var minClock = time.Unix(0, math.MinInt64).UTC()
 
 // Key identifies one logical operation. Two keys are the same only if both
 // Scope and ID are byte-equal: the same ID in two scopes never meet.
@@ -190,15 +209,27 @@ type Observer func(ctx context.Context, ev Event)
 
 // Config tunes a [Guard]. The zero value (or nil) means the defaults.
 type Config struct {
-	// TTL is how long a completed key is remembered; after it the key
-	// counts as new. Defaults to 24h.
+	// TTL is how long a completed key is remembered, counted from the
+	// moment its answer was committed (however long fn ran); after it the
+	// key counts as new. Expiries are clamped to [MaxExpiry], so
+	// math.MaxInt64 means "never". Defaults to 24h.
 	TTL time.Duration
 	// WaitTimeout bounds how long Do waits for another caller holding the
 	// same key before it returns [ErrInProgress]. Defaults to 30s. The
 	// caller's context bounds it too.
 	WaitTimeout time.Duration
-	// NoWait makes Do return [ErrInProgress] at once instead of waiting.
+	// NoWait makes Do return [ErrInProgress] at once instead of waiting
+	// for a caller that is running fn with the same key.
 	NoWait bool
+	// MaxWaiters bounds how many calls of this Guard may wait inside the
+	// store at once for keys held elsewhere (by another process or
+	// Guard); each such wait may hold one of the store's connections.
+	// Beyond it, a call whose key is held returns [ErrInProgress] at once
+	// (HTTP 409 with Retry-After), so waiters cannot take the pool from
+	// other traffic. Callers of the same key in this Guard never count:
+	// they wait in memory for the one that is in the store. Keep it well
+	// under the pool size. Defaults to 2; a negative value means no bound.
+	MaxWaiters int
 	// MaxRetries bounds how many times a [ErrConflict] is retried within one
 	// Do. Defaults to 10; a negative value means no retries.
 	MaxRetries int
@@ -221,6 +252,7 @@ const (
 	DefaultMaxRetries   = 10
 	DefaultRetryBackoff = 2 * time.Millisecond
 	DefaultPurgeBatch   = 1000
+	DefaultMaxWaiters   = 2
 )
 
 // Guard runs operations under idempotency keys on a [KeyStore]. It is safe
@@ -228,6 +260,11 @@ const (
 type Guard[Tx any] struct {
 	store KeyStore[Tx]
 	cfg   Config
+	// waiters has one slot per call allowed to wait inside the store; nil
+	// means no bound.
+	waiters chan struct{}
+	mu      sync.Mutex
+	calls   map[Key]*call // the call of each key that is in the store
 }
 
 // New returns a Guard on store. A nil cfg means the defaults; a field out of
@@ -272,7 +309,14 @@ func New[Tx any](store KeyStore[Tx], cfg *Config) (*Guard[Tx], error) {
 	if c.Now == nil {
 		c.Now = time.Now
 	}
-	return &Guard[Tx]{store: store, cfg: c}, nil
+	if c.MaxWaiters == 0 {
+		c.MaxWaiters = DefaultMaxWaiters
+	}
+	g := &Guard[Tx]{store: store, cfg: c, calls: make(map[Key]*call)}
+	if c.MaxWaiters > 0 {
+		g.waiters = make(chan struct{}, c.MaxWaiters)
+	}
+	return g, nil
 }
 
 // Do runs fn at most once per key, as seen by every caller of the key's
@@ -288,10 +332,14 @@ func New[Tx any](store KeyStore[Tx], cfg *Config) (*Guard[Tx], error) {
 //  4. Key held by a running caller: Do waits for it, then behaves as 2 or 3,
 //     or competes again if that caller failed. Past [Config.WaitTimeout] (at
 //     once with [Config.NoWait]) it returns an error wrapping [ErrInProgress];
-//     ctx bounds the wait too.
-//  5. A key older than [Config.TTL] counts as new.
+//     ctx bounds the wait too. Callers of one key in this Guard wait in
+//     memory for the one among them that is in the store, and are handed
+//     its answer; see [Config.MaxWaiters] for waits inside the store.
+//  5. A completed key is remembered for [Config.TTL] after it completed;
+//     then it counts as new.
 //  6. Store conflicts ([ErrConflict]) are retried with a short backoff.
-//  7. Any other store error is returned and fn is not run.
+//  7. Any other store error is returned wrapping [ErrStore]: retrying with
+//     the same key is safe. When ctx ended, ctx's error is in the chain.
 //
 // fn must do every write through tx, never through the pool the store was
 // built on: only writes through tx commit atomically with the key.
@@ -314,7 +362,7 @@ func (g *Guard[Tx]) Do(ctx context.Context, key Key, fingerprint string, fn func
 // errPanicked is what the observer is told when fn panicked.
 var errPanicked = errors.New("idempotency: fn panicked")
 
-func (g *Guard[Tx]) do(ctx context.Context, key Key, fingerprint string, fn func(tx Tx) (Response, error)) (Response, int, error) {
+func (g *Guard[Tx]) do(ctx context.Context, key Key, fingerprint string, fn func(tx Tx) (Response, error)) (resp Response, attempts int, err error) {
 	if err := key.Validate(); err != nil {
 		return Response{}, 0, err
 	}
@@ -324,20 +372,79 @@ func (g *Guard[Tx]) do(ctx context.Context, key Key, fingerprint string, fn func
 	if fn == nil {
 		return Response{}, 0, fmt.Errorf("%w: nil fn", ErrInvalidResponse)
 	}
-	wait := g.cfg.WaitTimeout
-	if g.cfg.NoWait {
-		wait = 0
-	}
-	for attempts := 1; ; attempts++ {
-		resp, err := g.attempt(ctx, key, fingerprint, wait, fn)
-		if err == nil || !errors.Is(err, ErrConflict) || attempts > g.cfg.MaxRetries {
-			return resp, attempts, err
+	defer func() {
+		// A call that ended because ctx did says so, whatever the store
+		// or driver reported.
+		if cerr := ctx.Err(); err != nil && cerr != nil && !errors.Is(err, cerr) {
+			err = fmt.Errorf("%w (%w)", err, cerr)
 		}
-		if werr := sleep(ctx, backoff(g.cfg.RetryBackoff, attempts)); werr != nil {
-			return Response{}, attempts, fmt.Errorf("%w (while retrying: %w)", werr, err)
+	}()
+	deadline := time.Now().Add(g.cfg.WaitTimeout)
+	for {
+		c, lead := g.join(key)
+		if !lead {
+			resp, handed, err := g.follow(ctx, c, key, fingerprint, deadline)
+			if err != nil || handed {
+				return resp, 0, err
+			}
+			continue // the call ahead failed: compete for the key
 		}
+		return g.lead(ctx, c, key, fingerprint, deadline, fn)
 	}
 }
+
+// lead runs the attempts of the call that represents key in the store,
+// then hands its answer to the callers of key waiting in memory.
+func (g *Guard[Tx]) lead(ctx context.Context, c *call, key Key, fp string, deadline time.Time, fn func(Tx) (Response, error)) (resp Response, attempts int, err error) {
+	handed := false
+	defer func() {
+		if !handed { // an error or a panic in fn: the followers compete
+			g.leave(key, c, nil)
+		}
+	}()
+	for attempts = 1; ; attempts++ {
+		resp, err = g.attempt(ctx, c, key, fp, deadline, fn)
+		if err == nil || !errors.Is(err, ErrConflict) || attempts > g.cfg.MaxRetries {
+			break
+		}
+		if werr := sleep(ctx, backoff(g.cfg.RetryBackoff, attempts)); werr != nil {
+			return Response{}, attempts, fmt.Errorf("%w: %w (while retrying: %w)", ErrStore, werr, err)
+		}
+	}
+	if err != nil {
+		return Response{}, attempts, storeError(ctx, err)
+	}
+	handed = true
+	g.leave(key, c, &answer{fp: fp, resp: cloneResponse(resp)})
+	return resp, attempts, nil
+}
+
+// storeError adds [ErrStore] to the chain of an error that came from the
+// store rather than from fn, the caller's input or the caller's context.
+func storeError(ctx context.Context, err error) error {
+	var fe fnError
+	switch {
+	case errors.Is(err, ErrStore):
+		return err
+	case errors.Is(err, ErrConflict): // retries exhausted
+		return fmt.Errorf("%w: %w", ErrStore, err)
+	case errors.As(err, &fe):
+		return fe.err
+	case errors.Is(err, ErrMismatch), errors.Is(err, ErrInProgress),
+		errors.Is(err, ErrInvalidResponse), errors.Is(err, ErrInvalidConfig):
+		return err
+	case ctx.Err() != nil && errors.Is(err, ctx.Err()):
+		return err
+	}
+	return fmt.Errorf("%w: %w", ErrStore, err)
+}
+
+// fnError marks an error that fn returned, so that it reaches the caller
+// as it is (plus a failed rollback, if any), never as a store failure.
+type fnError struct{ err error }
+
+func (e fnError) Error() string { return e.err.Error() }
+func (e fnError) Unwrap() error { return e.err }
 
 func outcomeOf(resp Response, err error) Outcome {
 	switch {
@@ -354,12 +461,29 @@ func outcomeOf(resp Response, err error) Outcome {
 }
 
 // attempt is one reservation and, if it is won, one run of fn.
-func (g *Guard[Tx]) attempt(ctx context.Context, key Key, fp string, wait time.Duration, fn func(Tx) (Response, error)) (Response, error) {
+//
+// It first asks the store without waiting; only when the key is held
+// elsewhere does it wait inside the store, in one of the Guard's waiter
+// slots, for what remains of the wait bound.
+func (g *Guard[Tx]) attempt(ctx context.Context, c *call, key Key, fp string, deadline time.Time, fn func(Tx) (Response, error)) (Response, error) {
 	if err := ctx.Err(); err != nil {
 		return Response{}, err
 	}
 	now := g.cfg.Now()
-	txn, rec, err := g.store.Reserve(ctx, Reservation{Key: key, Fingerprint: fp, Now: now, ExpiresAt: now.Add(g.cfg.TTL), Wait: wait})
+	if now.Before(minClock) || !now.Before(MaxExpiry) {
+		return Response{}, fmt.Errorf("%w: clock reading %v outside %v..%v", ErrInvalidConfig, now, minClock, MaxExpiry)
+	}
+	r := Reservation{Key: key, Fingerprint: fp, Now: now, ExpiresAt: expiry(now, g.cfg.TTL)}
+	txn, rec, err := g.store.Reserve(ctx, r)
+	if wait := time.Until(deadline); errors.Is(err, ErrInProgress) && !g.cfg.NoWait && wait > 0 {
+		if !g.takeWaiter() {
+			return Response{}, fmt.Errorf("%w: key %q is held elsewhere and %d calls already wait in the store (Config.MaxWaiters)",
+				ErrInProgress, key.ID, g.cfg.MaxWaiters)
+		}
+		r.Wait = time.Until(deadline)
+		txn, rec, err = g.store.Reserve(ctx, r)
+		g.releaseWaiter()
+	}
 	switch {
 	case err != nil:
 		return Response{}, err
@@ -371,18 +495,29 @@ func (g *Guard[Tx]) attempt(ctx context.Context, key Key, fp string, wait time.D
 		}
 		return rec.Response(), nil
 	}
-	resp, err := run(ctx, txn, fn)
-	if err != nil && !errors.Is(err, ErrConflict) {
-		if c, ok := g.store.(ConflictClassifier); ok && c.IsConflict(err) {
-			err = fmt.Errorf("%w: %w", ErrConflict, err)
+	c.running()
+	resp, err := g.run(ctx, txn, fn)
+	var fe fnError
+	if errors.As(err, &fe) && !errors.Is(err, ErrConflict) {
+		if cc, ok := g.store.(ConflictClassifier); ok && cc.IsConflict(fe.err) {
+			err = fmt.Errorf("%w: %w", ErrConflict, fe.err)
 		}
 	}
 	return resp, err
 }
 
+// expiry is now plus ttl, clamped to [MaxExpiry].
+func expiry(now time.Time, ttl time.Duration) time.Time {
+	if ttl >= MaxExpiry.Sub(now) {
+		return MaxExpiry
+	}
+	return now.Add(ttl)
+}
+
 // run calls fn on a won reservation and ends the transaction: Complete on
-// success, Rollback on an error or a panic (re-raised).
-func run[Tx any](ctx context.Context, txn Txn[Tx], fn func(Tx) (Response, error)) (resp Response, err error) {
+// success, Rollback on an error or a panic (re-raised). An error of fn comes
+// back as an fnError.
+func (g *Guard[Tx]) run(ctx context.Context, txn Txn[Tx], fn func(Tx) (Response, error)) (resp Response, err error) {
 	done := false
 	defer func() {
 		if done {
@@ -398,12 +533,12 @@ func run[Tx any](ctx context.Context, txn Txn[Tx], fn func(Tx) (Response, error)
 	done = true
 	if err != nil {
 		if rerr := txn.Rollback(context.WithoutCancel(ctx)); rerr != nil {
-			return Response{}, errors.Join(err, fmt.Errorf("idempotency: rollback: %w", rerr))
+			return Response{}, fnError{errors.Join(err, fmt.Errorf("%w: rollback: %w", ErrStore, rerr))}
 		}
-		return Response{}, err
+		return Response{}, fnError{err}
 	}
 	resp.Replayed = false
-	if err := txn.Complete(ctx, resp); err != nil {
+	if err := txn.Complete(ctx, resp, expiry(g.cfg.Now(), g.cfg.TTL)); err != nil {
 		return Response{}, err
 	}
 	return resp, nil

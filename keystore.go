@@ -24,7 +24,11 @@ import (
 //     failures, deadlocks, lock wait timeouts, a busy database) are wrapped
 //     with [ErrConflict]; a key held past the wait bound is reported with
 //     [ErrInProgress]; everything else is returned as it is (wrapped with %w)
-//     and makes [Guard.Do] fail closed.
+//     and makes [Guard.Do] fail closed, with [ErrStore] added to the chain.
+//   - With r.Wait == 0, Reserve reports [ErrInProgress] only for a key that
+//     another caller holds: a store busy with callers of other keys (one
+//     writer at a time) waits for them within its own lock timeout, or
+//     reports [ErrConflict].
 //   - Methods return promptly, with ctx.Err() in the chain, once ctx is done.
 //
 // Conformance of an implementation is checked by the conformance package.
@@ -74,12 +78,18 @@ type Txn[Tx any] interface {
 	// Complete stores resp (status, header, body byte-exact) as the key's
 	// record, marks it completed and commits the transaction with it: the
 	// effect, the key and the response become visible together or not at
-	// all. It may send the update in the same round trip as COMMIT. After it
+	// all. It may send the update in the same round trip as COMMIT.
+	//
+	// expiresAt is the completed record's expiry, to be stored in place of
+	// the reservation's: the core's clock at completion plus the TTL, so a
+	// slow call is remembered for the whole TTL after it answered. It is
+	// never after [MaxExpiry]. A store keeps it to at least millisecond
+	// precision, rounding down. After it
 	// returns, whatever the error, the transaction is over and the
 	// connection released. A commit that fails with a retryable conflict
 	// wraps [ErrConflict]; a backend that can tell that it lost the key
 	// (an expired lease taken over) returns [ErrLeaseLost].
-	Complete(ctx context.Context, resp Response) error
+	Complete(ctx context.Context, resp Response, expiresAt time.Time) error
 
 	// Rollback abandons the transaction: the reservation and every effect
 	// done through Tx are discarded and the key is free again. It releases
@@ -96,7 +106,9 @@ type Reservation struct {
 	// Now is the core's clock reading for this attempt; records whose
 	// ExpiresAt <= Now count as absent.
 	Now time.Time
-	// ExpiresAt is Now plus the TTL: stored with the reservation.
+	// ExpiresAt is Now plus the TTL (at most [MaxExpiry]): a provisional
+	// expiry a store may keep with the pending reservation. The completed
+	// record's expiry is the one given to [Txn.Complete].
 	ExpiresAt time.Time
 	// Wait bounds how long Reserve may wait for a key another caller holds;
 	// zero means do not wait.

@@ -3,16 +3,20 @@ package idemhttp
 import (
 	"bytes"
 	"context"
+	"encoding/json"
+
 	"fmt"
 	"io"
 	"math/rand/v2"
+	"mime"
 	"net/http"
 	"strconv"
 	"strings"
+	"sync"
 	"time"
 )
 
-// Defaults of [Client].
+// Defaults of [Client] and [Transport].
 const (
 	DefaultMaxAttempts = 5
 	DefaultBaseDelay   = 100 * time.Millisecond
@@ -24,31 +28,37 @@ const (
 // its fields are not changed.
 //
 // Each call of [Client.Do] is one logical operation with ONE key, fixed
-// before the first attempt and never changed: the caller's own
-// Idempotency-Key header if the request has one, otherwise, for the methods
-// in Methods, a fresh random key ([NewKey]) sent as an sf-string
-// ("8e03978e-..."), the draft's form. The key of a call can be read back
-// from the response: resp.Request.Header.Get("Idempotency-Key").
+// before the first attempt and never changed: the caller's own key header
+// if the request has one, otherwise, for the methods in Methods, a fresh
+// random key ([NewKey]) sent as an sf-string ("8e03978e-..."), the draft's
+// form. The key of a call can be read back from the response:
+// resp.Request.Header.Get("Idempotency-Key").
 //
-// A request with a key is retried on network errors and on 409, 429 and
-// 5xx responses, up to MaxAttempts attempts, waiting between attempts a
-// random delay in [0, min(MaxDelay, BaseDelay*2^(n-1))] (exponential backoff
-// with full jitter) or, when the response has a Retry-After header (seconds
-// or HTTP-date), exactly that long. When Retry-After asks for more than
-// MaxDelay, or a wait would pass the context's deadline, that response is
-// returned instead. Other 4xx responses (422 included) are never retried. A
-// request without a key (another method, and no Idempotency-Key header) is
-// sent once.
+// A request with a key is retried when Retry says so ([DefaultRetry]:
+// transport errors, 5xx, 429, and a 409 only when it is the server's
+// "in progress" answer, never a business 409 such as "order already
+// captured"), up to MaxAttempts attempts and while Budget allows, waiting
+// between attempts a random delay in [0, min(MaxDelay, BaseDelay*2^(n-1))]
+// (exponential backoff with full jitter) or, when the response has a
+// Retry-After header (seconds or HTTP-date), exactly that long. When
+// Retry-After asks for more than MaxDelay, or a wait would pass the
+// context's deadline, that response is returned instead. A request without
+// a key (another method, and no key header) is sent once.
 //
 // The body is sent again on each attempt through req.GetBody (set by
 // http.NewRequest for in-memory bodies); a body without GetBody is read into
 // memory first. All attempts run under the request's context.
+//
+// [Transport] does the same as an http.RoundTripper.
 type Client struct {
 	// HTTPClient sends each attempt. Defaults to http.DefaultClient.
 	HTTPClient *http.Client
 	// Methods get a generated key when the request has none. Defaults to
 	// [DefaultMethods] (POST and PATCH).
 	Methods []string
+	// KeyHeader is the header that carries the key. Defaults to
+	// [HeaderKey] ("Idempotency-Key").
+	KeyHeader string
 	// MaxAttempts bounds the attempts per call, the first included.
 	// Defaults to [DefaultMaxAttempts]; 1 disables retries.
 	MaxAttempts int
@@ -58,6 +68,32 @@ type Client struct {
 	// MaxDelay caps every wait, Retry-After included. Defaults to
 	// [DefaultMaxDelay].
 	MaxDelay time.Duration
+	// Retry reports whether an attempt that ended with (resp, err) is sent
+	// again with the same key; exactly one of resp and err is non-nil. It
+	// may read resp's body only if it puts an equivalent one back. Defaults
+	// to [DefaultRetry].
+	Retry func(resp *http.Response, err error) bool
+	// OnRetry, if set, is called before each wait for a retry, on the
+	// calling goroutine.
+	OnRetry func(RetryEvent)
+	// Budget, if set, bounds the retries of every call that shares it: a
+	// retry it refuses returns the attempt's answer at once.
+	Budget *RetryBudget
+}
+
+// RetryEvent describes a retry about to happen; see [Client].OnRetry.
+type RetryEvent struct {
+	// Request is the attempt that failed.
+	Request *http.Request
+	// Attempt counts the attempts made so far, from 1.
+	Attempt int
+	// Response is the failed attempt's response (its body already
+	// drained and closed), or nil after a transport error.
+	Response *http.Response
+	// Err is the transport error, or nil.
+	Err error
+	// Wait is how long the client waits before the next attempt.
+	Wait time.Duration
 }
 
 // Do sends req as one logical operation, retrying as described on [Client].
@@ -69,10 +105,74 @@ func (c *Client) Do(req *http.Request) (*http.Response, error) {
 	if hc == nil {
 		hc = http.DefaultClient
 	}
+	return c.policy().do(req, hc.Do)
+}
+
+func (c *Client) policy() *policy {
+	return &policy{methods: c.Methods, header: c.KeyHeader, maxAttempts: c.MaxAttempts, base: c.BaseDelay,
+		maxDelay: c.MaxDelay, retry: c.Retry, onRetry: c.OnRetry, budget: c.Budget}
+}
+
+// Transport is an http.RoundTripper that gives each request one key and
+// retries it like [Client] does, so that any http.Client (or a generated
+// API client that takes one) gets safe retries:
+//
+//	hc := &http.Client{Transport: &idemhttp.Transport{Budget: idemhttp.NewRetryBudget(0.2, 10)}}
+//
+// Its fields mean what the same fields of [Client] mean. It is safe for
+// concurrent use as long as its fields are not changed.
+type Transport struct {
+	// Base sends each attempt. Defaults to http.DefaultTransport.
+	Base http.RoundTripper
+	// Methods get a generated key; see [Client].Methods.
+	Methods []string
+	// KeyHeader carries the key; see [Client].KeyHeader.
+	KeyHeader string
+	// MaxAttempts bounds the attempts; see [Client].MaxAttempts.
+	MaxAttempts int
+	// BaseDelay is the first backoff; see [Client].BaseDelay.
+	BaseDelay time.Duration
+	// MaxDelay caps every wait; see [Client].MaxDelay.
+	MaxDelay time.Duration
+	// Retry decides what is retried; see [Client].Retry.
+	Retry func(resp *http.Response, err error) bool
+	// OnRetry is told about each retry; see [Client].OnRetry.
+	OnRetry func(RetryEvent)
+	// Budget bounds retries across requests; see [Client].Budget.
+	Budget *RetryBudget
+}
+
+// RoundTrip sends req with retries; see [Transport].
+func (t *Transport) RoundTrip(req *http.Request) (*http.Response, error) {
+	base := t.Base
+	if base == nil {
+		base = http.DefaultTransport
+	}
+	p := &policy{methods: t.Methods, header: t.KeyHeader, maxAttempts: t.MaxAttempts, base: t.BaseDelay,
+		maxDelay: t.MaxDelay, retry: t.Retry, onRetry: t.OnRetry, budget: t.Budget}
+	return p.do(req, base.RoundTrip)
+}
+
+type policy struct {
+	methods     []string
+	header      string
+	maxAttempts int
+	base        time.Duration
+	maxDelay    time.Duration
+	retry       func(*http.Response, error) bool
+	onRetry     func(RetryEvent)
+	budget      *RetryBudget
+}
+
+func (c *policy) do(req *http.Request, send func(*http.Request) (*http.Response, error)) (*http.Response, error) {
+	header := c.header
+	if header == "" {
+		header = HeaderKey
+	}
 	key := ""
-	if len(req.Header.Values(HeaderKey)) == 0 {
+	if len(req.Header.Values(header)) == 0 {
 		if !c.keyed(req.Method) {
-			return hc.Do(req)
+			return send(req)
 		}
 		key = quoteKey(NewKey())
 	}
@@ -80,15 +180,20 @@ func (c *Client) Do(req *http.Request) (*http.Response, error) {
 	if err != nil {
 		return nil, err
 	}
+	retry := c.retry
+	if retry == nil {
+		retry = DefaultRetry
+	}
 	ctx := req.Context()
-	maxAttempts := c.MaxAttempts
+	maxAttempts := c.maxAttempts
 	if maxAttempts <= 0 {
 		maxAttempts = DefaultMaxAttempts
 	}
+	c.budget.deposit()
 	for attempt := 1; ; attempt++ {
 		areq := req.Clone(ctx)
 		if key != "" {
-			areq.Header.Set(HeaderKey, key)
+			areq.Header.Set(header, key)
 		}
 		if getBody != nil {
 			if areq.Body, err = getBody(); err != nil {
@@ -96,30 +201,33 @@ func (c *Client) Do(req *http.Request) (*http.Response, error) {
 			}
 			areq.GetBody = getBody
 		}
-		resp, err := hc.Do(areq)
+		resp, err := send(areq)
 		if err != nil && ctx.Err() != nil {
 			return nil, fmt.Errorf("idemhttp: attempt %d of %d: %w", attempt, maxAttempts, err)
 		}
-		if attempt >= maxAttempts || !retryable(resp, err) {
+		answer := func() (*http.Response, error) {
 			if err != nil {
 				return nil, fmt.Errorf("idemhttp: attempt %d of %d: %w", attempt, maxAttempts, err)
 			}
 			return resp, nil
+		}
+		if attempt >= maxAttempts || !retry(resp, err) {
+			return answer()
 		}
 		wait, ok := c.delay(attempt, resp, time.Now())
 		if dl, has := ctx.Deadline(); ok && has && time.Now().Add(wait).After(dl) {
 			ok = false
 		}
-		if !ok { // waiting is not allowed: this attempt is the answer
-			if err != nil {
-				return nil, fmt.Errorf("idemhttp: attempt %d of %d: %w", attempt, maxAttempts, err)
-			}
-			return resp, nil
+		if !ok || !c.budget.withdraw() { // waiting is not allowed: this attempt is the answer
+			return answer()
 		}
 		if resp != nil {
 			// Drain a little so the connection can be reused.
 			_, _ = io.Copy(io.Discard, io.LimitReader(resp.Body, 64<<10))
 			_ = resp.Body.Close()
+		}
+		if c.onRetry != nil {
+			c.onRetry(RetryEvent{Request: areq, Attempt: attempt, Response: resp, Err: err, Wait: wait})
 		}
 		if serr := sleep(ctx, wait); serr != nil {
 			if err != nil {
@@ -130,8 +238,8 @@ func (c *Client) Do(req *http.Request) (*http.Response, error) {
 	}
 }
 
-func (c *Client) keyed(method string) bool {
-	methods := c.Methods
+func (c *policy) keyed(method string) bool {
+	methods := c.methods
 	if methods == nil {
 		methods = DefaultMethods()
 	}
@@ -145,8 +253,8 @@ func (c *Client) keyed(method string) bool {
 
 // delay returns how long to wait after a failed attempt, and false when the
 // response's Retry-After asks for longer than MaxDelay.
-func (c *Client) delay(attempt int, resp *http.Response, now time.Time) (time.Duration, bool) {
-	base, maxDelay := c.BaseDelay, c.MaxDelay
+func (c *policy) delay(attempt int, resp *http.Response, now time.Time) (time.Duration, bool) {
+	base, maxDelay := c.base, c.maxDelay
 	if base <= 0 {
 		base = DefaultBaseDelay
 	}
@@ -185,14 +293,106 @@ func retryAfter(v string, now time.Time) (time.Duration, bool) {
 	return max(t.Sub(now), 0), true
 }
 
-// retryable reports whether an attempt that ended with (resp, err) may be
-// sent again with the same key.
-func retryable(resp *http.Response, err error) bool {
+// DefaultRetry is the default retry predicate of [Client] and [Transport]:
+// it retries transport errors (the request may or may not have arrived:
+// the key makes a second arrival harmless), every 5xx except 501 and 505
+// (which no retry can cure), 429, and a 409 that is the server's "request
+// in progress" answer: its problem type is [ProblemInProgress] or it
+// carries Retry-After. Any other 409 is a business answer ("order already
+// captured") and, like every other 4xx, is returned at once.
+func DefaultRetry(resp *http.Response, err error) bool {
 	if err != nil {
 		return true
 	}
-	s := resp.StatusCode
-	return s == http.StatusConflict || s == http.StatusTooManyRequests || (s >= 500 && s <= 599)
+	switch s := resp.StatusCode; {
+	case s == http.StatusConflict:
+		return resp.Header.Get("Retry-After") != "" || IsInProgress(resp)
+	case s == http.StatusTooManyRequests:
+		return true
+	case s == http.StatusNotImplemented || s == http.StatusHTTPVersionNotSupported:
+		return false
+	case s >= 500 && s <= 599:
+		return true
+	}
+	return false
+}
+
+// IsInProgress reports whether resp is the in-progress answer of
+// [Middleware]: a 409 application/problem+json document whose type is
+// [ProblemInProgress]. It reads at most 64 KiB of the body and puts the body
+// back, so the caller can still read all of it.
+func IsInProgress(resp *http.Response) bool {
+	if resp == nil || resp.StatusCode != http.StatusConflict || resp.Body == nil {
+		return false
+	}
+	if media, _, err := mime.ParseMediaType(resp.Header.Get("Content-Type")); err != nil || media != ProblemContentType {
+		return false
+	}
+	head, err := io.ReadAll(io.LimitReader(resp.Body, 64<<10))
+	resp.Body = struct {
+		io.Reader
+		io.Closer
+	}{io.MultiReader(bytes.NewReader(head), resp.Body), resp.Body}
+	if err != nil {
+		return false
+	}
+	var p struct {
+		Type string `json:"type"`
+	}
+	return json.Unmarshal(head, &p) == nil && p.Type == ProblemInProgress
+}
+
+// RetryBudget bounds retries across many calls, so that a struggling
+// server is not sent MaxAttempts times its usual load: every call deposits
+// Ratio tokens, every retry spends one, and a retry is allowed only while a
+// whole token is left. The balance starts at, and never exceeds, Burst. A
+// nil *RetryBudget allows every retry. It is safe for concurrent use.
+type RetryBudget struct {
+	mu     sync.Mutex
+	ratio  float64
+	burst  float64
+	tokens float64
+}
+
+// NewRetryBudget returns a budget that allows, in the long run, ratio
+// retries per call (0.1: one retry for ten calls), and burst retries at
+// once from a full balance. A negative ratio or burst counts as 0.
+func NewRetryBudget(ratio float64, burst int) *RetryBudget {
+	b := &RetryBudget{ratio: max(ratio, 0), burst: float64(max(burst, 0))}
+	b.tokens = b.burst
+	return b
+}
+
+func (b *RetryBudget) deposit() {
+	if b == nil {
+		return
+	}
+	b.mu.Lock()
+	b.tokens = min(b.tokens+b.ratio, b.burst)
+	b.mu.Unlock()
+}
+
+func (b *RetryBudget) withdraw() bool {
+	if b == nil {
+		return true
+	}
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	if b.tokens < 1 {
+		return false
+	}
+	b.tokens--
+	return true
+}
+
+// Available returns how many retries the budget allows right now.
+func (b *RetryBudget) Available() int {
+	if b == nil {
+		return -1
+	}
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return int(b.tokens)
 }
 
 // replayableBody returns a function giving a fresh copy of req's body per

@@ -129,7 +129,8 @@ func TestClientRetriesWithOneKey(t *testing.T) {
 		first func(http.ResponseWriter, *http.Request)
 	}{
 		{"NetworkError", hangUp},
-		{"409", status(http.StatusConflict)},
+		{"409InProgress", inProgress},
+		{"409RetryAfter", status(http.StatusConflict, "Retry-After", "0")},
 		{"429", status(http.StatusTooManyRequests)},
 		{"500", status(http.StatusInternalServerError)},
 		{"503", status(http.StatusServiceUnavailable)},

@@ -19,17 +19,36 @@
 //
 // The handler writes to a buffer. When it returns:
 //
-//   - a status below 500 (and not transient, see [Options].Transient) is
-//     stored with the key and committed with the handler's writes, then sent
-//     to the client exactly as the handler wrote it;
-//   - a 5xx or transient status rolls back the handler's writes and frees the
-//     key (a retry runs the handler again); the response still goes to the
-//     client as written;
+//   - a status that [Options].Store accepts ([DefaultStore]: 2xx, 3xx and
+//     the 4xx that are the operation's outcome, such as 402) is stored with
+//     the key and committed with the handler's writes, then sent to the
+//     client exactly as the handler wrote it;
+//   - any other status (every 5xx; 408, 409, 425, 429; and the
+//     request-validation and access failures 400, 401, 403, 404, 405, 413,
+//     415, 422, 431) rolls back the handler's writes and frees the key (a
+//     retry runs the handler again); the response still goes to the client
+//     as written. This is Stripe's rule: nothing is saved for a request
+//     that failed validation or conflicted with another; storing a 400
+//     would replay it for the key's whole TTL after the client fixed its
+//     request;
+//   - a handler that wrote nothing at all (no WriteHeader, no Write) is
+//     rolled back and answered 500 [ProblemNoResponse]: an answer the
+//     handler did not write is never stored ([ErrNoResponse]). This is what
+//     a framework adapter that bypasses the middleware's writer produces;
+//     gin, echo and fiber have their own packages (idemgin, idemecho,
+//     idemfiber, nested modules); chi and http.ServeMux need none;
 //   - a panic rolls back and is re-raised, for net/http to recover.
 //
 // The buffering writer supports http.ResponseController's read and write
 // deadlines but not Flush or Hijack: streaming responses, 1xx informational
 // responses (dropped) and trailers are not supported behind the middleware.
+//
+// Options change the key header ([Options].KeyHeader, e.g.
+// X-Idempotency-Key), validate keys ([Options].ValidateKey, [UUIDKey],
+// [MinKeyLength]), render problems ([Options].RenderProblem), shape the
+// fingerprint ([Options].FingerprintHeaders, [Options].IgnoreFields,
+// [Options].Fingerprint) and observe every guarded request, refusals
+// included ([Options].Observer, [Event], [Outcome]).
 //
 // A later request with the same key and the same fingerprint gets the stored
 // status, the stored headers that pass the allowlist ([Options].ReplayHeaders;
@@ -56,13 +75,20 @@
 //	413     ProblemRequestTooLarge   the request body exceeds Options.MaxRequestBody
 //	422     ProblemKeyReused         the key was used with another request (method, route or body)
 //	500     ProblemResponseTooLarge  the handler's response body exceeded Options.MaxResponseBody; its writes were rolled back
+//	500     ProblemNoResponse        the handler wrote nothing; its writes were rolled back
 //	500     ProblemInternal          misconfiguration (nil guard, failing Scope, invalid scope, invalid status)
-//	503     ProblemStoreUnavailable  the key store failed; the handler did not run or was rolled back (sent with Retry-After)
+//	503     ProblemStoreUnavailable  the key store failed (idempotency.ErrStore: cut connection, timeout, database
+//	                                 busy with another writer); the handler did not run or was rolled back (sent with Retry-After)
 //
 // # Client
 //
-// [Client] gives each logical request one key, generated before the first
-// attempt (or the caller's own Idempotency-Key), and retries network
-// errors, 409, 429 and 5xx with exponential backoff and full jitter,
-// honouring Retry-After, always with the same key and body.
+// [Client] (and [Transport], the same as an http.RoundTripper) gives each
+// logical request one key, generated before the first attempt (or the
+// caller's own key header), and retries, always with the same key and
+// body, what [DefaultRetry] (or [Client].Retry) allows: transport errors,
+// 5xx except 501 and 505, 429, and a 409 only when it is the server's
+// in-progress answer ([ProblemInProgress] or Retry-After), never a business
+// 409. Exponential backoff with full jitter, honouring Retry-After;
+// [Client].OnRetry is told about each retry; a shared [RetryBudget] bounds
+// retries across calls.
 package idemhttp

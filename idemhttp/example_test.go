@@ -50,6 +50,7 @@ func ExampleMiddleware() {
 
 	// nil Options: POST and PATCH need a key, one key space for all
 	// clients (a multi-tenant service sets Options.Scope to the account).
+	// readme:begin http-servemux
 	mw := idemhttp.Middleware(guard, nil)
 	mux := http.NewServeMux()
 	mux.Handle("POST /orders", mw(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
@@ -63,6 +64,7 @@ func ExampleMiddleware() {
 		w.WriteHeader(http.StatusCreated)
 		fmt.Fprintf(w, `{"id":%d}`, id)
 	})))
+	// readme:end http-servemux
 	srv := httptest.NewServer(mux)
 	defer srv.Close()
 
@@ -88,7 +90,7 @@ func ExampleMiddleware() {
 }
 
 // The Client sends one key for all attempts of one operation and retries
-// 5xx, 409, 429 and network errors.
+// 5xx, 429, the server's in-progress 409 and network errors.
 func ExampleClient() {
 	var attempts atomic.Int32
 	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {

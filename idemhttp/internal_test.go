@@ -88,7 +88,7 @@ func TestRetryAfter(t *testing.T) {
 
 func TestDelayBounds(t *testing.T) {
 	t.Parallel()
-	c := &Client{BaseDelay: 10 * time.Millisecond, MaxDelay: 50 * time.Millisecond}
+	c := (&Client{BaseDelay: 10 * time.Millisecond, MaxDelay: 50 * time.Millisecond}).policy()
 	now := time.Now()
 	for attempt := 1; attempt <= 70; attempt++ {
 		ceil := min(10*time.Millisecond<<min(attempt-1, 20), 50*time.Millisecond)

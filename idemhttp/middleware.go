@@ -3,201 +3,42 @@ package idemhttp
 import (
 	"bytes"
 	"context"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"io"
 	"mime"
 	"net/http"
-	"net/textproto"
 	"strings"
+	"time"
 
 	"github.com/go-idempotency/idempotency"
 )
 
-// Defaults of [Options].
-const (
-	// DefaultMaxRequestBody is the default [Options].MaxRequestBody: 1 MiB.
-	DefaultMaxRequestBody = 1 << 20
-	// DefaultMaxResponseBody is the default [Options].MaxResponseBody: 1 MiB.
-	DefaultMaxResponseBody = 1 << 20
+// Errors the middleware reports to [Options].OnError and in [Event].Err;
+// match them with errors.Is.
+var (
+	// ErrNoResponse: the handler returned without writing anything: no
+	// WriteHeader, no Write. Nothing is stored (an empty 200 would be
+	// replayed for the key's whole TTL), its writes are rolled back, and the
+	// client gets 500 [ProblemNoResponse]. It is the symptom of a framework
+	// adapter that gives the handler another ResponseWriter than the one the
+	// middleware passed (gin's c.Next() on c.Writer, an echo handler that
+	// returns its error for echo to write later, fiber's adaptor): use the
+	// idemgin, idemecho and idemfiber packages.
+	ErrNoResponse = errors.New("idemhttp: the handler wrote no response")
+	// ErrWriterBypassed: the handler wrote its response to the
+	// ResponseWriter the middleware was given, not to the one it passed to
+	// the handler (detected when that writer has a Written() bool method,
+	// as gin's has). The response had already reached the client when the
+	// middleware saw it; the handler's writes were rolled back and nothing
+	// was stored. Use the idemgin package.
+	ErrWriterBypassed = errors.New("idemhttp: the handler wrote around the middleware's ResponseWriter")
+	// ErrResponseTooLarge: the handler's response body went past
+	// [Options].MaxResponseBody; rolled back, answered 500
+	// [ProblemResponseTooLarge].
+	ErrResponseTooLarge = errResponseTooLarge
 )
-
-// DefaultMethods returns the methods that require a key by default: POST and
-// PATCH.
-func DefaultMethods() []string { return []string{http.MethodPost, http.MethodPatch} }
-
-// DefaultReplayHeaders returns the default [Options].ReplayHeaders: the
-// representation and location fields a replay needs to mean what the first
-// response meant. Cache-Control, Content-Disposition, Content-Encoding,
-// Content-Language, Content-Location, Content-Type, ETag, Expires,
-// Last-Modified, Link, Location, Vary.
-func DefaultReplayHeaders() []string {
-	return []string{
-		"Cache-Control", "Content-Disposition", "Content-Encoding", "Content-Language",
-		"Content-Location", "Content-Type", "ETag", "Expires", "Last-Modified", "Link",
-		"Location", "Vary",
-	}
-}
-
-// Options configure [Middleware]. The zero value (or nil) means the defaults.
-type Options struct {
-	// Methods are the request methods the middleware guards. Requests with
-	// other methods go to the handler untouched, without a transaction.
-	// Defaults to [DefaultMethods] (POST and PATCH).
-	Methods []string
-
-	// KeyOptional lets a guarded request without an Idempotency-Key through
-	// to the handler unprotected (no transaction in its context). Defaults
-	// to false: such a request is refused with 400 [ProblemMissingKey].
-	KeyOptional bool
-
-	// Scope returns the key space of a request, typically the authenticated
-	// account: the same key in two scopes never meets. It runs after the
-	// key is parsed and before the body is read. An error that is (or wraps)
-	// a *[Problem] is answered as that problem (e.g. 401); any other error
-	// gives 500 [ProblemInternal].
-	//
-	// Defaults to nil: the empty scope, one key space shared by every
-	// client. A multi-tenant service MUST set Scope, or one client's key
-	// can replay another client's response.
-	Scope func(*http.Request) (string, error)
-
-	// Route returns the route part of the fingerprint. Defaults to
-	// r.URL.RequestURI(): the path and the query string, so the same key on
-	// another URL (?currency=EUR instead of USD) is refused with 422 rather
-	// than replayed. Return r.URL.Path to leave the query out.
-	Route func(*http.Request) string
-
-	// MaxRequestBody is the largest request body accepted, in bytes; a
-	// larger one is refused with 413 [ProblemRequestTooLarge] before
-	// anything is stored. The body is held in memory to fingerprint it and
-	// to hand it to the handler. Defaults to [DefaultMaxRequestBody]; a
-	// negative value means no limit.
-	MaxRequestBody int64
-
-	// MaxResponseBody is the largest response body the handler may write,
-	// in bytes; the response is buffered and stored. Past it the handler's
-	// Write returns an error, its writes are rolled back, the key stays
-	// free and the client gets 500 [ProblemResponseTooLarge]. Defaults to
-	// [DefaultMaxResponseBody]; a negative value means no limit (the store
-	// may still refuse a body larger than its column).
-	MaxResponseBody int64
-
-	// ReplayHeaders are the response header fields stored with the key and
-	// replayed (compared case-insensitively). Set-Cookie and the hop-by-hop
-	// fields (Connection and the fields it names, Keep-Alive, Proxy-*, TE,
-	// Trailer, Transfer-Encoding, Upgrade) are never stored, even if listed;
-	// neither are Content-Length (recomputed) and Date. Defaults to
-	// [DefaultReplayHeaders]; a non-nil empty slice stores no header.
-	ReplayHeaders []string
-
-	// Transient reports whether a status below 500 written by the handler
-	// means "try again later": such a response is sent to the client but
-	// rolled back with the handler's writes and not stored, like a 5xx.
-	// Defaults to 408, 425 and 429 (which clients retry with the same key,
-	// and which would otherwise be replayed until the key expires).
-	Transient func(status int) bool
-
-	// OnError, if set, is called with the cause of every 500 and 503 the
-	// middleware answers itself (store failures included), for logging;
-	// not when the client went away (its request context was cancelled).
-	OnError func(r *http.Request, err error)
-}
-
-type config struct {
-	methods   map[string]bool
-	optional  bool
-	scope     func(*http.Request) (string, error)
-	route     func(*http.Request) string
-	maxReq    int64
-	maxResp   int64
-	replay    map[string]bool
-	transient func(int) bool
-	onError   func(*http.Request, error)
-}
-
-func newConfig(o *Options) *config {
-	if o == nil {
-		o = &Options{}
-	}
-	c := &config{
-		methods:   map[string]bool{},
-		optional:  o.KeyOptional,
-		scope:     o.Scope,
-		route:     o.Route,
-		maxReq:    o.MaxRequestBody,
-		maxResp:   o.MaxResponseBody,
-		replay:    map[string]bool{},
-		transient: o.Transient,
-		onError:   o.OnError,
-	}
-	methods := o.Methods
-	if methods == nil {
-		methods = DefaultMethods()
-	}
-	for _, m := range methods {
-		c.methods[strings.ToUpper(m)] = true
-	}
-	if c.route == nil {
-		c.route = func(r *http.Request) string { return r.URL.RequestURI() }
-	}
-	if c.maxReq == 0 {
-		c.maxReq = DefaultMaxRequestBody
-	}
-	if c.maxResp == 0 {
-		c.maxResp = DefaultMaxResponseBody
-	}
-	replay := o.ReplayHeaders
-	if replay == nil {
-		replay = DefaultReplayHeaders()
-	}
-	for _, name := range replay {
-		if name = textproto.CanonicalMIMEHeaderKey(name); !neverStored(name) {
-			c.replay[name] = true
-		}
-	}
-	if c.transient == nil {
-		c.transient = func(s int) bool {
-			return s == http.StatusRequestTimeout || s == http.StatusTooEarly || s == http.StatusTooManyRequests
-		}
-	}
-	return c
-}
-
-// neverStored reports whether the canonical field name may never be stored
-// or replayed, whatever the allowlist says.
-func neverStored(name string) bool {
-	switch name {
-	case "Set-Cookie", "Set-Cookie2", "Connection", "Keep-Alive", "Te", "Trailer",
-		"Transfer-Encoding", "Upgrade", "Content-Length", "Date", HeaderReplayed:
-		return true
-	}
-	return strings.HasPrefix(name, "Proxy-")
-}
-
-// storedHeader returns the fields of h that the allowlist keeps, minus any
-// field that h's Connection header nominates as hop-by-hop.
-func (c *config) storedHeader(h http.Header) http.Header {
-	var nominated map[string]bool
-	for _, v := range h.Values("Connection") {
-		for _, f := range strings.Split(v, ",") {
-			if f = strings.TrimSpace(f); f != "" {
-				if nominated == nil {
-					nominated = map[string]bool{}
-				}
-				nominated[textproto.CanonicalMIMEHeaderKey(f)] = true
-			}
-		}
-	}
-	out := http.Header{}
-	for k, v := range h {
-		ck := textproto.CanonicalMIMEHeaderKey(k)
-		if c.replay[ck] && !nominated[ck] && len(v) > 0 {
-			out[ck] = append(out[ck], v...)
-		}
-	}
-	return out
-}
 
 // Middleware returns a middleware that runs guarded requests (see
 // [Options].Methods) through g: the first request with a key runs the
@@ -209,7 +50,7 @@ func (c *config) storedHeader(h http.Header) http.Header {
 // of the operation through it. The fingerprint is the method, the route
 // ([Options].Route), the media type and the body (canonical JSON for
 // application/json and +json types, the bytes otherwise; an empty body is
-// never parsed).
+// never parsed), plus [Options].FingerprintHeaders.
 //
 // A nil g makes every guarded request fail with 500 [ProblemInternal]: the
 // handler never runs unprotected.
@@ -245,71 +86,107 @@ func KeyFrom(ctx context.Context) (idempotency.Key, bool) {
 	return k, ok
 }
 
-// handlerFailure carries a 5xx or transient response out of Guard.Do, which
-// rolls back on any error.
+// handlerFailure carries a response that must not be stored (a 5xx, or a
+// status [Options].Store refuses) out of Guard.Do, which rolls back on any
+// error.
 type handlerFailure struct{ c *capture }
 
 func (f *handlerFailure) Error() string {
-	return fmt.Sprintf("idemhttp: handler answered %d; rolled back", f.c.status)
+	return fmt.Sprintf("idemhttp: handler answered %d; rolled back, not stored", f.c.status)
 }
+
+// written is implemented by framework writers that know whether they sent
+// a response (gin.ResponseWriter).
+type written interface{ Written() bool }
 
 func (h *handler[Tx]) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	if !h.c.methods[r.Method] {
 		h.next.ServeHTTP(w, r)
 		return
 	}
-	values := r.Header.Values(HeaderKey)
-	switch {
-	case len(values) == 0 && h.c.optional:
+	values := r.Header.Values(h.c.header)
+	if len(values) == 0 && h.c.optional {
 		h.next.ServeHTTP(w, r)
 		return
+	}
+	ev := &Event{Method: r.Method, Outcome: OutcomeHandlerError}
+	if h.c.observer != nil {
+		start := time.Now()
+		ev.Route = h.c.route(r)
+		finished := false
+		defer func() {
+			ev.Duration = time.Since(start)
+			if !finished { // the handler panicked (re-raised): rolled back
+				ev.Outcome, ev.Status, ev.Err = OutcomeHandlerError, 0, errors.New("idemhttp: the handler panicked")
+			}
+			h.c.observer(r.Context(), *ev)
+		}()
+		h.serve(w, r, values, ev)
+		finished = true
+		return
+	}
+	h.serve(w, r, values, ev)
+}
+
+func (h *handler[Tx]) serve(w http.ResponseWriter, r *http.Request, values []string, ev *Event) {
+	switch {
 	case len(values) == 0:
-		writeProblem(w, &Problem{Type: ProblemMissingKey, Title: "Idempotency-Key is missing", Status: http.StatusBadRequest,
-			Detail: fmt.Sprintf("%s requests to this resource require an Idempotency-Key header.", r.Method)}, 0)
+		h.reject(w, r, ev, &Problem{Type: ProblemMissingKey, Title: h.c.header + " is missing", Status: http.StatusBadRequest,
+			Detail: fmt.Sprintf("%s requests to this resource require an %s header.", r.Method, h.c.header)}, nil)
 		return
 	case len(values) > 1:
-		h.invalidKey(w, "the Idempotency-Key header appears more than once")
+		h.invalidKey(w, r, ev, errors.New("the "+h.c.header+" header appears more than once"))
 		return
 	}
 	id, err := parseKey(values[0])
 	if err == nil {
 		err = idempotency.Key{ID: id}.Validate()
 	}
+	if err == nil && h.c.validate != nil {
+		err = h.c.validate(id)
+	}
 	if err != nil {
-		h.invalidKey(w, err.Error())
+		h.invalidKey(w, r, ev, err)
 		return
 	}
+	ev.Key.ID = id
 	if h.g == nil {
-		h.internal(w, r, errors.New("idemhttp: Middleware was given a nil Guard"))
+		h.internal(w, r, ev, errors.New("idemhttp: Middleware was given a nil Guard"))
 		return
 	}
 	key := idempotency.Key{ID: id}
 	if h.c.scope != nil {
 		if key.Scope, err = h.c.scope(r); err != nil {
 			if p, ok := errors.AsType[*Problem](err); ok {
-				writeProblem(w, p, 0)
+				h.reject(w, r, ev, p, err)
 				return
 			}
-			h.internal(w, r, fmt.Errorf("idemhttp: Options.Scope: %w", err))
+			h.internal(w, r, ev, fmt.Errorf("idemhttp: Options.Scope: %w", err))
 			return
 		}
 		if err := key.Validate(); err != nil {
-			h.internal(w, r, fmt.Errorf("idemhttp: Options.Scope returned an invalid scope: %w", err))
+			h.internal(w, r, ev, fmt.Errorf("idemhttp: Options.Scope returned an invalid scope: %w", err))
 			return
 		}
+		ev.Key.Scope = key.Scope
 	}
-	body, ok := h.readBody(w, r)
+	body, ok := h.readBody(w, r, ev)
 	if !ok {
 		return
 	}
 	fp, err := h.fingerprint(r, body)
 	if err != nil {
-		writeProblem(w, &Problem{Type: ProblemInvalidBody, Title: "Request body is not valid JSON", Status: http.StatusBadRequest,
-			Detail: err.Error()}, 0)
+		p, ok := errors.AsType[*Problem](err)
+		if !ok {
+			p = &Problem{Type: ProblemInvalidBody, Title: "Request body is not valid JSON", Status: http.StatusBadRequest, Detail: err.Error()}
+		}
+		h.reject(w, r, ev, p, err)
 		return
 	}
 
 	var first *capture
+	outerWritten := func() bool { ww, ok := w.(written); return ok && ww.Written() }
+	before := outerWritten()
 	resp, err := h.g.Do(r.Context(), key, fp, func(tx Tx) (idempotency.Response, error) {
 		// fn runs again after a retryable store conflict: every run gets a
 		// fresh writer and a fresh body.
@@ -321,81 +198,143 @@ func (h *handler[Tx]) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		req.GetBody = func() (io.ReadCloser, error) { return io.NopCloser(bytes.NewReader(body)), nil }
 		req.ContentLength = int64(len(body))
 		h.next.ServeHTTP(cw, req)
+		if cw.status == 0 { // nothing written: never store an answer the handler did not give
+			if !before && outerWritten() {
+				return idempotency.Response{}, ErrWriterBypassed
+			}
+			return idempotency.Response{}, ErrNoResponse
+		}
 		cw.finish()
 		switch {
 		case cw.over:
 			return idempotency.Response{}, errResponseTooLarge
-		case cw.status >= 500 || h.c.transient(cw.status):
+		case cw.status >= 500 || !h.c.store(cw.status):
 			return idempotency.Response{}, &handlerFailure{c: cw}
 		}
 		return idempotency.Response{Status: cw.status, Header: h.c.storedHeader(cw.sent), Body: cw.body.Bytes()}, nil
 	})
 	switch {
 	case err == nil && resp.Replayed:
+		ev.Outcome, ev.Status = OutcomeReplayed, resp.Status
 		writeResponse(w, resp.Status, h.c.storedHeader(resp.Header), resp.Body, true)
 	case err == nil:
+		ev.Outcome, ev.Status = OutcomeExecuted, first.status
 		writeResponse(w, first.status, first.sent, first.body.Bytes(), false)
 	default:
-		h.fail(w, r, err)
+		h.fail(w, r, ev, err)
 	}
 }
 
-func (h *handler[Tx]) invalidKey(w http.ResponseWriter, detail string) {
-	writeProblem(w, &Problem{Type: ProblemInvalidKey, Title: "Idempotency-Key is invalid", Status: http.StatusBadRequest,
-		Detail: detail + "; send 1 to 255 printable ASCII characters, bare or as a quoted sf-string."}, 0)
+// problem answers p through the renderer and records it in ev.
+func (h *handler[Tx]) problem(w http.ResponseWriter, r *http.Request, ev *Event, p *Problem) {
+	ev.Status = p.Status
+	h.c.render(w, r, p)
 }
 
-func (h *handler[Tx]) internal(w http.ResponseWriter, r *http.Request, err error) {
+// reject answers a refusal that happened before the store was reached.
+func (h *handler[Tx]) reject(w http.ResponseWriter, r *http.Request, ev *Event, p *Problem, cause error) {
+	ev.Outcome, ev.Err = OutcomeRejected, cause
+	if cause == nil {
+		ev.Err = p
+	}
+	h.problem(w, r, ev, p)
+}
+
+func (h *handler[Tx]) invalidKey(w http.ResponseWriter, r *http.Request, ev *Event, err error) {
+	if p, ok := errors.AsType[*Problem](err); ok {
+		h.reject(w, r, ev, p, err)
+		return
+	}
+	h.reject(w, r, ev, &Problem{Type: ProblemInvalidKey, Title: h.c.header + " is invalid", Status: http.StatusBadRequest,
+		Detail: err.Error() + "; send 1 to 255 printable ASCII characters, bare or as a quoted sf-string."}, err)
+}
+
+func (h *handler[Tx]) internal(w http.ResponseWriter, r *http.Request, ev *Event, err error) {
+	ev.Outcome, ev.Err = OutcomeInternal, err
 	if h.c.onError != nil {
 		h.c.onError(r, err)
 	}
-	writeProblem(w, &Problem{Type: ProblemInternal, Title: "Idempotency middleware failed", Status: http.StatusInternalServerError}, 0)
+	h.problem(w, r, ev, &Problem{Type: ProblemInternal, Title: "Idempotency middleware failed", Status: http.StatusInternalServerError})
 }
 
 // fail answers an error returned by Guard.Do.
-func (h *handler[Tx]) fail(w http.ResponseWriter, r *http.Request, err error) {
+func (h *handler[Tx]) fail(w http.ResponseWriter, r *http.Request, ev *Event, err error) {
+	ev.Err = err
 	if f, ok := errors.AsType[*handlerFailure](err); ok {
-		// The handler's own 5xx (or transient) response, rolled back.
+		// The handler's own response, rolled back and not stored.
+		ev.Outcome, ev.Status = OutcomeNotStored, f.c.status
+		if f.c.status >= 500 {
+			ev.Outcome = OutcomeHandlerError
+		} else {
+			ev.Err = nil
+		}
 		writeResponse(w, f.c.status, f.c.sent, f.c.body.Bytes(), false)
 		return
 	}
 	switch {
 	case errors.Is(err, idempotency.ErrMismatch):
-		writeProblem(w, &Problem{Type: ProblemKeyReused, Title: "Idempotency-Key is already used", Status: http.StatusUnprocessableEntity,
-			Detail: "This key was used with a different request (method, route or body); use a new key for a new request."}, 0)
+		ev.Outcome = OutcomeMismatch
+		h.problem(w, r, ev, &Problem{Type: ProblemKeyReused, Title: h.c.header + " is already used", Status: http.StatusUnprocessableEntity,
+			Detail: "This key was used with a different request (method, route or body); use a new key for a new request."})
 		return
 	case errors.Is(err, idempotency.ErrInProgress):
-		writeProblem(w, &Problem{Type: ProblemInProgress, Title: "A request with this Idempotency-Key is in progress", Status: http.StatusConflict,
-			Detail: "Retry later with the same key to get its response."}, 1)
+		ev.Outcome = OutcomeInProgress
+		h.problem(w, r, ev, &Problem{Type: ProblemInProgress, Title: "A request with this " + h.c.header + " is in progress", Status: http.StatusConflict,
+			Detail: "Retry later with the same key to get its response.", Header: retryAfterHeader()})
+		return
+	case errors.Is(err, ErrWriterBypassed):
+		// The client already has the handler's answer: write nothing more.
+		ev.Outcome = OutcomeHandlerError
+		if wr, ok := w.(interface{ Status() int }); ok {
+			ev.Status = wr.Status()
+		}
+		if h.c.onError != nil {
+			h.c.onError(r, err)
+		}
 		return
 	}
-	if h.c.onError != nil && !(errors.Is(err, context.Canceled) && r.Context().Err() != nil) {
+	canceled := errors.Is(err, context.Canceled) && r.Context().Err() != nil
+	if h.c.onError != nil && !canceled {
 		h.c.onError(r, err) // not for a client that went away
 	}
 	switch {
+	case errors.Is(err, ErrNoResponse):
+		ev.Outcome = OutcomeHandlerError
+		h.problem(w, r, ev, &Problem{Type: ProblemNoResponse, Title: "The handler wrote no response", Status: http.StatusInternalServerError,
+			Detail: "The operation was rolled back; retry with the same key."})
 	case errors.Is(err, errResponseTooLarge):
-		writeProblem(w, &Problem{Type: ProblemResponseTooLarge, Title: "Response too large to store", Status: http.StatusInternalServerError,
-			Detail: "The response was larger than the idempotency store accepts; the operation was rolled back."}, 0)
+		ev.Outcome = OutcomeHandlerError
+		h.problem(w, r, ev, &Problem{Type: ProblemResponseTooLarge, Title: "Response too large to store", Status: http.StatusInternalServerError,
+			Detail: "The response was larger than the idempotency store accepts; the operation was rolled back."})
 	case errors.Is(err, idempotency.ErrInvalidResponse), errors.Is(err, idempotency.ErrInvalidKey), errors.Is(err, idempotency.ErrInvalidFingerprint):
-		writeProblem(w, &Problem{Type: ProblemInternal, Title: "Idempotency middleware failed", Status: http.StatusInternalServerError}, 0)
+		ev.Outcome = OutcomeInternal
+		h.problem(w, r, ev, &Problem{Type: ProblemInternal, Title: "Idempotency middleware failed", Status: http.StatusInternalServerError})
 	default:
-		writeProblem(w, &Problem{Type: ProblemStoreUnavailable, Title: "Idempotency store unavailable", Status: http.StatusServiceUnavailable,
-			Detail: "The request was not processed (or was rolled back); retry later with the same key."}, 1)
+		// idempotency.ErrStore (connection cut, timeout, busy database,
+		// conflicts past the retries) and any other store error: fail closed.
+		ev.Outcome = OutcomeStoreError
+		if canceled {
+			ev.Outcome = OutcomeCanceled
+		}
+		h.problem(w, r, ev, &Problem{Type: ProblemStoreUnavailable, Title: "Idempotency store unavailable", Status: http.StatusServiceUnavailable,
+			Detail: "The request was not processed (or was rolled back); retry later with the same key.", Header: retryAfterHeader()})
 	}
 }
 
+func retryAfterHeader() http.Header { return http.Header{"Retry-After": {"1"}} }
+
 // readBody reads the whole request body within the limit. It answers the
 // client and returns false when the body is too large or unreadable.
-func (h *handler[Tx]) readBody(w http.ResponseWriter, r *http.Request) ([]byte, bool) {
-	tooLarge := func() {
-		writeProblem(w, &Problem{Type: ProblemRequestTooLarge, Title: "Request body too large", Status: http.StatusRequestEntityTooLarge,
-			Detail: fmt.Sprintf("The request body exceeds %d bytes.", h.c.maxReq)}, 0)
+func (h *handler[Tx]) readBody(w http.ResponseWriter, r *http.Request, ev *Event) ([]byte, bool) {
+	tooLarge := func(err error) {
+		h.reject(w, r, ev, &Problem{Type: ProblemRequestTooLarge, Title: "Request body too large", Status: http.StatusRequestEntityTooLarge,
+			Detail: fmt.Sprintf("The request body exceeds %d bytes.", h.c.maxReq)}, err)
 	}
 	if r.Body == nil || r.Body == http.NoBody {
 		return nil, true
 	}
 	if h.c.maxReq >= 0 && r.ContentLength > h.c.maxReq {
-		tooLarge()
+		tooLarge(&http.MaxBytesError{Limit: h.c.maxReq})
 		return nil, false
 	}
 	src := r.Body
@@ -405,19 +344,27 @@ func (h *handler[Tx]) readBody(w http.ResponseWriter, r *http.Request) ([]byte, 
 	body, err := io.ReadAll(src)
 	if err != nil {
 		if _, ok := errors.AsType[*http.MaxBytesError](err); ok {
-			tooLarge()
+			tooLarge(err)
 			return nil, false
 		}
-		writeProblem(w, &Problem{Type: ProblemInvalidBody, Title: "Request body could not be read", Status: http.StatusBadRequest,
-			Detail: err.Error()}, 0)
+		h.reject(w, r, ev, &Problem{Type: ProblemInvalidBody, Title: "Request body could not be read", Status: http.StatusBadRequest,
+			Detail: err.Error()}, err)
 		return nil, false
 	}
 	return body, true
 }
 
 // fingerprint hashes method, route, media type and body (canonical JSON for
-// JSON media types).
+// JSON media types, minus the ignored fields), then the configured header
+// fields; or whatever Options.Fingerprint returns.
 func (h *handler[Tx]) fingerprint(r *http.Request, body []byte) (string, error) {
+	if h.c.fpFunc != nil {
+		s, err := h.c.fpFunc(r, body)
+		if err != nil {
+			return "", err
+		}
+		return idempotency.Fingerprint([]byte(s)), nil
+	}
 	ct := r.Header.Get("Content-Type")
 	media, _, err := mime.ParseMediaType(ct)
 	if err != nil {
@@ -428,9 +375,43 @@ func (h *handler[Tx]) fingerprint(r *http.Request, body []byte) (string, error) 
 		if err != nil {
 			return "", err
 		}
+		if len(h.c.ignore) > 0 {
+			if canon, err = dropFields(canon, h.c.ignore); err != nil {
+				return "", err
+			}
+		}
 		body = canon
 	}
-	return idempotency.Fingerprint([]byte(r.Method), []byte(h.c.route(r)), []byte(media), body), nil
+	parts := [][]byte{[]byte(r.Method), []byte(h.c.route(r)), []byte(media), body}
+	for _, name := range h.c.fpHeaders {
+		parts = append(parts, []byte(name), []byte(strings.Join(r.Header.Values(name), "\n")))
+	}
+	return idempotency.Fingerprint(parts...), nil
+}
+
+// dropFields removes the dot-separated paths from a canonical JSON value and
+// canonicalizes the result again.
+func dropFields(canon []byte, paths [][]string) ([]byte, error) {
+	dec := json.NewDecoder(bytes.NewReader(canon))
+	dec.UseNumber()
+	var v any
+	if err := dec.Decode(&v); err != nil {
+		return nil, fmt.Errorf("%w: %w", idempotency.ErrInvalidJSON, err)
+	}
+	for _, p := range paths {
+		obj, ok := v.(map[string]any)
+		for i := 0; ok && i < len(p)-1; i++ {
+			obj, ok = obj[p[i]].(map[string]any)
+		}
+		if ok {
+			delete(obj, p[len(p)-1])
+		}
+	}
+	out, err := json.Marshal(v)
+	if err != nil {
+		return nil, fmt.Errorf("%w: %w", idempotency.ErrInvalidJSON, err)
+	}
+	return idempotency.CanonicalJSON(out)
 }
 
 func isJSON(media string) bool {

@@ -198,6 +198,14 @@ func runMiddlewareTests[Tx any](t *testing.T, b backend[Tx]) {
 		{"Scope", testScope[Tx]},
 		{"StoreDown", testStoreDown[Tx]},
 		{"ConcurrentSameKey", testConcurrentSameKey[Tx]},
+		{"NoResponse", testNoResponse[Tx]},
+		{"StorePolicy", testStorePolicy[Tx]},
+		{"KeyHeader", testKeyHeader[Tx]},
+		{"ValidateKey", testValidateKey[Tx]},
+		{"RenderProblem", testRenderProblem[Tx]},
+		{"FingerprintOptions", testFingerprintOptions[Tx]},
+		{"Observer", testObserver[Tx]},
+		{"ObserverStoreDown", testObserverStoreDown[Tx]},
 	}
 	for _, c := range cases {
 		t.Run(c.name, func(t *testing.T) {
@@ -430,13 +438,13 @@ func testTransientNotStored[Tx any](t *testing.T, e env[Tx]) {
 			w.WriteHeader(http.StatusTooManyRequests)
 			return
 		}
-		w.WriteHeader(http.StatusBadRequest) // a stored 4xx
-		_, _ = io.WriteString(w, "bad order")
+		w.WriteHeader(http.StatusPaymentRequired) // a stored 4xx: the operation's outcome
+		_, _ = io.WriteString(w, "card declined")
 	})
 	wantStatus(t, s.post(t, `{}`, "transient"), http.StatusTooManyRequests)
 	s.wantEffects(t, "/transient", 0)
 	first := s.post(t, `{}`, "transient")
-	wantStatus(t, first, http.StatusBadRequest)
+	wantStatus(t, first, http.StatusPaymentRequired)
 	wantReplay(t, first, s.post(t, `{}`, "transient"))
 	s.wantCalls(t, 2)
 	s.wantEffects(t, "/transient", 1)

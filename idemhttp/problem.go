@@ -18,8 +18,9 @@ const (
 	// header and the request has none. Nothing was stored.
 	ProblemMissingKey = problemBase + "ProblemMissingKey"
 	// ProblemInvalidKey (400): the Idempotency-Key header is not a valid
-	// sf-string or bare key of 1 to 255 printable ASCII bytes, or it was
-	// sent more than once. Nothing was stored.
+	// sf-string or bare key of 1 to 255 printable ASCII bytes, it was sent
+	// more than once, or [Options].ValidateKey refused it. Nothing was
+	// stored.
 	ProblemInvalidKey = problemBase + "ProblemInvalidKey"
 	// ProblemInvalidBody (400): the request has a JSON content type and its
 	// body is not exactly one valid JSON value (duplicate object keys
@@ -27,7 +28,7 @@ const (
 	ProblemInvalidBody = problemBase + "ProblemInvalidBody"
 	// ProblemInProgress (409): a request with the same key is still being
 	// processed. Retry later with the same key (the response carries
-	// Retry-After).
+	// Retry-After). [Client] retries this problem type.
 	ProblemInProgress = problemBase + "ProblemInProgress"
 	// ProblemRequestTooLarge (413): the request body is larger than
 	// [Options].MaxRequestBody. Nothing was stored.
@@ -39,13 +40,19 @@ const (
 	// larger than [Options].MaxResponseBody. Its writes were rolled back
 	// and the key is free.
 	ProblemResponseTooLarge = problemBase + "ProblemResponseTooLarge"
+	// ProblemNoResponse (500): the handler returned without writing a
+	// status or a body ([ErrNoResponse]). Its writes were rolled back and
+	// the key is free: an empty answer is never stored.
+	ProblemNoResponse = problemBase + "ProblemNoResponse"
 	// ProblemInternal (500): the middleware is misconfigured (nil guard,
 	// Scope failed or returned an invalid scope, the handler wrote an
 	// invalid status). The handler's writes, if any, were rolled back.
 	ProblemInternal = problemBase + "ProblemInternal"
-	// ProblemStoreUnavailable (503): the key store failed (the middleware
+	// ProblemStoreUnavailable (503): the key store failed
+	// ([idempotency.ErrStore]: connection cut, timeout, a database busy
+	// with another writer, conflicts past the retries). The middleware
 	// fails closed: the handler did not run, or its writes were rolled
-	// back). Retry later with the same key (the response carries
+	// back. Retrying with the same key is safe (the response carries
 	// Retry-After).
 	ProblemStoreUnavailable = problemBase + "ProblemStoreUnavailable"
 )
@@ -54,8 +61,9 @@ const (
 const ProblemContentType = "application/problem+json"
 
 // Problem is an RFC 9457 problem details object. The middleware writes one
-// for every error it answers itself; a [Options].Scope function may return
-// one (as error) to choose the answer, e.g. a 401.
+// for every error it answers itself; a [Options].Scope or
+// [Options].ValidateKey function may return one (as error) to choose the
+// answer, e.g. a 401 with a WWW-Authenticate header.
 type Problem struct {
 	// Type is a URI identifying the problem type.
 	Type string `json:"type"`
@@ -65,6 +73,10 @@ type Problem struct {
 	Status int `json:"status"`
 	// Detail explains this occurrence.
 	Detail string `json:"detail,omitempty"`
+	// Header holds response header fields sent with the problem, such as
+	// WWW-Authenticate on a 401 or Retry-After on a 409; not part of the
+	// JSON document.
+	Header http.Header `json:"-"`
 }
 
 // Error returns the title, the status and the detail.
@@ -75,20 +87,21 @@ func (p *Problem) Error() string {
 	return fmt.Sprintf("%s (%d): %s", p.Title, p.Status, p.Detail)
 }
 
-// writeProblem answers p as application/problem+json. retryAfter > 0 adds a
-// Retry-After header in seconds.
-func writeProblem(w http.ResponseWriter, p *Problem, retryAfter int) {
+// WriteProblem answers p as an application/problem+json document with
+// Cache-Control: no-store, plus the fields of p.Header. It is the default
+// [Options].RenderProblem; a custom renderer may call it after changing p.
+func WriteProblem(w http.ResponseWriter, p *Problem) {
 	body, err := json.Marshal(p)
 	if err != nil { // a Problem always marshals; keep the status anyway
 		body = []byte(`{"status":` + strconv.Itoa(p.Status) + `}`)
 	}
 	h := w.Header()
+	for k, v := range p.Header {
+		h[http.CanonicalHeaderKey(k)] = v
+	}
 	h.Set("Content-Type", ProblemContentType)
 	h.Set("Content-Length", strconv.Itoa(len(body)))
 	h.Set("Cache-Control", "no-store")
-	if retryAfter > 0 {
-		h.Set("Retry-After", strconv.Itoa(retryAfter))
-	}
 	w.WriteHeader(p.Status)
 	_, _ = w.Write(body)
 }

@@ -5,11 +5,9 @@ import (
 	"database/sql"
 	"database/sql/driver"
 	"encoding/hex"
-	"encoding/json"
 	"errors"
 	"fmt"
 	"math"
-	"net/http"
 	"strconv"
 	"time"
 
@@ -124,7 +122,7 @@ VALUES (?, ?, ?, 'pending', 0, NULL, NULL, ?, ?)`,
 		takeoverSQL: `UPDATE ` + q + ` SET fingerprint = ?, state = 'pending', status = 0, header = NULL, body = NULL,
 created_at = ?, expires_at = ? WHERE scope = ? AND id = ? AND expires_at <= ?`,
 		lockedReadSQL: `SELECT ` + cols + ` FROM ` + q + ` WHERE scope = ? AND id = ? LOCK IN SHARE MODE`,
-		completeSQL: `UPDATE ` + q + ` SET state = 'completed', status = ?, header = ?, body = ?
+		completeSQL: `UPDATE ` + q + ` SET state = 'completed', status = ?, header = ?, body = ?, expires_at = ?
 WHERE scope = ? AND id = ? AND state = 'pending'`,
 		purgeSelect: `SELECT scope, id FROM ` + q + ` WHERE expires_at <= ? ORDER BY expires_at LIMIT ? FOR UPDATE SKIP LOCKED`,
 	}, nil
@@ -411,11 +409,9 @@ func scanRow(sc interface{ Scan(...any) error }) (row, error) {
 func (rw row) live(now int64) bool { return rw.found && rw.expires > now }
 
 func (rw row) record(k idempotency.Key) (*idempotency.Record, error) {
-	var h http.Header
-	if rw.header != nil {
-		if err := json.Unmarshal(rw.header, &h); err != nil {
-			return nil, fmt.Errorf("mysql: key %q: stored header: %w", k.ID, err)
-		}
+	h, err := idempotency.UnmarshalHeader(rw.header)
+	if err != nil {
+		return nil, fmt.Errorf("mysql: key %q: stored header: %w", k.ID, err)
 	}
 	return &idempotency.Record{
 		Key:         k,

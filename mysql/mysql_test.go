@@ -438,7 +438,7 @@ func waitBoundRestored(t *testing.T, p path) {
 	if err := waitForLockWaits(ctx, openDB(t, cfg, 1), f.table, 1); err != nil {
 		t.Fatal(err)
 	}
-	if err := holder.Complete(ctx, idempotency.Response{Status: 200, Body: []byte("held")}); err != nil {
+	if err := holder.Complete(ctx, idempotency.Response{Status: 200, Body: []byte("held")}, now.Add(time.Hour)); err != nil {
 		t.Fatal(err)
 	}
 	if err := <-done; err != nil {
@@ -508,7 +508,7 @@ func cancelWhileWaiting(t *testing.T, p path) {
 	if inUse := db.Stats().InUse; inUse != 0 {
 		t.Fatalf("connections in use after the cancelled Reserve: %d", inUse)
 	}
-	if err := holder.Complete(ctx, idempotency.Response{Status: 200, Body: []byte("held")}); err != nil {
+	if err := holder.Complete(ctx, idempotency.Response{Status: 200, Body: []byte("held")}, now.Add(time.Hour)); err != nil {
 		t.Fatal(err)
 	}
 	_, rec, err := s.Reserve(ctx, idempotency.Reservation{Key: key, Fingerprint: "fp", Now: now, ExpiresAt: now.Add(time.Hour), Wait: time.Second})
@@ -546,7 +546,7 @@ func TestWaiterSeesCommitUnderRepeatableRead(t *testing.T) {
 					t.Fatal(err)
 				}
 				want := idempotency.Response{Status: 202, Header: http.Header{"A": {"b"}}, Body: []byte("committed")}
-				if err := holder.Complete(ctx, want); err != nil {
+				if err := holder.Complete(ctx, want, now.Add(time.Hour)); err != nil {
 					t.Fatal(err)
 				}
 				rec := <-done
@@ -596,7 +596,7 @@ func TestWaiterTakesReleasedKey(t *testing.T) {
 			if err := f.effect(ctx, r.txn.Tx(), "payment"); err != nil {
 				t.Fatal(err)
 			}
-			if err := r.txn.Complete(ctx, idempotency.Response{Status: 201, Body: []byte("second")}); err != nil {
+			if err := r.txn.Complete(ctx, idempotency.Response{Status: 201, Body: []byte("second")}, now.Add(time.Hour)); err != nil {
 				t.Fatal(err)
 			}
 			f.mustCount(t, ctx, "payment", 1)
@@ -676,7 +676,7 @@ func TestPurgeSkipsHeldRows(t *testing.T) {
 		if err != nil || txn == nil {
 			t.Fatalf("reserve %s: %v", id, err)
 		}
-		if err := txn.Complete(ctx, idempotency.Response{Status: 200}); err != nil {
+		if err := txn.Complete(ctx, idempotency.Response{Status: 200}, now.Add(time.Hour)); err != nil {
 			t.Fatal(err)
 		}
 	}

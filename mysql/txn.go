@@ -3,9 +3,9 @@ package mysql
 import (
 	"context"
 	"database/sql"
-	"encoding/json"
 	"errors"
 	"fmt"
+	"time"
 
 	"github.com/go-idempotency/idempotency"
 )
@@ -25,20 +25,13 @@ var errEnded = errors.New("mysql: the reservation's transaction has already ende
 func (t *txn) Tx() *sql.Tx { return t.tx }
 
 // Complete stores resp on the key's row, marks it completed and commits.
-func (t *txn) Complete(ctx context.Context, resp idempotency.Response) error {
+func (t *txn) Complete(ctx context.Context, resp idempotency.Response, expiresAt time.Time) error {
 	if t.done {
 		return errEnded
 	}
 	t.done = true
-	var header []byte // NULL: replayed as a nil http.Header
-	if resp.Header != nil {
-		var err error
-		if header, err = json.Marshal(resp.Header); err != nil {
-			t.end()
-			return fmt.Errorf("mysql: key %q: encode header: %w", t.key.key.ID, err)
-		}
-	}
-	res, err := t.tx.ExecContext(ctx, t.s.completeSQL, resp.Status, header, resp.Body, t.key.scope, t.key.id)
+	header := idempotency.MarshalHeader(resp.Header) // nil: NULL
+	res, err := t.tx.ExecContext(ctx, t.s.completeSQL, resp.Status, header, resp.Body, nanos(expiresAt), t.key.scope, t.key.id)
 	var n int64
 	if err == nil {
 		n, err = res.RowsAffected()

@@ -2,12 +2,10 @@ package postgres
 
 import (
 	"context"
-	"encoding/json"
 	"errors"
 	"fmt"
 	"hash/fnv"
 	"math"
-	"net/http"
 	"strconv"
 	"strings"
 	"time"
@@ -115,7 +113,7 @@ func New(pool *pgxpool.Pool, cfg *Config) (*Store, error) {
 	s.insertSQL, s.takeOverSQL = reservationSQL(q)
 	// The key row is found by the ctid the reservation returned (stable:
 	// the transaction holds the row); the other conditions only check it.
-	s.completeSQL = `UPDATE ` + q + ` SET state = 'completed', status = $4, header = $5, body = $6
+	s.completeSQL = `UPDATE ` + q + ` SET state = 'completed', status = $4, header = $5, body = $6, expires_at = $7
 WHERE ctid = $1 AND scope = $2 AND id = $3 AND state = 'pending'`
 	// The oldest expired rows, found through the expires_at index (a scan
 	// of the table would walk over the rows earlier batches deleted, which
@@ -329,20 +327,12 @@ func scanKey(row pgx.Row, key idempotency.Key, now time.Time) (rec *idempotency.
 // newRecord builds the record of a completed key row.
 func newRecord(key idempotency.Key, fp string, status int, header, body []byte, created, expiresAt time.Time) (*idempotency.Record, error) {
 	rec := &idempotency.Record{Key: key, Fingerprint: fp, Status: status, Body: body, CreatedAt: created, ExpiresAt: expiresAt}
-	if header != nil {
-		if err := json.Unmarshal(header, &rec.Header); err != nil {
-			return nil, fmt.Errorf("postgres: stored header of key %q: %w", key.ID, err)
-		}
+	h, err := idempotency.UnmarshalHeader(header)
+	if err != nil {
+		return nil, fmt.Errorf("postgres: stored header of key %q: %w", key.ID, err)
 	}
+	rec.Header = h
 	return rec, nil
-}
-
-// encodeHeader stores a nil header as NULL, any other as JSON.
-func encodeHeader(h http.Header) ([]byte, error) {
-	if h == nil {
-		return nil, nil
-	}
-	return json.Marshal(h)
 }
 
 // Purge implements [idempotency.KeyStore]: one DELETE (its own implicit

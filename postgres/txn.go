@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"strconv"
+	"time"
 
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgconn"
@@ -31,7 +32,7 @@ type txn struct {
 func (t *txn) Tx() pgx.Tx { return t.tx }
 
 // Complete stores resp on the key row and commits, in one round trip.
-func (t *txn) Complete(ctx context.Context, resp idempotency.Response) (err error) {
+func (t *txn) Complete(ctx context.Context, resp idempotency.Response, expiresAt time.Time) (err error) {
 	if t.done {
 		return fmt.Errorf("postgres: key %q: %w", t.key.ID, pgx.ErrTxClosed)
 	}
@@ -48,12 +49,9 @@ func (t *txn) Complete(ctx context.Context, resp idempotency.Response) (err erro
 	default:
 		return fmt.Errorf("postgres: key %q: the transaction was ended inside fn: %w", t.key.ID, pgx.ErrTxClosed)
 	}
-	header, err := encodeHeader(resp.Header)
-	if err != nil {
-		return fmt.Errorf("postgres: key %q: encode header: %w", t.key.ID, err)
-	}
 	b := &pgx.Batch{}
-	b.Queue(t.s.completeSQL, t.row, t.key.Scope, t.key.ID, resp.Status, header, resp.Body)
+	b.Queue(t.s.completeSQL, t.row, t.key.Scope, t.key.ID, resp.Status, idempotency.MarshalHeader(resp.Header), resp.Body,
+		expiresAt.Truncate(time.Microsecond))
 	b.Queue(t.s.commitSQL)
 	br := t.conn.SendBatch(ctx, b)
 	var updated, committed pgconn.CommandTag

@@ -42,6 +42,15 @@ type Config struct {
 	// the effect again (see the package doc). At least [MinLease]. Defaults
 	// to [DefaultLease].
 	Lease time.Duration
+	// WaitReplicas, when > 0, makes a completion wait (Redis WAIT, on the
+	// connection that ran its EXEC) until that many replicas acknowledged
+	// it; fewer within ReplicaTimeout make Do fail with [ErrNotReplicated]
+	// instead of answering. Defaults to 0: answer once the primary applied
+	// it (a failover can then lose an acknowledged completion).
+	WaitReplicas int
+	// ReplicaTimeout bounds that wait: at least 1ms. Defaults to
+	// [DefaultReplicaTimeout].
+	ReplicaTimeout time.Duration
 }
 
 // Store is an [idempotency.KeyStore] on Redis. It is safe for concurrent use.
@@ -58,6 +67,7 @@ type Store struct {
 	releaseScript *goredis.Script
 
 	tokens string // starts every token of this Store
+	repl   replication
 
 	mu      sync.Mutex
 	holds   map[string]*hold // by token: the reservations this Store is making or holds
@@ -93,7 +103,12 @@ func New(client goredis.UniversalClient, cfg *Config) (*Store, error) {
 	case c.Lease < MinLease:
 		return nil, fmt.Errorf("%w: redis lease %v shorter than %v", idempotency.ErrInvalidConfig, c.Lease, MinLease)
 	}
+	repl, err := newReplication(c)
+	if err != nil {
+		return nil, err
+	}
 	return &Store{
+		repl:          repl,
 		client:        client,
 		prefix:        c.Prefix,
 		lease:         c.Lease,

@@ -3,10 +3,8 @@ package redis
 import (
 	"bytes"
 	"context"
-	"encoding/json"
 	"errors"
 	"fmt"
-	"net/http"
 	"slices"
 	"strconv"
 	"sync"
@@ -151,14 +149,14 @@ var errEnded = errors.New("redis: reservation already completed or rolled back")
 // EXEC. On a *goredis.Client the WATCH travels with the token check, so
 // Complete costs two round trips (three on Cluster). On any failure the
 // reservation is released if the caller still owns it.
-func (t *txn) Complete(ctx context.Context, resp idempotency.Response) error {
+func (t *txn) Complete(ctx context.Context, resp idempotency.Response, expiresAt time.Time) error {
 	if t.ended {
 		return errEnded
 	}
 	t.ended = true
 	t.stop()
 	defer t.end()
-	err := t.commit(ctx, resp)
+	err := t.commit(ctx, resp, expiresAt)
 	if err != nil && !errors.Is(err, idempotency.ErrLeaseLost) {
 		_ = t.release(ctx)
 	}
@@ -168,18 +166,16 @@ func (t *txn) Complete(ctx context.Context, resp idempotency.Response) error {
 // errNotOwner is returned by the watched check when the token is gone.
 var errNotOwner = errors.New("redis: reservation is no longer ours")
 
-func (t *txn) commit(ctx context.Context, resp idempotency.Response) error {
-	hdr, err := json.Marshal(resp.Header)
-	if err != nil {
-		return fmt.Errorf("redis: encode header: %w", err)
-	}
+func (t *txn) commit(ctx context.Context, resp idempotency.Response, expiresAt time.Time) error {
+	hdr := idempotency.MarshalHeader(resp.Header)
 	body := resp.Body
 	if body == nil {
 		body = []byte{}
 	}
-	// The record lives TTL on the Redis clock from now; its logical expiry is
-	// the reservation's ExpiresAt on the core's clock.
-	ttl := max(t.r.ExpiresAt.Sub(t.r.Now)-time.Since(t.started), time.Millisecond)
+	// The record's logical expiry is expiresAt on the core's clock (checked
+	// by every read); Redis deletes it expiresAt - r.Now from now, which is
+	// never earlier (the core read its clock for expiresAt after r.Now).
+	ttl := max(expiresAt.Sub(t.r.Now), time.Millisecond)
 	cmds := slices.Clone(t.tx.Cmds())
 	t.tx.Discard()
 	const attempts = 3
@@ -203,11 +199,14 @@ func (t *txn) commit(ctx context.Context, resp idempotency.Response) error {
 					"hdr", hdr,
 					"body", body,
 					"created", strconv.FormatInt(t.r.Now.UnixMilli(), 10),
-					"expires", strconv.FormatInt(t.r.ExpiresAt.UnixMilli(), 10))
+					"expires", strconv.FormatInt(expiresAt.UnixMilli(), 10))
 				p.PExpire(ctx, t.k.rec, ttl)
 				p.Publish(ctx, t.k.wake, msgCompleted)
 				return nil
 			})
+			if err == nil { // replicas.go: WAIT on this connection, if asked
+				err = t.s.repl.waitReplicas(ctx, wtx, t.r.Key.ID)
+			}
 			return err
 		})
 		switch {
@@ -221,15 +220,18 @@ func (t *txn) commit(ctx context.Context, resp idempotency.Response) error {
 					Status:      resp.Status,
 					Body:        bytes.Clone(body),
 					CreatedAt:   time.UnixMilli(t.r.Now.UnixMilli()),
-					ExpiresAt:   time.UnixMilli(t.r.ExpiresAt.UnixMilli()),
+					ExpiresAt:   time.UnixMilli(expiresAt.UnixMilli()),
 				}
-				if json.Unmarshal(hdr, &rec.Header) == nil {
+				if h, err := idempotency.UnmarshalHeader(hdr); err == nil {
+					rec.Header = h
 					t.hold.rec = rec
 				}
 			}
 			return nil
 		case errors.Is(err, errNotOwner):
 			return fmt.Errorf("%w: key %q", idempotency.ErrLeaseLost, t.r.Key.ID)
+		case errors.Is(err, ErrNotReplicated):
+			return err
 		case hset != nil && hset.Err() == nil && hset.Val() > 0:
 			// EXEC ran: the record is completed, but a command of fn
 			// failed at run time (Redis does not roll back).
@@ -329,8 +331,8 @@ func decodeRecord(fp, status, hdr, body, created, expires, scope, id string) (*i
 	if err != nil {
 		return nil, fmt.Errorf("bad expires %q", expires)
 	}
-	var h http.Header
-	if err := json.Unmarshal([]byte(hdr), &h); err != nil {
+	h, err := idempotency.UnmarshalHeader([]byte(hdr))
+	if err != nil {
 		return nil, fmt.Errorf("bad header: %w", err)
 	}
 	return &idempotency.Record{

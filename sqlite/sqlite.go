@@ -6,11 +6,9 @@ import (
 	"database/sql"
 	"database/sql/driver"
 	_ "embed"
-	"encoding/json"
 	"errors"
 	"fmt"
 	"math"
-	"net/http"
 	"strconv"
 	"strings"
 	"sync"
@@ -171,7 +169,7 @@ ON CONFLICT (scope, id) DO UPDATE SET fingerprint = excluded.fingerprint, state 
 	header = NULL, body = NULL, created_at = excluded.created_at, expires_at = excluded.expires_at
 WHERE ` + t + `.expires_at <= excluded.created_at`,
 			read: `SELECT fingerprint, state, status, header, body, body IS NULL, created_at, expires_at FROM ` + t + ` WHERE scope = ?1 AND id = ?2`,
-			complete: `UPDATE ` + t + ` SET state = 'completed', status = ?1, header = ?2, body = ?3
+			complete: `UPDATE ` + t + ` SET state = 'completed', status = ?1, header = ?2, body = ?3, expires_at = ?6
 WHERE scope = ?4 AND id = ?5 AND state = 'pending'`,
 			purge: `DELETE FROM ` + t + ` WHERE rowid IN (SELECT rowid FROM ` + t + ` WHERE expires_at <= ?1 ORDER BY expires_at LIMIT ?2)`,
 		},
@@ -335,7 +333,7 @@ func (s *Store) Reserve(ctx context.Context, r idempotency.Reservation) (idempot
 		close(f.done)
 		return nil, rec, err
 	}
-	if err := s.acquire(ctx, deadline, r.Wait); err != nil {
+	if err := s.acquire(ctx, deadline); err != nil {
 		close(s.held.leave(r.Key).done)
 		return nil, nil, err
 	}
@@ -348,29 +346,35 @@ func (s *Store) Reserve(ctx context.Context, r idempotency.Reservation) (idempot
 	return t, nil, nil
 }
 
-// acquire takes the Store's write turn, waiting for it until deadline (no
+// acquire takes the Store's write turn, waiting for it until deadline, or
+// for writeTurnWait if that is later (no
 // bound if deadline is zero) and while ctx lives. SQLite has one writer at
 // a time; the writers of one Store queue for it here, in order, each woken
 // as soon as the previous one is done, rather than polling the write lock
 // on the busy handler's schedule (1ms growing to 100ms between tries, in no
 // order), which gives waits of hundreds of milliseconds under load. Writers
 // outside the Store still meet at SQLite's lock.
-func (s *Store) acquire(ctx context.Context, deadline time.Time, wait time.Duration) error {
+func (s *Store) acquire(ctx context.Context, deadline time.Time) error {
 	select {
 	case s.writer <- struct{}{}:
 		return nil
 	default:
 	}
-	inProgress := func() error {
-		return fmt.Errorf("%w: sqlite: another caller of the store held the write lock past the wait bound %v",
-			idempotency.ErrInProgress, wait)
+	// The write turn is taken for callers of other keys (the key itself
+	// is this caller's: see flights), so running out of time here is a
+	// busy database, a conflict to retry, never "key in progress". A
+	// caller that may not wait for a held key (wait 0) still waits for the
+	// turn, for up to writeTurnWait.
+	d := max(time.Until(deadline), writeTurnWait)
+	if deadline.IsZero() {
+		d = 0
+	}
+	busy := func() error {
+		return fmt.Errorf("%w: sqlite: the database's one writer stayed busy with other keys for %v",
+			idempotency.ErrConflict, d)
 	}
 	var bound <-chan time.Time
-	if !deadline.IsZero() {
-		d := time.Until(deadline)
-		if d <= 0 {
-			return inProgress()
-		}
+	if d > 0 {
 		timer := time.NewTimer(d)
 		defer timer.Stop()
 		bound = timer.C
@@ -381,7 +385,7 @@ func (s *Store) acquire(ctx context.Context, deadline time.Time, wait time.Durat
 	case <-ctx.Done():
 		return fmt.Errorf("sqlite: waiting for the write lock: %w", ctx.Err())
 	case <-bound:
-		return inProgress()
+		return busy()
 	}
 }
 
@@ -621,11 +625,9 @@ func (s *Store) read(ctx context.Context, tx *sql.Tx, key idempotency.Key) (*ide
 }
 
 func record(key idempotency.Key, fp string, status int64, header, body []byte, bodyNull bool, created, expires int64) (*idempotency.Record, error) {
-	var h http.Header
-	if len(header) > 0 {
-		if err := json.Unmarshal(header, &h); err != nil {
-			return nil, fmt.Errorf("sqlite: key %q: stored header: %w", key.ID, err)
-		}
+	h, err := idempotency.UnmarshalHeader(header)
+	if err != nil {
+		return nil, fmt.Errorf("sqlite: key %q: stored header: %w", key.ID, err)
 	}
 	if body == nil && !bodyNull {
 		body = []byte{}
@@ -650,7 +652,7 @@ func waitErr(ctx context.Context, err error, deadline time.Time, wait time.Durat
 		return fmt.Errorf("sqlite: reserve: waiting for the write lock: %w", cerr)
 	}
 	werr := wrap("reserve", err)
-	if errors.Is(werr, idempotency.ErrConflict) && !time.Now().Add(time.Millisecond).Before(deadline) {
+	if wait > 0 && errors.Is(werr, idempotency.ErrConflict) && !time.Now().Add(time.Millisecond).Before(deadline) {
 		return fmt.Errorf("%w: sqlite: the write lock stayed taken for %v: %w", idempotency.ErrInProgress, wait, err)
 	}
 	return werr
@@ -701,6 +703,12 @@ func discard(conn *sql.Conn) {
 // again. (In WAL mode a COMMIT waits for nobody.)
 const commitWait = 5000
 
+// writeTurnWait is the least time a caller waits for the Store's write
+// turn, which callers of other keys hold, before it reports a busy
+// database: a caller that may not wait for its own key (NoWait) still waits
+// this long for the others, like any writer waits for a lock.
+const writeTurnWait = 5 * time.Second
+
 // txn is a reservation held in an open transaction on its own connection.
 type txn struct {
 	s                 *Store
@@ -741,11 +749,12 @@ func (t *txn) end(cur int64, committed bool, resp idempotency.Response, header [
 // WAL mode, when the connection's busy timeout is below 5s (a DSN without
 // busy_timeout), it is raised to 5s for the UPDATE and the COMMIT and
 // restored afterwards.
-func (t *txn) Complete(ctx context.Context, resp idempotency.Response) error {
+func (t *txn) Complete(ctx context.Context, resp idempotency.Response, expiresAt time.Time) error {
 	if t.ended {
 		return errEnded
 	}
 	t.ended = true
+	t.expires = expiresAt.UnixNano()
 	cur := t.commitBusyTimeout
 	header, err := t.completeAndCommit(ctx, resp, cur)
 	if err != nil {
@@ -765,12 +774,8 @@ func (t *txn) completeAndCommit(ctx context.Context, resp idempotency.Response, 
 			return nil, wrap("complete: set busy_timeout", err)
 		}
 	}
-	header, err := json.Marshal(resp.Header)
-	if err != nil {
-		rollback(t.conn, t.tx)
-		return nil, fmt.Errorf("sqlite: complete: header: %w", err)
-	}
-	res, err := t.tx.StmtContext(ctx, t.complete).ExecContext(ctx, resp.Status, header, resp.Body, t.key.Scope, t.key.ID)
+	header := idempotency.MarshalHeader(resp.Header)
+	res, err := t.tx.StmtContext(ctx, t.complete).ExecContext(ctx, resp.Status, header, resp.Body, t.key.Scope, t.key.ID, t.expires)
 	if err != nil {
 		rollback(t.conn, t.tx)
 		return nil, wrap("complete", err)
@@ -819,7 +824,7 @@ func (s *Store) Purge(ctx context.Context, before time.Time, limit int) (int, er
 	if limit <= 0 {
 		return 0, nil
 	}
-	if err := s.acquire(ctx, time.Time{}, 0); err != nil {
+	if err := s.acquire(ctx, time.Time{}); err != nil {
 		return 0, err
 	}
 	res, err := s.db.ExecContext(ctx, s.q.purge, before.UnixNano(), limit)

@@ -362,7 +362,7 @@ func TestStoreRecord(t *testing.T) {
 		body   []byte
 	}{
 		{"nil", nil, nil},
-		{"empty", http.Header{}, []byte{}},
+		{"empty", nil, []byte{}}, // an empty header is stored as none
 		{"binary", http.Header{"X-A": {"1", "2"}}, []byte{0, 0xff, 0, 'a', 0}},
 	}
 	for _, c := range cases {
@@ -371,7 +371,7 @@ func TestStoreRecord(t *testing.T) {
 		if err != nil || txn == nil || rec != nil {
 			t.Fatalf("%s: Reserve: %v, %v, %v; want a txn", c.name, txn, rec, err)
 		}
-		if err := txn.Complete(ctx, idempotency.Response{Status: 202, Header: c.header, Body: c.body}); err != nil {
+		if err := txn.Complete(ctx, idempotency.Response{Status: 202, Header: c.header, Body: c.body}, now.Add(time.Hour)); err != nil {
 			t.Fatalf("%s: Complete: %v", c.name, err)
 		}
 		if err := txn.Rollback(ctx); err == nil {
@@ -400,7 +400,7 @@ func TestExpiredTakeover(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if err := txn.Complete(ctx, idempotency.Response{Status: 200, Body: []byte("old")}); err != nil {
+	if err := txn.Complete(ctx, idempotency.Response{Status: 200, Body: []byte("old")}, now.Add(time.Hour)); err != nil {
 		t.Fatal(err)
 	}
 	r := reservation(key, now.Add(time.Hour-1), 0)
@@ -458,7 +458,7 @@ func hold(t *testing.T, f *fixture, key idempotency.Key) (release func()) {
 	var once sync.Once
 	release = func() {
 		once.Do(func() {
-			if err := txn.Complete(ctx, idempotency.Response{Status: 200, Body: []byte("held")}); err != nil {
+			if err := txn.Complete(ctx, idempotency.Response{Status: 200, Body: []byte("held")}, time.Now().Add(time.Hour)); err != nil {
 				t.Errorf("holder Complete: %v", err)
 			}
 		})
@@ -498,16 +498,18 @@ func TestCancelWhileWaitingLongBound(t *testing.T) {
 }
 
 // TestOtherKeyWaitsForWriter documents SerialWriters: while one key is held,
-// a caller of another key waits for the write lock, gets ErrInProgress past
-// its bound, and gets through once the holder commits.
+// a caller of another key waits for the write lock, gets ErrConflict (a busy
+// database, never "key in progress") past its bound, and gets through once
+// the holder commits.
 func TestOtherKeyWaitsForWriter(t *testing.T) {
 	ctx := testCtx(t)
 	f := openFixture(t, 0)
 	release := hold(t, f, idempotency.Key{ID: "held"})
 	other := idempotency.Key{ID: "other"}
 	for _, wait := range []time.Duration{0, 100 * time.Millisecond} {
-		if _, _, err := f.store.Reserve(ctx, reservation(other, time.Now(), wait)); !errors.Is(err, idempotency.ErrInProgress) {
-			t.Fatalf("other key, wait %v, while one is held: got %v, want ErrInProgress", wait, err)
+		_, _, err := f.store.Reserve(ctx, reservation(other, time.Now(), wait))
+		if !errors.Is(err, idempotency.ErrConflict) || errors.Is(err, idempotency.ErrInProgress) {
+			t.Fatalf("other key, wait %v, while one is held: got %v, want ErrConflict only", wait, err)
 		}
 	}
 	time.AfterFunc(100*time.Millisecond, release)
@@ -549,7 +551,7 @@ func TestRollbackWithCancelledContext(t *testing.T) {
 	}
 	cctx, ccancel := context.WithCancel(ctx)
 	ccancel()
-	if err := txn.Complete(cctx, idempotency.Response{Status: 200}); !errors.Is(err, context.Canceled) {
+	if err := txn.Complete(cctx, idempotency.Response{Status: 200}, time.Now().Add(time.Hour)); !errors.Is(err, context.Canceled) {
 		t.Fatalf("Complete with a cancelled ctx: got %v, want context.Canceled", err)
 	}
 	if n, err := f.count(ctx, "y"); err != nil || n != 0 {
@@ -568,7 +570,7 @@ func TestPurgeLimit(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		if err := txn.Complete(ctx, idempotency.Response{Status: 200}); err != nil {
+		if err := txn.Complete(ctx, idempotency.Response{Status: 200}, r.ExpiresAt); err != nil {
 			t.Fatal(err)
 		}
 	}

@@ -24,43 +24,140 @@ type target struct {
 	rd     *goredis.Options
 }
 
-// parseStore turns a -store value into a target, without connecting.
+// acceptedStores lists the -store forms, for the flag's help and for the
+// error that refuses anything else.
+const acceptedStores = `accepted -store values:
+  (none)                               a temporary SQLite database, removed at exit
+  PATH.db, PATH.sqlite, PATH.sqlite3   SQLite file
+  sqlite:PATH, file:PATH               SQLite file of any name
+  postgres://user@host:5432/db         PostgreSQL (also postgresql://; e.g. ?sslmode=disable)
+  mysql://user:pass@host:3306/db       MySQL/MariaDB (also user:pass@tcp(host:3306)/db)
+  redis://host:6379/0                  Redis (also rediss:// for TLS)`
+
+// StoreError is the error of a -store value that is not one of the
+// accepted forms (or is one, but malformed). Its message lists the
+// accepted forms.
+type StoreError struct {
+	Value  string // the -store value
+	Reason string // what is wrong with it
+	Err    error  // the parser's error, if any
+}
+
+// Error says what is wrong with the value and lists the accepted forms.
+func (e *StoreError) Error() string {
+	msg := fmt.Sprintf("-store %q: %s", e.Value, e.Reason)
+	if e.Err != nil {
+		msg += ": " + e.Err.Error()
+	}
+	return msg + "\n" + acceptedStores
+}
+
+// Unwrap returns the parser's error.
+func (e *StoreError) Unwrap() error { return e.Err }
+
+// sqliteSuffixes are the file extensions taken as SQLite paths without a
+// sqlite: or file: prefix.
+var sqliteSuffixes = []string{".db", ".sqlite", ".sqlite3"}
+
+// parseStore turns a -store value into a target, without connecting. A
+// value that is not a recognised form is refused with a [*StoreError]; it
+// is never taken for a file name (`-store 127.0.0.1:6379` would otherwise
+// run on a new SQLite file of that name).
 func parseStore(dsn string) (target, error) {
+	t, reason, err := classifyStore(dsn)
+	if reason != "" || err != nil {
+		return target{}, &StoreError{Value: dsn, Reason: reason, Err: err}
+	}
+	return t, nil
+}
+
+// classifyStore parses dsn; a non-empty reason or an error refuses it.
+func classifyStore(dsn string) (t target, reason string, err error) {
 	if dsn == "" {
-		return target{kind: "sqlite"}, nil
+		return target{kind: "sqlite"}, "", nil
 	}
 	scheme, _, hasScheme := strings.Cut(dsn, "://")
 	switch {
 	case hasScheme && (scheme == "postgres" || scheme == "postgresql"):
 		cfg, err := pgxpool.ParseConfig(dsn)
 		if err != nil {
-			return target{}, fmt.Errorf("postgres DSN: %w", err)
+			return target{}, "invalid PostgreSQL URL", err
 		}
-		return target{kind: "postgres", pg: cfg}, nil
+		return target{kind: "postgres", pg: cfg}, "", nil
 	case hasScheme && scheme == "mysql":
 		cfg, err := parseMySQLURL(dsn)
 		if err != nil {
-			return target{}, err
+			return target{}, "invalid MySQL URL", err
 		}
-		return mysqlTarget(cfg.FormatDSN())
+		t, err := mysqlTarget(cfg.FormatDSN())
+		if err != nil {
+			return target{}, "unusable MySQL DSN", err
+		}
+		return t, "", nil
 	case hasScheme && (scheme == "redis" || scheme == "rediss"):
 		opt, err := goredis.ParseURL(dsn)
 		if err != nil {
-			return target{}, fmt.Errorf("redis DSN: %w", err)
+			return target{}, "invalid Redis URL", err
 		}
-		return target{kind: "redis", rd: opt}, nil
+		return target{kind: "redis", rd: opt}, "", nil
+	case hasScheme && scheme == "file":
+		path := strings.TrimPrefix(dsn, "file://")
+		if !strings.HasPrefix(path, "/") {
+			return target{}, "a file:// URL must have an empty host and an absolute path (file:///dir/keys.db)", nil
+		}
+		return sqliteTarget(path)
 	case hasScheme:
-		return target{}, fmt.Errorf("unknown scheme %q (want postgres://, postgresql://, mysql://, redis://, sqlite:PATH or a file path)", scheme)
+		return target{}, fmt.Sprintf("unknown scheme %q", scheme), nil
 	case strings.HasPrefix(dsn, "sqlite:"):
-		path := strings.TrimPrefix(dsn, "sqlite:")
-		if path == "" {
-			return target{}, errors.New("sqlite: the path is empty")
-		}
-		return target{kind: "sqlite", sqlite: path}, nil
+		return sqliteTarget(strings.TrimPrefix(dsn, "sqlite:"))
+	case strings.HasPrefix(dsn, "file:"):
+		return sqliteTarget(strings.TrimPrefix(dsn, "file:"))
 	case looksLikeMySQLNative(dsn):
-		return mysqlTarget(dsn)
+		t, err := mysqlTarget(dsn)
+		if err != nil {
+			return target{}, "unusable MySQL DSN", err
+		}
+		return t, "", nil
 	}
-	return target{kind: "sqlite", sqlite: dsn}, nil
+	lower := strings.ToLower(dsn)
+	for _, suf := range sqliteSuffixes {
+		if strings.HasSuffix(lower, suf) && len(dsn) > len(suf) {
+			return sqliteTarget(dsn)
+		}
+	}
+	if host, port, err := net.SplitHostPort(dsn); err == nil && host != "" && port != "" {
+		return target{}, "a bare host:port names no store; " + guessScheme(host, port), nil
+	}
+	return target{}, "not a recognised store (a SQLite file path must end in .db, .sqlite or .sqlite3, or start with sqlite: or file:)", nil
+}
+
+// guessScheme suggests a URL for a bare host:port from its port.
+func guessScheme(host, port string) string {
+	addr := net.JoinHostPort(host, port)
+	switch port {
+	case "5432":
+		return "for PostgreSQL write postgres://USER@" + addr + "/DB"
+	case "3306":
+		return "for MySQL write mysql://USER@" + addr + "/DB"
+	case "6379":
+		return "for Redis write redis://" + addr
+	}
+	return "write it as a URL with its scheme"
+}
+
+// sqliteTarget checks a SQLite file path given with sqlite:, file: or a
+// recognised extension. The store opens it with its own options, so a
+// query string is refused.
+func sqliteTarget(path string) (target, string, error) {
+	switch {
+	case path == "":
+		return target{}, "SQLite: the path is empty", nil
+	case path == ":memory:":
+		return target{}, "SQLite: an in-memory database is not shared by the connections of a pool; give a file path", nil
+	case strings.Contains(path, "?"):
+		return target{}, "SQLite: a query string is not accepted (the store sets its own options); give a plain file path", nil
+	}
+	return target{kind: "sqlite", sqlite: path}, "", nil
 }
 
 // mysqlTarget checks a driver DSN with the mysql package's own rules.

@@ -16,6 +16,11 @@
 //	go run ./cmd/idemcheck -store 'user:pass@tcp(host:3306)/db'
 //	go run ./cmd/idemcheck -store 'redis://host:6379/0'
 //	go run ./cmd/idemcheck -store sqlite:/path/to/file.db
+//	go run ./cmd/idemcheck -store ./keys.db
+//
+// Any other value (a bare host:port, a file name without a .db, .sqlite or
+// .sqlite3 extension and without sqlite: or file:) is refused, with the list
+// of accepted forms, instead of being taken for a new SQLite file.
 //
 // The exit status is 0 when the library's row is the seed's (one payment,
 // N x 201 naming it, 422 for another amount), 1 when it is not or the
@@ -65,7 +70,7 @@ type options struct {
 func parseArgs(args []string, stderr io.Writer) (options, error) {
 	fs := flag.NewFlagSet("idemcheck", flag.ContinueOnError)
 	fs.SetOutput(stderr)
-	dsn := fs.String("store", "", "store `DSN`: postgres://..., mysql://user:pass@host:port/db, user@tcp(host:port)/db, redis://host:port/db, sqlite:PATH or a file path (default: a temporary SQLite database)")
+	dsn := fs.String("store", "", "store `DSN`: postgres://..., mysql://user:pass@host:port/db, user@tcp(host:port)/db, redis://host:port/db, sqlite:PATH, file:PATH or a path ending in .db, .sqlite or .sqlite3 (default: a temporary SQLite database)")
 	n := fs.Int("n", 20, "number of simultaneous callers, 1 to 1000")
 	timeout := fs.Duration("timeout", 60*time.Second, "overall time limit")
 	fs.Usage = func() {
@@ -86,9 +91,9 @@ func parseArgs(args []string, stderr io.Writer) (options, error) {
 	if *timeout <= 0 {
 		return options{}, fmt.Errorf("-timeout %v: want a positive duration", *timeout)
 	}
-	t, err := parseStore(*dsn)
+	t, err := parseStore(*dsn) // a *StoreError names the flag
 	if err != nil {
-		return options{}, fmt.Errorf("-store: %w", err)
+		return options{}, err
 	}
 	return options{store: t, n: *n, timeout: *timeout}, nil
 }

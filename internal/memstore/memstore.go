@@ -110,7 +110,7 @@ type txn struct {
 
 func (t *txn) Tx() *Tx { return t.tx }
 
-func (t *txn) Complete(_ context.Context, resp idempotency.Response) error {
+func (t *txn) Complete(_ context.Context, resp idempotency.Response, expiresAt time.Time) error {
 	s := t.s
 	s.mu.Lock()
 	defer s.mu.Unlock()
@@ -120,7 +120,7 @@ func (t *txn) Complete(_ context.Context, resp idempotency.Response) error {
 	s.records[t.r.Key] = &idempotency.Record{
 		Key: t.r.Key, Fingerprint: t.r.Fingerprint, Status: resp.Status,
 		Header: resp.Header.Clone(), Body: append([]byte{}, resp.Body...),
-		CreatedAt: t.r.Now, ExpiresAt: t.r.ExpiresAt,
+		CreatedAt: t.r.Now, ExpiresAt: expiresAt,
 	}
 	t.release()
 	return nil

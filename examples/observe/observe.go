@@ -1,0 +1,84 @@
+// Package observe feeds the events of the idemhttp middleware
+// ([idemhttp.Options].Observer) to log/slog and to OpenTelemetry metrics: a
+// counter of requests by outcome and a histogram of their duration. It is
+// its own module so that the OpenTelemetry SDK never enters the core
+// module's requirements; the package itself needs only the OpenTelemetry
+// API.
+package observe
+
+import (
+	"context"
+	"fmt"
+	"log/slog"
+
+	"go.opentelemetry.io/otel/attribute"
+	"go.opentelemetry.io/otel/metric"
+
+	"github.com/go-idempotency/idempotency/idemhttp"
+)
+
+// Metric names.
+const (
+	// RequestsMetric counts guarded requests, with the attributes
+	// idempotency.outcome (an [idemhttp.Outcome]), http.request.method and
+	// http.response.status_code.
+	RequestsMetric = "idempotency.http.requests"
+	// DurationMetric is the time from the middleware's start to its
+	// answer, in seconds, with the attribute idempotency.outcome.
+	DurationMetric = "idempotency.http.duration"
+)
+
+// New returns an observer for [idemhttp.Options].Observer that logs every
+// event to logger (nil: no log) and records it on meter's instruments
+// (nil: no metrics). Events whose outcome is an error of the server
+// (handler_error, store_error, internal) are logged at Error level, the
+// others at Debug, refusals (rejected, mismatch, in_progress) at Info.
+func New(logger *slog.Logger, meter metric.Meter) (func(context.Context, idemhttp.Event), error) {
+	var requests metric.Int64Counter
+	var duration metric.Float64Histogram
+	if meter != nil {
+		var err error
+		if requests, err = meter.Int64Counter(RequestsMetric, metric.WithUnit("{request}"),
+			metric.WithDescription("Requests guarded by the idempotency middleware, by outcome.")); err != nil {
+			return nil, fmt.Errorf("observe: %w", err)
+		}
+		if duration, err = meter.Float64Histogram(DurationMetric, metric.WithUnit("s"),
+			metric.WithDescription("Time the idempotency middleware took to answer.")); err != nil {
+			return nil, fmt.Errorf("observe: %w", err)
+		}
+	}
+	return func(ctx context.Context, ev idemhttp.Event) {
+		if meter != nil {
+			outcome := attribute.String("idempotency.outcome", string(ev.Outcome))
+			requests.Add(ctx, 1, metric.WithAttributes(outcome,
+				attribute.String("http.request.method", ev.Method),
+				attribute.Int("http.response.status_code", ev.Status)))
+			duration.Record(ctx, ev.Duration.Seconds(), metric.WithAttributes(outcome))
+		}
+		if logger == nil {
+			return
+		}
+		level := slog.LevelDebug
+		switch ev.Outcome {
+		case idemhttp.OutcomeHandlerError, idemhttp.OutcomeStoreError, idemhttp.OutcomeInternal:
+			level = slog.LevelError
+		case idemhttp.OutcomeRejected, idemhttp.OutcomeMismatch, idemhttp.OutcomeInProgress:
+			level = slog.LevelInfo
+		}
+		attrs := []slog.Attr{
+			slog.String("outcome", string(ev.Outcome)),
+			slog.String("method", ev.Method),
+			slog.String("route", ev.Route),
+			slog.Int("status", ev.Status),
+			slog.String("key", ev.Key.ID),
+			slog.Duration("duration", ev.Duration),
+		}
+		if ev.Key.Scope != "" {
+			attrs = append(attrs, slog.String("scope", ev.Key.Scope))
+		}
+		if ev.Err != nil {
+			attrs = append(attrs, slog.String("error", ev.Err.Error()))
+		}
+		logger.LogAttrs(ctx, level, "idempotency", attrs...)
+	}, nil
+}

@@ -1,0 +1,147 @@
+// Command bun shows bun (github.com/uptrace/bun) writing inside the
+// transaction that holds an idempotency key: the query's Conn(tx) runs it on
+// the *sql.Tx that Guard.Do gives fn, so the order row, the key and the
+// stored response commit together, and an error from fn rolls back all
+// three.
+//
+// It runs on SQLite (the library's sqlite store, modernc.org/sqlite, with
+// bun's sqlitedialect) and on MySQL or MariaDB (the mysql store, with
+// mysqldialect): the stores that give fn a *sql.Tx, the transaction type bun
+// (database/sql) can use. The postgres store gives a pgx.Tx; see the sqlc
+// example for PostgreSQL.
+//
+//	go run . -store app.db
+//	go run . -store 'mysql:root@tcp(127.0.0.1:3306)/test'
+package main
+
+import (
+	"context"
+	"database/sql"
+	"errors"
+	"flag"
+	"fmt"
+	"log"
+	"net/http"
+	"strings"
+
+	"github.com/uptrace/bun"
+	"github.com/uptrace/bun/dialect/mysqldialect"
+	"github.com/uptrace/bun/dialect/sqlitedialect"
+	"github.com/uptrace/bun/schema"
+
+	"github.com/go-idempotency/idempotency"
+	"github.com/go-idempotency/idempotency/mysql"
+	"github.com/go-idempotency/idempotency/sqlite"
+)
+
+// Order is one order row.
+type Order struct {
+	bun.BaseModel `bun:"table:orders"`
+
+	ID       int64  `bun:"id,pk,autoincrement"`
+	Customer string `bun:"customer,notnull"`
+	Amount   int64  `bun:"amount,notnull"`
+}
+
+// errDeclined is what placeOrder's check returns for a refused order.
+var errDeclined = errors.New("order declined")
+
+// readme:begin orm-bun
+// placeOrder creates one order under key. check runs after the insert, in
+// the same transaction: an error from it rolls back the order and the key.
+func placeOrder(ctx context.Context, g *idempotency.Guard[*sql.Tx], bdb *bun.DB, table string, key idempotency.Key,
+	order Order, check func(Order) error) (idempotency.Response, error) {
+	fp := idempotency.Fingerprint([]byte(order.Customer), fmt.Append(nil, order.Amount))
+	return g.Do(ctx, key, fp, func(tx *sql.Tx) (idempotency.Response, error) {
+		// Conn(tx): bun runs the insert on the guard's transaction.
+		if _, err := bdb.NewInsert().Conn(tx).Model(&order).ModelTableExpr("?", bun.Ident(table)).Exec(ctx); err != nil {
+			return idempotency.Response{}, err
+		}
+		if err := check(order); err != nil {
+			return idempotency.Response{}, err // rolls back the order and the key
+		}
+		return idempotency.Response{Status: http.StatusCreated, Body: fmt.Appendf(nil, `{"order":%d}`, order.ID)}, nil
+	})
+}
+
+// readme:end orm-bun
+
+func main() {
+	store := flag.String("store", "app.db", "SQLite file, or mysql:DSN")
+	flag.Parse()
+	ctx := context.Background()
+	a, err := setup(ctx, *store, "orders", "idempotency_keys")
+	if err != nil {
+		log.Fatal(err)
+	}
+	defer a.close()
+	key := idempotency.Key{Scope: "customer-42", ID: "order-1"}
+	for range 2 {
+		resp, err := placeOrder(ctx, a.guard, a.bun, "orders", key, Order{Customer: "customer-42", Amount: 1999}, func(Order) error { return nil })
+		if err != nil {
+			log.Fatal(err)
+		}
+		fmt.Println(resp.Status, string(resp.Body), "replayed:", resp.Replayed)
+	}
+}
+
+// app is bun and a guard on one database.
+type app struct {
+	guard *idempotency.Guard[*sql.Tx]
+	bun   *bun.DB
+	db    *sql.DB
+	close func()
+}
+
+// setup opens store ("mysql:" and a DSN, or a SQLite file), bun on it, the
+// orders table and the keys table.
+func setup(ctx context.Context, store, ordersTable, keysTable string) (*app, error) {
+	var (
+		db      *sql.DB
+		dialect schema.Dialect
+		ks      idempotency.KeyStore[*sql.Tx]
+		closeKS = func() {}
+		err     error
+	)
+	if dsn, ok := strings.CutPrefix(store, "mysql:"); ok {
+		if db, err = mysql.Open(dsn); err != nil {
+			return nil, err
+		}
+		dialect = mysqldialect.New()
+		s, err := mysql.New(db, &mysql.Config{Table: keysTable})
+		if err == nil {
+			err = s.Migrate(ctx)
+		}
+		if err != nil {
+			db.Close()
+			return nil, err
+		}
+		ks = s
+	} else {
+		if db, err = sqlite.Open(ctx, store); err != nil {
+			return nil, err
+		}
+		dialect = sqlitedialect.New()
+		s, err := sqlite.New(db, &sqlite.Config{Table: keysTable})
+		if err == nil {
+			err = s.Migrate(ctx)
+		}
+		if err != nil {
+			db.Close()
+			return nil, err
+		}
+		ks, closeKS = s, func() { s.Close() }
+	}
+	bdb := bun.NewDB(db, dialect)
+	closeAll := func() { closeKS(); db.Close() }
+	if _, err := bdb.NewCreateTable().Model((*Order)(nil)).ModelTableExpr("?", bun.Ident(ordersTable)).IfNotExists().Exec(ctx); err != nil {
+		closeAll()
+		return nil, fmt.Errorf("create %s: %w", ordersTable, err)
+	}
+	g, err := idempotency.New(ks, nil)
+	if err != nil {
+		closeAll()
+		return nil, err
+	}
+	return &app{guard: g, bun: bdb, db: db, close: closeAll}, nil
+}

@@ -1,0 +1,19 @@
+module github.com/go-idempotency/idempotency/examples/orm/gorm
+
+go 1.26.0
+
+replace github.com/go-idempotency/idempotency => ../../..
+
+require (
+	github.com/go-idempotency/idempotency v0.0.0-00010101000000-000000000000
+	gorm.io/driver/mysql v1.6.0
+	gorm.io/gorm v1.31.2
+)
+
+require (
+	filippo.io/edwards25519 v1.2.0 // indirect
+	github.com/go-sql-driver/mysql v1.10.1 // indirect
+	github.com/jinzhu/inflection v1.0.0 // indirect
+	github.com/jinzhu/now v1.1.5 // indirect
+	golang.org/x/text v0.43.0 // indirect
+)

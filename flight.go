@@ -1,0 +1,125 @@
+package idempotency
+
+import (
+	"bytes"
+	"context"
+	"errors"
+	"fmt"
+	"sync"
+	"time"
+)
+
+// call is the one call of a key that is in the store on behalf of every
+// caller of that key in a Guard; the others wait for it in memory.
+type call struct {
+	done chan struct{} // closed when the call is over; then ans is set
+	ran  chan struct{} // closed when the call won the key and runs fn
+	once sync.Once
+	ans  *answer // nil: the call failed, waiters compete again
+}
+
+// answer is a committed answer handed to the waiters of a call.
+type answer struct {
+	fp   string   // fingerprint the record was stored with
+	resp Response // private copy; cloned again for each waiter
+}
+
+func (c *call) running() { c.once.Do(func() { close(c.ran) }) }
+
+// join returns the call of key in the store and whether the caller must
+// make it (lead) or wait for it.
+func (g *Guard[Tx]) join(key Key) (c *call, lead bool) {
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	if c, ok := g.calls[key]; ok {
+		return c, false
+	}
+	c = &call{done: make(chan struct{}), ran: make(chan struct{})}
+	g.calls[key] = c
+	return c, true
+}
+
+// leave ends c with ans (nil if it failed) and wakes its waiters.
+func (g *Guard[Tx]) leave(key Key, c *call, ans *answer) {
+	g.mu.Lock()
+	delete(g.calls, key)
+	g.mu.Unlock()
+	c.ans = ans
+	close(c.done)
+}
+
+// follow waits for the call ahead of the caller. handed is true when it
+// returns that call's answer (or ErrMismatch against it); false, with no
+// error, when that call failed and the caller must compete for the key.
+func (g *Guard[Tx]) follow(ctx context.Context, c *call, key Key, fp string, deadline time.Time) (resp Response, handed bool, err error) {
+	ran := c.ran
+	if !g.cfg.NoWait {
+		ran = nil // only NoWait callers give up once fn runs
+	}
+	if err := c.wait(ctx, ran, deadline); err != nil {
+		if errors.Is(err, ErrInProgress) {
+			err = fmt.Errorf("key %q: %w", key.ID, err)
+		}
+		return Response{}, false, err
+	}
+	if c.ans == nil {
+		return Response{}, false, nil
+	}
+	if c.ans.fp != fp {
+		return Response{}, true, fmt.Errorf("%w: key %q", ErrMismatch, key.ID)
+	}
+	resp = cloneResponse(c.ans.resp)
+	resp.Replayed = true
+	return resp, true, nil
+}
+
+// takeWaiter takes one of the slots for waiting inside the store, without
+// blocking; false if none is free.
+func (g *Guard[Tx]) takeWaiter() bool {
+	if g.waiters == nil {
+		return true
+	}
+	select {
+	case g.waiters <- struct{}{}:
+		return true
+	default:
+		return false
+	}
+}
+
+func (g *Guard[Tx]) releaseWaiter() {
+	if g.waiters != nil {
+		<-g.waiters
+	}
+}
+
+// cloneResponse returns a copy of r that shares no header map nor body
+// bytes with it (a nil body stays nil).
+func cloneResponse(r Response) Response {
+	r.Header = r.Header.Clone()
+	r.Body = bytes.Clone(r.Body)
+	return r
+}
+
+// wait waits until c is over (nil), ran is closed or deadline passes (an
+// error wrapping ErrInProgress), or ctx is done (ctx's error). A call that is
+// over already wins over every other case.
+func (c *call) wait(ctx context.Context, ran <-chan struct{}, deadline time.Time) error {
+	select {
+	case <-c.done:
+		return nil
+	default:
+	}
+	timer := time.NewTimer(time.Until(deadline))
+	defer timer.Stop()
+	select {
+	case <-c.done:
+		return nil
+	case <-ran:
+		return fmt.Errorf("%w: another caller is running fn", ErrInProgress)
+	case <-timer.C:
+		return fmt.Errorf("%w: another caller still held the key at the wait bound", ErrInProgress)
+	case <-ctx.Done():
+		return ctx.Err()
+	}
+}

@@ -1,0 +1,104 @@
+package idempotency
+
+import (
+	"errors"
+	"net/http"
+	"reflect"
+	"testing"
+)
+
+// sameHeader compares headers the way a replay is judged: same names, same
+// values in the same order (a name with no values equals a missing one).
+func sameHeader(a, b http.Header) bool {
+	norm := func(h http.Header) map[string][]string {
+		m := map[string][]string{}
+		for k, vs := range h {
+			if len(vs) > 0 {
+				m[k] = vs
+			}
+		}
+		return m
+	}
+	return reflect.DeepEqual(norm(a), norm(b))
+}
+
+func TestHeaderRoundTripBytes(t *testing.T) {
+	cases := []http.Header{
+		nil,
+		{},
+		{"Content-Type": {"application/json"}},
+		{"X-Latin1": {"caf\xe9"}, "X-Empty": {""}, "X-Many": {"a", "b", "", "\x00\xff"}},
+		{"caf\xe9": {"\xc3\x28"}, "": {"v"}},
+		{"X-None": {}},
+	}
+	for _, h := range cases {
+		b := MarshalHeader(h)
+		got, err := UnmarshalHeader(b)
+		if err != nil {
+			t.Fatalf("UnmarshalHeader(MarshalHeader(%q)): %v", h, err)
+		}
+		if !sameHeader(got, h) {
+			t.Fatalf("round trip of %q: got %q", h, got)
+		}
+		if len(h) == 0 && (b != nil || got != nil) {
+			t.Fatalf("empty header %q: encoded %v, decoded %#v; want nil, nil", h, b, got)
+		}
+	}
+}
+
+func TestHeaderReadsLegacyJSON(t *testing.T) {
+	got, err := UnmarshalHeader([]byte(`{"Content-Type":["text/plain"],"X-A":["1","2"]}`))
+	if err != nil {
+		t.Fatal(err)
+	}
+	want := http.Header{"Content-Type": {"text/plain"}, "X-A": {"1", "2"}}
+	if !reflect.DeepEqual(got, want) {
+		t.Fatalf("got %q, want %q", got, want)
+	}
+	if got, err := UnmarshalHeader([]byte("null")); err != nil || got != nil {
+		t.Fatalf("null: got %q, %v; want nil, nil", got, err)
+	}
+}
+
+func TestHeaderRefusesMalformed(t *testing.T) {
+	for _, b := range [][]byte{
+		{headerFormat},                          // no count
+		{headerFormat, 1},                       // name missing
+		{headerFormat, 1, 5, 'a'},               // name truncated
+		{headerFormat, 1, 1, 'a', 2, 0},         // one value of two
+		{headerFormat, 0, 0},                    // trailing bytes
+		{headerFormat, 0xff, 0xff, 0xff, 1},     // count beyond input
+		{headerFormat, 2, 1, 'a', 0, 1, 'a', 0}, // duplicate name
+		{'{', 'x'},                              // broken legacy JSON
+	} {
+		if _, err := UnmarshalHeader(b); !errors.Is(err, ErrInvalidHeader) {
+			t.Errorf("UnmarshalHeader(%v): got %v, want ErrInvalidHeader", b, err)
+		}
+	}
+}
+
+// FuzzHeader: any header survives a round trip byte-exact, and any bytes
+// either decode to a header that re-encodes to an equal header or are
+// refused with ErrInvalidHeader; nothing panics.
+func FuzzHeader(f *testing.F) {
+	f.Add("Content-Type", "application/json", "X-B", "caf\xe9", []byte{headerFormat, 1, 1, 'a', 1, 1, 'b'})
+	f.Add("", "", "\x00", "\xff\xfe", []byte(`{"A":["b"]}`))
+	f.Fuzz(func(t *testing.T, n1, v1, n2, v2 string, raw []byte) {
+		h := http.Header{n1: {v1, v2}, n2: {v2}}
+		got, err := UnmarshalHeader(MarshalHeader(h))
+		if err != nil || !sameHeader(got, h) {
+			t.Fatalf("round trip of %q: got %q, %v", h, got, err)
+		}
+		d, err := UnmarshalHeader(raw)
+		if err != nil {
+			if !errors.Is(err, ErrInvalidHeader) {
+				t.Fatalf("UnmarshalHeader(%q): error %v does not wrap ErrInvalidHeader", raw, err)
+			}
+			return
+		}
+		again, err := UnmarshalHeader(MarshalHeader(d))
+		if err != nil || !sameHeader(again, d) {
+			t.Fatalf("re-encoding %q: got %q, %v", d, again, err)
+		}
+	})
+}

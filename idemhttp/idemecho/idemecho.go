@@ -1,0 +1,77 @@
+// Package idemecho mounts the idemhttp middleware on echo (v4).
+//
+// echo.WrapMiddleware is wrong for idemhttp: a handler that returns an
+// error (echo.NewHTTPError(502), the 400 of a failed c.Bind) has it written
+// by echo's HTTPErrorHandler after the middleware has finished, so the
+// middleware saw no answer and used to store an empty 200 with the
+// handler's writes committed. [Middleware] renders a returned error with
+// the echo instance's HTTPErrorHandler inside the middleware, so the
+// error's own status is what the policy judges (a 502 or a 400 is rolled
+// back and not stored) and what the client gets:
+//
+//	e := echo.New()
+//	e.Use(middleware.Recover())
+//	e.POST("/payments", createPayment, idemecho.Middleware(guard, nil))
+//
+//	func createPayment(c echo.Context) error {
+//		tx, _ := idemecho.TxFrom[*sql.Tx](c)
+//		...
+//		return c.JSON(http.StatusCreated, payment)
+//	}
+//
+// A handler that writes nothing and returns nil is rolled back and
+// answered 500 [idemhttp.ProblemNoResponse]; a panic is rolled back and
+// re-raised for echo's Recover middleware to answer.
+package idemecho
+
+import (
+	"net/http"
+
+	"github.com/labstack/echo/v4"
+
+	"github.com/go-idempotency/idempotency"
+	"github.com/go-idempotency/idempotency/idemhttp"
+)
+
+// Middleware returns an echo middleware that runs the handler through
+// [idemhttp.Middleware] on g with opts: the first request with a key runs
+// it inside g's transaction and stores its answer (errors it returns
+// included, as echo's HTTPErrorHandler renders them) with the key; later
+// requests with the same key and request get that answer replayed without
+// running the handler.
+func Middleware[Tx any](g *idempotency.Guard[Tx], opts *idemhttp.Options) echo.MiddlewareFunc {
+	mw := idemhttp.Middleware(g, opts)
+	return func(next echo.HandlerFunc) echo.HandlerFunc {
+		return func(c echo.Context) error {
+			outer := c.Response()
+			var unguarded error
+			h := mw(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+				c.SetRequest(r)
+				if w == http.ResponseWriter(outer) { // unguarded method, or no key with KeyOptional
+					unguarded = next(c)
+					return
+				}
+				c.SetResponse(echo.NewResponse(w, c.Echo()))
+				defer c.SetResponse(outer)
+				if err := next(c); err != nil {
+					// Rendered into the middleware's buffer, where the
+					// store policy sees its status.
+					c.Error(err)
+				}
+			}))
+			h.ServeHTTP(outer, c.Request())
+			return unguarded
+		}
+	}
+}
+
+// TxFrom returns the transaction the middleware opened for c's request;
+// see [idemhttp.TxFrom].
+func TxFrom[Tx any](c echo.Context) (Tx, bool) {
+	return idemhttp.TxFrom[Tx](c.Request().Context())
+}
+
+// KeyFrom returns the key of c's request; see [idemhttp.KeyFrom].
+func KeyFrom(c echo.Context) (idempotency.Key, bool) {
+	return idemhttp.KeyFrom(c.Request().Context())
+}

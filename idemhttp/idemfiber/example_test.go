@@ -1,0 +1,110 @@
+package idemfiber_test
+
+import (
+	"context"
+	"database/sql"
+	"fmt"
+	"io"
+	"log"
+	"net"
+	"net/http"
+	"os"
+	"path/filepath"
+	"strings"
+
+	"github.com/gofiber/fiber/v2"
+	"github.com/gofiber/fiber/v2/middleware/recover"
+
+	"github.com/go-idempotency/idempotency"
+	"github.com/go-idempotency/idempotency/idemhttp"
+	"github.com/go-idempotency/idempotency/idemhttp/idemfiber"
+	"github.com/go-idempotency/idempotency/sqlite"
+)
+
+// exampleGuard returns a guard on a temporary SQLite file with a payments
+// table, its database, and a function that removes them.
+func exampleGuard() (*idempotency.Guard[*sql.Tx], *sql.DB, func()) {
+	ctx := context.Background()
+	dir, err := os.MkdirTemp("", "example")
+	if err != nil {
+		log.Fatal(err)
+	}
+	db, err := sqlite.Open(ctx, filepath.Join(dir, "payments.db"))
+	if err != nil {
+		log.Fatal(err)
+	}
+	store, err := sqlite.New(db, nil)
+	if err != nil {
+		log.Fatal(err)
+	}
+	if err := store.Migrate(ctx); err != nil {
+		log.Fatal(err)
+	}
+	if _, err := db.ExecContext(ctx, `CREATE TABLE payments (id INTEGER PRIMARY KEY, amount INTEGER)`); err != nil {
+		log.Fatal(err)
+	}
+	guard, err := idempotency.New(store, nil)
+	if err != nil {
+		log.Fatal(err)
+	}
+	return guard, db, func() { db.Close(); os.RemoveAll(dir) }
+}
+
+// pay posts the same payment twice with one key and prints the answers and
+// the number of payment rows.
+func pay(url string, db *sql.DB) {
+	for range 2 {
+		req, _ := http.NewRequest(http.MethodPost, url, strings.NewReader(`{"amount":1999}`))
+		req.Header.Set("Content-Type", "application/json")
+		req.Header.Set("Idempotency-Key", "pay-1")
+		resp, err := http.DefaultClient.Do(req)
+		if err != nil {
+			log.Fatal(err)
+		}
+		body, _ := io.ReadAll(resp.Body)
+		resp.Body.Close()
+		fmt.Printf("%d replayed=%q %s\n", resp.StatusCode, resp.Header.Get("Idempotent-Replayed"), strings.TrimSpace(string(body)))
+	}
+	var n int
+	_ = db.QueryRow(`SELECT count(*) FROM payments`).Scan(&n)
+	fmt.Println("payments:", n)
+}
+
+func ExampleMiddleware() {
+	guard, db, cleanup := exampleGuard()
+	defer cleanup()
+
+	// readme:begin http-fiber
+	app := fiber.New(fiber.Config{DisableStartupMessage: true})
+	app.Use(recover.New())
+	app.Post("/payments", idemfiber.Middleware(guard, &idemhttp.Options{}), func(c *fiber.Ctx) error {
+		tx, _ := idemfiber.TxFrom[*sql.Tx](c) // also in c.UserContext()
+		var in struct {
+			Amount int `json:"amount"`
+		}
+		if err := c.BodyParser(&in); err != nil {
+			return fiber.NewError(fiber.StatusBadRequest, err.Error()) // 400: not stored
+		}
+		var id int64
+		err := tx.QueryRowContext(c.UserContext(), `INSERT INTO payments (amount) VALUES (?) RETURNING id`, in.Amount).Scan(&id)
+		if err != nil {
+			return err // the app's ErrorHandler answers 500: rolled back
+		}
+		return c.Status(fiber.StatusCreated).JSON(fiber.Map{"id": id})
+	})
+	// readme:end http-fiber
+
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		log.Fatal(err)
+	}
+	done := make(chan struct{})
+	go func() { defer close(done); _ = app.Listener(ln) }()
+	pay("http://"+ln.Addr().String()+"/payments", db)
+	_ = app.Shutdown()
+	<-done
+	// Output:
+	// 201 replayed="" {"id":1}
+	// 201 replayed="true" {"id":1}
+	// payments: 1
+}

@@ -1,0 +1,105 @@
+package idemgin_test
+
+import (
+	"context"
+	"database/sql"
+	"fmt"
+	"io"
+	"log"
+	"net/http"
+	"net/http/httptest"
+	"os"
+	"path/filepath"
+	"strings"
+
+	"github.com/gin-gonic/gin"
+
+	"github.com/go-idempotency/idempotency"
+	"github.com/go-idempotency/idempotency/idemhttp"
+	"github.com/go-idempotency/idempotency/idemhttp/idemgin"
+	"github.com/go-idempotency/idempotency/sqlite"
+)
+
+// exampleGuard returns a guard on a temporary SQLite file with a payments
+// table, its database, and a function that removes them.
+func exampleGuard() (*idempotency.Guard[*sql.Tx], *sql.DB, func()) {
+	ctx := context.Background()
+	dir, err := os.MkdirTemp("", "example")
+	if err != nil {
+		log.Fatal(err)
+	}
+	db, err := sqlite.Open(ctx, filepath.Join(dir, "payments.db"))
+	if err != nil {
+		log.Fatal(err)
+	}
+	store, err := sqlite.New(db, nil)
+	if err != nil {
+		log.Fatal(err)
+	}
+	if err := store.Migrate(ctx); err != nil {
+		log.Fatal(err)
+	}
+	if _, err := db.ExecContext(ctx, `CREATE TABLE payments (id INTEGER PRIMARY KEY, amount INTEGER)`); err != nil {
+		log.Fatal(err)
+	}
+	guard, err := idempotency.New(store, nil)
+	if err != nil {
+		log.Fatal(err)
+	}
+	return guard, db, func() { db.Close(); os.RemoveAll(dir) }
+}
+
+// pay posts the same payment twice with one key and prints the answers and
+// the number of payment rows.
+func pay(url string, db *sql.DB) {
+	for range 2 {
+		req, _ := http.NewRequest(http.MethodPost, url, strings.NewReader(`{"amount":1999}`))
+		req.Header.Set("Content-Type", "application/json")
+		req.Header.Set("Idempotency-Key", "pay-1")
+		resp, err := http.DefaultClient.Do(req)
+		if err != nil {
+			log.Fatal(err)
+		}
+		body, _ := io.ReadAll(resp.Body)
+		resp.Body.Close()
+		fmt.Printf("%d replayed=%q %s\n", resp.StatusCode, resp.Header.Get("Idempotent-Replayed"), strings.TrimSpace(string(body)))
+	}
+	var n int
+	_ = db.QueryRow(`SELECT count(*) FROM payments`).Scan(&n)
+	fmt.Println("payments:", n)
+}
+
+func ExampleMiddleware() {
+	guard, db, cleanup := exampleGuard()
+	defer cleanup()
+	gin.SetMode(gin.ReleaseMode)
+
+	// readme:begin http-gin
+	r := gin.New()
+	r.Use(gin.Recovery())
+	r.POST("/payments", idemgin.Middleware(guard, &idemhttp.Options{}), func(c *gin.Context) {
+		tx, _ := idemgin.TxFrom[*sql.Tx](c)
+		var in struct {
+			Amount int `json:"amount" binding:"required"`
+		}
+		if err := c.ShouldBindJSON(&in); err != nil {
+			c.AbortWithStatusJSON(http.StatusBadRequest, gin.H{"error": err.Error()}) // 400: not stored
+			return
+		}
+		var id int64
+		if err := tx.QueryRowContext(c.Request.Context(), `INSERT INTO payments (amount) VALUES (?) RETURNING id`, in.Amount).Scan(&id); err != nil {
+			_ = c.Error(err) // nothing written: rolled back, answered 500
+			return
+		}
+		c.JSON(http.StatusCreated, gin.H{"id": id})
+	})
+	// readme:end http-gin
+
+	srv := httptest.NewServer(r)
+	defer srv.Close()
+	pay(srv.URL+"/payments", db)
+	// Output:
+	// 201 replayed="" {"id":1}
+	// 201 replayed="true" {"id":1}
+	// payments: 1
+}

@@ -1,0 +1,64 @@
+package idemhttp_test
+
+import (
+	"errors"
+	"net/http"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/go-idempotency/idempotency"
+	"github.com/go-idempotency/idempotency/idemhttp"
+)
+
+// TestSQLiteNoWaitOtherTenant: on SQLite (one writer at a time) with
+// NoWait, tenant B's new key meets the write lock that tenant A's running
+// request holds. B used to be told "A request with this Idempotency-Key is
+// in progress", which is false: no request with B's key exists. B now gets
+// the truth: 503 store unavailable (the database is busy with another
+// writer), with Retry-After, its handler not run, nothing stored; its
+// retry after A finished runs once.
+func TestSQLiteNoWaitOtherTenant(t *testing.T) {
+	t.Skip("pending: the SQLite store waits up to 5s for the write turn and the core retries the busy conflict; NoWait must answer 503 at once (issue 10.3 open)")
+	e := sqliteEnv(t)
+	entered, release := make(chan struct{}), make(chan struct{})
+	var once sync.Once
+	free := func() { once.Do(func() { close(release) }) }
+	var busy []error
+	s := startServer(t, e, &idempotency.Config{NoWait: true}, &idemhttp.Options{
+		Scope:   func(r *http.Request) (string, error) { return r.Header.Get("X-Tenant"), nil },
+		OnError: func(_ *http.Request, err error) { busy = append(busy, err) },
+	}, func(n int64, w http.ResponseWriter, r *http.Request) {
+		if r.Header.Get("X-Tenant") == "A" {
+			close(entered)
+			<-release
+		}
+		created(n, w, r)
+	})
+	t.Cleanup(free) // runs before the server's Close, which waits for A
+	done := make(chan result, 1)
+	go func() { done <- s.do(t, "/things", `{}`, "Idempotency-Key", "a-1", "X-Tenant", "A") }()
+	select {
+	case <-entered:
+	case <-time.After(20 * time.Second):
+		t.Fatal("tenant A never reached its handler")
+	}
+	b := s.do(t, "/things", `{}`, "Idempotency-Key", "b-1", "X-Tenant", "B")
+	free()
+	if p := wantProblem(t, b, http.StatusServiceUnavailable, idemhttp.ProblemStoreUnavailable); p.Type == idemhttp.ProblemInProgress {
+		t.Error("tenant B was told its key is in progress")
+	}
+	if b.header.Get("Retry-After") == "" {
+		t.Error("503 without Retry-After")
+	}
+	if len(busy) != 1 || !errors.Is(busy[0], idempotency.ErrStore) {
+		t.Errorf("OnError got %v; want one error wrapping idempotency.ErrStore", busy)
+	}
+	wantStatus(t, <-done, http.StatusCreated)
+	s.wantCalls(t, 1)
+	s.wantEffects(t, "B/b-1", 0)
+	// B's retry with the same key, once A is done, runs once.
+	wantStatus(t, s.do(t, "/things", `{}`, "Idempotency-Key", "b-1", "X-Tenant", "B"), http.StatusCreated)
+	s.wantEffects(t, "A/a-1", 1)
+	s.wantEffects(t, "B/b-1", 1)
+}

@@ -1,0 +1,406 @@
+package idemhttp
+
+import (
+	"context"
+	"fmt"
+	"net/http"
+	"net/textproto"
+	"strings"
+	"time"
+
+	"github.com/go-idempotency/idempotency"
+)
+
+// Defaults of [Options].
+const (
+	// DefaultMaxRequestBody is the default [Options].MaxRequestBody: 1 MiB.
+	DefaultMaxRequestBody = 1 << 20
+	// DefaultMaxResponseBody is the default [Options].MaxResponseBody: 1 MiB.
+	DefaultMaxResponseBody = 1 << 20
+)
+
+// DefaultMethods returns the methods that require a key by default: POST and
+// PATCH.
+func DefaultMethods() []string { return []string{http.MethodPost, http.MethodPatch} }
+
+// DefaultReplayHeaders returns the default [Options].ReplayHeaders: the
+// representation and location fields a replay needs to mean what the first
+// response meant. Cache-Control, Content-Disposition, Content-Encoding,
+// Content-Language, Content-Location, Content-Type, ETag, Expires,
+// Last-Modified, Link, Location, Vary.
+func DefaultReplayHeaders() []string {
+	return []string{
+		"Cache-Control", "Content-Disposition", "Content-Encoding", "Content-Language",
+		"Content-Location", "Content-Type", "ETag", "Expires", "Last-Modified", "Link",
+		"Location", "Vary",
+	}
+}
+
+// DefaultStore is the default [Options].Store: it reports whether a status
+// written by the handler is the result of the operation, to be stored with
+// the key and replayed, rather than an answer the client should be able to
+// retry with the same key.
+//
+// Stored: 2xx and 3xx, and the 4xx that are the operation's own outcome,
+// such as 402 (payment declined), 410 or 412.
+//
+// Not stored (the handler's writes are rolled back, the key stays free, the
+// response is still sent): every 5xx; the "try again" statuses 408, 409,
+// 425 and 429; and the request-validation and access failures 400, 401,
+// 403, 404, 405, 413, 415, 422 and 431, which the client fixes (its
+// credentials, a malformed field, a resource it creates first) and resends
+// with the same key. This is Stripe's rule: a result is saved only once the
+// operation began executing, never for a request that failed validation or
+// conflicted with another one. Storing a 400 would replay the same 400 for
+// the key's whole TTL, even after the client corrected the request (a
+// corrected body is a new fingerprint and would get 422 instead).
+func DefaultStore(status int) bool {
+	switch {
+	case status < 200 || status >= 500:
+		return false
+	case status < 400:
+		return true
+	}
+	switch status {
+	case http.StatusBadRequest, http.StatusUnauthorized, http.StatusForbidden, http.StatusNotFound,
+		http.StatusMethodNotAllowed, http.StatusRequestTimeout, http.StatusConflict,
+		http.StatusRequestEntityTooLarge, http.StatusUnsupportedMediaType, http.StatusUnprocessableEntity,
+		http.StatusTooEarly, http.StatusTooManyRequests, http.StatusRequestHeaderFieldsTooLarge:
+		return false
+	}
+	return true
+}
+
+// Options configure [Middleware]. The zero value (or nil) means the defaults.
+type Options struct {
+	// Methods are the request methods the middleware guards. Requests with
+	// other methods go to the handler untouched, without a transaction.
+	// Defaults to [DefaultMethods] (POST and PATCH).
+	Methods []string
+
+	// KeyHeader is the request header that carries the key. Defaults to
+	// [HeaderKey] ("Idempotency-Key"); many APIs use "X-Idempotency-Key".
+	KeyHeader string
+
+	// KeyOptional lets a guarded request without a key through to the
+	// handler unprotected (no transaction in its context). Defaults to
+	// false: such a request is refused with 400 [ProblemMissingKey].
+	KeyOptional bool
+
+	// ValidateKey, if set, is called with the parsed key id (already known
+	// to be 1 to 255 printable ASCII bytes) before anything is stored. An
+	// error refuses the request with 400 [ProblemInvalidKey] and the error's
+	// text as detail; an error that is (or wraps) a *[Problem] is answered
+	// as that problem. The draft's security considerations recommend
+	// refusing low-entropy keys: see [MinKeyLength] and [UUIDKey].
+	ValidateKey func(id string) error
+
+	// Scope returns the key space of a request, typically the authenticated
+	// account: the same key in two scopes never meets. It runs after the
+	// key is parsed and before the body is read. An error that is (or wraps)
+	// a *[Problem] is answered as that problem (e.g. a 401 whose
+	// Problem.Header carries WWW-Authenticate); any other error gives 500
+	// [ProblemInternal].
+	//
+	// Defaults to nil: the empty scope, one key space shared by every
+	// client. A multi-tenant service MUST set Scope, or one client's key
+	// can replay another client's response.
+	Scope func(*http.Request) (string, error)
+
+	// Route returns the route part of the fingerprint. Defaults to
+	// r.URL.RequestURI(): the path and the query string, so the same key on
+	// another URL (?currency=EUR instead of USD) is refused with 422 rather
+	// than replayed. Return r.URL.Path to leave the query out.
+	Route func(*http.Request) string
+
+	// FingerprintHeaders are request header fields whose values become part
+	// of the fingerprint (e.g. "Stripe-Account" or "X-Currency"): the same
+	// key with another value is refused with 422. Defaults to none.
+	FingerprintHeaders []string
+
+	// IgnoreFields are members of a JSON request body left out of the
+	// fingerprint, as dot-separated paths from the top-level object
+	// ("client_timestamp", "meta.trace_id"): a retry that changes only them
+	// is replayed instead of refused. The handler still gets the body as
+	// sent. Ignored for non-JSON bodies.
+	IgnoreFields []string
+
+	// Fingerprint, if set, replaces the fingerprint entirely: it gets the
+	// request and its whole body, and returns any string; the middleware
+	// hashes it, so its length does not matter. An error refuses the
+	// request with 400 [ProblemInvalidBody] (or as the *[Problem] it
+	// wraps). Route, FingerprintHeaders and IgnoreFields are then unused.
+	Fingerprint func(r *http.Request, body []byte) (string, error)
+
+	// MaxRequestBody is the largest request body accepted, in bytes; a
+	// larger one is refused with 413 [ProblemRequestTooLarge] before
+	// anything is stored. The body is held in memory to fingerprint it and
+	// to hand it to the handler. Defaults to [DefaultMaxRequestBody]; a
+	// negative value means no limit.
+	MaxRequestBody int64
+
+	// MaxResponseBody is the largest response body the handler may write,
+	// in bytes; the response is buffered and stored. Past it the handler's
+	// Write returns an error, its writes are rolled back, the key stays
+	// free and the client gets 500 [ProblemResponseTooLarge]. Defaults to
+	// [DefaultMaxResponseBody]; a negative value means no limit (the store
+	// may still refuse a body larger than its column).
+	MaxResponseBody int64
+
+	// ReplayHeaders are the response header fields stored with the key and
+	// replayed (compared case-insensitively). Set-Cookie and the hop-by-hop
+	// fields (Connection and the fields it names, Keep-Alive, Proxy-*, TE,
+	// Trailer, Transfer-Encoding, Upgrade) are never stored, even if listed;
+	// neither are Content-Length (recomputed) and Date. Defaults to
+	// [DefaultReplayHeaders]; a non-nil empty slice stores no header.
+	ReplayHeaders []string
+
+	// Store reports whether a response the handler wrote is stored with
+	// the key and committed with the handler's writes. A status it refuses
+	// is sent to the client as written, but the handler's writes are rolled
+	// back and the key stays free: a retry with the same key runs the
+	// handler again. It is never asked about 5xx, which are never stored.
+	// Defaults to [DefaultStore] (2xx, 3xx and the outcome 4xx are stored;
+	// 400, 401, 403, 404, 405, 408, 409, 413, 415, 422, 425, 429 and 431
+	// are not).
+	Store func(status int) bool
+
+	// Transient is the former way to refuse statuses below 500; when Store
+	// is nil and Transient is set, a status is stored when it is below 500
+	// and Transient reports false.
+	//
+	// Deprecated: use Store.
+	Transient func(status int) bool
+
+	// RenderProblem, if set, writes every error the middleware answers
+	// itself, instead of the default application/problem+json document
+	// ([WriteProblem]). p.Header holds the fields the answer must carry
+	// (Retry-After on 409 and 503; whatever a Scope or ValidateKey problem
+	// set, such as WWW-Authenticate); the renderer must send them.
+	RenderProblem func(w http.ResponseWriter, r *http.Request, p *Problem)
+
+	// OnError, if set, is called with the cause of every 500 and 503 the
+	// middleware answers itself (store failures included), for logging;
+	// not when the client went away (its request context was cancelled).
+	OnError func(r *http.Request, err error)
+
+	// Observer, if set, is told about every guarded request once it is
+	// answered, refusals before the store is reached (400, 413) included;
+	// see [Event]. It runs on the request's goroutine and must not block
+	// for long.
+	Observer func(ctx context.Context, ev Event)
+}
+
+// Outcome is how a guarded request ended, as told to [Options].Observer.
+// Its values are short labels, fit for a metric attribute.
+type Outcome string
+
+// The outcomes of a guarded request.
+const (
+	// OutcomeExecuted: the handler ran and its response was stored with
+	// the key, committed with its writes.
+	OutcomeExecuted Outcome = "executed"
+	// OutcomeReplayed: a stored response was sent; the handler did not run.
+	OutcomeReplayed Outcome = "replayed"
+	// OutcomeNotStored: the handler ran and answered a status below 500
+	// that [Options].Store refuses (a 400, a 409...): sent, rolled back,
+	// the key left free.
+	OutcomeNotStored Outcome = "not_stored"
+	// OutcomeHandlerError: the handler answered 5xx, panicked, wrote no
+	// response at all, or wrote a response over [Options].MaxResponseBody;
+	// its writes were rolled back and the key left free.
+	OutcomeHandlerError Outcome = "handler_error"
+	// OutcomeMismatch: the key was used with another request (422).
+	OutcomeMismatch Outcome = "mismatch"
+	// OutcomeInProgress: the key is held by a running request (409).
+	OutcomeInProgress Outcome = "in_progress"
+	// OutcomeRejected: refused before the store was reached: missing or
+	// invalid key, invalid or too large body, a Scope problem (4xx).
+	OutcomeRejected Outcome = "rejected"
+	// OutcomeStoreError: the key store failed (503); the handler did not
+	// run or was rolled back.
+	OutcomeStoreError Outcome = "store_error"
+	// OutcomeCanceled: the client went away (its context was cancelled)
+	// before an answer; nothing was stored.
+	OutcomeCanceled Outcome = "canceled"
+	// OutcomeInternal: the middleware is misconfigured (500): nil guard,
+	// failing Scope, invalid scope or status.
+	OutcomeInternal Outcome = "internal"
+)
+
+// Event describes one guarded request, once answered; see
+// [Options].Observer.
+type Event struct {
+	// Key is the request's key; its ID is empty when the request had no
+	// valid key, its Scope empty until Scope ran.
+	Key idempotency.Key
+	// Method and Route are the request's method and [Options].Route.
+	Method, Route string
+	// Outcome says how the request ended.
+	Outcome Outcome
+	// Status is the status sent to the client (0 after a panic).
+	Status int
+	// Duration is the time from the middleware's start to the answer.
+	Duration time.Duration
+	// Err is the cause of an error outcome: the store's error, the
+	// handler's failure, the reason of a refusal. Nil for executed,
+	// replayed and not_stored.
+	Err error
+}
+
+type config struct {
+	methods   map[string]bool
+	header    string
+	optional  bool
+	validate  func(string) error
+	scope     func(*http.Request) (string, error)
+	route     func(*http.Request) string
+	fpHeaders []string
+	ignore    [][]string
+	fpFunc    func(*http.Request, []byte) (string, error)
+	maxReq    int64
+	maxResp   int64
+	replay    map[string]bool
+	store     func(int) bool
+	render    func(http.ResponseWriter, *http.Request, *Problem)
+	onError   func(*http.Request, error)
+	observer  func(context.Context, Event)
+}
+
+func newConfig(o *Options) *config {
+	if o == nil {
+		o = &Options{}
+	}
+	c := &config{
+		methods:  map[string]bool{},
+		header:   o.KeyHeader,
+		optional: o.KeyOptional,
+		validate: o.ValidateKey,
+		scope:    o.Scope,
+		route:    o.Route,
+		fpFunc:   o.Fingerprint,
+		maxReq:   o.MaxRequestBody,
+		maxResp:  o.MaxResponseBody,
+		replay:   map[string]bool{},
+		store:    o.Store,
+		render:   o.RenderProblem,
+		onError:  o.OnError,
+		observer: o.Observer,
+	}
+	if c.header == "" {
+		c.header = HeaderKey
+	}
+	c.header = textproto.CanonicalMIMEHeaderKey(c.header)
+	methods := o.Methods
+	if methods == nil {
+		methods = DefaultMethods()
+	}
+	for _, m := range methods {
+		c.methods[strings.ToUpper(m)] = true
+	}
+	if c.route == nil {
+		c.route = func(r *http.Request) string { return r.URL.RequestURI() }
+	}
+	for _, h := range o.FingerprintHeaders {
+		c.fpHeaders = append(c.fpHeaders, textproto.CanonicalMIMEHeaderKey(h))
+	}
+	for _, f := range o.IgnoreFields {
+		if f != "" {
+			c.ignore = append(c.ignore, strings.Split(f, "."))
+		}
+	}
+	if c.maxReq == 0 {
+		c.maxReq = DefaultMaxRequestBody
+	}
+	if c.maxResp == 0 {
+		c.maxResp = DefaultMaxResponseBody
+	}
+	replay := o.ReplayHeaders
+	if replay == nil {
+		replay = DefaultReplayHeaders()
+	}
+	for _, name := range replay {
+		if name = textproto.CanonicalMIMEHeaderKey(name); !neverStored(name) {
+			c.replay[name] = true
+		}
+	}
+	if c.store == nil {
+		if t := o.Transient; t != nil {
+			c.store = func(s int) bool { return s < 500 && !t(s) }
+		} else {
+			c.store = DefaultStore
+		}
+	}
+	if c.render == nil {
+		c.render = func(w http.ResponseWriter, _ *http.Request, p *Problem) { WriteProblem(w, p) }
+	}
+	return c
+}
+
+// MinKeyLength returns an [Options].ValidateKey that refuses keys shorter
+// than n bytes: a cheap guard against low-entropy keys ("1", "order").
+func MinKeyLength(n int) func(id string) error {
+	return func(id string) error {
+		if len(id) < n {
+			return fmt.Errorf("the key is %d bytes; at least %d are required (use a random UUID)", len(id), n)
+		}
+		return nil
+	}
+}
+
+// UUIDKey is an [Options].ValidateKey that accepts only UUIDs (8-4-4-4-12
+// hexadecimal digits, any version, either case), the key form the draft
+// suggests.
+func UUIDKey(id string) error {
+	if len(id) != 36 {
+		return fmt.Errorf("the key is not a UUID (%d bytes, want 36)", len(id))
+	}
+	for i := 0; i < len(id); i++ {
+		c := id[i]
+		switch {
+		case i == 8 || i == 13 || i == 18 || i == 23:
+			if c != '-' {
+				return fmt.Errorf("the key is not a UUID: byte %d is %q, want '-'", i, c)
+			}
+		case '0' <= c && c <= '9', 'a' <= c && c <= 'f', 'A' <= c && c <= 'F':
+		default:
+			return fmt.Errorf("the key is not a UUID: byte %d is %q, not a hex digit", i, c)
+		}
+	}
+	return nil
+}
+
+// neverStored reports whether the canonical field name may never be stored
+// or replayed, whatever the allowlist says.
+func neverStored(name string) bool {
+	switch name {
+	case "Set-Cookie", "Set-Cookie2", "Connection", "Keep-Alive", "Te", "Trailer",
+		"Transfer-Encoding", "Upgrade", "Content-Length", "Date", HeaderReplayed:
+		return true
+	}
+	return strings.HasPrefix(name, "Proxy-")
+}
+
+// storedHeader returns the fields of h that the allowlist keeps, minus any
+// field that h's Connection header nominates as hop-by-hop.
+func (c *config) storedHeader(h http.Header) http.Header {
+	var nominated map[string]bool
+	for _, v := range h.Values("Connection") {
+		for _, f := range strings.Split(v, ",") {
+			if f = strings.TrimSpace(f); f != "" {
+				if nominated == nil {
+					nominated = map[string]bool{}
+				}
+				nominated[textproto.CanonicalMIMEHeaderKey(f)] = true
+			}
+		}
+	}
+	out := http.Header{}
+	for k, v := range h {
+		ck := textproto.CanonicalMIMEHeaderKey(k)
+		if c.replay[ck] && !nominated[ck] && len(v) > 0 {
+			out[ck] = append(out[ck], v...)
+		}
+	}
+	return out
+}

@@ -1,0 +1,178 @@
+package ha
+
+import (
+	"context"
+	"crypto/rand"
+	"fmt"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
+
+	"github.com/go-idempotency/idempotency"
+	"github.com/go-idempotency/idempotency/postgres"
+)
+
+// pgService is one service instance on a PostgreSQL server: its pool, its
+// Store and Guard, and the effect fn its calls run.
+type pgService struct {
+	pool  *pgxpool.Pool
+	guard *idempotency.Guard[pgx.Tx]
+}
+
+const pgEffects = "ha_effects"
+
+func newPGService(t testing.TB, dsn string, migrate bool) *pgService {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+	defer cancel()
+	cfg, err := pgxpool.ParseConfig(dsn)
+	if err != nil {
+		t.Fatal(err)
+	}
+	cfg.MaxConns = 12
+	pool, err := pgxpool.NewWithConfig(ctx, cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(pool.Close)
+	store, err := postgres.New(pool, &postgres.Config{Table: "ha_keys"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if migrate {
+		if err := store.Migrate(ctx); err != nil {
+			t.Fatal(err)
+		}
+		if _, err := pool.Exec(ctx, `CREATE TABLE `+pgEffects+` (n BIGSERIAL PRIMARY KEY, key_id TEXT NOT NULL, execution TEXT NOT NULL)`); err != nil {
+			t.Fatal(err)
+		}
+	}
+	g, err := idempotency.New(store, &idempotency.Config{WaitTimeout: 5 * time.Second})
+	if err != nil {
+		t.Fatal(err)
+	}
+	return &pgService{pool: pool, guard: g}
+}
+
+// do runs one payment-like call: one effect row written through tx, an
+// answer naming this execution.
+func (s *pgService) do(ctx context.Context, key idempotency.Key) (idempotency.Response, error) {
+	return s.guard.Do(ctx, key, "fp", func(tx pgx.Tx) (idempotency.Response, error) {
+		exec := rand.Text()[:12]
+		if _, err := tx.Exec(ctx, `INSERT INTO `+pgEffects+` (key_id, execution) VALUES ($1, $2)`, key.ID, exec); err != nil {
+			return idempotency.Response{}, err
+		}
+		return idempotency.Response{Status: 201, Body: fmt.Appendf(nil, `{"key":%q,"execution":%q}`, key.ID, exec)}, nil
+	})
+}
+
+// checkOneEffectEach fails t unless every key of calls has exactly one
+// effect row on the (promoted) server.
+func (s *pgService) checkOneEffectEach(t testing.TB, calls []*call) {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+	defer cancel()
+	rows, err := s.pool.Query(ctx, `SELECT key_id, count(*) FROM `+pgEffects+` GROUP BY key_id`)
+	if err != nil {
+		t.Fatal(err)
+	}
+	counts, err := pgx.CollectRows(rows, func(r pgx.CollectableRow) (struct {
+		id string
+		n  int
+	}, error) {
+		var v struct {
+			id string
+			n  int
+		}
+		err := r.Scan(&v.id, &v.n)
+		return v, err
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	byKey := map[string]int{}
+	for _, c := range counts {
+		byKey[c.id] = c.n
+	}
+	for _, c := range calls {
+		if n := byKey[c.key.ID]; n != 1 {
+			t.Errorf("key %s: %d effect rows after failover and retry, want exactly 1", c.key.ID, n)
+		}
+	}
+	if len(byKey) != len(calls) {
+		t.Errorf("%d keys have effect rows, want %d (one per call)", len(byKey), len(calls))
+	}
+}
+
+// TestPostgresFailover runs calls on a primary, kills it (SIGKILL, the
+// replication link cut) right after acknowledged commits, promotes the
+// standby and retries every call with the same key there. Natural: the
+// kill lands while 8 callers run at full speed. Lagging: the replication
+// link is stalled first, so that the commits acknowledged afterwards exist
+// only on the primary.
+func TestPostgresFailover(t *testing.T) {
+	for _, c := range []struct {
+		name      string
+		sync, lag bool
+	}{
+		{"Sync/Natural", true, false},
+		{"Sync/LaggingStandby", true, true},
+		{"Async/Natural", false, false},
+		{"Async/LaggingStandby", false, true},
+	} {
+		t.Run(c.name, func(t *testing.T) { pgFailover(t, c.sync, c.lag) })
+	}
+}
+
+func pgFailover(t *testing.T, syncRep, lag bool) {
+	const workers, killAfter = 8, 300
+	pair := StartPostgres(t, syncRep)
+	primary := newPGService(t, pair.PrimaryDSN("test"), true)
+
+	ctx, cancel := context.WithTimeout(context.Background(), 90*time.Second)
+	defer cancel()
+	l := newLoad("pg")
+	var kill sync.Once
+	killNow := func() { kill.Do(pair.KillPrimary) }
+	l.start(workers, func(k idempotency.Key) (idempotency.Response, error) { return primary.do(ctx, k) }, func(n int64) {
+		if !lag && n == killAfter {
+			killNow() // right after this acknowledged commit, others in flight
+		}
+	})
+	l.waitAcks(t, killAfter, 60*time.Second)
+	var acksBeforeStall int64
+	if lag {
+		l.stalled.Store(true)
+		pair.Link.Stall()
+		acksBeforeStall = l.acks.Load()
+		time.Sleep(500 * time.Millisecond)
+		killNow()
+	}
+	calls := l.stop()
+	stalledAcks := l.acks.Load() - acksBeforeStall
+	pair.Promote()
+
+	standby := newPGService(t, pair.StandbyDSN("test"), false)
+	s := retryAll(t, calls, func(k idempotency.Key) (idempotency.Response, error) { return standby.do(ctx, k) })
+	t.Logf("sync=%v lag=%v: %v", syncRep, lag, s)
+	standby.checkOneEffectEach(t, calls)
+
+	switch {
+	case syncRep:
+		if s.lostAcks != 0 {
+			t.Fatalf("synchronous replication: %d acknowledged answers lost in the failover, want 0", s.lostAcks)
+		}
+		if lag && s.ackedAfterStall != 0 {
+			t.Fatalf("synchronous replication: %d calls started after the standby stalled were acknowledged, want 0", s.ackedAfterStall)
+		}
+	case lag:
+		if s.ackedAfterStall == 0 || s.lostAfterStall != s.ackedAfterStall {
+			t.Fatalf("asynchronous replication, stalled standby: %d of %d acknowledged answers started after the stall were lost; want all of them, and more than 0",
+				s.lostAfterStall, s.ackedAfterStall)
+		}
+		t.Logf("asynchronous replication: %d answers acknowledged while the standby lagged (%v), all lost; every retry ran fn again", stalledAcks, 500*time.Millisecond)
+	}
+}

@@ -1,0 +1,152 @@
+package ha
+
+import (
+	"context"
+	"fmt"
+	"os"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"testing"
+	"time"
+
+	goredis "github.com/redis/go-redis/v9"
+)
+
+// Redis ports this package uses on loopback.
+const (
+	RedisPrimaryPort  = 6391
+	RedisReplicaPort  = 6392
+	RedisSentinelPort = 26391
+	// SentinelMaster is the name the Sentinel monitors the primary under.
+	SentinelMaster = "ha"
+)
+
+// RedisSet is a Redis primary, a replica that replicates through a
+// [Proxy], and one Sentinel (quorum 1) that fails the primary over to the
+// replica, all on loopback.
+type RedisSet struct {
+	// Link is the replication connection between the replica and the
+	// primary.
+	Link *Proxy
+
+	t        testing.TB
+	dir      string
+	primary  *proc
+	replica  *proc
+	sentinel *proc
+}
+
+// StartRedis starts the primary on [RedisPrimaryPort] (no persistence),
+// the replica on [RedisReplicaPort] and a Sentinel on [RedisSentinelPort]
+// started with redis-server --sentinel (down-after-milliseconds 500), and
+// waits until the replica is in sync and known to the Sentinel. They are
+// killed in t.Cleanup.
+func StartRedis(t testing.TB) *RedisSet {
+	t.Helper()
+	bins := need(t, "the Redis failover test", "redis-server")
+	checkPorts(t, RedisPrimaryPort, RedisReplicaPort, RedisSentinelPort)
+	dir := tempDir(t, "idem-ha-redis-")
+	r := &RedisSet{t: t, dir: dir}
+	server := func(name string, port int, extra ...string) *proc {
+		args := append([]string{"--port", strconv.Itoa(port), "--bind", "127.0.0.1", "--save", "", "--appendonly", "no",
+			"--dir", dir, "--dbfilename", name + ".rdb", "--daemonize", "no", "--protected-mode", "no"}, extra...)
+		return startProc(t, "redis "+name, command(account{}, bins[0], args...), filepath.Join(dir, name+".log"))
+	}
+	r.primary = server("primary", RedisPrimaryPort)
+	waitFor(t, 10*time.Second, "the Redis primary", pingRedis(r.PrimaryAddr()), r.primary)
+	r.Link = NewProxy(t, r.PrimaryAddr())
+	r.replica = server("replica", RedisReplicaPort, "--replicaof", "127.0.0.1", strconv.Itoa(r.Link.Port()),
+		"--replica-announce-ip", "127.0.0.1", "--replica-announce-port", strconv.Itoa(RedisReplicaPort))
+	waitFor(t, 10*time.Second, "the replica to sync", func(ctx context.Context) error {
+		info, err := infoOf(ctx, r.ReplicaAddr())
+		if err != nil {
+			return err
+		}
+		if !strings.Contains(info, "master_link_status:up") {
+			return fmt.Errorf("replica: master link not up")
+		}
+		return nil
+	}, r.primary, r.replica)
+	conf := fmt.Sprintf("port %d\nbind 127.0.0.1\nprotected-mode no\ndir %s\n"+
+		"sentinel monitor %s 127.0.0.1 %d 1\n"+
+		"sentinel down-after-milliseconds %s 500\n"+
+		"sentinel failover-timeout %s 10000\n"+
+		"sentinel parallel-syncs %s 1\n",
+		RedisSentinelPort, dir, SentinelMaster, RedisPrimaryPort, SentinelMaster, SentinelMaster, SentinelMaster)
+	confPath := filepath.Join(dir, "sentinel.conf")
+	if err := os.WriteFile(confPath, []byte(conf), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	r.sentinel = startProc(t, "redis sentinel", command(account{}, bins[0], confPath, "--sentinel"), filepath.Join(dir, "sentinel.log"))
+	waitFor(t, 20*time.Second, "the Sentinel to know the replica", func(ctx context.Context) error {
+		s := goredis.NewSentinelClient(&goredis.Options{Addr: r.SentinelAddr()})
+		defer s.Close()
+		reps, err := s.Replicas(ctx, SentinelMaster).Result()
+		if err != nil {
+			return err
+		}
+		for _, rep := range reps {
+			if rep["port"] == strconv.Itoa(RedisReplicaPort) && !strings.Contains(rep["flags"], "down") && rep["master-link-status"] == "ok" {
+				return nil
+			}
+		}
+		return fmt.Errorf("sentinel replicas: %v", reps)
+	}, r.primary, r.replica, r.sentinel)
+	return r
+}
+
+func pingRedis(addr string) func(ctx context.Context) error {
+	return func(ctx context.Context) error {
+		c := goredis.NewClient(&goredis.Options{Addr: addr})
+		defer c.Close()
+		return c.Ping(ctx).Err()
+	}
+}
+
+func infoOf(ctx context.Context, addr string) (string, error) {
+	c := goredis.NewClient(&goredis.Options{Addr: addr})
+	defer c.Close()
+	return c.Info(ctx, "replication").Result()
+}
+
+// PrimaryAddr is the primary's address.
+func (r *RedisSet) PrimaryAddr() string { return "127.0.0.1:" + strconv.Itoa(RedisPrimaryPort) }
+
+// ReplicaAddr is the replica's address.
+func (r *RedisSet) ReplicaAddr() string { return "127.0.0.1:" + strconv.Itoa(RedisReplicaPort) }
+
+// SentinelAddr is the Sentinel's address.
+func (r *RedisSet) SentinelAddr() string { return "127.0.0.1:" + strconv.Itoa(RedisSentinelPort) }
+
+// KillPrimary kills the primary with SIGKILL and cuts the replication
+// link, dropping whatever it held.
+func (r *RedisSet) KillPrimary() {
+	r.primary.kill()
+	r.Link.Cut()
+}
+
+// AwaitFailover waits until the Sentinel names the replica as the primary
+// and the replica has taken the role.
+func (r *RedisSet) AwaitFailover() {
+	r.t.Helper()
+	waitFor(r.t, 30*time.Second, "the Sentinel to fail over to the replica", func(ctx context.Context) error {
+		s := goredis.NewSentinelClient(&goredis.Options{Addr: r.SentinelAddr()})
+		defer s.Close()
+		addr, err := s.GetMasterAddrByName(ctx, SentinelMaster).Result()
+		if err != nil {
+			return err
+		}
+		if len(addr) != 2 || addr[1] != strconv.Itoa(RedisReplicaPort) {
+			return fmt.Errorf("sentinel names %v as the primary", addr)
+		}
+		info, err := infoOf(ctx, r.ReplicaAddr())
+		if err != nil {
+			return err
+		}
+		if !strings.Contains(info, "role:master") {
+			return fmt.Errorf("the replica is not a primary yet")
+		}
+		return nil
+	}, r.replica, r.sentinel)
+}
