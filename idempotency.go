@@ -76,14 +76,16 @@ var (
 )
 
 // MaxExpiry is the latest expiry a record can have: the latest instant a
-// signed 64-bit count of Unix nanoseconds can hold. Now plus the TTL is
-// clamped to it, so a TTL such as math.MaxInt64 means "never expire" on
-// every store.
-var MaxExpiry = time.Unix(0, math.MaxInt64).UTC()
+// signed 64-bit count of Unix nanoseconds can hold (2262-04-11). Now plus
+// the TTL is clamped to it, so a TTL such as math.MaxInt64 means "never
+// expire" on every store. A clock reading at or after it is refused with
+// [ErrInvalidConfig].
+func MaxExpiry() time.Time { return time.Unix(0, math.MaxInt64).UTC() }
 
-// minClock is the earliest clock reading a store can hold (the earliest
-// instant of a signed 64-bit count of Unix nanoseconds).
-var minClock = time.Unix(0, math.MinInt64).UTC()
+// MinClock is the earliest clock reading [Guard.Do] accepts (1677-09-21,
+// the earliest instant of a signed 64-bit count of Unix nanoseconds); an
+// earlier reading is refused with [ErrInvalidConfig].
+func MinClock() time.Time { return time.Unix(0, math.MinInt64).UTC() }
 
 // Key identifies one logical operation. Two keys are the same only if both
 // Scope and ID are byte-equal: the same ID in two scopes never meet.
@@ -441,7 +443,8 @@ func storeError(ctx context.Context, err error) error {
 
 // fnError marks an error that fn returned, so that it reaches the caller
 // as it is (plus a failed rollback, if any), never as a store failure.
-type fnError struct{ err error }
+// fn is fn's own error; err is what the caller gets.
+type fnError struct{ fn, err error }
 
 func (e fnError) Error() string { return e.err.Error() }
 func (e fnError) Unwrap() error { return e.err }
@@ -470,10 +473,10 @@ func (g *Guard[Tx]) attempt(ctx context.Context, c *call, key Key, fp string, de
 		return Response{}, err
 	}
 	now := g.cfg.Now()
-	if now.Before(minClock) || !now.Before(MaxExpiry) {
-		return Response{}, fmt.Errorf("%w: clock reading %v outside %v..%v", ErrInvalidConfig, now, minClock, MaxExpiry)
+	if now.Before(MinClock()) || !now.Before(MaxExpiry()) {
+		return Response{}, fmt.Errorf("%w: clock reading %v outside %v..%v", ErrInvalidConfig, now, MinClock(), MaxExpiry())
 	}
-	r := Reservation{Key: key, Fingerprint: fp, Now: now, ExpiresAt: expiry(now, g.cfg.TTL)}
+	r := Reservation{Key: key, Fingerprint: fp, Now: now, ExpiresAt: expiry(now, g.cfg.TTL), NoWait: g.cfg.NoWait}
 	txn, rec, err := g.store.Reserve(ctx, r)
 	if wait := time.Until(deadline); errors.Is(err, ErrInProgress) && !g.cfg.NoWait && wait > 0 {
 		if !g.takeWaiter() {
@@ -499,7 +502,10 @@ func (g *Guard[Tx]) attempt(ctx context.Context, c *call, key Key, fp string, de
 	resp, err := g.run(ctx, txn, fn)
 	var fe fnError
 	if errors.As(err, &fe) && !errors.Is(err, ErrConflict) {
-		if cc, ok := g.store.(ConflictClassifier); ok && cc.IsConflict(fe.err) {
+		// Only fn's own error is classified: a conflict met by fn's
+		// statements is retried (the rollback discarded the attempt),
+		// whatever the rollback itself reported.
+		if cc, ok := g.store.(ConflictClassifier); ok && cc.IsConflict(fe.fn) {
 			err = fmt.Errorf("%w: %w", ErrConflict, fe.err)
 		}
 	}
@@ -508,8 +514,8 @@ func (g *Guard[Tx]) attempt(ctx context.Context, c *call, key Key, fp string, de
 
 // expiry is now plus ttl, clamped to [MaxExpiry].
 func expiry(now time.Time, ttl time.Duration) time.Time {
-	if ttl >= MaxExpiry.Sub(now) {
-		return MaxExpiry
+	if maxExp := MaxExpiry(); ttl >= maxExp.Sub(now) {
+		return maxExp
 	}
 	return now.Add(ttl)
 }
@@ -533,9 +539,9 @@ func (g *Guard[Tx]) run(ctx context.Context, txn Txn[Tx], fn func(Tx) (Response,
 	done = true
 	if err != nil {
 		if rerr := txn.Rollback(context.WithoutCancel(ctx)); rerr != nil {
-			return Response{}, fnError{errors.Join(err, fmt.Errorf("%w: rollback: %w", ErrStore, rerr))}
+			return Response{}, fnError{err, errors.Join(err, fmt.Errorf("%w: rollback: %w", ErrStore, rerr))}
 		}
-		return Response{}, fnError{err}
+		return Response{}, fnError{err, err}
 	}
 	resp.Replayed = false
 	if err := txn.Complete(ctx, resp, expiry(g.cfg.Now(), g.cfg.TTL)); err != nil {
@@ -561,14 +567,25 @@ func sleep(ctx context.Context, d time.Duration) error {
 }
 
 // Purge deletes expired keys in batches of [Config.PurgeBatch], each its own
-// short transaction, until a batch comes back short or ctx ends. It returns
-// how many keys it deleted.
+// short transaction, until a batch comes back short or ctx ends. A batch
+// that meets a store conflict ([ErrConflict]) is retried like a call of
+// [Guard.Do] (up to [Config.MaxRetries] times in a row). It returns how
+// many keys it deleted.
 func (g *Guard[Tx]) Purge(ctx context.Context) (int, error) {
 	total := 0
 	before := g.cfg.Now()
+	conflicts := 0
 	for {
 		n, err := g.store.Purge(ctx, before, g.cfg.PurgeBatch)
 		total += n
+		if err != nil && errors.Is(err, ErrConflict) && conflicts < g.cfg.MaxRetries && ctx.Err() == nil {
+			conflicts++
+			if werr := sleep(ctx, backoff(g.cfg.RetryBackoff, conflicts)); werr != nil {
+				return total, fmt.Errorf("%w (while retrying: %w)", werr, err)
+			}
+			continue
+		}
+		conflicts = 0
 		if err != nil {
 			return total, err
 		}

@@ -30,6 +30,41 @@ import (
 //     writer at a time) waits for them within its own lock timeout, or
 //     reports [ErrConflict].
 //   - Methods return promptly, with ctx.Err() in the chain, once ctx is done.
+//   - Keys are compared byte-exact, in the ID and in the Scope: no case
+//     folding, no trimming of spaces, no Unicode normalisation.
+//   - Status, header and body are stored and returned byte-exact, whatever
+//     the bytes: header names and values need not be UTF-8, and each name
+//     keeps its values in order. A zero-length Body may come back nil or
+//     empty, and an empty Header nil or empty: they are the same response,
+//     and a store need not keep them apart.
+//   - A returned *Record belongs to the caller, who may keep and change it:
+//     the store keeps no reference to it, to its Header or to its Body, and
+//     each caller gets a copy of its own.
+//   - Times are kept to at least millisecond precision, rounding down, for
+//     every clock reading the core accepts, from [MinClock]() to
+//     [MaxExpiry]: a record never outlives its expiry, and a record that
+//     expires at MaxExpiry() never expires.
+//   - A store that holds keys by lease (a reservation that can run out while
+//     fn runs, as on Redis) refuses Complete from an owner whose lease ran
+//     out and was taken over: it returns [ErrLeaseLost] and applies nothing
+//     of that owner's transaction.
+//
+// Writing a backend, step by step:
+//
+//  1. Choose the native transaction handle Tx that fn receives: every
+//     write fn does through it must commit or roll back with the key.
+//  2. Implement Reserve and Purge, and the Txn they return (Tx, Complete,
+//     Rollback), following the rules above and the methods' documentation.
+//  3. Map the driver's errors in one function: [ErrConflict] for what a
+//     retry cures, [ErrInProgress] for a key held past the wait bound,
+//     everything else wrapped as it is. Implement [ConflictClassifier] if
+//     fn's own statements can meet conflicts.
+//  4. If the store keeps its records in a schema of its own, implement
+//     [Migrator]. If it holds resources of its own (prepared statements),
+//     implement io.Closer: Close releases them, never the caller's pool,
+//     and a reservation already made still completes or rolls back.
+//  5. Run conformance.Run in the store's tests, with honest
+//     conformance.Features; each case quotes the sentence it checks.
 //
 // Conformance of an implementation is checked by the conformance package.
 type KeyStore[Tx any] interface {
@@ -59,12 +94,19 @@ type KeyStore[Tx any] interface {
 	// A backend may send the reservation in the same round trip as its BEGIN
 	// and may first look the key up outside a transaction, so that a replay
 	// costs one round trip.
+	//
+	// A record completed while Reserve waited for its holder is judged by
+	// the expiry it was completed with, never by the provisional one of the
+	// reservation: it is returned, never taken over.
 	Reserve(ctx context.Context, r Reservation) (Txn[Tx], *Record, error)
 
 	// Purge deletes at most limit records whose ExpiresAt <= before, in one
 	// short transaction of its own (one connection), and reports how many it
-	// deleted. Records held by an open transaction are skipped, never waited
-	// for. A backend whose records expire by themselves may return 0.
+	// deleted. Records held by an open transaction are never deleted, and
+	// never waited for, except on a store with one writer at a time for the
+	// whole database (SQLite), where Purge queues for the write lock like
+	// every writer, while ctx lives. A backend whose records expire by
+	// themselves may return 0.
 	Purge(ctx context.Context, before time.Time, limit int) (int, error)
 }
 
@@ -73,12 +115,27 @@ type KeyStore[Tx any] interface {
 // by the goroutine that called Reserve.
 type Txn[Tx any] interface {
 	// Tx is the native transaction handle; the caller's effect runs on it.
+	//
+	// fn must not commit or roll back Tx itself. A store whose handle lets
+	// fn do so anyway (a *sql.Tx) keeps the guarantee: Complete then
+	// returns an error and stores no answer; after fn's rollback the key is
+	// free, and after fn's commit the key stays held (Reserve reports
+	// [ErrInProgress], never a second run) until the reservation's
+	// provisional expiry, [Reservation].ExpiresAt. A store may instead
+	// refuse fn's Commit and Rollback, as package postgres does.
 	Tx() Tx
 
 	// Complete stores resp (status, header, body byte-exact) as the key's
 	// record, marks it completed and commits the transaction with it: the
 	// effect, the key and the response become visible together or not at
 	// all. It may send the update in the same round trip as COMMIT.
+	//
+	// Complete is atomic whatever interrupts it (ctx ending, a cut
+	// connection, a crash): the effect and the record are committed
+	// together or not at all, and a retry with the same key then replays
+	// the record or runs fn once. Called with a ctx that is already done,
+	// it either commits nothing and returns an error with ctx.Err() in its
+	// chain, or commits everything and returns nil.
 	//
 	// expiresAt is the completed record's expiry, to be stored in place of
 	// the reservation's: the core's clock at completion plus the TTL, so a
@@ -113,6 +170,13 @@ type Reservation struct {
 	// Wait bounds how long Reserve may wait for a key another caller holds;
 	// zero means do not wait.
 	Wait time.Duration
+	// NoWait is set when the caller asked not to wait at all
+	// ([Config.NoWait]). A store that serialises writers (one write
+	// transaction at a time for the whole database) then does not wait for
+	// its turn either: while a caller of another key holds the writer, it
+	// reports an error wrapping [ErrStore] at once (the truth: the store is
+	// busy; retrying the same key later is safe), never [ErrInProgress].
+	NoWait bool
 }
 
 // Record is a completed key as a store returns it.
@@ -140,4 +204,16 @@ func (rec *Record) Response() Response {
 // are exhausted.
 type ConflictClassifier interface {
 	IsConflict(err error) bool
+}
+
+// Migrator is an optional interface of a [KeyStore] that keeps its records
+// in a schema of its own, as the SQL stores do.
+type Migrator interface {
+	// Schema returns the DDL that Migrate runs, for the caller's own
+	// migration tool.
+	Schema() string
+	// Migrate creates the store's table and indexes if they are missing.
+	// It is idempotent: running it again, or from several callers at once,
+	// changes nothing and returns nil.
+	Migrate(ctx context.Context) error
 }
