@@ -172,9 +172,13 @@ func readmeMarker(line string) (kind, name string, ok bool) {
 	return kind, strings.TrimSpace(name), true
 }
 
-// readmeDedent removes the tabs that every non-blank line starts with and
-// trailing whitespace.
+// readmeDedent removes the tabs that every non-blank line starts with,
+// trailing whitespace and trailing blank lines (gofmt puts one between a
+// function and a comment that follows it).
 func readmeDedent(lines []string) []string {
+	for len(lines) > 0 && strings.TrimSpace(lines[len(lines)-1]) == "" {
+		lines = lines[:len(lines)-1]
+	}
 	common := -1
 	for _, l := range lines {
 		if strings.TrimSpace(l) == "" {
@@ -227,6 +231,9 @@ func readmeCheckDoc(doc, text string, regions map[string]readmeRegion) (int, []s
 		body := make([]string, 0, end-start)
 		for _, l := range lines[start:min(end, len(lines))] {
 			body = append(body, strings.TrimRight(strings.TrimPrefix(l, indent), " \t"))
+		}
+		for len(body) > 0 && body[len(body)-1] == "" {
+			body = body[:len(body)-1] // as readmeDedent does for regions
 		}
 		if end == len(lines) {
 			problems = append(problems, fmt.Sprintf("%s:%d: code block never closed", doc, i+1))
