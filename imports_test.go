@@ -99,6 +99,20 @@ func isLibrary(p *listedPackage) bool {
 		!strings.Contains(p.ImportPath+"/", "/internal/")
 }
 
+// isStdlibHelper reports whether p is a non-test package of this module's
+// internal/ tree that imports only the standard library.
+func isStdlibHelper(p *listedPackage, pkgs map[string]*listedPackage) bool {
+	if p.Module == nil || p.Module.Path != modulePath || !strings.Contains(p.ImportPath+"/", "/internal/") || isTestKit(p) {
+		return false
+	}
+	for _, imp := range p.Imports {
+		if dep := pkgs[imp]; dep == nil || !dep.Standard {
+			return false
+		}
+	}
+	return true
+}
+
 // isTestKit reports whether p is a test helper package of this module.
 func isTestKit(p *listedPackage) bool {
 	return p.Module != nil && p.Module.Path == modulePath &&
@@ -128,6 +142,8 @@ func checkImports(pkgs map[string]*listedPackage, rules map[string][]string) []s
 			case dep.Standard, imp == modulePath && path != modulePath:
 			case dep.Module != nil && slices.Contains(drivers, dep.Module.Path):
 			case !listed && dep.Module != nil && dep.Module.Path == modulePath && !isTestKit(dep):
+			case strings.HasPrefix(imp, path+"/") && isLibrary(dep): // its own subpackage, checked in turn
+			case path != modulePath && isStdlibHelper(dep, pkgs): // internal/keywait and the like
 			default:
 				allowed := "the standard library"
 				switch {
