@@ -43,20 +43,20 @@ import (
 	"strconv"
 	"time"
 
-	"crypto/sha256"
-	"encoding/hex"
-
 	amqp "github.com/rabbitmq/amqp091-go"
 
 	"github.com/go-idempotency/idempotency"
+	"github.com/go-idempotency/idempotency/idemqueue"
 )
 
 // Status is the HTTP-style status stored with every message's key: the
 // handler's result is kept as the body of a 200 response.
-const Status = 200
+const Status = idemqueue.Status
 
 // ErrPermanent marks errors that redelivery cannot cure; see [Permanent].
-var ErrPermanent = errors.New("idemamqp: permanent failure")
+// It is [idemqueue.ErrPermanent], shared by every consumer of this
+// repository.
+var ErrPermanent = idemqueue.ErrPermanent
 
 // ErrNoKey is returned (wrapped with [ErrPermanent]) for a delivery without
 // a message-id when no [Options.Key] is set.
@@ -66,10 +66,7 @@ var ErrNoKey = errors.New("idemamqp: delivery has no message-id")
 // requeueing it instead of asking for a redelivery.
 // errors.Is(Permanent(err), ErrPermanent) holds. Permanent(nil) is nil.
 func Permanent(err error) error {
-	if err == nil {
-		return nil
-	}
-	return fmt.Errorf("%w: %w", ErrPermanent, err)
+	return idemqueue.Permanent(err)
 }
 
 // Handler processes one delivery. It must do every write of its effect
@@ -207,14 +204,6 @@ func DefaultBackoff(previous int64) time.Duration {
 	return min(time.Second<<previous, time.Minute)
 }
 
-func keyID(raw string) string {
-	if (idempotency.Key{ID: raw}).Validate() == nil {
-		return raw
-	}
-	sum := sha256.Sum256([]byte(raw))
-	return "sha256:" + hex.EncodeToString(sum[:])
-}
-
 // deliveryCount reads the x-delivery-count header of quorum queues.
 func deliveryCount(d *amqp.Delivery) int64 {
 	switch v := d.Headers["x-delivery-count"].(type) {
@@ -239,29 +228,24 @@ func (c *Consumer[Tx]) Handle(ctx context.Context, d *amqp.Delivery) (Result, er
 	if err != nil {
 		return c.reject(res, d, fmt.Errorf("%w: idemamqp: key: %w", ErrPermanent, err))
 	}
-	res.Key = idempotency.Key{Scope: c.opts.Scope, ID: keyID(raw)}
+	res.Key = idempotency.Key{Scope: c.opts.Scope, ID: idemqueue.KeyID(raw)}
 	fp, err := c.opts.Fingerprint(d)
 	if err != nil {
 		return c.reject(res, d, fmt.Errorf("%w: idemamqp: fingerprint: %w", ErrPermanent, err))
 	}
-	resp, err := c.guard.Do(ctx, res.Key, fp, func(tx Tx) (idempotency.Response, error) {
-		body, err := c.handler(ctx, tx, d)
-		if err != nil {
-			return idempotency.Response{}, err
-		}
-		return idempotency.Response{Status: Status, Body: body}, nil
+	out, err := idemqueue.Process(ctx, c.guard, res.Key, fp, func(tx Tx) ([]byte, error) {
+		return c.handler(ctx, tx, d)
 	})
-	switch {
-	case err == nil:
-		res.Body, res.Replayed = resp.Body, resp.Replayed
+	switch out.Verdict {
+	case idemqueue.Ack:
+		res.Body, res.Replayed = out.Body, out.Replayed
 		if aerr := d.Ack(false); aerr != nil {
 			// Committed but not acked: the redelivery replays it.
 			return res, fmt.Errorf("idemamqp: ack %s: %w", res.Key.ID, aerr)
 		}
 		res.Action = Acked
 		return res, nil
-	case errors.Is(err, idempotency.ErrMismatch), errors.Is(err, idempotency.ErrInvalidKey),
-		errors.Is(err, idempotency.ErrInvalidFingerprint), errors.Is(err, ErrPermanent):
+	case idemqueue.Drop:
 		return c.reject(res, d, err)
 	}
 	if ctx.Err() == nil {

@@ -38,8 +38,6 @@ package idemnats
 
 import (
 	"context"
-	"crypto/sha256"
-	"encoding/hex"
 	"errors"
 	"fmt"
 	"strconv"
@@ -48,23 +46,23 @@ import (
 	"github.com/nats-io/nats.go/jetstream"
 
 	"github.com/go-idempotency/idempotency"
+	"github.com/go-idempotency/idempotency/idemqueue"
 )
 
 // Status is the HTTP-style status stored with every message's key: the
 // handler's result is kept as the body of a 200 response.
-const Status = 200
+const Status = idemqueue.Status
 
 // ErrPermanent marks errors that redelivery cannot cure; see [Permanent].
-var ErrPermanent = errors.New("idemnats: permanent failure")
+// It is [idemqueue.ErrPermanent], shared by every consumer of this
+// repository.
+var ErrPermanent = idemqueue.ErrPermanent
 
 // Permanent wraps err so that the [Consumer] terminates the message instead
 // of asking for a redelivery. errors.Is(Permanent(err), err) and
 // errors.Is(Permanent(err), ErrPermanent) both hold. Permanent(nil) is nil.
 func Permanent(err error) error {
-	if err == nil {
-		return nil
-	}
-	return fmt.Errorf("%w: %w", ErrPermanent, err)
+	return idemqueue.Permanent(err)
 }
 
 // Handler processes one message. It must do every write of its effect
@@ -219,15 +217,6 @@ func DefaultBackoff(delivered uint64) time.Duration {
 	return min(time.Second<<(delivered-1), time.Minute)
 }
 
-// keyID makes raw a valid key id: itself if it is one, else its digest.
-func keyID(raw string) string {
-	if (idempotency.Key{ID: raw}).Validate() == nil {
-		return raw
-	}
-	sum := sha256.Sum256([]byte(raw))
-	return "sha256:" + hex.EncodeToString(sum[:])
-}
-
 // Handle runs the handler on msg under the message's key and then acks,
 // naks or terminates msg (see the package documentation). The error is
 // nil when msg was acked; otherwise it says why (errors.Is finds the
@@ -239,7 +228,7 @@ func (c *Consumer[Tx]) Handle(ctx context.Context, msg jetstream.Msg) (Result, e
 	if err != nil {
 		return c.terminate(res, msg, fmt.Errorf("%w: idemnats: key: %w", ErrPermanent, err))
 	}
-	res.Key = idempotency.Key{Scope: c.opts.Scope, ID: keyID(raw)}
+	res.Key = idempotency.Key{Scope: c.opts.Scope, ID: idemqueue.KeyID(raw)}
 	fp, err := c.opts.Fingerprint(msg)
 	if err != nil {
 		return c.terminate(res, msg, fmt.Errorf("%w: idemnats: fingerprint: %w", ErrPermanent, err))
@@ -249,25 +238,20 @@ func (c *Consumer[Tx]) Handle(ctx context.Context, msg jetstream.Msg) (Result, e
 	if c.opts.ProgressInterval > 0 {
 		stop = c.keepAlive(msg)
 	}
-	resp, err := c.guard.Do(ctx, res.Key, fp, func(tx Tx) (idempotency.Response, error) {
-		body, err := c.handler(ctx, tx, msg)
-		if err != nil {
-			return idempotency.Response{}, err
-		}
-		return idempotency.Response{Status: Status, Body: body}, nil
+	out, err := idemqueue.Process(ctx, c.guard, res.Key, fp, func(tx Tx) ([]byte, error) {
+		return c.handler(ctx, tx, msg)
 	})
 	stop()
-	switch {
-	case err == nil:
-		res.Body, res.Replayed = resp.Body, resp.Replayed
+	switch out.Verdict {
+	case idemqueue.Ack:
+		res.Body, res.Replayed = out.Body, out.Replayed
 		if aerr := msg.DoubleAck(ctx); aerr != nil {
 			// Committed but not acked: the redelivery replays it.
 			return res, fmt.Errorf("idemnats: ack %s: %w", res.Key.ID, aerr)
 		}
 		res.Action = Acked
 		return res, nil
-	case errors.Is(err, idempotency.ErrMismatch), errors.Is(err, idempotency.ErrInvalidKey),
-		errors.Is(err, idempotency.ErrInvalidFingerprint), errors.Is(err, ErrPermanent):
+	case idemqueue.Drop:
 		return c.terminate(res, msg, err)
 	}
 	delay := time.Duration(0)
