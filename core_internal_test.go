@@ -1,0 +1,280 @@
+package idempotency
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"math"
+	"net/http"
+	"sync"
+	"testing"
+	"time"
+)
+
+// fakeStore is a KeyStore that records what the core asks of it. Reserve
+// hands out a reservation unless rec or err is set.
+type fakeStore struct {
+	mu        sync.Mutex
+	reserved  []Reservation
+	completed []time.Time // expiresAt of each Complete
+	rolled    int
+	rec       *Record
+	err       error
+	purge     func(before time.Time, limit int) (int, error)
+	onFn      func() // called by Tx, as fn would
+}
+
+type fakeTxn struct{ s *fakeStore }
+
+func (s *fakeStore) Reserve(_ context.Context, r Reservation) (Txn[int], *Record, error) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	s.reserved = append(s.reserved, r)
+	switch {
+	case s.err != nil:
+		return nil, nil, s.err
+	case s.rec != nil:
+		return nil, s.rec, nil
+	}
+	return fakeTxn{s}, nil, nil
+}
+
+func (s *fakeStore) Purge(_ context.Context, before time.Time, limit int) (int, error) {
+	return s.purge(before, limit)
+}
+
+func (t fakeTxn) Tx() int { return 0 }
+
+func (t fakeTxn) Complete(_ context.Context, _ Response, expiresAt time.Time) error {
+	t.s.mu.Lock()
+	defer t.s.mu.Unlock()
+	t.s.completed = append(t.s.completed, expiresAt)
+	return nil
+}
+
+func (t fakeTxn) Rollback(context.Context) error {
+	t.s.mu.Lock()
+	defer t.s.mu.Unlock()
+	t.s.rolled++
+	return nil
+}
+
+func mustNew(t *testing.T, s KeyStore[int], cfg *Config) *Guard[int] {
+	t.Helper()
+	g, err := New(s, cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return g
+}
+
+func TestNewDefaults(t *testing.T) {
+	g := mustNew(t, &fakeStore{}, nil)
+	c := g.cfg
+	if c.TTL != DefaultTTL || c.WaitTimeout != DefaultWaitTimeout || c.MaxRetries != DefaultMaxRetries ||
+		c.RetryBackoff != DefaultRetryBackoff || c.PurgeBatch != DefaultPurgeBatch || c.MaxWaiters != DefaultMaxWaiters ||
+		c.Now == nil || cap(g.waiters) != DefaultMaxWaiters {
+		t.Fatalf("defaults: got %+v (waiter slots %d)", c, cap(g.waiters))
+	}
+	if DefaultTTL != 24*time.Hour || DefaultWaitTimeout != 30*time.Second || DefaultMaxRetries != 10 ||
+		DefaultRetryBackoff != 2*time.Millisecond || DefaultPurgeBatch != 1000 || DefaultMaxWaiters != 2 {
+		t.Fatal("a documented default changed: update the docs and this test together")
+	}
+	set := Config{TTL: time.Millisecond, WaitTimeout: time.Nanosecond, MaxRetries: 3, RetryBackoff: time.Nanosecond,
+		PurgeBatch: 1, MaxWaiters: 5}
+	c = mustNew(t, &fakeStore{}, &set).cfg
+	if c.TTL != set.TTL || c.WaitTimeout != set.WaitTimeout || c.MaxRetries != 3 || c.RetryBackoff != set.RetryBackoff ||
+		c.PurgeBatch != 1 || c.MaxWaiters != 5 {
+		t.Fatalf("explicit values must be kept: got %+v", c)
+	}
+	g = mustNew(t, &fakeStore{}, &Config{MaxRetries: -1, MaxWaiters: -1})
+	if g.cfg.MaxRetries != 0 || g.waiters != nil {
+		t.Fatalf("negative MaxRetries/MaxWaiters: got %d retries, waiter slots %v; want 0 and no bound", g.cfg.MaxRetries, g.waiters)
+	}
+}
+
+func TestNewRefusesOutOfRange(t *testing.T) {
+	for _, cfg := range []Config{
+		{TTL: -1}, {TTL: time.Millisecond - 1}, {TTL: 1}, {WaitTimeout: -1}, {RetryBackoff: -1}, {PurgeBatch: -1},
+	} {
+		if _, err := New[int](&fakeStore{}, &cfg); !errors.Is(err, ErrInvalidConfig) {
+			t.Errorf("New(%+v) = %v, want ErrInvalidConfig", cfg, err)
+		}
+	}
+	if _, err := New[int](nil, nil); !errors.Is(err, ErrInvalidConfig) {
+		t.Errorf("New(nil store) = %v, want ErrInvalidConfig", err)
+	}
+}
+
+func TestExpiryClamp(t *testing.T) {
+	now := time.Date(2026, 12, 1, 0, 0, 0, 0, time.UTC)
+	room := MaxExpiry().Sub(now)
+	for _, c := range []struct {
+		ttl  time.Duration
+		want time.Time
+	}{
+		{time.Hour, now.Add(time.Hour)},
+		{room - 1, MaxExpiry().Add(-1)},
+		{room, MaxExpiry()},
+		{room + 1, MaxExpiry()},
+		{math.MaxInt64, MaxExpiry()},
+	} {
+		if got := expiry(now, c.ttl); !got.Equal(c.want) {
+			t.Errorf("expiry(now, %v) = %v, want %v", c.ttl, got, c.want)
+		}
+	}
+	if !MaxExpiry().Equal(time.Unix(0, math.MaxInt64)) || !MinClock().Equal(time.Unix(0, math.MinInt64)) {
+		t.Fatal("MaxExpiry/MinClock moved")
+	}
+}
+
+func TestBackoffBounds(t *testing.T) {
+	base := time.Millisecond
+	for attempt := 1; attempt <= 9; attempt++ {
+		limit := base << min(attempt-1, 5)
+		var top time.Duration
+		for range 2000 {
+			d := backoff(base, attempt)
+			if d < 0 || d > limit {
+				t.Fatalf("backoff(%v, %d) = %v outside 0..%v", base, attempt, d, limit)
+			}
+			top = max(top, d)
+		}
+		if top <= limit/2 { // full jitter: 2000 draws all in the lower half has odds 2^-2000
+			t.Fatalf("backoff(%v, %d) never above %v: the range is not %v", base, attempt, limit/2, limit)
+		}
+	}
+}
+
+func TestStatusRange(t *testing.T) {
+	for status, valid := range map[int]bool{99: false, 100: true, 200: true, 599: true, 600: false, 0: false} {
+		s := &fakeStore{}
+		g := mustNew(t, s, nil)
+		_, err := g.Do(context.Background(), Key{ID: fmt.Sprint("k", status)}, "fp", func(int) (Response, error) {
+			return Response{Status: status}, nil
+		})
+		if valid != (err == nil) || (!valid && !errors.Is(err, ErrInvalidResponse)) {
+			t.Errorf("status %d: err %v, want valid=%v", status, err, valid)
+		}
+		if valid != (len(s.completed) == 1) || valid == (s.rolled == 1) {
+			t.Errorf("status %d: %d completes, %d rollbacks", status, len(s.completed), s.rolled)
+		}
+	}
+}
+
+func TestClockRange(t *testing.T) {
+	for _, c := range []struct {
+		now   time.Time
+		valid bool
+	}{
+		{MinClock(), true},
+		{MinClock().Add(-1), false},
+		{MaxExpiry().Add(-1), true},
+		{MaxExpiry(), false},
+	} {
+		s := &fakeStore{}
+		g := mustNew(t, s, &Config{Now: func() time.Time { return c.now }})
+		_, err := g.Do(context.Background(), Key{ID: "k"}, "fp", func(int) (Response, error) { return Response{Status: 200}, nil })
+		if c.valid != (err == nil) || (!c.valid && (!errors.Is(err, ErrInvalidConfig) || len(s.reserved) != 0)) {
+			t.Errorf("clock %v: err %v, %d reservations; want valid=%v, nothing asked of the store when invalid",
+				c.now, err, len(s.reserved), c.valid)
+		}
+	}
+}
+
+// TestReservationFields: what the core tells the store, and the expiry it
+// completes with (counted from completion, not from the reservation).
+func TestReservationFields(t *testing.T) {
+	start := time.Date(2026, 12, 1, 0, 0, 0, 0, time.UTC)
+	now := start
+	s := &fakeStore{}
+	g := mustNew(t, s, &Config{TTL: time.Hour, NoWait: true, Now: func() time.Time { return now }})
+	_, err := g.Do(context.Background(), Key{Scope: "s", ID: "k"}, "fp", func(int) (Response, error) {
+		now = now.Add(3 * time.Hour) // fn slower than the TTL
+		return Response{Status: 201}, nil
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	r := s.reserved[0]
+	if r.Key != (Key{Scope: "s", ID: "k"}) || r.Fingerprint != "fp" || !r.Now.Equal(start) ||
+		!r.ExpiresAt.Equal(start.Add(time.Hour)) || r.Wait != 0 || !r.NoWait {
+		t.Fatalf("reservation %+v", r)
+	}
+	if want := start.Add(4 * time.Hour); len(s.completed) != 1 || !s.completed[0].Equal(want) {
+		t.Fatalf("completed with %v, want %v (completion + TTL)", s.completed, want)
+	}
+}
+
+func TestReplayFromStore(t *testing.T) {
+	rec := &Record{Key: Key{ID: "k"}, Fingerprint: "fp", Status: 202, Header: http.Header{"A": {"b"}}, Body: []byte("x")}
+	g := mustNew(t, &fakeStore{rec: rec}, nil)
+	ran := false
+	resp, err := g.Do(context.Background(), Key{ID: "k"}, "fp", func(int) (Response, error) { ran = true; return Response{}, nil })
+	if err != nil || ran || !resp.Replayed || resp.Status != 202 || string(resp.Body) != "x" || resp.Header.Get("A") != "b" {
+		t.Fatalf("got %+v, %v (fn ran: %v); want the record replayed", resp, err, ran)
+	}
+	if _, err := g.Do(context.Background(), Key{ID: "k"}, "other", func(int) (Response, error) { return Response{}, nil }); !errors.Is(err, ErrMismatch) {
+		t.Fatalf("other fingerprint: %v, want ErrMismatch", err)
+	}
+}
+
+func TestStoreErrorsGetErrStore(t *testing.T) {
+	cause := errors.New("connection reset")
+	g := mustNew(t, &fakeStore{err: cause}, nil)
+	_, err := g.Do(context.Background(), Key{ID: "k"}, "fp", func(int) (Response, error) { return Response{Status: 200}, nil })
+	if !errors.Is(err, ErrStore) || !errors.Is(err, cause) {
+		t.Fatalf("got %v, want ErrStore and the cause", err)
+	}
+	g = mustNew(t, &fakeStore{err: fmt.Errorf("%w: held", ErrInProgress)}, &Config{NoWait: true})
+	if _, err := g.Do(context.Background(), Key{ID: "k"}, "fp", nil); !errors.Is(err, ErrInvalidResponse) {
+		t.Fatalf("nil fn: %v, want ErrInvalidResponse", err)
+	}
+	_, err = g.Do(context.Background(), Key{ID: "k"}, "fp", func(int) (Response, error) { return Response{Status: 200}, nil })
+	if !errors.Is(err, ErrInProgress) || errors.Is(err, ErrStore) {
+		t.Fatalf("held key: %v, want ErrInProgress and not ErrStore", err)
+	}
+}
+
+func TestPurgeRetriesConflicts(t *testing.T) {
+	calls := 0
+	s := &fakeStore{purge: func(_ time.Time, limit int) (int, error) {
+		calls++
+		switch calls {
+		case 1:
+			return limit, nil
+		case 2, 3:
+			return 0, fmt.Errorf("%w: busy", ErrConflict)
+		}
+		return 1, nil
+	}}
+	g := mustNew(t, s, &Config{PurgeBatch: 10, RetryBackoff: time.Microsecond})
+	n, err := g.Purge(context.Background())
+	if err != nil || n != 11 || calls != 4 {
+		t.Fatalf("Purge = %d, %v after %d batches; want 11, nil after 4", n, err, calls)
+	}
+	calls = 0
+	s.purge = func(time.Time, int) (int, error) { calls++; return 0, fmt.Errorf("%w: busy", ErrConflict) }
+	g = mustNew(t, s, &Config{MaxRetries: 2, RetryBackoff: time.Microsecond})
+	if _, err := g.Purge(context.Background()); !errors.Is(err, ErrConflict) || calls != 3 {
+		t.Fatalf("Purge = %v after %d batches; want ErrConflict after 3", err, calls)
+	}
+}
+
+func TestTakeWaiterBound(t *testing.T) {
+	g := mustNew(t, &fakeStore{}, &Config{MaxWaiters: 2})
+	if !g.takeWaiter() || !g.takeWaiter() || g.takeWaiter() {
+		t.Fatal("want exactly 2 slots")
+	}
+	g.releaseWaiter()
+	if !g.takeWaiter() {
+		t.Fatal("a released slot must be free again")
+	}
+	g = mustNew(t, &fakeStore{}, &Config{MaxWaiters: -1})
+	for range 100 {
+		if !g.takeWaiter() {
+			t.Fatal("no bound: every take succeeds")
+		}
+	}
+	g.releaseWaiter() // no-op without a bound
+}
