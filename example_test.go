@@ -25,7 +25,7 @@ func ExampleFingerprintJSON() {
 	// Output: true false true
 }
 
-// The seed's experiment on the embedded store: 20 simultaneous requests with
+// The 20-request experiment on the embedded store: 20 simultaneous requests with
 // one key create one payment and get 20 identical responses; the same key
 // with another amount is refused.
 func ExampleGuard_Do() {

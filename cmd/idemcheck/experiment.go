@@ -14,7 +14,7 @@ import (
 	"github.com/go-idempotency/idempotency"
 )
 
-// The seed's request: one payment for order 42, then the same key with
+// The experiment's request: one payment for order 42, then the same key with
 // another amount.
 const (
 	orderID     = 42
@@ -159,7 +159,7 @@ func simultaneously(n int, f func() reply) []reply {
 	return replies
 }
 
-// requestBody is the JSON body of the request, in the seed's field order.
+// requestBody is the JSON body of the request, in the experiment's field order.
 func requestBody(amt int) []byte {
 	return fmt.Appendf(nil, `{"orderId":%d,"amount":%d}`, orderID, amt)
 }
@@ -241,7 +241,7 @@ func naiveSecondCell(o outcome) string {
 }
 
 // librarySecondCell says what the library did with another amount:
-// ErrMismatch is the 422 of the seed; anything else is shown as it is.
+// ErrMismatch is the expected 422; anything else is shown as it is.
 func librarySecondCell(o outcome) string {
 	switch {
 	case errors.Is(o.second.err, idempotency.ErrMismatch):
@@ -253,7 +253,7 @@ func librarySecondCell(o outcome) string {
 }
 
 // libraryProblems lists every way the library's row differs from the
-// seed's: exactly one payment, n x 201 naming it, 422 for another amount.
+// expected: exactly one payment, n x 201 naming it, 422 for another amount.
 func libraryProblems(o outcome) []string {
 	var p []string
 	if len(o.payments) != 1 {

@@ -22,7 +22,7 @@
 // .sqlite3 extension and without sqlite: or file:) is refused, with the list
 // of accepted forms, instead of being taken for a new SQLite file.
 //
-// The exit status is 0 when the library's row is the seed's (one payment,
+// The exit status is 0 when the library's row is the expected one (one payment,
 // N x 201 naming it, 422 for another amount), 1 when it is not or the
 // experiment could not run, and 2 for bad flags. The naive row is
 // informational: it shows whatever the race really produced.
@@ -42,7 +42,7 @@ import (
 
 // poolSize caps the library's connection pool on every store, below the
 // default number of callers: nothing may ask for a second connection while
-// it holds one, or the callers would deadlock (the seed's pool lesson).
+// it holds one, or the callers would deadlock (never ask the pool for a second connection while holding one).
 const poolSize = 4
 
 // naivePoolMax caps the naive version's pool. It gets one connection per

@@ -34,7 +34,7 @@ func runCmd(t *testing.T, args ...string) (code int, stdout, stderr string) {
 	return code, out.String(), errb.String()
 }
 
-// checkLibraryRow asserts exit 0 and the seed's row for the library.
+// checkLibraryRow asserts exit 0 and the expected row for the library (one payment, 20 identical 201s, 422).
 func checkLibraryRow(t *testing.T, store string, n, code int, stdout string) {
 	t.Helper()
 	if code != 0 {
@@ -281,7 +281,7 @@ func TestParseStore(t *testing.T) {
 	}
 }
 
-// TestLibraryProblems checks that every deviation from the seed's row makes
+// TestLibraryProblems checks that every deviation from the expected row makes
 // the command fail.
 func TestLibraryProblems(t *testing.T) {
 	t.Parallel()
@@ -295,7 +295,7 @@ func TestLibraryProblems(t *testing.T) {
 		}
 	}
 	if p := libraryProblems(good()); len(p) != 0 {
-		t.Fatalf("the seed's row: problems %q, want none", p)
+		t.Fatalf("the expected row: problems %q, want none", p)
 	}
 	for name, spoil := range map[string]func(*outcome){
 		"two payments":      func(o *outcome) { o.payments = []string{"7", "8"}; o.after = 2 },
