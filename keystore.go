@@ -117,12 +117,13 @@ type Txn[Tx any] interface {
 	// Tx is the native transaction handle; the caller's effect runs on it.
 	//
 	// fn must not commit or roll back Tx itself. A store whose handle lets
-	// fn do so anyway (a *sql.Tx) keeps the guarantee: Complete then
-	// returns an error and stores no answer; after fn's rollback the key is
-	// free, and after fn's commit the key stays held (Reserve reports
-	// [ErrInProgress], never a second run) until the reservation's
-	// provisional expiry, [Reservation].ExpiresAt. A store may instead
-	// refuse fn's Commit and Rollback, as package postgres does.
+	// fn do so anyway (a *sql.Tx) keeps the guarantee, never an answer
+	// without its effect nor a second run: after fn's rollback, Complete
+	// fails and the key is free; after fn's commit, the key holds fn's
+	// answer or stays held (Reserve reports [ErrInProgress]) until the
+	// reservation's provisional expiry, [Reservation].ExpiresAt. A store may
+	// instead refuse fn's Commit and Rollback, as package postgres refuses
+	// Commit.
 	Tx() Tx
 
 	// Complete stores resp (status, header, body byte-exact) as the key's
@@ -141,9 +142,10 @@ type Txn[Tx any] interface {
 	// the reservation's: the core's clock at completion plus the TTL, so a
 	// slow call is remembered for the whole TTL after it answered. It is
 	// never after [MaxExpiry]. A store keeps it to at least millisecond
-	// precision, rounding down. After it
-	// returns, whatever the error, the transaction is over and the
-	// connection released. A commit that fails with a retryable conflict
+	// precision, rounding down. After it returns, whatever the error, the
+	// transaction is over for the caller and the connection released (the
+	// server may still finish a COMMIT whose reply was lost: a retry of the
+	// key waits for it, then replays). A commit that fails with a retryable conflict
 	// wraps [ErrConflict]; a backend that can tell that it lost the key
 	// (an expired lease taken over) returns [ErrLeaseLost].
 	Complete(ctx context.Context, resp Response, expiresAt time.Time) error

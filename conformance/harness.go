@@ -10,7 +10,19 @@
 //
 // Each case gets a fresh fixture (its own table or key prefix), releases its
 // concurrent callers together through a start gate, and runs under a
-// watchdog, so a deadlock fails the case instead of hanging the run.
+// watchdog, so a deadlock fails the case instead of hanging the run. A case
+// that checks a rule of the contract (the doc comments of
+// idempotency.KeyStore and idempotency.Txn) logs, when it fails, the
+// sentence it checks, as testing/slogtest does.
+//
+// Beyond the happy paths, the suite interrupts Complete at many moments of
+// its measured duration and requires the effect and the answer to be
+// committed together or not at all; lets a short lease run out while fn
+// runs (stores with [Features].Leases) and requires the stale owner's
+// Complete to be refused; and checks TTLs counted from completion, clock
+// and TTL extremes, byte-exact headers, record ownership, in-memory
+// waiting and the bound on waits in the store. A store that reserves the
+// key in one transaction and commits the effect in another fails it.
 package conformance
 
 import (
@@ -50,6 +62,11 @@ type Options struct {
 	// connections (the suite uses 2 to prove that no call asks for a
 	// second connection while holding one).
 	MaxConns int
+	// Lease, when > 0, asks for a store whose lease on a held key is this
+	// long and runs out this long after it was taken, whatever fn does (no
+	// renewal), so that fn can outlive it. Only the cases that need it set
+	// it, and only when [Features].Leases is true.
+	Lease time.Duration
 }
 
 // Features says, honestly, what a backend guarantees. The suite adapts the
@@ -64,6 +81,12 @@ type Features struct {
 	// itself (Redis key expiry) and [idempotency.KeyStore.Purge] always
 	// returns 0. Otherwise Purge must delete exactly the expired keys.
 	SelfExpiring bool
+	// Leases is true when the store holds a key by a lease that can run
+	// out while fn runs (Redis): another caller may then take the key, and
+	// the first owner's Complete must be refused. The fixture must honour
+	// [Options].Lease. A store that holds keys in a database transaction
+	// leaves it false.
+	Leases bool
 }
 
 // Harness tells [Run] how to build fixtures for a backend.

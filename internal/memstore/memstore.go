@@ -4,6 +4,7 @@
 package memstore
 
 import (
+	"bytes"
 	"context"
 	"fmt"
 	"sync"
@@ -62,7 +63,8 @@ func (s *Store) Reserve(ctx context.Context, r idempotency.Reservation) (idempot
 		s.mu.Lock()
 		if rec, ok := s.records[r.Key]; ok && rec.ExpiresAt.After(r.Now) {
 			s.mu.Unlock()
-			cp := *rec
+			cp := *rec // the caller owns its copy: no shared header map nor body
+			cp.Header, cp.Body = rec.Header.Clone(), bytes.Clone(rec.Body)
 			return nil, &cp, nil
 		}
 		wait, busy := s.held[r.Key]

@@ -1,0 +1,80 @@
+package conformance
+
+// rule is a sentence of the contract that a case checks, quoted verbatim
+// (comment markers and line breaks aside) from the file that states it.
+// A failing case logs the rules it checks, as testing/slogtest does; the
+// package's own tests fail if a quote drifts from its source.
+type rule struct {
+	file string // relative to the module root
+	text string
+}
+
+func (r rule) String() string { return r.file + `: "` + r.text + `"` }
+
+// The sentences of keystore.go and idempotency.go that the cases check.
+var (
+	ruleOneTxn = rule{"keystore.go",
+		"Under concurrent calls with the same key at most one obtains a Txn at any time."}
+	ruleWaitThenRecord = rule{"keystore.go",
+		"While another caller holds the key, Reserve blocks (up to r.Wait and while ctx lives) until that caller completes (then it returns the record) or rolls back or loses its lease (then it competes again for the key)."}
+	ruleInProgress = rule{"keystore.go",
+		"another caller holds the key and still held it when r.Wait ran out (r.Wait == 0: do not wait at all)."}
+	ruleOneConn = rule{"keystore.go",
+		"No method asks its pool for a second connection while it holds one."}
+	ruleCtx = rule{"keystore.go",
+		"Methods return promptly, with ctx.Err() in the chain, once ctx is done."}
+	ruleKeys = rule{"keystore.go",
+		"Keys are compared byte-exact, in the ID and in the Scope: no case folding, no trimming of spaces, no Unicode normalisation."}
+	ruleBytes = rule{"keystore.go",
+		"Status, header and body are stored and returned byte-exact, whatever the bytes: header names and values need not be UTF-8, and each name keeps its values in order."}
+	ruleEmpty = rule{"keystore.go",
+		"A zero-length Body may come back nil or empty, and an empty Header nil or empty: they are the same response, and a store need not keep them apart."}
+	ruleOwner = rule{"keystore.go",
+		"A returned *Record belongs to the caller, who may keep and change it: the store keeps no reference to it, to its Header or to its Body, and each caller gets a copy of its own."}
+	ruleTimes = rule{"keystore.go",
+		"Times are kept to at least millisecond precision, rounding down, for every clock reading the core accepts, from [MinClock]() to [MaxExpiry]: a record never outlives its expiry, and a record that expires at MaxExpiry() never expires."}
+	ruleLease = rule{"keystore.go",
+		"A store that holds keys by lease (a reservation that can run out while fn runs, as on Redis) refuses Complete from an owner whose lease ran out and was taken over: it returns [ErrLeaseLost] and applies nothing of that owner's transaction."}
+	ruleCompletedWhileWaiting = rule{"keystore.go",
+		"A record completed while Reserve waited for its holder is judged by the expiry it was completed with, never by the provisional one of the reservation: it is returned, never taken over."}
+	rulePurgeDeletes = rule{"keystore.go",
+		"Purge deletes at most limit records whose ExpiresAt <= before, in one short transaction of its own (one connection), and reports how many it deleted."}
+	rulePurgeHeld = rule{"keystore.go",
+		"Records held by an open transaction are never deleted, and never waited for, except on a store with one writer at a time for the whole database (SQLite), where Purge queues for the write lock like every writer, while ctx lives."}
+	ruleFnEndsTx = rule{"keystore.go",
+		"fn must not commit or roll back Tx itself. A store whose handle lets fn do so anyway (a *sql.Tx) keeps the guarantee, never an answer without its effect nor a second run: after fn's rollback, Complete fails and the key is free; after fn's commit, the key holds fn's answer or stays held (Reserve reports [ErrInProgress]) until the reservation's provisional expiry, [Reservation].ExpiresAt."}
+	ruleComplete = rule{"keystore.go",
+		"Complete stores resp (status, header, body byte-exact) as the key's record, marks it completed and commits the transaction with it: the effect, the key and the response become visible together or not at all."}
+	ruleAtomic = rule{"keystore.go",
+		"Complete is atomic whatever interrupts it (ctx ending, a cut connection, a crash): the effect and the record are committed together or not at all, and a retry with the same key then replays the record or runs fn once."}
+	ruleCompleteDone = rule{"keystore.go",
+		"Called with a ctx that is already done, it either commits nothing and returns an error with ctx.Err() in its chain, or commits everything and returns nil."}
+	ruleRollback = rule{"keystore.go",
+		"Rollback abandons the transaction: the reservation and every effect done through Tx are discarded and the key is free again."}
+	ruleRollbackDone = rule{"keystore.go",
+		"It must work with an already cancelled ctx (the caller may be unwinding after a cancel)."}
+	ruleExpiredAbsent = rule{"keystore.go",
+		"Now is the core's clock reading for this attempt; records whose ExpiresAt <= Now count as absent."}
+	ruleMigrate = rule{"keystore.go",
+		"It is idempotent: running it again, or from several callers at once, changes nothing and returns nil."}
+
+	ruleTTL = rule{"idempotency.go",
+		"TTL is how long a completed key is remembered, counted from the moment its answer was committed (however long fn ran); after it the key counts as new."}
+	ruleMaxExpiry = rule{"idempotency.go",
+		"Now plus the TTL is clamped to it, so a TTL such as math.MaxInt64 means \"never expire\" on every store. A clock reading at or after it is refused with [ErrInvalidConfig]."}
+	ruleMinClock = rule{"idempotency.go",
+		"MinClock is the earliest clock reading [Guard.Do] accepts (1677-09-21, the earliest instant of a signed 64-bit count of Unix nanoseconds); an earlier reading is refused with [ErrInvalidConfig]."}
+	ruleMemWait = rule{"idempotency.go",
+		"Callers of the same key in this Guard never count: they wait in memory for the one that is in the store."}
+	ruleMaxWaiters = rule{"idempotency.go",
+		"Beyond it, a call whose key is held returns [ErrInProgress] at once (HTTP 409 with Retry-After), so waiters cannot take the pool from other traffic."}
+)
+
+// allRules lists every quoted rule, for the package's own drift check.
+var allRules = []rule{
+	ruleOneTxn, ruleWaitThenRecord, ruleInProgress, ruleOneConn, ruleCtx, ruleKeys, ruleBytes,
+	ruleEmpty, ruleOwner, ruleTimes, ruleLease, ruleCompletedWhileWaiting, rulePurgeDeletes,
+	rulePurgeHeld, ruleFnEndsTx, ruleComplete, ruleAtomic, ruleCompleteDone, ruleRollback,
+	ruleRollbackDone, ruleExpiredAbsent, ruleMigrate, ruleTTL, ruleMaxExpiry, ruleMinClock,
+	ruleMemWait, ruleMaxWaiters,
+}

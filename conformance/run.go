@@ -1,0 +1,141 @@
+package conformance
+
+import (
+	"context"
+	"testing"
+	"time"
+
+	"github.com/go-idempotency/idempotency"
+)
+
+// Callers is how many concurrent callers the concurrency cases fire.
+const Callers = 20
+
+// caseTimeout bounds every case: a deadlock fails the case instead of
+// hanging the run.
+const caseTimeout = 60 * time.Second
+
+// testCase is one named subtest of [Run] and the contract sentences it
+// checks (logged when it fails).
+type testCase struct {
+	name  string
+	rules []rule
+	fn    func(t *testing.T)
+}
+
+// Run runs every conformance case against the backend that h describes,
+// each as a subtest named after the contract it checks. A failing case
+// logs the sentences of keystore.go (or idempotency.go) it checks.
+func Run[Tx any](t *testing.T, h Harness[Tx]) {
+	t.Helper()
+	if h.NewFixture == nil {
+		t.Fatal("conformance: Harness.NewFixture is nil")
+	}
+	s := &suite[Tx]{h: h}
+	for _, c := range s.cases() {
+		t.Run(c.name, func(t *testing.T) {
+			t.Cleanup(func() {
+				if t.Failed() {
+					for _, r := range c.rules {
+						t.Logf("contract: %v", r)
+					}
+				}
+			})
+			c.fn(t)
+		})
+	}
+}
+
+func (s *suite[Tx]) cases() []testCase {
+	return []testCase{
+		{"ConcurrentSameKey", []rule{ruleOneTxn}, s.concurrentSameKey},
+		{"WinnerFailsWhileOthersWait", []rule{ruleWaitThenRecord, ruleRollback}, s.winnerFails},
+		{"SmallPool", []rule{ruleOneConn}, s.smallPool},
+		{"DistinctKeysParallel", nil, s.distinctKeys},
+		{"DistinctKeyNotBlocked", nil, s.distinctKeyNotBlocked},
+		{"ScopesAreSeparate", []rule{ruleKeys}, s.scopes},
+		{"KeysAreByteExact", []rule{ruleKeys}, s.byteExactKeys},
+		{"WaiterGetsReplay", []rule{ruleWaitThenRecord}, s.waiterGetsReplay},
+		{"WaitBound", []rule{ruleInProgress}, s.waitBound},
+		{"NoWait", []rule{ruleInProgress}, s.noWait},
+		{"CancelWhileWaiting", []rule{ruleCtx, ruleOneConn}, s.cancelWhileWaiting},
+		{"OneStoreWaiterPerKey", []rule{ruleMemWait}, s.oneStoreWaiterPerKey},
+		{"MaxWaitersBound", []rule{ruleMaxWaiters}, s.maxWaiters},
+		{"ErrorRollsBack", []rule{ruleRollback}, s.errorRollsBack},
+		{"PanicRollsBack", []rule{ruleRollback}, s.panicRollsBack},
+		{"InvalidResponseRollsBack", []rule{ruleRollback}, s.invalidResponse},
+		{"RollbackWithCancelledContext", []rule{ruleRollbackDone, ruleRollback}, s.rollbackCancelled},
+		{"CompleteWithCancelledContext", []rule{ruleCompleteDone}, s.completeCancelled},
+		{"CompleteInterrupted", []rule{ruleAtomic, ruleComplete}, s.completeInterrupted},
+		{"FnEndsTx", []rule{ruleFnEndsTx}, s.fnEndsTx},
+		{"LeaseRunsOut", []rule{ruleLease}, s.leaseRunsOut},
+		{"LargeBinaryBody", []rule{ruleBytes}, s.largeBody},
+		{"HeaderBytes", []rule{ruleBytes}, s.headerBytes},
+		{"EmptyBodyAndHeader", []rule{ruleEmpty}, s.emptyBody},
+		{"RecordBelongsToCaller", []rule{ruleOwner}, s.recordOwnership},
+		{"InvalidInputRefused", nil, s.invalidInput},
+		{"TTLExpiry", []rule{ruleExpiredAbsent}, s.ttlExpiry},
+		{"TTLFromCompletion", []rule{ruleTTL, ruleCompletedWhileWaiting}, s.ttlFromCompletion},
+		{"TTLFromCompletionClock", []rule{ruleTTL, ruleCompletedWhileWaiting}, s.ttlFromCompletionClock},
+		{"TTLExtremes", []rule{ruleMaxExpiry, ruleTimes}, s.ttlExtremes},
+		{"ClockExtremes", []rule{ruleMaxExpiry, ruleMinClock, ruleTimes}, s.clockExtremes},
+		{"SubMillisecondExpiry", []rule{ruleTimes, ruleExpiredAbsent}, s.subMillisecond},
+		{"Purge", []rule{rulePurgeDeletes}, s.purge},
+		{"PurgeSkipsHeld", []rule{rulePurgeHeld}, s.purgeSkipsHeld},
+		{"MigrateTwice", []rule{ruleMigrate}, s.migrateTwice},
+		{"Observer", nil, s.observer},
+		{"NoGoroutineGrowth", nil, s.noGoroutineGrowth},
+	}
+}
+
+type suite[Tx any] struct{ h Harness[Tx] }
+
+// env is one case's fixture, context and helpers.
+type env[Tx any] struct {
+	t   *testing.T
+	ctx context.Context
+	f   Fixture[Tx]
+}
+
+func (s *suite[Tx]) setup(t *testing.T, opts Options) *env[Tx] {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), caseTimeout)
+	t.Cleanup(cancel)
+	f := s.h.NewFixture(t, opts)
+	if f.Store == nil || f.Effect == nil || f.Count == nil {
+		t.Fatal("conformance: fixture must set Store, Effect and Count")
+	}
+	return &env[Tx]{t: t, ctx: ctx, f: f}
+}
+
+func (e *env[Tx]) guard(cfg *idempotency.Config) *idempotency.Guard[Tx] {
+	e.t.Helper()
+	return e.guardOn(e.f.Store, cfg)
+}
+
+func (e *env[Tx]) guardOn(store idempotency.KeyStore[Tx], cfg *idempotency.Config) *idempotency.Guard[Tx] {
+	e.t.Helper()
+	g, err := idempotency.New(store, cfg)
+	if err != nil {
+		e.t.Fatalf("idempotency.New: %v", err)
+	}
+	return g
+}
+
+// count fails the case unless exactly want effects tagged tag committed.
+func (e *env[Tx]) count(tag string, want int, contract string) {
+	e.t.Helper()
+	if got := e.counted(tag); got != want {
+		e.t.Fatalf("%s: effects committed for %q: got %d, want %d", contract, tag, got, want)
+	}
+}
+
+// counted returns how many effects tagged tag committed.
+func (e *env[Tx]) counted(tag string) int {
+	e.t.Helper()
+	got, err := e.f.Count(e.ctx, tag)
+	if err != nil {
+		e.t.Fatalf("Count(%q): %v", tag, err)
+	}
+	return got
+}
