@@ -16,20 +16,37 @@
 // the effect, the key and the stored response commit together or not at all.
 // SQLite runs one write transaction at a time for the whole database, so a
 // caller that holds a key holds the database's write lock until it commits
-// or rolls back. Waiting for a key another caller holds is waiting for that
-// lock, bounded by [idempotency.Reservation.Wait] (the Guard's WaitTimeout)
-// and by ctx; past the bound [Store.Reserve] returns an error wrapping
-// [idempotency.ErrInProgress]. SQLite cannot tell which key the writer holds,
-// so a caller of another key waits, and is refused the same way, too (see
-// conformance.Features.SerialWriters). With [idempotency.Config.NoWait] any
-// caller that finds the write lock taken gets ErrInProgress at once.
+// or rolls back.
 //
-// Within one Store these waits happen in memory, in order, and end as soon
-// as the holder is done: callers of the same key wait for the caller ahead
-// of them and receive the record it committed (or found); writers of other
-// keys queue for the Store's write turn. Only writers outside the Store
-// meet at SQLite's lock, whose busy handler polls (1ms growing to 100ms
-// between tries): under load that alone made tail latencies of 100ms.
+// Within one Store the callers wait in memory, in order, and each wait ends
+// as soon as the caller ahead is done: callers of the same key wait for the
+// caller ahead of them and receive the record it committed (or found);
+// writers of other keys queue for the Store's write turn. Waiting for a key
+// is bounded by [idempotency.Reservation.Wait] (the Guard's WaitTimeout) and
+// by ctx; past the bound [Store.Reserve] returns an error wrapping
+// [idempotency.ErrInProgress]. Waiting for the write turn, which callers of
+// other keys hold, is never "key in progress": it lasts up to the same
+// bound, or 5s if that is longer, then gives [idempotency.ErrConflict] (a
+// busy database, retried by the Guard). With [idempotency.Config.NoWait] a
+// caller does not wait for the write turn either: while a caller of another
+// key holds it, Do fails at once with an error wrapping
+// [idempotency.ErrStore] (the database is busy; retrying the same key later
+// is safe), and a caller of a held key gets ErrInProgress at once.
+//
+// Writers outside the Store (another Store on the same database, another
+// process) meet it at SQLite's write lock, whose busy handler polls on a
+// schedule of its own. A reservation waits for that lock under the
+// connection's busy timeout when it has no wait bound, under its wait bound
+// when it has one (whatever the busy timeout: the busy timeout is lowered
+// for the reservation and set back before fn runs), and not at all with
+// NoWait.
+//
+// A database opened without any DSN option (rollback journal, no busy
+// timeout, deferred transactions) works too: the reservation is the first
+// statement of the transaction, so no snapshot is read before the write
+// lock is taken; and since a COMMIT outside WAL mode waits for the
+// database's readers, Complete raises a busy timeout below 5s to 5s for its
+// UPDATE and COMMIT, and restores it afterwards.
 //
 // # Statements per Do
 //
@@ -41,21 +58,16 @@
 //   - a replay of a completed key: 1 statement, a prepared SELECT outside
 //     any transaction on any pooled connection (callers of that key
 //     waiting in the same Store: none, the record is handed over);
-//   - a new key: 6 statements besides fn's, one fsync: the SELECT, a read
-//     of the connection's busy_timeout (database/sql may hand out any
-//     connection; the wait for the write lock must stay within the bound),
-//     BEGIN IMMEDIATE, the INSERT of the reservation, then fn's statements,
-//     the UPDATE storing the response and COMMIT. The commit writes about
-//     4.5 pages to the WAL where the effect alone writes 1 (the keys table,
-//     its primary key and expiry indexes);
+//   - a new key: 5 statements besides fn's, one fsync: the SELECT, BEGIN
+//     IMMEDIATE, the INSERT of the reservation, then fn's statements, the
+//     UPDATE storing the response and COMMIT;
 //   - the bare effect transaction, for comparison: 2 statements besides
 //     the effect's (BEGIN IMMEDIATE, COMMIT), one fsync.
 //
-// The busy timeout is changed (and set back before fn runs) only when the
-// wait bound left is shorter than it: with NoWait, with a WaitTimeout
-// below the DSN's 5s, or on a connection without busy timeout. A database
-// not in WAL mode also gets two PRAGMAs around the commit if its busy
-// timeout is below 5s.
+// A reservation with a wait bound or NoWait also reads the connection's
+// busy timeout, and sets it (and back) when the bound is shorter. A
+// database not in WAL mode also gets the busy timeout read, and two PRAGMAs
+// around the commit if it is below 5s.
 //
 // # Storage
 //

@@ -115,9 +115,10 @@ func TestNoWaitReplaysTogether(t *testing.T) {
 
 // TestExternalWriterBound: a write transaction outside the Store (another
 // process, or code that writes without the Store) holds SQLite's write
-// lock. A reservation waits for it under its own bound, not under the
-// connection's busy timeout (5s with Open, 70ms, none), and leaves that
-// busy timeout as it was.
+// lock. A reservation with a wait bound waits for it under that bound,
+// not under the connection's busy timeout (5s with Open, 70ms, none); one
+// without waits under that busy timeout; one with NoWait does not wait.
+// Each leaves that busy timeout as it was.
 func TestExternalWriterBound(t *testing.T) {
 	for _, c := range []struct {
 		name string
@@ -146,19 +147,36 @@ func TestExternalWriterBound(t *testing.T) {
 			if err := f.effect(ctx, ext, "external"); err != nil { // takes the write lock
 				t.Fatal(err)
 			}
-			for _, wait := range []time.Duration{0, 300 * time.Millisecond} {
+			busy := time.Duration(bt0) * time.Millisecond
+			for _, c := range []struct {
+				name        string
+				wait        time.Duration
+				noWait      bool
+				want        error
+				least, most time.Duration
+			}{
+				// No wait bound: the connection's own busy timeout bounds
+				// the wait, then a busy database, a conflict to retry.
+				{"Wait0", 0, false, idempotency.ErrConflict, busy, busy + 2*time.Second},
+				// A wait bound: up to it, whatever the busy timeout.
+				{"Wait300ms", 300 * time.Millisecond, false, idempotency.ErrInProgress, 300 * time.Millisecond, 300*time.Millisecond + 2*time.Second},
+				// NoWait: a busy store, at once.
+				{"NoWait", 0, true, idempotency.ErrStore, 0, 2 * time.Second},
+			} {
+				r := reservation(idempotency.Key{ID: "k"}, time.Now(), c.wait)
+				r.NoWait = c.noWait
 				start := time.Now()
-				_, _, err := f.store.Reserve(ctx, reservation(idempotency.Key{ID: "k"}, time.Now(), wait))
+				_, _, err := f.store.Reserve(ctx, r)
 				took := time.Since(start)
-				want := idempotency.ErrInProgress
-				if wait == 0 { // no bound to run out: a busy database
-					want = idempotency.ErrConflict
+				if !errors.Is(err, c.want) {
+					t.Fatalf("%s while an external writer holds the lock: got %v, want %v", c.name, err, c.want)
 				}
-				if !errors.Is(err, want) {
-					t.Fatalf("wait %v while an external writer holds the lock: got %v, want %v", wait, err, want)
+				if c.want != idempotency.ErrInProgress && errors.Is(err, idempotency.ErrInProgress) ||
+					c.want == idempotency.ErrStore && errors.Is(err, idempotency.ErrConflict) {
+					t.Fatalf("%s: got %v; want %v alone", c.name, err, c.want)
 				}
-				if took < wait || took > wait+2*time.Second {
-					t.Fatalf("wait %v: returned after %v", wait, took)
+				if took < c.least || took > c.most {
+					t.Fatalf("%s: returned after %v, want %v..%v", c.name, took, c.least, c.most)
 				}
 			}
 			time.AfterFunc(200*time.Millisecond, func() { _ = ext.Commit() })

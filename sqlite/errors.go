@@ -1,0 +1,64 @@
+package sqlite
+
+import (
+	"context"
+	"errors"
+	"fmt"
+
+	"modernc.org/sqlite"
+	sqlite3 "modernc.org/sqlite/lib"
+
+	"github.com/go-idempotency/idempotency"
+)
+
+// The primary result codes (the low byte of an extended code) that a retry
+// of the whole attempt can cure.
+const (
+	// codeBusy: another connection holds the lock the statement needs (the
+	// write lock, or an exclusive lock during a checkpoint or recovery).
+	codeBusy = sqlite3.SQLITE_BUSY
+	// codeLocked: a lock of this connection's shared cache is taken.
+	codeLocked = sqlite3.SQLITE_LOCKED
+)
+
+var (
+	errClosed = errors.New("sqlite: store closed")
+	errEnded  = errors.New("sqlite: reservation already completed or rolled back")
+)
+
+// isBusy reports whether err carries one of the retryable codes.
+func isBusy(err error) bool {
+	var se *sqlite.Error
+	if !errors.As(err, &se) {
+		return false
+	}
+	switch se.Code() & 0xff {
+	case codeBusy, codeLocked:
+		return true
+	}
+	return false
+}
+
+// IsConflict implements [idempotency.ConflictClassifier]: err (from fn's
+// own statements on the transaction) is SQLITE_BUSY or SQLITE_LOCKED, which
+// a retry of the whole attempt can cure.
+func (s *Store) IsConflict(err error) bool { return isBusy(err) }
+
+// mapError is the one place that reads the driver's errors. Once ctx is
+// done the error carries ctx.Err() (database/sql may report a transaction
+// it rolled back because ctx ended as sql.ErrTxDone alone); otherwise
+// SQLITE_BUSY and SQLITE_LOCKED are retryable conflicts
+// ([idempotency.ErrConflict]) and every other error is returned as it is.
+// Each gets op for context.
+func mapError(ctx context.Context, op string, err error) error {
+	if cerr := ctx.Err(); cerr != nil {
+		if errors.Is(err, cerr) {
+			return fmt.Errorf("sqlite: %s: %w", op, err)
+		}
+		return fmt.Errorf("sqlite: %s: %w: %w", op, cerr, err)
+	}
+	if isBusy(err) {
+		return fmt.Errorf("sqlite: %s: %w: %w", op, idempotency.ErrConflict, err)
+	}
+	return fmt.Errorf("sqlite: %s: %w", op, err)
+}

@@ -1,0 +1,64 @@
+package sqlite
+
+import (
+	"bytes"
+	"context"
+	"database/sql"
+	"fmt"
+	"time"
+
+	"github.com/go-idempotency/idempotency"
+)
+
+// read reads the key's row in tx: its record if it is completed, else an
+// error wrapping [idempotency.ErrInProgress].
+func (s *Store) read(ctx context.Context, tx *sql.Tx, key idempotency.Key) (*idempotency.Record, error) {
+	var (
+		fp, state        string
+		status           int64
+		header, body     []byte
+		bodyNull         bool
+		created, expires int64
+	)
+	err := tx.QueryRowContext(ctx, s.q.read, key.Scope, key.ID).
+		Scan(&fp, &state, &status, &header, &body, &bodyNull, &created, &expires)
+	if err != nil {
+		return nil, mapError(ctx, "reserve: read live key", err)
+	}
+	if state != "completed" {
+		// Only a writer outside this package can commit a pending row.
+		return nil, fmt.Errorf("%w: sqlite: key %q has a committed pending row until %v",
+			idempotency.ErrInProgress, key.ID, time.Unix(0, expires).UTC())
+	}
+	return record(key, fp, status, header, body, bodyNull, created, expires)
+}
+
+// record builds a Record from a row's columns: a NULL body is a nil Body,
+// an empty BLOB an empty non-nil one.
+func record(key idempotency.Key, fp string, status int64, header, body []byte, bodyNull bool, created, expires int64) (*idempotency.Record, error) {
+	h, err := idempotency.UnmarshalHeader(header)
+	if err != nil {
+		return nil, fmt.Errorf("sqlite: key %q: stored header: %w", key.ID, err)
+	}
+	if body == nil && !bodyNull {
+		body = []byte{}
+	}
+	return &idempotency.Record{
+		Key:         key,
+		Fingerprint: fp,
+		Status:      int(status),
+		Header:      h,
+		Body:        body,
+		CreatedAt:   time.Unix(0, created).UTC(),
+		ExpiresAt:   time.Unix(0, expires).UTC(),
+	}, nil
+}
+
+// copyRecord returns a copy of rec that shares no header map nor body
+// bytes with it (nil and empty kept apart).
+func copyRecord(rec *idempotency.Record) *idempotency.Record {
+	c := *rec
+	c.Header = rec.Header.Clone()
+	c.Body = bytes.Clone(rec.Body)
+	return &c
+}

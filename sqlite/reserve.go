@@ -1,0 +1,236 @@
+package sqlite
+
+import (
+	"context"
+	"database/sql"
+	"errors"
+	"fmt"
+	"time"
+
+	"github.com/go-idempotency/idempotency"
+	"github.com/go-idempotency/idempotency/internal/keywait"
+)
+
+// Reserve implements [idempotency.KeyStore].
+//
+// Callers of one key in one Store go one at a time: while a caller looks
+// the key up, reserves it or holds it, the others wait in memory, holding
+// no connection, until it is done. A caller that found the key completed,
+// or completed it, hands the record over, so that they answer without a
+// statement of their own (each gets its own copy). A caller whose r.Wait
+// runs out first looks the key up itself: the record if it is completed,
+// else an error wrapping [idempotency.ErrInProgress].
+//
+// The caller whose turn it is looks the key up with one prepared SELECT on
+// any connection of the pool, outside any transaction: a completed, live
+// key is returned at once. Otherwise it takes the Store's write turn
+// (SQLite has one writer at a time), then a connection, and begins a
+// transaction whose first statement inserts the reservation. While a
+// caller of another key holds the write turn, a caller with r.NoWait gets
+// an error wrapping [idempotency.ErrStore] at once (the database is busy;
+// retrying later is safe); any other caller waits for the turn, up to
+// r.Wait or 5s, whichever is longer, then gets
+// [idempotency.ErrConflict].
+//
+// Writers outside the Store (another Store, another process, plain
+// transactions on db) meet it at SQLite's write lock. With r.Wait == 0 the
+// reservation waits for that lock under the connection's own busy
+// timeout, then reports [idempotency.ErrConflict]; with r.Wait > 0 it
+// waits while ctx lives and up to what remains of r.Wait, whatever the
+// busy timeout, then reports [idempotency.ErrInProgress]; with r.NoWait it
+// does not wait and reports [idempotency.ErrStore].
+func (s *Store) Reserve(ctx context.Context, r idempotency.Reservation) (idempotency.Txn[*sql.Tx], *idempotency.Record, error) {
+	st, err := s.statements(ctx)
+	if err != nil {
+		return nil, nil, err
+	}
+	deadline := time.Now().Add(r.Wait)
+	for {
+		turn, mine := s.keys.Take(r.Key)
+		if mine {
+			break
+		}
+		rec, handed, err := turn.Wait(ctx, deadline)
+		switch {
+		case errors.Is(err, keywait.ErrDeadline):
+			// The caller ahead may only be looking the key up: look too.
+			if rec, err := s.lookup(ctx, st, r); err != nil || rec != nil {
+				return nil, rec, err
+			}
+			return nil, nil, fmt.Errorf("%w: sqlite: key %q is held by another caller past the wait bound %v",
+				idempotency.ErrInProgress, r.Key.ID, r.Wait)
+		case err != nil:
+			return nil, nil, fmt.Errorf("sqlite: reserve: waiting for key %q: %w", r.Key.ID, err)
+		case handed && rec.ExpiresAt.UnixNano() > r.Now.UnixNano():
+			return nil, copyRecord(rec), nil
+		}
+	}
+	rec, err := s.lookup(ctx, st, r)
+	if err != nil || rec != nil {
+		s.keys.Leave(r.Key, handOver(rec))
+		return nil, rec, err
+	}
+	if err := s.acquire(ctx, r.NoWait, deadline); err != nil {
+		s.keys.Leave(r.Key, nil)
+		return nil, nil, err
+	}
+	t, rec, err := s.reserve(ctx, st, r, deadline)
+	if t == nil {
+		<-s.writer
+		s.keys.Leave(r.Key, handOver(rec))
+		return nil, rec, err
+	}
+	return t, nil, nil
+}
+
+// handOver returns what hands a copy of rec to the waiters of a turn, or
+// nil when rec is nil.
+func handOver(rec *idempotency.Record) func() (*idempotency.Record, bool) {
+	if rec == nil {
+		return nil
+	}
+	return func() (*idempotency.Record, bool) { return copyRecord(rec), true }
+}
+
+// lookup returns the key if it is completed and live. A lookup that finds
+// the database busy (a database not in WAL mode, during a commit) is
+// skipped: the reservation then waits for the lock properly.
+func (s *Store) lookup(ctx context.Context, st *stmts, r idempotency.Reservation) (*idempotency.Record, error) {
+	var (
+		fp               string
+		status           int64
+		header, body     []byte
+		bodyNull         bool
+		created, expires int64
+	)
+	err := st.lookup.QueryRowContext(ctx, r.Key.Scope, r.Key.ID, r.Now.UnixNano()).
+		Scan(&fp, &status, &header, &body, &bodyNull, &created, &expires)
+	switch {
+	case errors.Is(err, sql.ErrNoRows):
+		return nil, nil
+	case err != nil:
+		if ctx.Err() == nil && isBusy(err) {
+			return nil, nil
+		}
+		return nil, mapError(ctx, "reserve: lookup", err)
+	}
+	return record(r.Key, fp, status, header, body, bodyNull, created, expires)
+}
+
+// reserve takes a connection and inserts the reservation in a new
+// transaction on it. Unless it returns a txn, the connection is back in
+// the pool when it returns.
+//
+// The wait for SQLite's write lock is its busy handler's, under the
+// connection's busy timeout. With r.Wait == 0 (and not r.NoWait) that busy
+// timeout is the bound, and on a database in WAL mode it is not even read.
+// Otherwise it is read first (database/sql may hand out any connection of
+// the pool): as long as what remains of the bound is at least that busy
+// timeout, an attempt cannot overrun the bound and nothing is changed;
+// after a SQLITE_BUSY that took the whole busy timeout, BEGIN is tried
+// again. The last attempt (the bound shorter than the busy timeout,
+// r.NoWait, or a connection without busy timeout) runs with the busy
+// timeout set to what remains of the bound, set back before the caller's
+// statements run. (A bound by a cancellable context instead would change
+// nothing on the connection, but modernc.org/sqlite then watches the
+// context with a goroutine and a progress handler in every statement of
+// the transaction.)
+func (s *Store) reserve(ctx context.Context, st *stmts, r idempotency.Reservation, deadline time.Time) (*txn, *idempotency.Record, error) {
+	conn, err := s.db.Conn(ctx)
+	if err != nil {
+		return nil, nil, mapError(ctx, "reserve: connection", err)
+	}
+	bounded := r.Wait > 0 || r.NoWait
+	orig := int64(busyUnknown)
+	if bounded || !st.wal {
+		if err := conn.QueryRowContext(ctx, "PRAGMA busy_timeout").Scan(&orig); err != nil {
+			_ = conn.Close()
+			return nil, nil, mapError(ctx, "reserve: busy_timeout", err)
+		}
+	}
+	for {
+		cur := orig
+		// again: the attempt cannot overrun the bound with the
+		// connection's own busy timeout.
+		again := false
+		if bounded {
+			var wait int64
+			if r.Wait > 0 {
+				wait = waitMillis(time.Until(deadline))
+			}
+			again = orig > 0 && wait >= orig
+			if !again && wait != orig {
+				cur = wait
+				if _, err := conn.ExecContext(ctx, pragmaBusyTimeout(cur)); err != nil {
+					release(conn, orig, cur)
+					return nil, nil, mapError(ctx, "reserve: set busy_timeout", err)
+				}
+			}
+		}
+		attempt := time.Now()
+		tx, won, err := s.begin(ctx, conn, st, r)
+		if err != nil {
+			if again && ctx.Err() == nil && isBusy(err) && time.Since(attempt) >= time.Duration(orig)*time.Millisecond {
+				continue // the busy timeout ran out, the bound has not
+			}
+			release(conn, orig, cur)
+			return nil, nil, waitErr(ctx, err, r, deadline)
+		}
+		if !won {
+			rec, err := s.readLive(ctx, conn, tx, r.Key)
+			release(conn, orig, cur)
+			return nil, rec, err
+		}
+		if cur != orig {
+			// The wait bound must not apply to the caller's statements.
+			if _, err := tx.ExecContext(ctx, pragmaBusyTimeout(orig)); err != nil {
+				rollback(conn, tx)
+				release(conn, orig, cur)
+				return nil, nil, mapError(ctx, "reserve: restore busy_timeout", err)
+			}
+		}
+		commit := orig
+		if !st.wal {
+			commit = max(orig, commitWait)
+		}
+		return &txn{
+			s: s, conn: conn, tx: tx, complete: st.complete,
+			key: r.Key, fp: r.Fingerprint, created: r.Now.UnixNano(), expires: r.ExpiresAt.UnixNano(),
+			busyTimeout: orig, commitBusyTimeout: commit,
+		}, nil, nil
+	}
+}
+
+// begin begins a transaction on conn under ctx and inserts the
+// reservation as its first statement. It returns the transaction and
+// whether the key is now held (if not, a live row exists: the caller reads
+// it and ends tx), or an error (tx is then rolled back).
+//
+// With _txlock=immediate the BEGIN waits for the write lock; otherwise the
+// INSERT does. Either way no snapshot is read before the lock is taken, so
+// the wait is the busy handler's and the row read after it is the latest
+// committed one.
+func (s *Store) begin(ctx context.Context, conn *sql.Conn, st *stmts, r idempotency.Reservation) (*sql.Tx, bool, error) {
+	tx, err := conn.BeginTx(ctx, nil)
+	if err != nil {
+		return nil, false, err
+	}
+	res, err := tx.StmtContext(ctx, st.reserve).ExecContext(ctx, r.Key.Scope, r.Key.ID, r.Fingerprint, r.Now.UnixNano(), r.ExpiresAt.UnixNano())
+	var n int64
+	if err == nil {
+		n, err = res.RowsAffected()
+	}
+	if err != nil {
+		rollback(conn, tx)
+		return nil, false, err
+	}
+	return tx, n == 1, nil
+}
+
+// readLive reads the live row that another caller committed (the write
+// lock is held, so this is the latest commit) and ends tx.
+func (s *Store) readLive(ctx context.Context, conn *sql.Conn, tx *sql.Tx, key idempotency.Key) (*idempotency.Record, error) {
+	rec, err := s.read(ctx, tx, key)
+	rollback(conn, tx)
+	return rec, err
+}

@@ -1,0 +1,295 @@
+package sqlite_test
+
+import (
+	"context"
+	"database/sql"
+	"database/sql/driver"
+	"errors"
+	"path/filepath"
+	"slices"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"modernc.org/sqlite"
+
+	"github.com/go-idempotency/idempotency"
+	sqlitestore "github.com/go-idempotency/idempotency/sqlite"
+)
+
+// TestStatementsPerCall counts what each kind of call sends to SQLite
+// through database/sql (BEGIN, COMMIT, ROLLBACK, each statement run, each
+// prepare), besides fn's one INSERT: SQLite runs in the process, so these
+// are function calls rather than round trips, but each costs CPU, and the
+// count does not depend on the machine's load.
+func TestStatementsPerCall(t *testing.T) {
+	ctx := testCtx(t)
+	var n counter
+	db := sql.OpenDB(countingConnector(t, filepath.Join(t.TempDir(), "count.db")+"?"+sqlitestore.DSNOptions, &n))
+	f := newFixture(t, db, 1) // one connection: every statement is prepared on it once
+	g := guard(t, f.store, nil)
+	gNoWait := guard(t, f.store, &idempotency.Config{NoWait: true})
+	fn := func(tx *sql.Tx) (idempotency.Response, error) {
+		return idempotency.Response{Status: 201, Body: []byte("ok")}, f.effect(ctx, tx, "x")
+	}
+	do := func(g *idempotency.Guard[*sql.Tx], id string) []string {
+		t.Helper()
+		n.start()
+		if _, err := g.Do(ctx, idempotency.Key{ID: id}, "fp", fn); err != nil {
+			t.Fatal(err)
+		}
+		return n.stop()
+	}
+	// Warm up: prepare every statement on the one connection.
+	do(g, "warm")
+	do(g, "warm")
+	do(gNoWait, "warm-nowait")
+
+	for _, c := range []struct {
+		name string
+		g    *idempotency.Guard[*sql.Tx]
+		id   string
+		want []string
+	}{
+		{"NewKey", g, "new", []string{"query lookup", "begin", "exec reserve", "exec effect", "exec complete", "commit"}},
+		{"Replay", g, "new", []string{"query lookup"}},
+		{"NewKeyNoWait", gNoWait, "new-nowait", []string{
+			"query lookup", "query PRAGMA busy_timeout", "exec PRAGMA busy_timeout = 0", "begin", "exec reserve",
+			"exec PRAGMA busy_timeout = 5000", "exec effect", "exec complete", "commit"}},
+	} {
+		if got := do(c.g, c.id); strings.Join(got, "; ") != strings.Join(c.want, "; ") {
+			t.Errorf("%s: sent %d:\n  %s\nwant %d:\n  %s", c.name, len(got), strings.Join(got, "\n  "), len(c.want), strings.Join(c.want, "\n  "))
+		}
+	}
+}
+
+// TestStatementsPerWaiter: a caller of another Guard (so not waiting in the
+// Guard's memory) that finds the key held sends one lookup (its first try
+// does not wait), then gets the holder's record handed over in memory.
+func TestStatementsPerWaiter(t *testing.T) {
+	ctx := testCtx(t)
+	var n counter
+	db := sql.OpenDB(countingConnector(t, filepath.Join(t.TempDir(), "count.db")+"?"+sqlitestore.DSNOptions, &n))
+	f := newFixture(t, db, 2) // the holder's connection and the waiter's
+	holder, waiter := guard(t, f.store, nil), guard(t, f.store, nil)
+	fn := func(tx *sql.Tx) (idempotency.Response, error) {
+		return idempotency.Response{Status: 201, Body: []byte("ok")}, f.effect(ctx, tx, "x")
+	}
+	key := idempotency.Key{ID: "waited"}
+	entered, release := make(chan struct{}), make(chan struct{})
+	held := make(chan error, 1)
+	go func() {
+		_, err := holder.Do(ctx, key, "fp", func(tx *sql.Tx) (idempotency.Response, error) {
+			close(entered)
+			<-release
+			return fn(tx)
+		})
+		held <- err
+	}()
+	<-entered
+	n.start()
+	waited := make(chan error, 1)
+	go func() {
+		r, err := waiter.Do(ctx, key, "fp", mustNotRun)
+		if err == nil && !r.Replayed {
+			err = errors.New("not a replay")
+		}
+		waited <- err
+	}()
+	for !n.has("query lookup") { // the waiter's lookup
+		time.Sleep(time.Millisecond)
+	}
+	close(release)
+	if err := <-held; err != nil {
+		t.Fatal(err)
+	}
+	if err := <-waited; err != nil {
+		t.Fatal(err)
+	}
+	var got []string
+	for _, s := range n.stop() {
+		if !strings.HasPrefix(s, "prepare ") { // the second connection's first use
+			got = append(got, s)
+		}
+	}
+	// The holder's end (effect, complete, commit) is counted too.
+	want := []string{"query lookup", "exec effect", "exec complete", "commit"}
+	if strings.Join(got, "; ") != strings.Join(want, "; ") {
+		t.Errorf("waiter (with the holder's end): sent %q, want %q", got, want)
+	}
+}
+
+// counter records the statements sent while it is started.
+type counter struct {
+	mu   sync.Mutex
+	on   bool
+	sent []string
+	hook func(name string) // called before each statement runs, and with " done" appended after, if set
+}
+
+// setHook sets (or, with nil, removes) the function called with the name
+// of each statement before it runs, and with the name and " done" after it
+// ran.
+func (c *counter) setHook(hook func(name string)) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	c.hook = hook
+}
+
+func (c *counter) start() {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	c.on, c.sent = true, nil
+}
+
+func (c *counter) stop() []string {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	c.on = false
+	return c.sent
+}
+
+// has reports whether the statement name was sent since start.
+func (c *counter) has(name string) bool {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return slices.Contains(c.sent, name)
+}
+
+// add records one statement, named by what it does: the Store's statements
+// by their role, others by their text.
+func (c *counter) add(kind, query string) (name string) {
+	name = query
+	switch {
+	case strings.HasPrefix(query, "SELECT fingerprint, status"):
+		name = "lookup"
+	case strings.HasPrefix(query, "SELECT fingerprint, state"):
+		name = "read"
+	case strings.HasPrefix(query, "INSERT INTO") && strings.Contains(query, "'pending'"):
+		name = "reserve"
+	case strings.HasPrefix(query, "INSERT INTO"):
+		name = "effect"
+	case strings.HasPrefix(query, "UPDATE"):
+		name = "complete"
+	}
+	if kind != "" {
+		name = kind + " " + name
+	}
+	name = strings.TrimSpace(name)
+	c.mu.Lock()
+	hook := c.hook
+	if c.on {
+		c.sent = append(c.sent, name)
+	}
+	c.mu.Unlock()
+	if hook != nil {
+		hook(name)
+	}
+	return name
+}
+
+// done calls the hook, if set, after the statement name ran.
+func (c *counter) done(name string) {
+	c.mu.Lock()
+	hook := c.hook
+	c.mu.Unlock()
+	if hook != nil {
+		hook(name + " done")
+	}
+}
+
+// countingConnector opens dsn with modernc.org/sqlite and records in n
+// what each connection is sent.
+func countingConnector(t *testing.T, dsn string, n *counter) driver.Connector {
+	t.Helper()
+	inner, err := sqlite.NewConnector(dsn)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return connector{inner, n}
+}
+
+type connector struct {
+	inner driver.Connector
+	n     *counter
+}
+
+func (c connector) Connect(ctx context.Context) (driver.Conn, error) {
+	dc, err := c.inner.Connect(ctx)
+	if err != nil {
+		return nil, err
+	}
+	return &conn{dc, c.n}, nil
+}
+
+func (c connector) Driver() driver.Driver { return c.inner.Driver() }
+
+// conn forwards to the driver's connection, which implements every
+// context interface, and counts.
+type conn struct {
+	driver.Conn
+	n *counter
+}
+
+func (c *conn) PrepareContext(ctx context.Context, query string) (driver.Stmt, error) {
+	c.n.add("prepare", query)
+	s, err := c.Conn.(driver.ConnPrepareContext).PrepareContext(ctx, query)
+	if err != nil {
+		return nil, err
+	}
+	return &stmt{s, query, c.n}, nil
+}
+
+func (c *conn) BeginTx(ctx context.Context, opts driver.TxOptions) (driver.Tx, error) {
+	c.n.add("", "begin")
+	tx, err := c.Conn.(driver.ConnBeginTx).BeginTx(ctx, opts)
+	if err != nil {
+		return nil, err
+	}
+	return &tx_{tx, c.n}, nil
+}
+
+func (c *conn) ExecContext(ctx context.Context, query string, args []driver.NamedValue) (driver.Result, error) {
+	c.n.add("exec", query)
+	return c.Conn.(driver.ExecerContext).ExecContext(ctx, query, args)
+}
+
+func (c *conn) QueryContext(ctx context.Context, query string, args []driver.NamedValue) (driver.Rows, error) {
+	c.n.add("query", query)
+	return c.Conn.(driver.QueryerContext).QueryContext(ctx, query, args)
+}
+
+func (c *conn) Ping(ctx context.Context) error { return c.Conn.(driver.Pinger).Ping(ctx) }
+
+func (c *conn) ResetSession(ctx context.Context) error {
+	return c.Conn.(driver.SessionResetter).ResetSession(ctx)
+}
+
+func (c *conn) IsValid() bool { return c.Conn.(driver.Validator).IsValid() }
+
+type tx_ struct {
+	driver.Tx
+	n *counter
+}
+
+func (t *tx_) Commit() error   { t.n.add("", "commit"); return t.Tx.Commit() }
+func (t *tx_) Rollback() error { t.n.add("", "rollback"); return t.Tx.Rollback() }
+
+type stmt struct {
+	driver.Stmt
+	query string
+	n     *counter
+}
+
+func (s *stmt) ExecContext(ctx context.Context, args []driver.NamedValue) (driver.Result, error) {
+	name := s.n.add("exec", s.query)
+	res, err := s.Stmt.(driver.StmtExecContext).ExecContext(ctx, args)
+	s.n.done(name)
+	return res, err
+}
+
+func (s *stmt) QueryContext(ctx context.Context, args []driver.NamedValue) (driver.Rows, error) {
+	s.n.add("query", s.query)
+	return s.Stmt.(driver.StmtQueryContext).QueryContext(ctx, args)
+}

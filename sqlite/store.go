@@ -1,0 +1,167 @@
+package sqlite
+
+import (
+	"context"
+	"database/sql"
+	"fmt"
+	"strings"
+	"sync"
+	"sync/atomic"
+
+	"github.com/go-idempotency/idempotency"
+	"github.com/go-idempotency/idempotency/internal/keywait"
+)
+
+var _ idempotency.KeyStore[*sql.Tx] = (*Store)(nil)
+
+// Config tunes a [Store]. The zero value (or nil) means the defaults.
+type Config struct {
+	// Table is the name of the keys table: 1 to 63 ASCII letters, digits
+	// and underscores, not starting with a digit nor with "sqlite_".
+	// Defaults to [DefaultTable].
+	Table string
+}
+
+// Store is an [idempotency.KeyStore] on a SQLite database. It is safe for
+// concurrent use; build it with [New].
+type Store struct {
+	db     *sql.DB
+	schema string
+	q      queries
+
+	prepared atomic.Pointer[stmts] // nil until the first Reserve
+	mu       sync.Mutex            // serialises preparing and Close
+	closed   bool
+
+	// keys orders the Store's callers of one key; the completed record is
+	// handed to the waiters of a turn.
+	keys   keywait.Queue[idempotency.Key, *idempotency.Record]
+	writer chan struct{} // the Store's write turn: a token, capacity 1
+}
+
+// queries are the statements of one Store, with its table name quoted in.
+type queries struct {
+	lookup, reserve, read, complete, purge string
+}
+
+// stmts are the statements of the hot path, prepared once per Store:
+// database/sql prepares each on a connection the first time it runs there
+// and reuses it afterwards, also inside transactions (Tx.StmtContext).
+type stmts struct {
+	lookup, reserve, complete *sql.Stmt
+	// wal: the database was in WAL journal mode when the statements were
+	// prepared. A COMMIT in WAL mode does not wait for readers, so
+	// Complete need not know, nor raise, the connection's busy timeout.
+	wal bool
+}
+
+func (st *stmts) close() {
+	for _, p := range []*sql.Stmt{st.lookup, st.reserve, st.complete} {
+		if p != nil {
+			_ = p.Close()
+		}
+	}
+}
+
+// New returns a Store keeping its keys in cfg.Table of db. A nil cfg means
+// the defaults; a bad table name gives an error wrapping
+// [idempotency.ErrInvalidConfig]. New runs no SQL: create the table with
+// [Store.Migrate] or with the DDL of [Store.Schema]. The Store prepares its
+// statements on db when it first reserves a key; [Store.Close] releases
+// them.
+//
+// db must be opened with the "sqlite" driver of modernc.org/sqlite. [Open]
+// gives the recommended settings ([DSNOptions]). A database opened
+// otherwise works too, even with no DSN option at all (see "How keys are
+// held" in the package documentation). Whether the database is in WAL mode
+// is read once, when the statements are prepared.
+//
+// Use one Store per table and database: the callers of a Store queue for
+// keys and for the write lock in memory (see [Store.Reserve]); two Stores
+// on one database meet only at SQLite's lock, like any two writers.
+func New(db *sql.DB, cfg *Config) (*Store, error) {
+	if db == nil {
+		return nil, fmt.Errorf("%w: sqlite: nil *sql.DB", idempotency.ErrInvalidConfig)
+	}
+	table := DefaultTable
+	if cfg != nil && cfg.Table != "" {
+		table = cfg.Table
+	}
+	schema, err := Schema(table)
+	if err != nil {
+		return nil, err
+	}
+	t := `"` + table + `"`
+	return &Store{
+		db:     db,
+		schema: schema,
+		writer: make(chan struct{}, 1),
+		q: queries{
+			// The key when it is completed and live; no row otherwise.
+			lookup: `SELECT fingerprint, status, header, body, body IS NULL, created_at, expires_at FROM ` + t + `
+WHERE scope = ?1 AND id = ?2 AND state = 'completed' AND expires_at > ?3`,
+			// Inserts the key, or takes over an expired one; changes no
+			// row when a live one exists.
+			reserve: `INSERT INTO ` + t + ` (scope, id, fingerprint, state, status, header, body, created_at, expires_at)
+VALUES (?1, ?2, ?3, 'pending', 0, NULL, NULL, ?4, ?5)
+ON CONFLICT (scope, id) DO UPDATE SET fingerprint = excluded.fingerprint, state = 'pending', status = 0,
+	header = NULL, body = NULL, created_at = excluded.created_at, expires_at = excluded.expires_at
+WHERE ` + t + `.expires_at <= excluded.created_at`,
+			read: `SELECT fingerprint, state, status, header, body, body IS NULL, created_at, expires_at FROM ` + t + ` WHERE scope = ?1 AND id = ?2`,
+			complete: `UPDATE ` + t + ` SET state = 'completed', status = ?1, header = ?2, body = ?3, expires_at = ?6
+WHERE scope = ?4 AND id = ?5 AND state = 'pending'`,
+			purge: `DELETE FROM ` + t + ` WHERE rowid IN (SELECT rowid FROM ` + t + ` WHERE expires_at <= ?1 ORDER BY expires_at LIMIT ?2)`,
+		},
+	}, nil
+}
+
+// statements returns the Store's prepared statements, preparing them on
+// the first call (each takes a connection of the pool for a moment: the
+// caller must hold none). A failure (the table does not exist yet) is not
+// remembered.
+func (s *Store) statements(ctx context.Context) (*stmts, error) {
+	if st := s.prepared.Load(); st != nil {
+		return st, nil
+	}
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.closed {
+		return nil, errClosed
+	}
+	if st := s.prepared.Load(); st != nil {
+		return st, nil
+	}
+	st := new(stmts)
+	for _, p := range []struct {
+		dst   **sql.Stmt
+		query string
+	}{{&st.lookup, s.q.lookup}, {&st.reserve, s.q.reserve}, {&st.complete, s.q.complete}} {
+		stmt, err := s.db.PrepareContext(ctx, p.query)
+		if err != nil {
+			st.close()
+			return nil, mapError(ctx, "prepare", err)
+		}
+		*p.dst = stmt
+	}
+	var mode string
+	if err := s.db.QueryRowContext(ctx, "PRAGMA journal_mode").Scan(&mode); err != nil {
+		st.close()
+		return nil, mapError(ctx, "journal_mode", err)
+	}
+	st.wal = strings.EqualFold(mode, "wal")
+	s.prepared.Store(st)
+	return st, nil
+}
+
+// Close releases the statements the Store prepared on its database. It
+// does not close the database. Reservations already made can still be
+// completed or rolled back; later calls of Reserve fail.
+func (s *Store) Close() error {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	s.closed = true
+	if st := s.prepared.Swap(nil); st != nil {
+		st.close()
+	}
+	return nil
+}

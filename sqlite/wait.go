@@ -1,0 +1,130 @@
+package sqlite
+
+import (
+	"context"
+	"database/sql"
+	"database/sql/driver"
+	"errors"
+	"fmt"
+	"math"
+	"strconv"
+	"time"
+
+	"github.com/go-idempotency/idempotency"
+)
+
+// writeTurnWait is the least time a caller waits for the Store's write
+// turn, which callers of other keys hold, before it reports a busy
+// database: a caller that may not wait for its own key (r.Wait == 0) still
+// waits this long for the others, like any writer waits for a lock.
+const writeTurnWait = 5 * time.Second
+
+// commitWait is the least busy timeout, in milliseconds, that Complete
+// gives its UPDATE and COMMIT outside WAL mode: a COMMIT then waits for the
+// readers of the database to finish, and failing it at once would run fn
+// again. (In WAL mode a COMMIT waits for nobody.)
+const commitWait = 5000
+
+// busyUnknown stands for a connection's busy timeout that was not read
+// because it is not changed.
+const busyUnknown = -1
+
+// acquire takes the Store's write turn. SQLite has one writer at a time;
+// the writers of one Store queue for it here, in order, each woken as soon
+// as the previous one is done, rather than polling the write lock on the
+// busy handler's schedule. Writers outside the Store still meet at
+// SQLite's lock.
+//
+// The turn is held by callers of other keys (the key itself is this
+// caller's: see Store.keys), so not getting it is a busy database, never
+// "key in progress". With noWait it reports that at once, wrapping
+// [idempotency.ErrStore]. Otherwise it waits until deadline, or for
+// writeTurnWait if that is later (no bound if deadline is zero), while
+// ctx lives, then reports [idempotency.ErrConflict].
+func (s *Store) acquire(ctx context.Context, noWait bool, deadline time.Time) error {
+	select {
+	case s.writer <- struct{}{}:
+		return nil
+	default:
+	}
+	if noWait {
+		return fmt.Errorf("%w: sqlite: the database is busy writing for other keys (one writer at a time); retry later",
+			idempotency.ErrStore)
+	}
+	var bound <-chan time.Time
+	d := max(time.Until(deadline), writeTurnWait)
+	if !deadline.IsZero() {
+		timer := time.NewTimer(d)
+		defer timer.Stop()
+		bound = timer.C
+	}
+	select {
+	case s.writer <- struct{}{}:
+		return nil
+	case <-ctx.Done():
+		return fmt.Errorf("sqlite: waiting for the write turn: %w", ctx.Err())
+	case <-bound:
+		return fmt.Errorf("%w: sqlite: the database's one writer stayed busy with other keys for %v",
+			idempotency.ErrConflict, d)
+	}
+}
+
+// waitErr reports a reservation that did not get SQLite's write lock: the
+// error as mapError maps it (ctx's error once ctx is done), unless that is
+// a busy database ([idempotency.ErrConflict]), which is reported, with
+// r.NoWait, as a busy store (wrapping [idempotency.ErrStore]) and, with
+// r.Wait > 0 run out, as [idempotency.ErrInProgress]. An SQLITE_BUSY
+// before the bound, such as a deadlock SQLite refuses to wait for, stays a
+// conflict to retry.
+func waitErr(ctx context.Context, err error, r idempotency.Reservation, deadline time.Time) error {
+	werr := mapError(ctx, "reserve: waiting for the write lock", err)
+	if !errors.Is(werr, idempotency.ErrConflict) {
+		return werr
+	}
+	switch {
+	case r.NoWait:
+		return fmt.Errorf("%w: sqlite: the database's write lock is held by another writer; retry later: %w", idempotency.ErrStore, err)
+	case r.Wait > 0 && !time.Now().Add(time.Millisecond).Before(deadline):
+		return fmt.Errorf("%w: sqlite: the write lock stayed taken for %v: %w", idempotency.ErrInProgress, r.Wait, err)
+	}
+	return werr
+}
+
+// waitMillis is d as a busy_timeout: whole milliseconds, rounded up.
+func waitMillis(d time.Duration) int64 {
+	if d <= 0 {
+		return 0
+	}
+	ms := (d + time.Millisecond - 1) / time.Millisecond
+	return int64(min(ms, math.MaxInt32))
+}
+
+func pragmaBusyTimeout(ms int64) string {
+	return "PRAGMA busy_timeout = " + strconv.FormatInt(ms, 10)
+}
+
+// rollback ends tx; should that fail, conn is discarded rather than
+// returned to the pool inside a transaction.
+func rollback(conn *sql.Conn, tx *sql.Tx) {
+	if err := tx.Rollback(); err != nil && !errors.Is(err, sql.ErrTxDone) {
+		discard(conn)
+	}
+}
+
+// release sets conn's busy timeout back from cur to orig and returns conn to
+// the pool; should the reset fail, conn is discarded. It works with a done
+// context.
+func release(conn *sql.Conn, orig, cur int64) {
+	if cur != orig {
+		if _, err := conn.ExecContext(context.Background(), pragmaBusyTimeout(orig)); err != nil {
+			discard(conn)
+		}
+	}
+	_ = conn.Close()
+}
+
+// discard makes database/sql close conn's driver connection instead of
+// pooling it.
+func discard(conn *sql.Conn) {
+	_ = conn.Raw(func(any) error { return driver.ErrBadConn })
+}
