@@ -1,8 +1,6 @@
 package sqlite_test
 
 import (
-	"context"
-	"database/sql"
 	"errors"
 	"fmt"
 	"net/http"
@@ -100,26 +98,6 @@ func TestSchemaAndMigrateIdempotent(t *testing.T) {
 	}
 }
 
-func TestKeysCaseSensitive(t *testing.T) {
-	ctx := testCtx(t)
-	f := openFixture(t, 0)
-	g := guard(t, f.store, nil)
-	for _, k := range []idempotency.Key{{ID: "abc"}, {ID: "ABC"}, {Scope: "Acme", ID: "abc"}, {Scope: "acme", ID: "abc"}} {
-		tag := k.Scope + "/" + k.ID
-		for i := range 2 {
-			r, err := g.Do(ctx, k, "fp", func(tx *sql.Tx) (idempotency.Response, error) {
-				return idempotency.Response{Status: 200, Body: []byte(tag)}, f.effect(ctx, tx, tag)
-			})
-			if err != nil || r.Replayed != (i == 1) || string(r.Body) != tag {
-				t.Fatalf("key %+v call %d: got %+v, %v", k, i, r, err)
-			}
-		}
-		if n, err := f.count(ctx, tag); err != nil || n != 1 {
-			t.Fatalf("key %+v: %d effects, %v; want 1", k, n, err)
-		}
-	}
-}
-
 // TestStoreRecord checks the stored record field by field: nanosecond
 // times, nil versus empty body and header, binary bytes.
 func TestStoreRecord(t *testing.T) {
@@ -190,43 +168,6 @@ func TestExpiredTakeover(t *testing.T) {
 	var fp, state string
 	if err := f.db.QueryRowContext(ctx, `SELECT fingerprint, state FROM "`+strings.TrimSuffix(f.effects, "_effects")+`" WHERE id = 'k'`).Scan(&fp, &state); err != nil || fp != "fp" || state != "completed" {
 		t.Fatalf("after the rollback of a takeover: %q %q %v; want the old completed row", fp, state, err)
-	}
-}
-
-func TestRollbackWithCancelledContext(t *testing.T) {
-	f := openFixture(t, 1)
-	ctx, cancel := context.WithCancel(testCtx(t))
-	key := idempotency.Key{ID: "k"}
-	txn, _, err := f.store.Reserve(ctx, reservation(key, time.Now(), 0))
-	if err != nil {
-		t.Fatal(err)
-	}
-	if err := f.effect(ctx, txn.Tx(), "x"); err != nil {
-		t.Fatal(err)
-	}
-	cancel()
-	if err := txn.Rollback(ctx); err != nil {
-		t.Fatalf("Rollback with a cancelled ctx: %v", err)
-	}
-	ctx = testCtx(t)
-	if n, err := f.count(ctx, "x"); err != nil || n != 0 {
-		t.Fatalf("effects after rollback: %d, %v; want 0", n, err)
-	}
-	txn, _, err = f.store.Reserve(ctx, reservation(key, time.Now(), 0))
-	if err != nil || txn == nil {
-		t.Fatalf("key after rollback: %v; want it free", err)
-	}
-	// Complete with a cancelled ctx fails and commits nothing.
-	if err := f.effect(ctx, txn.Tx(), "y"); err != nil {
-		t.Fatal(err)
-	}
-	cctx, ccancel := context.WithCancel(ctx)
-	ccancel()
-	if err := txn.Complete(cctx, idempotency.Response{Status: 200}, time.Now().Add(time.Hour)); !errors.Is(err, context.Canceled) {
-		t.Fatalf("Complete with a cancelled ctx: got %v, want context.Canceled", err)
-	}
-	if n, err := f.count(ctx, "y"); err != nil || n != 0 {
-		t.Fatalf("effects after a cancelled Complete: %d, %v; want 0", n, err)
 	}
 }
 

@@ -1,13 +1,10 @@
 package sqlite_test
 
 import (
-	"bytes"
 	"context"
 	"database/sql"
 	"errors"
-	"net/http"
 	"path/filepath"
-	"reflect"
 	"sync"
 	"testing"
 	"time"
@@ -15,62 +12,6 @@ import (
 	"github.com/go-idempotency/idempotency"
 	"github.com/go-idempotency/idempotency/sqlite"
 )
-
-// TestWaitersGetOwnCopies: the callers that waited for a key get the
-// record its holder committed, equal to what a later replay reads from the
-// table, each in a copy of its own: what one caller does to its response
-// reaches neither the others nor the table.
-func TestWaitersGetOwnCopies(t *testing.T) {
-	ctx := testCtx(t)
-	f := openFixture(t, 0)
-	g := guard(t, f.store, nil)
-	key := idempotency.Key{ID: randName("k")}
-	want := idempotency.Response{Status: 201, Header: http.Header{"X-A": {"1", "2"}, "Location": {"/p/1"}}, Body: []byte("paid \x00\xff")}
-	const n = 20
-	rs := make([]idempotency.Response, n)
-	errs := make([]error, n)
-	gate := make(chan struct{})
-	var wg sync.WaitGroup
-	for i := range n {
-		wg.Go(func() {
-			<-gate
-			rs[i], errs[i] = g.Do(ctx, key, "fp", func(tx *sql.Tx) (idempotency.Response, error) {
-				time.Sleep(50 * time.Millisecond) // let the others queue on the key
-				return idempotency.Response{Status: want.Status, Header: want.Header.Clone(), Body: bytes.Clone(want.Body)}, f.effect(ctx, tx, "pay")
-			})
-			if errs[i] == nil {
-				// Scribble on the response at once, while the others may
-				// still be copying theirs.
-				rs[i].Header.Set("X-A", "scribbled")
-				rs[i].Header.Del("Location")
-				rs[i].Body[0] = 'X'
-			}
-		})
-	}
-	close(gate)
-	wg.Wait()
-	replayed := 0
-	for i, err := range errs {
-		if err != nil {
-			t.Fatalf("caller %d: %v", i, err)
-		}
-		if rs[i].Replayed {
-			replayed++
-		}
-	}
-	if replayed != n-1 {
-		t.Fatalf("replayed: got %d, want %d", replayed, n-1)
-	}
-	if c, err := f.count(ctx, "pay"); err != nil || c != 1 {
-		t.Fatalf("effects: %d, %v; want 1", c, err)
-	}
-	r, err := g.Do(ctx, key, "fp", func(*sql.Tx) (idempotency.Response, error) {
-		return idempotency.Response{}, errors.New("fn must not run for a completed key")
-	})
-	if err != nil || !r.Replayed || r.Status != want.Status || !reflect.DeepEqual(r.Header, want.Header) || !bytes.Equal(r.Body, want.Body) {
-		t.Fatalf("replay from the table: got %+v, %v; want %+v", r, err, want)
-	}
-}
 
 // TestNoWaitReplaysTogether: callers with NoWait that replay one completed
 // key at the same time all get the replay, none ErrInProgress, although
