@@ -26,7 +26,13 @@ import (
 //   - BareParallel8, Mixed8: 8 goroutines; Mixed8 does half new keys and half
 //     replays, BareParallel8 the bare effect (its baseline).
 //
-// Run `go run ./cmd/benchtable` to get the ratios to the baseline as a table.
+// Each case of Do then checks with Fixture.Count that every key has exactly
+// one effect, and SameKey20 that exactly one of its callers ran fn: a store
+// that duplicates an effect fails the benchmark instead of being measured.
+//
+// `go run ./cmd/idembench` runs it in interleaved rounds, with
+// [BenchmarkContender] where a package has one, and prints the ratios to
+// the baseline (median and range over the rounds) with the targets.
 func Benchmark[Tx any](b *testing.B, h Harness[Tx]) {
 	// A pool larger than the 20 callers of SameKey20, so that it measures
 	// how fast waiters get their answer, not how they queue for connections.
@@ -59,11 +65,27 @@ func Benchmark[Tx any](b *testing.B, h Harness[Tx]) {
 			}
 		}
 	})
+	// checkEffects fails b unless every key so far has exactly one effect:
+	// a duplicate fails the benchmark instead of being measured.
+	checkEffects := func(b *testing.B) {
+		b.StopTimer()
+		if f.Count == nil {
+			return
+		}
+		got, err := f.Count(ctx, "bench")
+		if err != nil {
+			b.Fatal(err)
+		}
+		if want := seq.Load(); int64(got) != want {
+			b.Fatalf("%d effects committed for %d keys (a duplicate or a lost effect)", got, want)
+		}
+	}
 	b.Run("NewKey", func(b *testing.B) {
 		b.ReportAllocs()
 		for b.Loop() {
 			do(b, next())
 		}
+		checkEffects(b)
 	})
 	b.Run("Replay", func(b *testing.B) {
 		key := next()
@@ -75,34 +97,27 @@ func Benchmark[Tx any](b *testing.B, h Harness[Tx]) {
 				b.Fatalf("replay: %+v, %v", r, err)
 			}
 		}
+		checkEffects(b)
 	})
 	b.Run("SameKey20", func(b *testing.B) {
-		b.ReportAllocs()
-		for b.Loop() {
-			key := next()
-			var wg sync.WaitGroup
-			gate := make(chan struct{})
-			errs := make(chan error, Callers)
-			for range Callers {
-				wg.Go(func() {
-					<-gate
-					if _, err := g.Do(ctx, key, "fp", fn); err != nil {
-						errs <- err
-					}
-				})
-			}
-			close(gate)
-			wg.Wait()
-			close(errs)
-			for err := range errs {
-				b.Fatal(err)
+		call := func(key idempotency.Key) func() (bool, error) {
+			return func() (bool, error) {
+				r, err := g.Do(ctx, key, "fp", fn)
+				return r.Replayed, err
 			}
 		}
+		sameKey(b, call(next())) // untimed: opens the pool's connections
+		b.ReportAllocs()
+		for b.Loop() {
+			sameKey(b, call(next()))
+		}
+		checkEffects(b)
 	})
 	parallel8 := func(b *testing.B, op func(i int64) error) {
 		b.ReportAllocs()
 		b.SetParallelism(max(1, 8/runtime.GOMAXPROCS(0)))
 		var n atomic.Int64
+		b.ResetTimer() // Mixed8's hot keys are set up before
 		b.RunParallel(func(pb *testing.PB) {
 			for pb.Next() {
 				if err := op(n.Add(1)); err != nil {
@@ -129,7 +144,39 @@ func Benchmark[Tx any](b *testing.B, h Harness[Tx]) {
 			_, err := g.Do(ctx, key, "fp", fn)
 			return err
 		})
+		checkEffects(b)
 	})
+}
+
+// sameKey releases [Callers] goroutines together on call and fails b unless
+// all of them succeed and exactly one is not a replay (ran the effect).
+func sameKey(b *testing.B, call func() (replayed bool, err error)) {
+	var wg sync.WaitGroup
+	var fresh atomic.Int64
+	gate := make(chan struct{})
+	errs := make(chan error, Callers)
+	for range Callers {
+		wg.Go(func() {
+			<-gate
+			replayed, err := call()
+			if err != nil {
+				errs <- err
+				return
+			}
+			if !replayed {
+				fresh.Add(1)
+			}
+		})
+	}
+	close(gate)
+	wg.Wait()
+	close(errs)
+	for err := range errs {
+		b.Fatal(err)
+	}
+	if n := fresh.Load(); n != 1 {
+		b.Fatalf("%d of %d callers on one key ran the effect, want 1", n, Callers)
+	}
 }
 
 // Latencies records durations and reports percentiles; benchmarks use it to

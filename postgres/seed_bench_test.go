@@ -1,0 +1,134 @@
+package postgres_test
+
+import (
+	"context"
+	"crypto/rand"
+	"encoding/hex"
+	"errors"
+	"testing"
+	"time"
+
+	"github.com/jackc/pgx/v5/pgxpool"
+
+	"github.com/go-idempotency/idempotency/conformance"
+	"github.com/go-idempotency/idempotency/internal/testenv"
+)
+
+// BenchmarkSeed measures the plain SQL algorithm of the design notes
+// (../shared/seeds: "INSERT … ON CONFLICT DO NOTHING" of the key, the
+// effect, "UPDATE" of the key with the response, in one transaction; on a
+// conflict, ROLLBACK and SELECT the stored response) as a reference
+// contender: the same one-row effect as BenchmarkStore, on a pool of the
+// same size, in the same run. cmd/idembench prints it next to the library,
+// as a ratio to BenchmarkStore/Bare:
+//
+//	go run ./cmd/idembench -pkgs ./postgres
+func BenchmarkSeed(b *testing.B) {
+	conformance.BenchmarkContender(b, seedContender(b))
+}
+
+// seedBody is the response the seed stores: the body the library's
+// benchmark stores, as JSONB like the seed's resposta column.
+const seedBody = `{"tag":"seed","execution":1}`
+
+// seedContender creates the seed's key table and an effects table of the
+// shape BenchmarkStore uses (tag TEXT), dropped when b ends.
+func seedContender(b *testing.B) conformance.Contender {
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	cfg, err := pgxpool.ParseConfig(testenv.PostgresDSN(b))
+	if err != nil {
+		b.Fatalf("parse DSN: %v", err)
+	}
+	cfg.MaxConns = 2 * conformance.Callers // as conformance.Benchmark asks
+	pool, err := pgxpool.NewWithConfig(ctx, cfg)
+	if err != nil {
+		b.Fatalf("pool: %v", err)
+	}
+	b.Cleanup(pool.Close)
+	keys, effects := seedName("seed_keys_"), seedName("seed_effects_")
+	b.Cleanup(func() {
+		ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+		defer cancel()
+		if _, err := pool.Exec(ctx, "DROP TABLE IF EXISTS "+keys+", "+effects); err != nil {
+			b.Errorf("drop seed tables: %v", err)
+		}
+	})
+	// The seed's chaves_idempotencia, column for column.
+	if _, err := pool.Exec(ctx, `CREATE TABLE `+keys+` (
+		chave TEXT PRIMARY KEY,
+		hash_corpo TEXT NOT NULL,
+		status_http INT,
+		resposta JSONB,
+		criada_em TIMESTAMPTZ NOT NULL DEFAULT now())`); err != nil {
+		b.Fatalf("create seed keys table: %v", err)
+	}
+	if _, err := pool.Exec(ctx, "CREATE TABLE "+effects+" (tag TEXT)"); err != nil {
+		b.Fatalf("create seed effects table: %v", err)
+	}
+	s := &seedPG{
+		pool:    pool,
+		reserve: "INSERT INTO " + keys + " (chave, hash_corpo) VALUES ($1, $2) ON CONFLICT (chave) DO NOTHING",
+		effect:  "INSERT INTO " + effects + " (tag) VALUES ($1)",
+		finish:  "UPDATE " + keys + " SET status_http = 201, resposta = $2 WHERE chave = $1",
+		lookup:  "SELECT hash_corpo, status_http, resposta FROM " + keys + " WHERE chave = $1",
+		count:   "SELECT count(*) FROM " + effects,
+	}
+	return conformance.Contender{Do: s.do, Effects: s.effects}
+}
+
+// seedPG is the seed's CriarPagamento on pgx, statement for statement.
+type seedPG struct {
+	pool                                   *pgxpool.Pool
+	reserve, effect, finish, lookup, count string
+}
+
+// seedFingerprint stands for the seed's hash_corpo; the library's benchmark
+// passes a constant fingerprint too.
+const seedFingerprint = "fp"
+
+func (s *seedPG) do(ctx context.Context, key string) (replayed bool, err error) {
+	tx, err := s.pool.Begin(ctx)
+	if err != nil {
+		return false, err
+	}
+	defer func() { _ = tx.Rollback(ctx) }()
+	tag, err := tx.Exec(ctx, s.reserve, key, seedFingerprint)
+	if err != nil {
+		return false, err
+	}
+	if tag.RowsAffected() == 0 {
+		if err := tx.Rollback(ctx); err != nil {
+			return false, err
+		}
+		var fp string
+		var status *int32
+		var body []byte
+		if err := s.pool.QueryRow(ctx, s.lookup, key).Scan(&fp, &status, &body); err != nil {
+			return false, err
+		}
+		if fp != seedFingerprint || status == nil || *status != 201 || len(body) == 0 {
+			return false, errors.New("seed: stored answer is not the one written")
+		}
+		return true, nil
+	}
+	if _, err := tx.Exec(ctx, s.effect, "seed"); err != nil {
+		return false, err
+	}
+	if _, err := tx.Exec(ctx, s.finish, key, seedBody); err != nil {
+		return false, err
+	}
+	return false, tx.Commit(ctx)
+}
+
+func (s *seedPG) effects(ctx context.Context) (int, error) {
+	var n int
+	err := s.pool.QueryRow(ctx, s.count).Scan(&n)
+	return n, err
+}
+
+func seedName(prefix string) string {
+	b := make([]byte, 6)
+	_, _ = rand.Read(b)
+	return prefix + hex.EncodeToString(b)
+}
