@@ -118,7 +118,10 @@ func (d *headerDecoder) uvarint() uint64 {
 // count larger than the remaining input is refused before allocating.
 func (d *headerDecoder) count() int {
 	v := d.uvarint()
-	if d.err == nil && v > uint64(len(d.b)) {
+	if d.err != nil {
+		return 0
+	}
+	if v > uint64(len(d.b)) {
 		d.err = fmt.Errorf("count %d exceeds the %d bytes left", v, len(d.b))
 		return 0
 	}

@@ -4,6 +4,7 @@ import (
 	"errors"
 	"net/http"
 	"reflect"
+	"strings"
 	"testing"
 )
 
@@ -101,4 +102,32 @@ func FuzzHeader(f *testing.F) {
 			t.Fatalf("re-encoding %q: got %q, %v", d, again, err)
 		}
 	})
+}
+
+// TestMarshalHeaderAllocatesOnce: the encoder sizes its buffer up front, so
+// a header of any shape costs one allocation.
+func TestMarshalHeaderAllocatesOnce(t *testing.T) {
+	h := http.Header{
+		"Content-Type": {"application/json"},
+		"Set-Cookie":   {"a=1", "b=2", strings.Repeat("c", 300)},
+		"X-Empty":      {""},
+		"X-Bytes":      {"caf\xe9\x00\xff"},
+	}
+	if n := testing.AllocsPerRun(100, func() { MarshalHeader(h) }); n != 1 {
+		t.Fatalf("MarshalHeader: %v allocations, want 1", n)
+	}
+}
+
+// TestHeaderNameWithoutValues: a name with no values decodes to a nil
+// slice, whether it was encoded from nil or from an empty slice.
+func TestHeaderNameWithoutValues(t *testing.T) {
+	for _, vs := range [][]string{nil, {}} {
+		got, err := UnmarshalHeader(MarshalHeader(http.Header{"X-None": vs, "A": {"b"}}))
+		if err != nil {
+			t.Fatal(err)
+		}
+		if v, ok := got["X-None"]; !ok || v != nil || got.Get("A") != "b" {
+			t.Fatalf("decoded %#v: want X-None present with a nil slice", got)
+		}
+	}
 }
