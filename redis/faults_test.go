@@ -1,0 +1,98 @@
+package redis_test
+
+import (
+	"context"
+	"errors"
+	"strings"
+	"testing"
+	"time"
+
+	goredis "github.com/redis/go-redis/v9"
+
+	"github.com/go-idempotency/idempotency/conformance"
+	"github.com/go-idempotency/idempotency/conformance/faultproxy"
+	"github.com/go-idempotency/idempotency/internal/testenv"
+	"github.com/go-idempotency/idempotency/redis"
+)
+
+// faultLease is the fault fixtures' lease: a holder that vanished behind a
+// partition (nothing reaches Redis, not even its release) holds its key
+// until the lease runs out. It is longer than the bound after an ordinary
+// fault, so that a key held until its lease runs out fails that bound.
+const faultLease = 4 * time.Second
+
+// TestFaults runs the fault-injection suite on a client with
+// ContextTimeoutEnabled: without it go-redis ignores the caller's context
+// deadline on the socket, and a lost reply holds Do for ReadTimeout (3s by
+// default) whatever the deadline.
+//
+// TestFaults runs the fault-injection suite: a cut connection, a lost
+// reply, a partition and a slow step at every round trip of a call, once
+// on a pool whose connection is warm (Warm: statements prepared) and once
+// on a pool that has not connected yet (Cold: the faults also hit the
+// handshake and the first use of each statement).
+func TestFaults(t *testing.T) {
+	upstream := testenv.RedisAddr(t)
+	for _, cold := range []bool{false, true} {
+		name := "Warm"
+		if cold {
+			name = "Cold"
+		}
+		t.Run(name, func(t *testing.T) {
+			conformance.RunFaults(t, conformance.FaultHarness[*redis.Tx]{
+				Upstream: upstream,
+				NewFixture: func(t testing.TB, addr, ns string) conformance.Fixture[*redis.Tx] {
+					return faultFixture(t, addr, ns, addr == upstream)
+				},
+				Cold:           cold,
+				CallTimeout:    time.Second,
+				Bound:          3 * time.Second,
+				PartitionBound: faultLease + 1500*time.Millisecond,
+				Known: func(step string, a faultproxy.Action, check string) string {
+					if strings.HasPrefix(step, "complete#") && a == faultproxy.Partition && check == "deadline" {
+						return "BUG (redis, txn.Complete -> release): after a completion that failed, the store releases the key " +
+							"synchronously on a context stripped of the caller's deadline and bounded by releaseTimeout (5s): behind " +
+							"a partition Do returns about 5s after the caller's deadline; one effect and one answer hold"
+					}
+					return ""
+				},
+			})
+		})
+	}
+}
+
+// faultFixture is a store under the prefix faults:<ns>: whose effects are
+// increments of a counter per tag in the hash faults:<ns>:fx, queued on
+// the Tx, on a client that dials addr. The fixture on the server itself
+// (owner) deletes the counters at cleanup.
+func faultFixture(t testing.TB, addr, ns string, owner bool) conformance.Fixture[*redis.Tx] {
+	t.Helper()
+	client := goredis.NewClient(&goredis.Options{Addr: addr, DialTimeout: 2 * time.Second, PoolSize: 4, ContextTimeoutEnabled: true})
+	prefix := "faults:" + ns + ":"
+	effects := prefix + "fx"
+	store, err := redis.New(client, &redis.Config{Prefix: prefix, Lease: faultLease})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() {
+		if owner {
+			ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+			defer cancel()
+			_ = client.Del(ctx, effects).Err()
+		}
+		_ = client.Close()
+	})
+	return conformance.Fixture[*redis.Tx]{
+		Store: store,
+		Effect: func(ctx context.Context, tx *redis.Tx, tag string) error {
+			return tx.HIncrBy(ctx, effects, tag, 1).Err()
+		},
+		Count: func(ctx context.Context, tag string) (int, error) {
+			n, err := client.HGet(ctx, effects, tag).Int()
+			if errors.Is(err, goredis.Nil) {
+				return 0, nil
+			}
+			return n, err
+		},
+	}
+}
