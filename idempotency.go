@@ -297,10 +297,10 @@ func New[Tx any](store KeyStore[Tx], cfg *Config) (*Guard[Tx], error) {
 	if c.WaitTimeout == 0 {
 		c.WaitTimeout = DefaultWaitTimeout
 	}
-	if c.MaxRetries == 0 {
+	if c.MaxRetries < 0 {
+		c.MaxRetries = 0 // no retries
+	} else if c.MaxRetries == 0 {
 		c.MaxRetries = DefaultMaxRetries
-	} else if c.MaxRetries < 0 {
-		c.MaxRetries = 0
 	}
 	if c.RetryBackoff == 0 {
 		c.RetryBackoff = DefaultRetryBackoff
