@@ -1,0 +1,67 @@
+package postgres
+
+import (
+	"context"
+	"errors"
+	"fmt"
+
+	"github.com/jackc/pgx/v5/pgconn"
+
+	"github.com/go-idempotency/idempotency"
+)
+
+// SQLSTATE codes the store maps to the root sentinels.
+const (
+	codeUniqueViolation      = "23505" // unique_violation
+	codeSerializationFailure = "40001" // serialization_failure
+	codeDeadlockDetected     = "40P01" // deadlock_detected
+	codeLockNotAvailable     = "55P03" // lock_not_available: lock_timeout
+	codeQueryCanceled        = "57014" // query_canceled: statement_timeout, a cancel request
+)
+
+// IsConflict implements [idempotency.ConflictClassifier]: a serialization
+// failure (40001) or a deadlock (40P01) met by one of fn's own statements
+// makes [idempotency.Guard.Do] roll back and run the attempt again.
+func (s *Store) IsConflict(err error) bool {
+	var pgErr *pgconn.PgError
+	return errors.As(err, &pgErr) && (pgErr.Code == codeSerializationFailure || pgErr.Code == codeDeadlockDetected)
+}
+
+// mapError maps an error of one of the store's own statements to the root
+// sentinels. Once ctx is done, ctx.Err() is in the chain and nothing else is
+// added. Serialization failures, deadlocks and a unique violation on the
+// keys table (a key completed by another caller) wrap
+// [idempotency.ErrConflict]. A statement cut by the server's lock_timeout or
+// statement_timeout wraps [idempotency.ErrInProgress] when it was waiting
+// for a key another caller holds (waitingForKey), [idempotency.ErrConflict]
+// otherwise. Anything else (a cut connection included) is returned as it is,
+// and the core adds [idempotency.ErrStore].
+func (s *Store) mapError(ctx context.Context, err error, waitingForKey bool) error {
+	if err == nil {
+		return nil
+	}
+	if cerr := ctx.Err(); cerr != nil {
+		if errors.Is(err, cerr) {
+			return err
+		}
+		return fmt.Errorf("%w (%w)", cerr, err)
+	}
+	var pgErr *pgconn.PgError
+	if !errors.As(err, &pgErr) {
+		return err
+	}
+	switch pgErr.Code {
+	case codeSerializationFailure, codeDeadlockDetected:
+		return fmt.Errorf("%w: %w", idempotency.ErrConflict, err)
+	case codeLockNotAvailable, codeQueryCanceled:
+		if waitingForKey {
+			return fmt.Errorf("%w: %w", idempotency.ErrInProgress, err)
+		}
+		return fmt.Errorf("%w: %w", idempotency.ErrConflict, err)
+	case codeUniqueViolation:
+		if pgErr.TableName == s.tableName && (pgErr.SchemaName == s.schemaName || s.schemaName == "") {
+			return fmt.Errorf("%w: %w", idempotency.ErrConflict, err)
+		}
+	}
+	return err
+}

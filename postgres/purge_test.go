@@ -1,0 +1,157 @@
+package postgres_test
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"net/http"
+	"runtime"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+
+	"github.com/go-idempotency/idempotency"
+	"github.com/go-idempotency/idempotency/postgres"
+)
+
+// TestPurgeSkipsHeldRows: Purge deletes expired rows but neither waits for
+// nor deletes a row an open transaction holds: a row locked by another
+// transaction, and under SERIALIZABLE the pending row of an expired key
+// being taken over. Under READ COMMITTED a takeover holds the key by its
+// advisory lock and writes the key row only when it completes, so Purge may
+// delete the old expired row meanwhile; the completion stores the answer
+// all the same.
+func TestPurgeSkipsHeldRows(t *testing.T) {
+	for _, c := range []struct {
+		name string
+		cfg  postgres.Config
+		want int // rows Purge deletes: a, b, c and, unless held, "held"
+	}{
+		{"ReadCommitted", postgres.Config{}, 4},
+		{"Serializable", postgres.Config{TxOptions: pgx.TxOptions{IsoLevel: pgx.Serializable}}, 3},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			ctx := testContext(t)
+			f := newFixture(t, newPool(t, 3), c.cfg)
+			var now atomic.Pointer[time.Time]
+			start := time.Now()
+			now.Store(&start)
+			g := f.guard(t, &idempotency.Config{TTL: time.Hour, Now: func() time.Time { return *now.Load() }})
+			fn := func(tx pgx.Tx) (idempotency.Response, error) {
+				return idempotency.Response{Status: 200}, f.effect(ctx, tx, "p")
+			}
+			for _, id := range []string{"a", "b", "c", "held", "locked"} {
+				if _, err := g.Do(ctx, idempotency.Key{ID: id}, "fp", fn); err != nil {
+					t.Fatal(err)
+				}
+			}
+			later := start.Add(2 * time.Hour)
+			now.Store(&later)
+			// Another transaction locks the expired row of "locked".
+			locker, err := f.pool.Begin(ctx)
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer func() { _ = locker.Rollback(context.WithoutCancel(ctx)) }()
+			if _, err := locker.Exec(ctx, `SELECT 1 FROM "`+f.table+`" WHERE id = 'locked' FOR UPDATE`); err != nil {
+				t.Fatal(err)
+			}
+			held, release := make(chan struct{}), releaser(t)
+			done := make(chan error, 1)
+			go func() {
+				_, err := g.Do(ctx, idempotency.Key{ID: "held"}, "fp", func(tx pgx.Tx) (idempotency.Response, error) {
+					close(held)
+					<-release.c
+					return fn(tx)
+				})
+				done <- err
+			}()
+			select {
+			case <-held:
+			case err := <-done:
+				t.Fatalf("takeover of the expired key: %v", err)
+			}
+			pctx, cancel := context.WithTimeout(ctx, 5*time.Second)
+			n, err := f.store.Purge(pctx, later, 100)
+			cancel()
+			release.do()
+			if err != nil || n != c.want {
+				t.Fatalf("Purge with held rows: got %d, %v; want %d (and no wait)", n, err, c.want)
+			}
+			if err := <-done; err != nil {
+				t.Fatalf("takeover: %v", err)
+			}
+			r, err := g.Do(ctx, idempotency.Key{ID: "held"}, "fp", fn)
+			if err != nil || !r.Replayed {
+				t.Fatalf("taken-over key after Purge: got %+v, %v; want replayed", r, err)
+			}
+			_ = locker.Rollback(ctx)
+			if n, err := f.store.Purge(ctx, later, 100); err != nil || n != 1 {
+				t.Fatalf("Purge once the lock is gone: got %d, %v; want 1 (the row that was locked)", n, err)
+			}
+			f.mustCount(t, ctx, "p", 6)
+		})
+	}
+}
+
+// TestNoGrowth: thousands of keys (new, replayed, failed) leave the number
+// of goroutines and the live heap where they were.
+func TestNoGrowth(t *testing.T) {
+	ctx := testContext(t)
+	f := newFixture(t, newPool(t, 4), postgres.Config{})
+	g := f.guard(t, nil)
+	errFn := errors.New("fn fails")
+	round := func(i int) {
+		key := idempotency.Key{ID: fmt.Sprintf("g-%d", i)}
+		fn := func(tx pgx.Tx) (idempotency.Response, error) {
+			if i%10 == 9 {
+				return idempotency.Response{}, errFn
+			}
+			return idempotency.Response{Status: 201, Header: http.Header{"A": {"b"}}, Body: []byte("body")}, f.effect(ctx, tx, "growth")
+		}
+		if _, err := g.Do(ctx, key, "fp", fn); err != nil && !errors.Is(err, errFn) {
+			t.Fatalf("key %d: %v", i, err)
+		}
+		if i%2 == 0 {
+			if _, err := g.Do(ctx, key, "fp", fn); err != nil && !errors.Is(err, errFn) {
+				t.Fatalf("key %d again: %v", i, err)
+			}
+		}
+	}
+	measure := func() (goroutines int, heap uint64) {
+		var ms runtime.MemStats
+		for range 3 {
+			runtime.GC()
+		}
+		runtime.ReadMemStats(&ms)
+		return runtime.NumGoroutine(), ms.HeapAlloc
+	}
+	var wg sync.WaitGroup
+	parallel := func(from, to int) {
+		for w := range 4 {
+			wg.Go(func() {
+				for i := from + w; i < to; i += 4 {
+					round(i)
+				}
+			})
+		}
+		wg.Wait()
+	}
+	parallel(0, 400) // warm the pool and the statement caches
+	g0, h0 := measure()
+	const keys = 3000
+	parallel(400, 400+keys)
+	g1, h1 := measure()
+	t.Logf("goroutines %d -> %d, live heap %d -> %d bytes over %d keys", g0, g1, h0, h1, keys)
+	if g1 > g0 {
+		t.Errorf("goroutines grew from %d to %d over %d keys", g0, g1, keys)
+	}
+	// 256 KiB over 3000 keys: a leak of 90 bytes per key would show.
+	if h1 > h0+256<<10 {
+		t.Errorf("live heap grew from %d to %d bytes over %d keys", h0, h1, keys)
+	}
+	f.mustCount(t, ctx, "growth", (400+keys)*9/10)
+}

@@ -1,0 +1,273 @@
+package postgres
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"math"
+	"strconv"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgtype"
+	"github.com/jackc/pgx/v5/pgxpool"
+
+	"github.com/go-idempotency/idempotency"
+)
+
+// Reserve implements [idempotency.KeyStore]. It acquires one connection
+// and, in one round trip, begins the transaction, takes the key's advisory
+// lock and reads the key's row (see the package documentation). With r.Wait
+// == 0 a lock held by another transaction is reported at once with
+// [idempotency.ErrInProgress]; otherwise Reserve waits for it up to r.Wait,
+// or until ctx's deadline if that comes first, and while ctx lives. A live
+// completed row is returned and the transaction ended; otherwise the
+// transaction holds the key. A plain look-up comes first with
+// [Config.LookupFirst], or while most recent first tries were replays.
+func (s *Store) Reserve(ctx context.Context, r idempotency.Reservation) (idempotency.Txn[pgx.Tx], *idempotency.Record, error) {
+	now := r.Now.Truncate(time.Microsecond)
+	conn, err := s.pool.Acquire(ctx)
+	if err != nil {
+		return nil, nil, s.mapError(ctx, fmt.Errorf("postgres: acquire: %w", err), false)
+	}
+	if s.lookingFirst() {
+		rec, _, err := scanKey(conn.QueryRow(ctx, s.sql.lookup, r.Key.Scope, r.Key.ID, now), r.Key, now)
+		if err != nil || rec != nil {
+			abandon(ctx, conn)
+			if err != nil {
+				return nil, nil, s.mapError(ctx, fmt.Errorf("postgres: look up key %q: %w", r.Key.ID, err), false)
+			}
+			s.tallyFirstTry(r, true)
+			return nil, rec, nil
+		}
+	}
+	t, rec, err := s.begin(ctx, conn, r, now)
+	if t == nil {
+		abandon(ctx, conn)
+		if rec != nil {
+			s.tallyFirstTry(r, true)
+		}
+		return nil, rec, err
+	}
+	s.tallyFirstTry(r, false)
+	return t, nil, nil
+}
+
+// tallyFirstTry records whether a first try (r.Wait == 0: not a caller
+// that waited for a held key) found a completed key.
+func (s *Store) tallyFirstTry(r idempotency.Reservation, replayed bool) {
+	if r.Wait == 0 && !s.lookupFirst {
+		s.tally(replayed)
+	}
+}
+
+// begin sends BEGIN, the key's advisory lock and the look-up in one round
+// trip. It returns the reservation if the transaction holds the key, or the
+// key's live record, or an error. The caller releases conn unless a
+// reservation is returned.
+//
+// Under REPEATABLE READ and SERIALIZABLE the look-up would read in the
+// transaction, from a snapshot possibly older than the lock: the first
+// transaction that reports such a level switches the store to beginRow
+// for good.
+func (s *Store) begin(ctx context.Context, conn *pgxpool.Conn, r idempotency.Reservation, now time.Time) (*txn, *idempotency.Record, error) {
+	if s.rowMode.Load() {
+		return s.beginRow(ctx, conn, r, now)
+	}
+	b := &pgx.Batch{}
+	b.BeginTx(s.txOptions)
+	s.queueLock(ctx, b, r)
+	b.Queue(s.sql.lookup, r.Key.Scope, r.Key.ID, now)
+	br := conn.SendBatch(ctx, b)
+	var (
+		lk      lockResult
+		rec     *idempotency.Record
+		expired bool
+	)
+	_, err := br.Exec() // BEGIN
+	if err == nil {
+		lk, err = scanLock(br, r.Wait > 0)
+	}
+	if err == nil {
+		rec, expired, err = scanKey(br.QueryRow(), r.Key, now)
+	}
+	if cerr := br.Close(); err == nil {
+		err = cerr
+	}
+	if err != nil {
+		return nil, nil, s.mapError(ctx, fmt.Errorf("postgres: reserve key %q (wait bound %v): %w", r.Key.ID, r.Wait, err), r.Wait > 0)
+	}
+	if !lk.readCommitted() {
+		s.rowMode.Store(true)
+	}
+	switch {
+	case rec != nil:
+		return nil, rec, nil
+	case !lk.locked:
+		return nil, nil, fmt.Errorf("postgres: key %q: %w", r.Key.ID, idempotency.ErrInProgress)
+	case !lk.readCommitted():
+		if _, err := conn.Exec(ctx, "rollback"); err != nil {
+			return nil, nil, s.mapError(ctx, fmt.Errorf("postgres: reserve key %q: %w", r.Key.ID, err), false)
+		}
+		return s.beginRow(ctx, conn, r, now)
+	}
+	return &txn{s: s, conn: conn, tx: &tx{inner: br.Tx()}, key: r.Key, fp: r.Fingerprint, now: now, expired: expired}, nil, nil
+}
+
+// beginRow reserves the key with its advisory lock and a pending row, for
+// REPEATABLE READ and SERIALIZABLE transactions: BEGIN, the lock and the
+// INSERT in one round trip, reading nothing in the transaction (so that
+// SERIALIZABLE takes no predicate lock that could fail callers of other
+// keys). A row committed since the snapshot makes the INSERT fail with a
+// serialization failure ([idempotency.ErrConflict]) instead of letting fn
+// run for a key another caller completed. If a committed row is in the
+// way, one more round trip ends the transaction and reads it: a live
+// completed row is returned, an expired one taken over (one more round
+// trip). The caller releases conn unless a reservation is returned.
+func (s *Store) beginRow(ctx context.Context, conn *pgxpool.Conn, r idempotency.Reservation, now time.Time) (*txn, *idempotency.Record, error) {
+	stmt := s.sql.insertPending
+	for range 2 {
+		b := &pgx.Batch{}
+		b.BeginTx(s.txOptions)
+		s.queueLock(ctx, b, r)
+		b.Queue(stmt, r.Key.Scope, r.Key.ID, r.Fingerprint, now, r.ExpiresAt.Truncate(time.Microsecond), lockTimeout(ctx, r.Wait))
+		br := conn.SendBatch(ctx, b)
+		var (
+			lk  lockResult
+			row pgtype.TID
+		)
+		_, err := br.Exec() // BEGIN
+		if err == nil {
+			lk, err = scanLock(br, r.Wait > 0)
+		}
+		if err == nil {
+			if err = br.QueryRow().Scan(&row, nil); errors.Is(err, pgx.ErrNoRows) {
+				err = nil
+			}
+		}
+		if cerr := br.Close(); err == nil {
+			err = cerr
+		}
+		switch {
+		case err != nil:
+			return nil, nil, s.mapError(ctx, fmt.Errorf("postgres: reserve key %q (wait bound %v): %w", r.Key.ID, r.Wait, err), true)
+		case lk.locked && row.Valid:
+			return &txn{s: s, conn: conn, tx: &tx{inner: br.Tx()}, key: r.Key, fp: r.Fingerprint, now: now, row: row}, nil, nil
+		case row.Valid: // inserted without the lock: its holder has not written yet
+			return nil, nil, fmt.Errorf("postgres: key %q: %w", r.Key.ID, idempotency.ErrInProgress)
+		}
+		// A committed row is in the way: end the transaction and read the
+		// row in a fresh statement, on the same connection, in one round trip.
+		var (
+			rec     *idempotency.Record
+			expired bool
+		)
+		b = &pgx.Batch{}
+		b.Queue("rollback")
+		b.Queue(s.sql.lookup, r.Key.Scope, r.Key.ID, now)
+		br = conn.SendBatch(ctx, b)
+		_, err = br.Exec()
+		if err == nil {
+			rec, expired, err = scanKey(br.QueryRow(), r.Key, now)
+		}
+		if cerr := br.Close(); err == nil {
+			err = cerr
+		}
+		switch {
+		case err != nil:
+			return nil, nil, s.mapError(ctx, fmt.Errorf("postgres: read key %q: %w", r.Key.ID, err), false)
+		case rec != nil:
+			return nil, rec, nil
+		case !lk.locked:
+			return nil, nil, fmt.Errorf("postgres: key %q: %w", r.Key.ID, idempotency.ErrInProgress)
+		case !expired:
+			return nil, nil, fmt.Errorf("%w: postgres: key %q changed while it was read", idempotency.ErrConflict, r.Key.ID)
+		}
+		stmt = s.sql.takeOver
+	}
+	return nil, nil, fmt.Errorf("%w: postgres: key %q changed while it was read", idempotency.ErrConflict, r.Key.ID)
+}
+
+// queueLock queues the statement that takes the key's advisory lock: at
+// once or not at all when r.Wait is 0, else waiting up to r.Wait.
+func (s *Store) queueLock(ctx context.Context, b *pgx.Batch, r idempotency.Reservation) {
+	if r.Wait > 0 {
+		b.Queue(s.sql.waitLock, lockID(s.quoted, r.Key), lockTimeout(ctx, r.Wait))
+	} else {
+		b.Queue(s.sql.tryLock, lockID(s.quoted, r.Key))
+	}
+}
+
+// lockResult is what the lock statement reports.
+type lockResult struct {
+	locked    bool
+	isolation string // the transaction's isolation level
+}
+
+func (lk lockResult) readCommitted() bool {
+	return lk.isolation == "read committed" || lk.isolation == "read uncommitted"
+}
+
+// scanLock reads the result of the statement queueLock queued.
+func scanLock(br pgx.BatchResults, waited bool) (lockResult, error) {
+	var lk lockResult
+	if waited {
+		return lk, br.QueryRow().Scan(&lk.locked, &lk.isolation, nil)
+	}
+	return lk, br.QueryRow().Scan(&lk.locked, &lk.isolation)
+}
+
+// lockTimeout renders a wait bound as a lock_timeout: whole milliseconds,
+// rounded up, at least 1ms (0 would mean no bound at all). A ctx deadline
+// that comes first shortens it, so that the server stops waiting by then
+// too and the connection stays usable.
+func lockTimeout(ctx context.Context, wait time.Duration) string {
+	if deadline, ok := ctx.Deadline(); ok {
+		wait = min(wait, time.Until(deadline))
+	}
+	ms := (wait + time.Millisecond - 1) / time.Millisecond
+	ms = max(ms, 1)
+	ms = min(ms, math.MaxInt32)
+	return strconv.FormatInt(int64(ms), 10) + "ms"
+}
+
+// scanKey scans a row of the look-up: a live completed record, or expired
+// true for an expired row (neither for no row).
+func scanKey(row pgx.Row, key idempotency.Key, now time.Time) (rec *idempotency.Record, expired bool, err error) {
+	var (
+		fp                 string
+		status             *int
+		header, body       []byte
+		created, expiresAt time.Time
+	)
+	err = row.Scan(&fp, &status, &header, &body, &created, &expiresAt)
+	switch {
+	case errors.Is(err, pgx.ErrNoRows):
+		return nil, false, nil
+	case err != nil:
+		return nil, false, err
+	case !expiresAt.After(now):
+		return nil, true, nil
+	case status == nil:
+		return nil, false, fmt.Errorf("postgres: completed key %q has no status", key.ID)
+	}
+	h, err := idempotency.UnmarshalHeader(header)
+	if err != nil {
+		return nil, false, fmt.Errorf("postgres: stored header of key %q: %w", key.ID, err)
+	}
+	return &idempotency.Record{Key: key, Fingerprint: fp, Status: *status, Header: h, Body: body,
+		CreatedAt: created, ExpiresAt: expiresAt}, false, nil
+}
+
+// abandon ends whatever transaction conn is in and returns conn to the pool
+// (which closes it instead if the ROLLBACK fails). It works with a cancelled
+// ctx.
+func abandon(ctx context.Context, conn *pgxpool.Conn) {
+	pg := conn.Conn().PgConn()
+	if !pg.IsClosed() && pg.TxStatus() != 'I' {
+		rctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), rollbackTimeout)
+		_, _ = conn.Exec(rctx, "rollback")
+		cancel()
+	}
+	conn.Release()
+}

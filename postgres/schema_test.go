@@ -1,0 +1,153 @@
+package postgres_test
+
+import (
+	"errors"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"testing"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
+
+	"github.com/go-idempotency/idempotency"
+	"github.com/go-idempotency/idempotency/postgres"
+)
+
+func TestInvalidTable(t *testing.T) {
+	var queries atomic.Int64
+	pool := newPool(t, 1, func(c *pgxpool.Config) { c.ConnConfig.Tracer = &tracer{queries: &queries} })
+	bad := []string{
+		"1abc", "a-b", "a b", `a"b`, "a;drop table x", ".a", "a.", "a.b.c", "ünïcode",
+		strings.Repeat("a", 64), "public." + strings.Repeat("a", 64), strings.Repeat("s", 64) + ".a",
+	}
+	for _, name := range bad {
+		if _, err := postgres.New(pool, &postgres.Config{Table: name}); !errors.Is(err, idempotency.ErrInvalidConfig) {
+			t.Errorf("New with table %q: got %v, want ErrInvalidConfig", name, err)
+		}
+		if _, err := postgres.Schema(name); !errors.Is(err, idempotency.ErrInvalidConfig) {
+			t.Errorf("Schema(%q): got %v, want ErrInvalidConfig", name, err)
+		}
+	}
+	if _, err := postgres.New(pool, &postgres.Config{TxOptions: pgx.TxOptions{AccessMode: pgx.ReadOnly}}); !errors.Is(err, idempotency.ErrInvalidConfig) {
+		t.Errorf("New with a read-only TxOptions: got %v, want ErrInvalidConfig", err)
+	}
+	if _, err := postgres.New(nil, nil); !errors.Is(err, idempotency.ErrInvalidConfig) {
+		t.Errorf("New(nil pool): got %v, want ErrInvalidConfig", err)
+	}
+	for _, name := range []string{"_a", "A1", "public.keys", strings.Repeat("a", 63), strings.Repeat("s", 63) + "." + strings.Repeat("t", 63)} {
+		if _, err := postgres.New(pool, &postgres.Config{Table: name}); err != nil {
+			t.Errorf("New with table %q: %v", name, err)
+		}
+	}
+	if n := queries.Load(); n != 0 {
+		t.Fatalf("New and Schema sent %d statements, want 0", n)
+	}
+}
+
+func TestSchemaMigrate(t *testing.T) {
+	ctx := testContext(t)
+	pool := newPool(t, 2)
+
+	// Migrate twice, and the published DDL twice more: all idempotent.
+	f := newFixture(t, pool, postgres.Config{})
+	if err := f.store.Migrate(ctx); err != nil {
+		t.Fatalf("second Migrate: %v", err)
+	}
+	ddl, err := postgres.Schema(f.table)
+	if err != nil || ddl != f.store.Schema() {
+		t.Fatalf("Schema(%q) = %v, want the store's Schema()", f.table, err)
+	}
+	for range 2 {
+		if _, err := pool.Exec(ctx, ddl); err != nil {
+			t.Fatalf("running Schema(): %v", err)
+		}
+	}
+	var cols int
+	if err := pool.QueryRow(ctx, `SELECT count(*) FROM information_schema.columns WHERE table_name = $1`, f.table).Scan(&cols); err != nil || cols != 9 {
+		t.Fatalf("columns of %s: got %d, %v; want 9", f.table, cols, err)
+	}
+
+	// Concurrent migrations of one table do not trip over each other.
+	table := randomName("idem_")
+	dropAtCleanup(t, pool, "TABLE", table)
+	s, err := postgres.New(pool, &postgres.Config{Table: table})
+	if err != nil {
+		t.Fatal(err)
+	}
+	var wg sync.WaitGroup
+	errs := make([]error, 4)
+	for i := range errs {
+		wg.Go(func() { errs[i] = s.Migrate(ctx) })
+	}
+	wg.Wait()
+	if err := errors.Join(errs...); err != nil {
+		t.Fatalf("concurrent Migrate: %v", err)
+	}
+
+	// A schema-qualified table works end to end.
+	schema := randomName("idem_s_")
+	if _, err := pool.Exec(ctx, "CREATE SCHEMA "+schema); err != nil {
+		t.Fatal(err)
+	}
+	dropAtCleanup(t, pool, "SCHEMA", schema)
+	qf := newFixture(t, pool, postgres.Config{Table: schema + ".keys"})
+	qg := qf.guard(t, nil)
+	for i, wantReplayed := range []bool{false, true} {
+		r, err := qg.Do(ctx, idempotency.Key{ID: "k"}, "fp", func(tx pgx.Tx) (idempotency.Response, error) {
+			return idempotency.Response{Status: 200}, qf.effect(ctx, tx, "q")
+		})
+		if err != nil || r.Replayed != wantReplayed {
+			t.Fatalf("schema-qualified table, call %d: got %+v, %v", i, r, err)
+		}
+	}
+	qf.mustCount(t, ctx, "q", 1)
+
+	// Two 63-byte table names sharing a long prefix get distinct indexes.
+	prefix := randomName("idem_long_")
+	var idx []string
+	for _, c := range []string{"a", "b"} {
+		name := prefix + strings.Repeat(c, 63-len(prefix))
+		lf := newFixture(t, pool, postgres.Config{Table: name})
+		var n int
+		if err := pool.QueryRow(ctx, `SELECT count(*) FROM pg_indexes WHERE tablename = $1 AND indexdef LIKE '%(expires_at)'`, lf.table).Scan(&n); err != nil || n != 1 {
+			t.Fatalf("expires_at index of %s: got %d, %v; want 1", name, n, err)
+		}
+		var def string
+		if err := pool.QueryRow(ctx, `SELECT indexname FROM pg_indexes WHERE tablename = $1 AND indexdef LIKE '%(expires_at)'`, lf.table).Scan(&def); err != nil {
+			t.Fatal(err)
+		}
+		idx = append(idx, def)
+	}
+	if idx[0] == idx[1] {
+		t.Fatalf("two long tables share the index name %q", idx[0])
+	}
+}
+
+// TestKeysCaseSensitive: abc and ABC are two keys, two rows, two effects.
+func TestKeysCaseSensitive(t *testing.T) {
+	ctx := testContext(t)
+	f := newFixture(t, newPool(t, 2), postgres.Config{})
+	g := f.guard(t, nil)
+	for _, id := range []string{"abc", "ABC", "abc", "ABC"} {
+		_, err := g.Do(ctx, idempotency.Key{Scope: "Scope", ID: id}, "fp", func(tx pgx.Tx) (idempotency.Response, error) {
+			return idempotency.Response{Status: 200, Body: []byte(id)}, f.effect(ctx, tx, id)
+		})
+		if err != nil {
+			t.Fatalf("key %q: %v", id, err)
+		}
+	}
+	_, err := g.Do(ctx, idempotency.Key{Scope: "scope", ID: "abc"}, "fp", func(tx pgx.Tx) (idempotency.Response, error) {
+		return idempotency.Response{Status: 200}, f.effect(ctx, tx, "lower-scope")
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	f.mustCount(t, ctx, "abc", 1)
+	f.mustCount(t, ctx, "ABC", 1)
+	f.mustCount(t, ctx, "lower-scope", 1)
+	var rows int
+	if err := f.pool.QueryRow(ctx, "SELECT count(*) FROM "+f.table).Scan(&rows); err != nil || rows != 3 {
+		t.Fatalf("key rows: got %d, %v; want 3", rows, err)
+	}
+}

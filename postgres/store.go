@@ -1,0 +1,134 @@
+package postgres
+
+import (
+	"fmt"
+	"strings"
+	"sync/atomic"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
+
+	"github.com/go-idempotency/idempotency"
+)
+
+// rollbackTimeout bounds the ROLLBACK sent when a transaction is abandoned,
+// possibly after the caller's context ended.
+const rollbackTimeout = 5 * time.Second
+
+var _ idempotency.KeyStore[pgx.Tx] = (*Store)(nil)
+var _ idempotency.ConflictClassifier = (*Store)(nil)
+
+// Config tunes a [Store]. The zero value (or nil) means the defaults.
+type Config struct {
+	// Table is the keys table: a name of letters, digits and underscores,
+	// not starting with a digit, at most 63 bytes, optionally qualified by
+	// one schema name of the same form ("billing.idempotency_keys"). It is
+	// quoted in SQL, so it is case-sensitive. Defaults to "idempotency_keys".
+	Table string
+	// TxOptions begin the transaction that holds the key and in which fn
+	// runs (isolation level, deferrable mode, BeginQuery, CommitQuery; the
+	// access mode cannot be read only). Defaults to the zero value: a plain
+	// BEGIN, at the session's default isolation level.
+	TxOptions pgx.TxOptions
+	// LookupFirst makes Reserve always read the key with a plain SELECT,
+	// outside any transaction, before it begins the transaction: a replay
+	// of a completed key then costs one round trip instead of two, and a
+	// new key four instead of three. Defaults to false: the store does so
+	// only while most of its recent reservations found a completed key
+	// (see the package documentation).
+	LookupFirst bool
+	// SkipLookup is ignored.
+	//
+	// Deprecated: the look-up travels with BEGIN by default now; see
+	// LookupFirst for the opposite trade.
+	SkipLookup bool
+}
+
+// Store is an [idempotency.KeyStore] on a PostgreSQL table. It is safe for
+// concurrent use; build it with [New].
+type Store struct {
+	pool        *pgxpool.Pool
+	table       string // as configured, validated
+	quoted      string // table, quoted for SQL
+	tableName   string // the table's name without its schema
+	schemaName  string // the table's schema, "" if not qualified
+	txOptions   pgx.TxOptions
+	lookupFirst bool
+	commitSQL   string
+	schema      string
+	sql         statements
+	// rowMode: reserve with a pending row too (see beginRow), because the
+	// transactions are REPEATABLE READ or SERIALIZABLE.
+	rowMode atomic.Bool
+	// replays counts recent first tries that found a completed key (+1)
+	// or took the key (-1), saturating at ±replayBias; above 0, Reserve
+	// looks the key up first.
+	replays atomic.Int32
+}
+
+// replayBias bounds [Store].replays: how many outcomes of one kind in a row
+// it takes to change the store's way once the other kind dominated.
+const replayBias = 4
+
+// lookingFirst reports whether Reserve should look the key up first.
+func (s *Store) lookingFirst() bool { return s.lookupFirst || s.replays.Load() > 0 }
+
+// tally records the outcome of a first try: replayed or not.
+func (s *Store) tally(replayed bool) {
+	d := int32(-1)
+	if replayed {
+		d = 1
+	}
+	for {
+		n := s.replays.Load()
+		if m := min(max(n+d, -replayBias), replayBias); m == n || s.replays.CompareAndSwap(n, m) {
+			return
+		}
+	}
+}
+
+// New returns a Store on pool. A nil cfg means the defaults. A bad table
+// name gives an error wrapping [idempotency.ErrInvalidConfig]; New sends no
+// SQL (see [Store.Migrate]).
+func New(pool *pgxpool.Pool, cfg *Config) (*Store, error) {
+	if pool == nil {
+		return nil, fmt.Errorf("%w: postgres: nil pool", idempotency.ErrInvalidConfig)
+	}
+	var c Config
+	if cfg != nil {
+		c = *cfg
+	}
+	if c.Table == "" {
+		c.Table = DefaultTable
+	}
+	q, err := quoteTable(c.Table)
+	if err != nil {
+		return nil, err
+	}
+	if c.TxOptions.AccessMode == pgx.ReadOnly {
+		return nil, fmt.Errorf("%w: postgres: TxOptions.AccessMode read only: the key is written in that transaction", idempotency.ErrInvalidConfig)
+	}
+	s := &Store{
+		pool:        pool,
+		table:       c.Table,
+		quoted:      q,
+		tableName:   c.Table,
+		txOptions:   c.TxOptions,
+		lookupFirst: c.LookupFirst,
+		commitSQL:   "commit",
+		schema:      schemaSQL(c.Table, q),
+		sql:         newStatements(c.Table, q),
+	}
+	if i := strings.IndexByte(c.Table, '.'); i >= 0 {
+		s.schemaName, s.tableName = c.Table[:i], c.Table[i+1:]
+	}
+	switch c.TxOptions.IsoLevel {
+	case pgx.RepeatableRead, pgx.Serializable:
+		s.rowMode.Store(true)
+	}
+	if c.TxOptions.CommitQuery != "" {
+		s.commitSQL = c.TxOptions.CommitQuery
+	}
+	return s, nil
+}
