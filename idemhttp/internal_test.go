@@ -1,10 +1,16 @@
 package idemhttp
 
 import (
+	"encoding/json"
+	"fmt"
 	"net/http"
+	"net/http/httptest"
 	"regexp"
+	"strings"
 	"testing"
 	"time"
+
+	"github.com/go-idempotency/idempotency"
 )
 
 func TestParseKey(t *testing.T) {
@@ -153,5 +159,37 @@ func TestStoredHeader(t *testing.T) {
 	got := c.storedHeader(h)
 	if len(got) != 2 || got.Get("Content-Type") != "application/json" || len(got.Values("X-Keep")) != 3 {
 		t.Errorf("storedHeader = %v; want only Content-Type and X-Keep (3 values)", got)
+	}
+}
+
+// TestFailTruthful: only a key that is held is answered "in progress"; an
+// error of the store is a 503 even when it also wraps ErrInProgress (a busy
+// single-writer store under NoWait), with Retry-After and a detail that
+// says the store is busy or unavailable.
+func TestFailTruthful(t *testing.T) {
+	t.Parallel()
+	h := &handler[any]{c: newConfig(nil)}
+	for _, c := range []struct {
+		err    error
+		status int
+		typ    string
+	}{
+		{fmt.Errorf("key %q: %w", "k", idempotency.ErrInProgress), http.StatusConflict, ProblemInProgress},
+		{fmt.Errorf("%w: database busy with another writer", idempotency.ErrStore), http.StatusServiceUnavailable, ProblemStoreUnavailable},
+		{fmt.Errorf("%w: %w", idempotency.ErrStore, idempotency.ErrInProgress), http.StatusServiceUnavailable, ProblemStoreUnavailable},
+	} {
+		rec := httptest.NewRecorder()
+		ev := &Event{}
+		h.fail(rec, httptest.NewRequest(http.MethodPost, "/", nil), ev, c.err)
+		var p Problem
+		if err := json.Unmarshal(rec.Body.Bytes(), &p); err != nil {
+			t.Fatal(err)
+		}
+		if rec.Code != c.status || p.Type != c.typ || rec.Header().Get("Retry-After") == "" || ev.Status != c.status {
+			t.Errorf("%v: %d %+v %v; want %d %s with Retry-After", c.err, rec.Code, p, rec.Header(), c.status, c.typ)
+		}
+		if c.status == http.StatusServiceUnavailable && (!strings.Contains(p.Detail, "busy or unavailable") || strings.Contains(p.Title+p.Detail, "in progress")) {
+			t.Errorf("503 problem %+v does not say the store is busy or unavailable", p)
+		}
 	}
 }

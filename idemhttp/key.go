@@ -3,9 +3,10 @@ package idemhttp
 import (
 	"crypto/rand"
 	"encoding/hex"
-	"errors"
 	"fmt"
 	"strings"
+
+	"github.com/go-idempotency/idempotency"
 )
 
 // HeaderKey is the name of the request header that carries the key.
@@ -19,7 +20,7 @@ const HeaderReplayed = "Idempotent-Replayed"
 // are the only escapes); most clients send the bare value, which is taken
 // as it is. Surrounding spaces and tabs are ignored. Parameters after a
 // quoted string are not accepted. The id's own limits are checked by
-// [idempotency.Key.Validate].
+// [idempotency.Key.Validate]. Every error wraps [idempotency.ErrInvalidKey].
 func parseKey(v string) (string, error) {
 	v = strings.Trim(v, " \t")
 	if !strings.HasPrefix(v, `"`) {
@@ -31,24 +32,24 @@ func parseKey(v string) (string, error) {
 		case c == '\\':
 			i++
 			if i == len(v) {
-				return "", errors.New("sf-string ends inside an escape")
+				return "", fmt.Errorf("%w: sf-string ends inside an escape", idempotency.ErrInvalidKey)
 			}
 			if v[i] != '"' && v[i] != '\\' {
-				return "", fmt.Errorf("sf-string has the invalid escape \\%c", v[i])
+				return "", fmt.Errorf("%w: sf-string has the invalid escape \\%c", idempotency.ErrInvalidKey, v[i])
 			}
 			b.WriteByte(v[i])
 		case c == '"':
 			if i != len(v)-1 {
-				return "", errors.New("sf-string is followed by more data")
+				return "", fmt.Errorf("%w: sf-string is followed by more data", idempotency.ErrInvalidKey)
 			}
 			return b.String(), nil
 		case c < 0x20 || c > 0x7e:
-			return "", fmt.Errorf("sf-string byte %d is %#02x, not printable ASCII", i, c)
+			return "", fmt.Errorf("%w: sf-string byte %d is %#02x, not printable ASCII", idempotency.ErrInvalidKey, i, c)
 		default:
 			b.WriteByte(c)
 		}
 	}
-	return "", errors.New("sf-string has no closing quote")
+	return "", fmt.Errorf("%w: sf-string has no closing quote", idempotency.ErrInvalidKey)
 }
 
 // NewKey returns a fresh random key: a version 4 UUID from crypto/rand.
@@ -74,4 +75,37 @@ func NewKey() string {
 func quoteKey(id string) string {
 	r := strings.NewReplacer(`\`, `\\`, `"`, `\"`)
 	return `"` + r.Replace(id) + `"`
+}
+
+// MinKeyLength returns an [Options].ValidateKey that refuses keys shorter
+// than n bytes: a cheap guard against low-entropy keys ("1", "order").
+func MinKeyLength(n int) func(id string) error {
+	return func(id string) error {
+		if len(id) < n {
+			return fmt.Errorf("the key is %d bytes; at least %d are required (use a random UUID)", len(id), n)
+		}
+		return nil
+	}
+}
+
+// UUIDKey is an [Options].ValidateKey that accepts only UUIDs (8-4-4-4-12
+// hexadecimal digits, any version, either case), the key form the draft
+// suggests.
+func UUIDKey(id string) error {
+	if len(id) != 36 {
+		return fmt.Errorf("the key is not a UUID (%d bytes, want 36)", len(id))
+	}
+	for i := 0; i < len(id); i++ {
+		c := id[i]
+		switch {
+		case i == 8 || i == 13 || i == 18 || i == 23:
+			if c != '-' {
+				return fmt.Errorf("the key is not a UUID: byte %d is %q, want '-'", i, c)
+			}
+		case '0' <= c && c <= '9', 'a' <= c && c <= 'f', 'A' <= c && c <= 'F':
+		default:
+			return fmt.Errorf("the key is not a UUID: byte %d is %q, not a hex digit", i, c)
+		}
+	}
+	return nil
 }

@@ -3,13 +3,10 @@ package idemhttp
 import (
 	"bytes"
 	"context"
-	"encoding/json"
 	"errors"
 	"fmt"
 	"io"
-	"mime"
 	"net/http"
-	"strings"
 	"time"
 
 	"github.com/go-idempotency/idempotency"
@@ -135,7 +132,7 @@ func (h *handler[Tx]) serve(w http.ResponseWriter, r *http.Request, values []str
 			Detail: fmt.Sprintf("%s requests to this resource require an %s header.", r.Method, h.c.header)}, nil)
 		return
 	case len(values) > 1:
-		h.invalidKey(w, r, ev, errors.New("the "+h.c.header+" header appears more than once"))
+		h.invalidKey(w, r, ev, fmt.Errorf("%w: the %s header appears more than once", idempotency.ErrInvalidKey, h.c.header))
 		return
 	}
 	id, err := parseKey(values[0])
@@ -143,7 +140,9 @@ func (h *handler[Tx]) serve(w http.ResponseWriter, r *http.Request, values []str
 		err = idempotency.Key{ID: id}.Validate()
 	}
 	if err == nil && h.c.validate != nil {
-		err = h.c.validate(id)
+		if err = h.c.validate(id); err != nil && !errors.Is(err, idempotency.ErrInvalidKey) {
+			err = fmt.Errorf("%w: %w", idempotency.ErrInvalidKey, err)
+		}
 	}
 	if err != nil {
 		h.invalidKey(w, r, ev, err)
@@ -225,104 +224,6 @@ func (h *handler[Tx]) serve(w http.ResponseWriter, r *http.Request, values []str
 	}
 }
 
-// problem answers p through the renderer and records it in ev.
-func (h *handler[Tx]) problem(w http.ResponseWriter, r *http.Request, ev *Event, p *Problem) {
-	ev.Status = p.Status
-	h.c.render(w, r, p)
-}
-
-// reject answers a refusal that happened before the store was reached.
-func (h *handler[Tx]) reject(w http.ResponseWriter, r *http.Request, ev *Event, p *Problem, cause error) {
-	ev.Outcome, ev.Err = OutcomeRejected, cause
-	if cause == nil {
-		ev.Err = p
-	}
-	h.problem(w, r, ev, p)
-}
-
-func (h *handler[Tx]) invalidKey(w http.ResponseWriter, r *http.Request, ev *Event, err error) {
-	if p, ok := errors.AsType[*Problem](err); ok {
-		h.reject(w, r, ev, p, err)
-		return
-	}
-	h.reject(w, r, ev, &Problem{Type: ProblemInvalidKey, Title: h.c.header + " is invalid", Status: http.StatusBadRequest,
-		Detail: err.Error() + "; send 1 to 255 printable ASCII characters, bare or as a quoted sf-string."}, err)
-}
-
-func (h *handler[Tx]) internal(w http.ResponseWriter, r *http.Request, ev *Event, err error) {
-	ev.Outcome, ev.Err = OutcomeInternal, err
-	if h.c.onError != nil {
-		h.c.onError(r, err)
-	}
-	h.problem(w, r, ev, &Problem{Type: ProblemInternal, Title: "Idempotency middleware failed", Status: http.StatusInternalServerError})
-}
-
-// fail answers an error returned by Guard.Do.
-func (h *handler[Tx]) fail(w http.ResponseWriter, r *http.Request, ev *Event, err error) {
-	ev.Err = err
-	if f, ok := errors.AsType[*handlerFailure](err); ok {
-		// The handler's own response, rolled back and not stored.
-		ev.Outcome, ev.Status = OutcomeNotStored, f.c.status
-		if f.c.status >= 500 {
-			ev.Outcome = OutcomeHandlerError
-		} else {
-			ev.Err = nil
-		}
-		writeResponse(w, f.c.status, f.c.sent, f.c.body.Bytes(), false)
-		return
-	}
-	switch {
-	case errors.Is(err, idempotency.ErrMismatch):
-		ev.Outcome = OutcomeMismatch
-		h.problem(w, r, ev, &Problem{Type: ProblemKeyReused, Title: h.c.header + " is already used", Status: http.StatusUnprocessableEntity,
-			Detail: "This key was used with a different request (method, route or body); use a new key for a new request."})
-		return
-	case errors.Is(err, idempotency.ErrInProgress):
-		ev.Outcome = OutcomeInProgress
-		h.problem(w, r, ev, &Problem{Type: ProblemInProgress, Title: "A request with this " + h.c.header + " is in progress", Status: http.StatusConflict,
-			Detail: "Retry later with the same key to get its response.", Header: retryAfterHeader()})
-		return
-	case errors.Is(err, ErrWriterBypassed):
-		// The client already has the handler's answer: write nothing more.
-		ev.Outcome = OutcomeHandlerError
-		if wr, ok := w.(interface{ Status() int }); ok {
-			ev.Status = wr.Status()
-		}
-		if h.c.onError != nil {
-			h.c.onError(r, err)
-		}
-		return
-	}
-	canceled := errors.Is(err, context.Canceled) && r.Context().Err() != nil
-	if h.c.onError != nil && !canceled {
-		h.c.onError(r, err) // not for a client that went away
-	}
-	switch {
-	case errors.Is(err, ErrNoResponse):
-		ev.Outcome = OutcomeHandlerError
-		h.problem(w, r, ev, &Problem{Type: ProblemNoResponse, Title: "The handler wrote no response", Status: http.StatusInternalServerError,
-			Detail: "The operation was rolled back; retry with the same key."})
-	case errors.Is(err, errResponseTooLarge):
-		ev.Outcome = OutcomeHandlerError
-		h.problem(w, r, ev, &Problem{Type: ProblemResponseTooLarge, Title: "Response too large to store", Status: http.StatusInternalServerError,
-			Detail: "The response was larger than the idempotency store accepts; the operation was rolled back."})
-	case errors.Is(err, idempotency.ErrInvalidResponse), errors.Is(err, idempotency.ErrInvalidKey), errors.Is(err, idempotency.ErrInvalidFingerprint):
-		ev.Outcome = OutcomeInternal
-		h.problem(w, r, ev, &Problem{Type: ProblemInternal, Title: "Idempotency middleware failed", Status: http.StatusInternalServerError})
-	default:
-		// idempotency.ErrStore (connection cut, timeout, busy database,
-		// conflicts past the retries) and any other store error: fail closed.
-		ev.Outcome = OutcomeStoreError
-		if canceled {
-			ev.Outcome = OutcomeCanceled
-		}
-		h.problem(w, r, ev, &Problem{Type: ProblemStoreUnavailable, Title: "Idempotency store unavailable", Status: http.StatusServiceUnavailable,
-			Detail: "The request was not processed (or was rolled back); retry later with the same key.", Header: retryAfterHeader()})
-	}
-}
-
-func retryAfterHeader() http.Header { return http.Header{"Retry-After": {"1"}} }
-
 // readBody reads the whole request body within the limit. It answers the
 // client and returns false when the body is too large or unreadable.
 func (h *handler[Tx]) readBody(w http.ResponseWriter, r *http.Request, ev *Event) ([]byte, bool) {
@@ -352,68 +253,4 @@ func (h *handler[Tx]) readBody(w http.ResponseWriter, r *http.Request, ev *Event
 		return nil, false
 	}
 	return body, true
-}
-
-// fingerprint hashes method, route, media type and body (canonical JSON for
-// JSON media types, minus the ignored fields), then the configured header
-// fields; or whatever Options.Fingerprint returns.
-func (h *handler[Tx]) fingerprint(r *http.Request, body []byte) (string, error) {
-	if h.c.fpFunc != nil {
-		s, err := h.c.fpFunc(r, body)
-		if err != nil {
-			return "", err
-		}
-		return idempotency.Fingerprint([]byte(s)), nil
-	}
-	ct := r.Header.Get("Content-Type")
-	media, _, err := mime.ParseMediaType(ct)
-	if err != nil {
-		media = strings.ToLower(strings.TrimSpace(ct))
-	}
-	if len(body) > 0 && isJSON(media) {
-		canon, err := idempotency.CanonicalJSON(body)
-		if err != nil {
-			return "", err
-		}
-		if len(h.c.ignore) > 0 {
-			if canon, err = dropFields(canon, h.c.ignore); err != nil {
-				return "", err
-			}
-		}
-		body = canon
-	}
-	parts := [][]byte{[]byte(r.Method), []byte(h.c.route(r)), []byte(media), body}
-	for _, name := range h.c.fpHeaders {
-		parts = append(parts, []byte(name), []byte(strings.Join(r.Header.Values(name), "\n")))
-	}
-	return idempotency.Fingerprint(parts...), nil
-}
-
-// dropFields removes the dot-separated paths from a canonical JSON value and
-// canonicalizes the result again.
-func dropFields(canon []byte, paths [][]string) ([]byte, error) {
-	dec := json.NewDecoder(bytes.NewReader(canon))
-	dec.UseNumber()
-	var v any
-	if err := dec.Decode(&v); err != nil {
-		return nil, fmt.Errorf("%w: %w", idempotency.ErrInvalidJSON, err)
-	}
-	for _, p := range paths {
-		obj, ok := v.(map[string]any)
-		for i := 0; ok && i < len(p)-1; i++ {
-			obj, ok = obj[p[i]].(map[string]any)
-		}
-		if ok {
-			delete(obj, p[len(p)-1])
-		}
-	}
-	out, err := json.Marshal(v)
-	if err != nil {
-		return nil, fmt.Errorf("%w: %w", idempotency.ErrInvalidJSON, err)
-	}
-	return idempotency.CanonicalJSON(out)
-}
-
-func isJSON(media string) bool {
-	return media == "application/json" || strings.HasSuffix(media, "+json")
 }

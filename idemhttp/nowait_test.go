@@ -3,6 +3,7 @@ package idemhttp_test
 import (
 	"errors"
 	"net/http"
+	"strings"
 	"sync"
 	"testing"
 	"time"
@@ -19,15 +20,15 @@ import (
 // writer), with Retry-After, its handler not run, nothing stored; its
 // retry after A finished runs once.
 func TestSQLiteNoWaitOtherTenant(t *testing.T) {
-	t.Skip("pending: the SQLite store waits up to 5s for the write turn and the core retries the busy conflict; NoWait must answer 503 at once (issue 10.3 open)")
 	e := sqliteEnv(t)
 	entered, release := make(chan struct{}), make(chan struct{})
 	var once sync.Once
 	free := func() { once.Do(func() { close(release) }) }
+	var mu sync.Mutex
 	var busy []error
 	s := startServer(t, e, &idempotency.Config{NoWait: true}, &idemhttp.Options{
 		Scope:   func(r *http.Request) (string, error) { return r.Header.Get("X-Tenant"), nil },
-		OnError: func(_ *http.Request, err error) { busy = append(busy, err) },
+		OnError: func(_ *http.Request, err error) { mu.Lock(); busy = append(busy, err); mu.Unlock() },
 	}, func(n int64, w http.ResponseWriter, r *http.Request) {
 		if r.Header.Get("X-Tenant") == "A" {
 			close(entered)
@@ -45,15 +46,19 @@ func TestSQLiteNoWaitOtherTenant(t *testing.T) {
 	}
 	b := s.do(t, "/things", `{}`, "Idempotency-Key", "b-1", "X-Tenant", "B")
 	free()
-	if p := wantProblem(t, b, http.StatusServiceUnavailable, idemhttp.ProblemStoreUnavailable); p.Type == idemhttp.ProblemInProgress {
-		t.Error("tenant B was told its key is in progress")
+	p := wantProblem(t, b, http.StatusServiceUnavailable, idemhttp.ProblemStoreUnavailable)
+	if text := strings.ToLower(p.Title + " " + p.Detail); p.Type == idemhttp.ProblemInProgress || strings.Contains(text, "in progress") ||
+		!strings.Contains(text, "busy") || !strings.Contains(text, "retry") {
+		t.Errorf("tenant B was told %+v; want the truth: the store is busy, retry later with the same key", p)
 	}
 	if b.header.Get("Retry-After") == "" {
 		t.Error("503 without Retry-After")
 	}
-	if len(busy) != 1 || !errors.Is(busy[0], idempotency.ErrStore) {
-		t.Errorf("OnError got %v; want one error wrapping idempotency.ErrStore", busy)
+	mu.Lock()
+	if len(busy) != 1 || !errors.Is(busy[0], idempotency.ErrStore) || errors.Is(busy[0], idempotency.ErrInProgress) {
+		t.Errorf("OnError got %v; want one error wrapping idempotency.ErrStore, not ErrInProgress", busy)
 	}
+	mu.Unlock()
 	wantStatus(t, <-done, http.StatusCreated)
 	s.wantCalls(t, 1)
 	s.wantEffects(t, "B/b-1", 0)

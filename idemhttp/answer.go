@@ -1,0 +1,120 @@
+package idemhttp
+
+import (
+	"context"
+	"errors"
+	"net/http"
+	"strings"
+
+	"github.com/go-idempotency/idempotency"
+)
+
+// problem answers p through the renderer and records it in ev.
+func (h *handler[Tx]) problem(w http.ResponseWriter, r *http.Request, ev *Event, p *Problem) {
+	ev.Status = p.Status
+	h.c.render(w, r, p)
+}
+
+// reject answers a refusal that happened before the store was reached.
+func (h *handler[Tx]) reject(w http.ResponseWriter, r *http.Request, ev *Event, p *Problem, cause error) {
+	ev.Outcome, ev.Err = OutcomeRejected, cause
+	if cause == nil {
+		ev.Err = p
+	}
+	h.problem(w, r, ev, p)
+}
+
+// invalidKey answers 400 [ProblemInvalidKey] (or the *Problem err wraps);
+// err wraps idempotency.ErrInvalidKey.
+func (h *handler[Tx]) invalidKey(w http.ResponseWriter, r *http.Request, ev *Event, err error) {
+	if p, ok := errors.AsType[*Problem](err); ok {
+		h.reject(w, r, ev, p, err)
+		return
+	}
+	reason := strings.TrimPrefix(err.Error(), idempotency.ErrInvalidKey.Error()+": ")
+	h.reject(w, r, ev, &Problem{Type: ProblemInvalidKey, Title: h.c.header + " is invalid", Status: http.StatusBadRequest,
+		Detail: reason + "; send 1 to 255 printable ASCII characters, bare or as a quoted sf-string."}, err)
+}
+
+// internal answers 500 [ProblemInternal] for a misconfiguration.
+func (h *handler[Tx]) internal(w http.ResponseWriter, r *http.Request, ev *Event, err error) {
+	ev.Outcome, ev.Err = OutcomeInternal, err
+	if h.c.onError != nil {
+		h.c.onError(r, err)
+	}
+	h.problem(w, r, ev, &Problem{Type: ProblemInternal, Title: "Idempotency middleware failed", Status: http.StatusInternalServerError})
+}
+
+// fail answers an error returned by Guard.Do.
+func (h *handler[Tx]) fail(w http.ResponseWriter, r *http.Request, ev *Event, err error) {
+	ev.Err = err
+	if f, ok := errors.AsType[*handlerFailure](err); ok {
+		// The handler's own response, rolled back and not stored.
+		ev.Outcome, ev.Status = OutcomeNotStored, f.c.status
+		if f.c.status >= 500 {
+			ev.Outcome = OutcomeHandlerError
+		} else {
+			ev.Err = nil
+		}
+		writeResponse(w, f.c.status, f.c.sent, f.c.body.Bytes(), false)
+		return
+	}
+	switch {
+	case errors.Is(err, idempotency.ErrMismatch):
+		ev.Outcome = OutcomeMismatch
+		h.problem(w, r, ev, &Problem{Type: ProblemKeyReused, Title: h.c.header + " is already used", Status: http.StatusUnprocessableEntity,
+			Detail: "This key was used with a different request (method, route or body); use a new key for a new request."})
+		return
+	case errors.Is(err, idempotency.ErrInProgress) && !errors.Is(err, idempotency.ErrStore):
+		// Only a key that is truly held is "in progress": a store that is
+		// busy (SQLite's writer held by another key under NoWait) is a 503.
+		ev.Outcome = OutcomeInProgress
+		h.problem(w, r, ev, &Problem{Type: ProblemInProgress, Title: "A request with this " + h.c.header + " is in progress", Status: http.StatusConflict,
+			Detail: "Retry later with the same key to get its response.", Header: retryAfterHeader()})
+		return
+	case errors.Is(err, ErrWriterBypassed):
+		// The client already has the handler's answer: write nothing more.
+		ev.Outcome = OutcomeHandlerError
+		if wr, ok := w.(interface{ Status() int }); ok {
+			ev.Status = wr.Status()
+		}
+		if h.c.onError != nil {
+			h.c.onError(r, err)
+		}
+		return
+	}
+	canceled := errors.Is(err, context.Canceled) && r.Context().Err() != nil
+	if h.c.onError != nil && !canceled {
+		h.c.onError(r, err) // not for a client that went away
+	}
+	switch {
+	case errors.Is(err, ErrNoResponse):
+		ev.Outcome = OutcomeHandlerError
+		h.problem(w, r, ev, &Problem{Type: ProblemNoResponse, Title: "The handler wrote no response", Status: http.StatusInternalServerError,
+			Detail: "The operation was rolled back; retry with the same key."})
+	case errors.Is(err, errResponseTooLarge):
+		ev.Outcome = OutcomeHandlerError
+		h.problem(w, r, ev, &Problem{Type: ProblemResponseTooLarge, Title: "Response too large to store", Status: http.StatusInternalServerError,
+			Detail: "The response was larger than the idempotency store accepts; the operation was rolled back."})
+	case errors.Is(err, idempotency.ErrInvalidResponse), errors.Is(err, idempotency.ErrInvalidKey), errors.Is(err, idempotency.ErrInvalidFingerprint):
+		ev.Outcome = OutcomeInternal
+		h.problem(w, r, ev, &Problem{Type: ProblemInternal, Title: "Idempotency middleware failed", Status: http.StatusInternalServerError})
+	default:
+		// idempotency.ErrStore (connection cut, timeout, busy database,
+		// conflicts past the retries) and any other store error: fail closed.
+		ev.Outcome = OutcomeStoreError
+		if canceled {
+			ev.Outcome = OutcomeCanceled
+		}
+		h.problem(w, r, ev, &Problem{Type: ProblemStoreUnavailable, Title: "Idempotency store busy or unavailable", Status: http.StatusServiceUnavailable,
+			Detail: storeDetail, Header: retryAfterHeader()})
+	}
+}
+
+// storeDetail is the detail of a 503: it says what the client knows (the
+// store failed or was busy, nothing was applied) and what to do.
+const storeDetail = "The idempotency key store is busy or unavailable. This request was not processed, " +
+	"or its effects were rolled back; retry it later with the same key."
+
+// retryAfterHeader is the header of a 409 in progress and of a 503.
+func retryAfterHeader() http.Header { return http.Header{"Retry-After": {"1"}} }

@@ -1,0 +1,65 @@
+package idemhttp
+
+import (
+	"time"
+
+	"github.com/go-idempotency/idempotency"
+)
+
+// Outcome is how a guarded request ended, as told to [Options].Observer.
+// Its values are short labels, fit for a metric attribute.
+type Outcome string
+
+// The outcomes of a guarded request.
+const (
+	// OutcomeExecuted: the handler ran and its response was stored with
+	// the key, committed with its writes.
+	OutcomeExecuted Outcome = "executed"
+	// OutcomeReplayed: a stored response was sent; the handler did not run.
+	OutcomeReplayed Outcome = "replayed"
+	// OutcomeNotStored: the handler ran and answered a status below 500
+	// that [Options].Store refuses (a 400, a 409...): sent, rolled back,
+	// the key left free.
+	OutcomeNotStored Outcome = "not_stored"
+	// OutcomeHandlerError: the handler answered 5xx, panicked, wrote no
+	// response at all, or wrote a response over [Options].MaxResponseBody;
+	// its writes were rolled back and the key left free.
+	OutcomeHandlerError Outcome = "handler_error"
+	// OutcomeMismatch: the key was used with another request (422).
+	OutcomeMismatch Outcome = "mismatch"
+	// OutcomeInProgress: the key is held by a running request (409).
+	OutcomeInProgress Outcome = "in_progress"
+	// OutcomeRejected: refused before the store was reached: missing or
+	// invalid key, invalid or too large body, a Scope problem (4xx).
+	OutcomeRejected Outcome = "rejected"
+	// OutcomeStoreError: the key store failed (503); the handler did not
+	// run or was rolled back.
+	OutcomeStoreError Outcome = "store_error"
+	// OutcomeCanceled: the client went away (its context was cancelled)
+	// before an answer; nothing was stored.
+	OutcomeCanceled Outcome = "canceled"
+	// OutcomeInternal: the middleware is misconfigured (500): nil guard,
+	// failing Scope, invalid scope or status.
+	OutcomeInternal Outcome = "internal"
+)
+
+// Event describes one guarded request, once answered; see
+// [Options].Observer.
+type Event struct {
+	// Key is the request's key; its ID is empty when the request had no
+	// valid key, its Scope empty until Scope ran.
+	Key idempotency.Key
+	// Method and Route are the request's method and [Options].Route.
+	Method, Route string
+	// Outcome says how the request ended.
+	Outcome Outcome
+	// Status is the status sent to the client (0 after a panic).
+	Status int
+	// Duration is the time from the middleware's start to the answer.
+	Duration time.Duration
+	// Err is the cause of an error outcome: the store's error (wrapping
+	// idempotency.ErrStore), the handler's failure, the reason of a
+	// refusal (a refused key header wraps idempotency.ErrInvalidKey). Nil
+	// for executed, replayed and not_stored.
+	Err error
+}
