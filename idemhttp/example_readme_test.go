@@ -60,7 +60,7 @@ func createPayment(w http.ResponseWriter, r *http.Request) {
 		Amount  int64 `json:"amount"`
 	}
 	if err := json.NewDecoder(r.Body).Decode(&p); err != nil {
-		http.Error(w, "invalid payment", http.StatusBadRequest) // 4xx: stored with the key
+		http.Error(w, "invalid payment", http.StatusBadRequest) // 400: sent, not stored (Options.Store)
 		return
 	}
 	// Do every write of the operation through tx: it commits with the key and the response.
