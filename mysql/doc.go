@@ -4,12 +4,24 @@
 //
 // # Servers
 //
-// MySQL 8.0 or later and MariaDB 10.6 or later, InnoDB (the store uses
-// FOR UPDATE NOWAIT, FOR UPDATE SKIP LOCKED, LOCK IN SHARE MODE and a
-// session-level innodb_lock_wait_timeout). The store sends only SQL that
-// both MySQL 8.0+ and MariaDB 10.6+ accept, the same statements to either
-// (no MariaDB-only syntax, no version-dependent comments); it never asks
-// which server it talks to. Tested on MariaDB 10.11.
+// MySQL 8.0 or later and MariaDB 10.6 or later (Galera clusters included),
+// InnoDB. The store asks the server's version once per [Store] (SELECT
+// VERSION(), on its first reservation) because the two servers bound a
+// lock wait differently:
+//
+//   - MariaDB bounds the one statement that may wait for a key: SET
+//     STATEMENT innodb_lock_wait_timeout=N FOR INSERT ..., where N = 0
+//     refuses to wait at all. The session is never changed.
+//   - MySQL has no per-statement innodb_lock_wait_timeout (its optimizer
+//     hint SET_VAR does not take it) and no value below 1 second, so the
+//     store sets the session's value to the wait bound around the
+//     reservation and restores it before fn runs; a reservation that must
+//     not wait first probes the key with SELECT ... FOR UPDATE NOWAIT. This
+//     costs more round trips per new key (see Round trips).
+//
+// On MariaDB the store also folds START TRANSACTION and COMMIT into its
+// own statements (see Round trips). Every other statement is the same on
+// both. Tested on MariaDB 10.11, where the tests also run the MySQL path.
 //
 // # DSN
 //
@@ -26,8 +38,9 @@
 // and collation do not matter, since keys and responses are sent and
 // stored as binary. Recommended:
 //
-//   - interpolateParams=true: a statement with arguments is then one round
-//     trip instead of two (prepare, execute).
+//   - interpolateParams=true, which [Open] turns on unless the DSN says
+//     otherwise: a statement with arguments is then one round trip instead
+//     of two (prepare, execute).
 //   - db.SetMaxIdleConns about as large as the number of concurrent callers:
 //     database/sql keeps 2 idle connections by default, and a caller that
 //     finds none dials and authenticates a new one.
@@ -38,10 +51,9 @@
 //     than the biggest stored response: header and body are LONGBLOB and
 //     travel in one statement. The server defaults (16 MiB on MariaDB,
 //     64 MiB on MySQL) hold responses of several MiB.
-//   - innodb_lock_wait_timeout in the DSN equal to the Guard's WaitTimeout
-//     in seconds (innodb_lock_wait_timeout=30 for the default): the store
-//     then leaves the session's value alone, two round trips fewer per new
-//     key (not with [Config.SkipLookup], which never reads it).
+//   - On MySQL, innodb_lock_wait_timeout in the DSN equal to the Guard's
+//     WaitTimeout in seconds (innodb_lock_wait_timeout=30 for the default):
+//     a caller that waits for a held key then needs no SET.
 //
 // # How keys are held
 //
@@ -53,14 +65,10 @@
 //
 //   - First the key is looked up outside any transaction (unless
 //     [Config.SkipLookup]); a completed, live key is returned from that one
-//     SELECT, a consistent read that never waits and also reads the
-//     session's innodb_lock_wait_timeout.
-//   - A new key: innodb_lock_wait_timeout is set on the session to the
-//     wait bound (unless it has that value already), START TRANSACTION,
-//     the INSERT of the pending row, innodb_lock_wait_timeout set back to
-//     the session's value before fn runs, fn, an UPDATE storing the
-//     response, COMMIT. (Neither server accepts a per-statement
-//     innodb_lock_wait_timeout in SQL that the other accepts too.)
+//     primary-key SELECT, a consistent read that never waits.
+//   - A new key: START TRANSACTION, the INSERT of the pending row (bounded
+//     by the wait bound), fn, an UPDATE storing the response, COMMIT (on
+//     MariaDB, in two statements: see Round trips).
 //   - An expired row is taken over by an UPDATE guarded by expires_at <=
 //     now, in the transaction fn uses (no INSERT ... ON DUPLICATE KEY
 //     UPDATE: telling its takeover from its no-op would depend on
@@ -71,46 +79,70 @@
 //     committed row, which a locking read (LOCK IN SHARE MODE) then returns
 //     whatever the isolation level; the transaction is rolled back.
 //
+// The key row is written twice (the pending INSERT, the completing UPDATE)
+// because the key must be held by something before fn runs, and InnoDB has
+// no lock on an absent key that writes nothing and excludes others: gap
+// locks are shared (two callers would both run fn, one then deadlocking),
+// and GET_LOCK is a session lock that outlives COMMIT (one more round trip
+// to release it) and is not supported on Galera clusters.
+//
 // # Round trips
 //
-// Per [idempotency.Guard.Do] with interpolateParams=true and an fn of one
-// statement (a bare transaction with that statement costs 3: START
-// TRANSACTION, the statement, COMMIT), on either server:
+// Per [idempotency.Guard.Do] with interpolateParams=true, not counting fn's
+// own statements (a bare transaction with one statement costs 3: START
+// TRANSACTION, the statement, COMMIT). [idempotency.Guard.Do] first
+// reserves without waiting and, when the key is held elsewhere, again with
+// its wait bound: "waiter" is a caller that finds a key held by another
+// process and gets its record.
 //
-//	                        new key  replay
-//	default (lookup first)       8       1
-//	  session wait = bound       6       1
-//	SkipLookup                   7       6
+//	                                    new key  replay  waiter
+//	MariaDB, pool of Open                     3       1       7
+//	MariaDB, pool of Open, SkipLookup         2       3       5
+//	MariaDB, other pools                      5       1       9
+//	MariaDB, other pools, SkipLookup          4       4       7
+//	MySQL                                     8       1  10 (8)
+//	MySQL, SkipLookup                         7       7       8
 //
-// "session wait = bound": the session's innodb_lock_wait_timeout already
-// equals the wait bound in seconds (innodb_lock_wait_timeout=30 in the DSN
-// for the Guard's default WaitTimeout), so the store does not set and
-// restore it. The default's new key: lookup, SET, START TRANSACTION,
-// INSERT, SET back, fn, UPDATE, COMMIT. [Config.SkipLookup] cannot know the
-// session's value, so it always saves and sets it (one SET) and restores
-// it: new key SET, START TRANSACTION, INSERT, SET back, fn, UPDATE, COMMIT;
-// replay SET, START TRANSACTION, INSERT (duplicate key), locking read,
-// ROLLBACK, SET back. Through a [*sql.Tx] a new key costs at least 5 (bare
-// plus 2): database/sql sends START TRANSACTION and COMMIT by themselves
-// and fn's statements go straight to the server, so the reservation
-// (before fn) and the stored response (after it) cannot travel with
-// anything and take a round trip each. The two SETs are the price of
-// bounding the wait in SQL both servers accept.
+// On MariaDB, with a pool of [Open] (which interpolates arguments), the
+// store sends START TRANSACTION inside its INSERT and COMMIT inside its
+// UPDATE, each pair as one compound statement (BEGIN NOT ATOMIC ... END),
+// and database/sql's own BEGIN and COMMIT of that transaction send
+// nothing: a new key is the lookup, START TRANSACTION with the INSERT, fn,
+// the UPDATE with COMMIT. The UPDATE's compound commits only if it changed
+// the pending row (else it raises an error and the transaction is rolled
+// back), exactly as the plain path checks the UPDATE's row count before
+// its COMMIT. A response too large to interpolate (over the DSN's
+// maxAllowedPacket) is stored by a prepared UPDATE and a COMMIT of its
+// own. On other pools (a *sql.DB that [Open] did not make) START
+// TRANSACTION and COMMIT go alone; the rest is the same.
+//
+// With [Config.SkipLookup] a new key saves the lookup, and a replay is
+// START TRANSACTION with the INSERT (duplicate key), a locking read and
+// ROLLBACK.
+//
+// MySQL new key: lookup (which also reads the session's
+// innodb_lock_wait_timeout), probe, SET, START TRANSACTION, INSERT, SET
+// back, UPDATE, COMMIT; a waiter saves the two SETs of its second try when
+// the session's value equals the wait bound (the figure in parentheses).
+// MySQL has no compound statements outside stored programs, so nothing is
+// folded there.
 //
 // # Waiting
 //
-// InnoDB bounds lock waits by innodb_lock_wait_timeout, whole seconds, at
-// least 1. The reservation's wait bound r.Wait ([idempotency.Config]'s
-// WaitTimeout) is rounded up to whole seconds: a WaitTimeout of 300ms waits
-// up to 1s. A wait that runs out is reported as
-// [idempotency.ErrInProgress]; the same lock wait timeout (error 1205) met
-// anywhere else, and deadlocks (1213), are reported as
-// [idempotency.ErrConflict], which [idempotency.Guard.Do] retries.
+// InnoDB bounds lock waits by innodb_lock_wait_timeout, whole seconds. The
+// reservation's wait bound r.Wait ([idempotency.Config]'s WaitTimeout) is
+// rounded up to whole seconds, at least 1: a WaitTimeout of 300ms waits up
+// to 1s. A wait that runs out is reported as [idempotency.ErrInProgress];
+// the same lock wait timeout (error 1205) met anywhere else, and deadlocks
+// (1213), are reported as [idempotency.ErrConflict], which
+// [idempotency.Guard.Do] retries.
 //
-// No wait (NoWait, r.Wait == 0) first probes the row with SELECT ... FOR
-// UPDATE NOWAIT outside any transaction: a held key is reported at once.
-// Only when another caller takes the key between that probe and the INSERT
-// does the INSERT wait, for 1 second at most.
+// No wait (r.Wait == 0): on MariaDB the INSERT itself refuses to wait
+// (innodb_lock_wait_timeout=0 for that statement). On MySQL the row is
+// first probed with SELECT ... FOR UPDATE NOWAIT outside any transaction:
+// a held key is reported at once; only when another caller takes the key
+// between that probe and the INSERT does the INSERT wait, for 1 second at
+// most.
 //
 // When the holder of a key rolls back while several callers wait for it
 // in their INSERT, InnoDB grants the row to one of them and answers most

@@ -11,17 +11,50 @@ import (
 )
 
 // Open checks dsn with [CheckDSN] and opens a pool on it with the
-// go-sql-driver/mysql connector. Like [sql.Open] it does not connect.
+// go-sql-driver/mysql connector. Like [sql.Open] it does not connect. A
+// [Store] on a pool of Open costs two round trips fewer per new key on
+// MariaDB (see "Round trips" in the package documentation); the pool is
+// otherwise the driver's.
+//
+// Unless dsn sets interpolateParams itself, Open turns it on (when the
+// driver allows it with dsn's collation): a statement with arguments is
+// then one round trip instead of two (prepare, execute), for the store and
+// for fn's statements alike. Write interpolateParams=false to keep
+// server-side prepared statements.
 func Open(dsn string) (*sql.DB, error) {
 	cfg, err := parseDSN(dsn)
 	if err != nil {
 		return nil, err
 	}
+	if !setsParam(dsn, "interpolateParams") {
+		on := cfg.Clone()
+		on.InterpolateParams = true
+		if c, err := gomysql.NewConnector(on); err == nil {
+			return sql.OpenDB(&connector{inner: c, interpolate: true}), nil
+		}
+		// The driver refuses interpolation with some collations (big5,
+		// sjis and the like): keep the DSN as it is.
+	}
 	c, err := gomysql.NewConnector(cfg)
 	if err != nil {
 		return nil, fmt.Errorf("%w: mysql DSN: %w", idempotency.ErrInvalidConfig, err)
 	}
-	return sql.OpenDB(c), nil
+	return sql.OpenDB(&connector{inner: c, interpolate: cfg.InterpolateParams}), nil
+}
+
+// setsParam reports whether dsn's parameters (after its last '?') name
+// param.
+func setsParam(dsn, param string) bool {
+	i := strings.LastIndexByte(dsn, '?')
+	if i < 0 {
+		return false
+	}
+	for kv := range strings.SplitSeq(dsn[i+1:], "&") {
+		if k, _, _ := strings.Cut(kv, "="); k == param {
+			return true
+		}
+	}
+	return false
 }
 
 // CheckDSN parses dsn with the driver's ParseDSN and refuses, with an error

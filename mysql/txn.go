@@ -3,6 +3,7 @@ package mysql
 import (
 	"context"
 	"database/sql"
+	"database/sql/driver"
 	"errors"
 	"fmt"
 	"time"
@@ -17,6 +18,9 @@ type txn struct {
 	tx   *sql.Tx
 	key  key
 	done bool
+	// fold: the transaction's BeginTx was deferred (see foldConn), so
+	// Complete can store the response and commit in one statement.
+	fold bool
 }
 
 var errEnded = errors.New("mysql: the reservation's transaction has already ended")
@@ -31,6 +35,17 @@ func (t *txn) Complete(ctx context.Context, resp idempotency.Response, expiresAt
 	}
 	t.done = true
 	header := idempotency.MarshalHeader(resp.Header) // nil: NULL
+	if t.fold {
+		args := []driver.NamedValue{
+			{Ordinal: 1, Value: int64(resp.Status)}, {Ordinal: 2, Value: header}, {Ordinal: 3, Value: resp.Body},
+			{Ordinal: 4, Value: nanos(expiresAt)}, {Ordinal: 5, Value: t.key.scope}, {Ordinal: 6, Value: t.key.id},
+		}
+		err := execCommitting(ctx, t.conn, t.s.completeFoldSQL, args)
+		if !errors.Is(err, driver.ErrSkip) {
+			return t.finish(ctx, err)
+		}
+		// Too large to interpolate: UPDATE, then COMMIT.
+	}
 	res, err := t.tx.ExecContext(ctx, t.s.completeSQL, resp.Status, header, resp.Body, nanos(expiresAt), t.key.scope, t.key.id)
 	var n int64
 	if err == nil {
@@ -38,19 +53,34 @@ func (t *txn) Complete(ctx context.Context, resp idempotency.Response, expiresAt
 	}
 	if err != nil {
 		t.end()
-		return wrapErr(ctx, err, "mysql: complete key %q", t.key.key.ID)
+		return mapError(ctx, err, false, "mysql: complete key %q", t.key.key.ID)
 	}
 	if n != 1 {
 		// fn deleted or completed the row through tx: nothing is committed.
 		t.end()
-		return fmt.Errorf("mysql: complete key %q: its pending row is gone from the transaction", t.key.key.ID)
+		return fmt.Errorf("mysql: complete key %q: %w", t.key.key.ID, errPendingGone)
 	}
 	err = t.tx.Commit()
 	_ = t.conn.Close()
 	if err != nil {
-		return wrapErr(ctx, err, "mysql: commit key %q", t.key.key.ID)
+		return mapError(ctx, err, false, "mysql: commit key %q", t.key.key.ID)
 	}
 	return nil
+}
+
+// finish ends Complete after the folded UPDATE and COMMIT returned err.
+func (t *txn) finish(ctx context.Context, err error) error {
+	if err == nil {
+		err = t.tx.Commit() // sends nothing: committed already
+		_ = t.conn.Close()
+		return mapError(ctx, err, false, "mysql: commit key %q", t.key.key.ID)
+	}
+	t.end()
+	if err = mapError(ctx, err, false, ""); errors.Is(err, errPendingGone) {
+		// fn deleted or completed the row through tx: nothing is committed.
+		return fmt.Errorf("mysql: complete key %q: %w", t.key.key.ID, errPendingGone)
+	}
+	return fmt.Errorf("mysql: complete and commit key %q: %w", t.key.key.ID, err)
 }
 
 // Rollback abandons the transaction and releases the connection. A

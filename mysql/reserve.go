@@ -1,0 +1,188 @@
+package mysql
+
+import (
+	"context"
+	"database/sql"
+	"database/sql/driver"
+	"errors"
+	"fmt"
+	"time"
+
+	"github.com/go-idempotency/idempotency"
+)
+
+// Reserve implements [idempotency.KeyStore], on one connection:
+//
+//  1. Unless [Config.SkipLookup], it looks the key up outside any
+//     transaction, with a consistent read; a completed, live key costs that
+//     one round trip.
+//  2. It begins the transaction fn will use and inserts the key row (or
+//     takes over an expired one); on MariaDB with a pool of [Open], in one
+//     statement. A key held by another open transaction makes that
+//     statement wait on the primary key, bounded by r.Wait rounded up to
+//     whole seconds; r.Wait == 0 does not wait.
+//
+// How the wait is bounded depends on the server, which Reserve asks once
+// per Store: MariaDB bounds the statement itself (SET STATEMENT
+// innodb_lock_wait_timeout=N FOR INSERT ...); MySQL needs the session's
+// innodb_lock_wait_timeout set and restored around it (see the package
+// documentation).
+func (s *Store) Reserve(ctx context.Context, r idempotency.Reservation) (idempotency.Txn[*sql.Tx], *idempotency.Record, error) {
+	now, exp := nanos(r.Now), nanos(r.ExpiresAt)
+	if exp <= now {
+		return nil, nil, fmt.Errorf("mysql: key %q: reservation expires at %v, not after now %v", r.Key.ID, r.ExpiresAt, r.Now)
+	}
+	k := keyOf(r.Key)
+	conn, err := s.db.Conn(ctx)
+	if err != nil {
+		return nil, nil, mapError(ctx, err, false, "mysql: connection for key %q", r.Key.ID)
+	}
+	d, err := s.dialectOf(ctx, conn)
+	if err != nil {
+		release(ctx, conn, nil, "")
+		return nil, nil, mapError(ctx, err, false, "mysql: server version")
+	}
+	if d == dialectMySQL {
+		return s.reserveSession(ctx, conn, k, r, now, exp)
+	}
+	rw := row{}
+	if !s.skipLookup {
+		rw, err = scanRow(conn.QueryRowContext(ctx, s.readSQL, k.scope, k.id))
+		if err != nil {
+			release(ctx, conn, nil, "")
+			return nil, nil, mapError(ctx, err, false, "mysql: look up key %q", r.Key.ID)
+		}
+		if rw.completed(now) {
+			release(ctx, conn, nil, "")
+			rec, err := rw.record(r.Key)
+			return nil, rec, err
+		}
+	}
+	// On a pool of Open, START TRANSACTION travels with the INSERT.
+	fold := !s.noFold && deferBegin(conn)
+	tx, err := conn.BeginTx(ctx, &sql.TxOptions{Isolation: s.isolation})
+	if err != nil {
+		if fold {
+			discard(conn) // the deferred begin may still be pending
+		} else {
+			release(ctx, conn, nil, "")
+		}
+		return nil, nil, mapError(ctx, err, false, "mysql: begin for key %q", r.Key.ID)
+	}
+	begin := ""
+	if fold {
+		begin = s.beginSQL
+	}
+	won, rec, err := s.claim(ctx, tx, k, r, statementWait(r.Wait), begin, rw.found && !rw.live(now), now, exp)
+	if err != nil || !won {
+		release(ctx, conn, tx, "")
+		return nil, rec, mapError(ctx, err, false, "mysql: reserve key %q (wait bound %v)", r.Key.ID, r.Wait)
+	}
+	return &txn{s: s, conn: conn, tx: tx, key: k, fold: fold}, nil, nil
+}
+
+// claim takes the key in tx: it takes over the expired row the lookup saw,
+// or inserts the row. When the insert meets a committed row it reads that
+// row with a locking read (which, unlike a consistent read, sees the latest
+// committed version under every isolation level) and either takes it over
+// (expired) or returns it (completed). bound prefixes the statements that
+// may wait for the key (statementWait), or is empty when the session bounds
+// them. A non-empty begin (Store.beginSQL) says that tx's BeginTx was
+// deferred: the first statement begins the transaction.
+func (s *Store) claim(ctx context.Context, tx *sql.Tx, k key, r idempotency.Reservation, bound, begin string, sawExpired bool, now, exp int64) (bool, *idempotency.Record, error) {
+	fp := []byte(r.Fingerprint)
+	insert := bound + s.insertSQL
+	if begin != "" && sawExpired {
+		// The takeover's row count is needed: begin on its own.
+		if _, err := tx.ExecContext(ctx, "BEGIN NOT ATOMIC "+begin+"END"); err != nil {
+			return false, nil, mapError(ctx, err, false, "")
+		}
+	} else if begin != "" {
+		insert = "BEGIN NOT ATOMIC " + begin + insert + "; END"
+	}
+	if sawExpired {
+		// Waits, bounded, if another caller is taking the row over.
+		n, err := takeOver(ctx, tx, bound+s.takeoverSQL, k, fp, now, exp)
+		if err != nil {
+			return false, nil, mapError(ctx, err, true, "")
+		}
+		if n == 1 {
+			return true, nil, nil
+		}
+		// Taken over and completed, or purged, meanwhile: insert.
+	}
+	_, err := tx.ExecContext(ctx, insert, k.scope, k.id, fp, now, exp)
+	if err == nil {
+		return true, nil, nil
+	}
+	if err = mapError(ctx, err, true, ""); !errors.Is(err, errDuplicate) {
+		return false, nil, err
+	}
+	// The duplicate-key error left a shared lock on the committed row: it
+	// cannot change until this transaction ends.
+	rw, err := scanRow(tx.QueryRowContext(ctx, s.lockedReadSQL, k.scope, k.id))
+	switch {
+	case err != nil:
+		return false, nil, mapError(ctx, err, false, "")
+	case !rw.found:
+		return false, nil, fmt.Errorf("%w: the row of key %q vanished while it was read", idempotency.ErrConflict, r.Key.ID)
+	case !rw.live(now):
+		// Another reader holding a shared lock on the row makes this upgrade
+		// a deadlock or a wait: both are conflicts worth a retry.
+		n, err := takeOver(ctx, tx, bound+s.takeoverSQL, k, fp, now, exp)
+		if err != nil {
+			return false, nil, mapError(ctx, err, false, "")
+		}
+		if n != 1 {
+			return false, nil, fmt.Errorf("%w: the expired row of key %q changed while it was taken over", idempotency.ErrConflict, r.Key.ID)
+		}
+		return true, nil, nil
+	case rw.state == stateCompleted:
+		rec, err := rw.record(r.Key)
+		return false, rec, err
+	}
+	return false, nil, fmt.Errorf("%w: key %q is pending in a committed row (a transaction committed its reservation without completing it) until %v",
+		idempotency.ErrInProgress, r.Key.ID, time.Unix(0, rw.expires).UTC())
+}
+
+// takeOver resets k's expired row to a pending reservation with
+// fingerprint fp, with the statement query (see Store.takeoverSQL), and
+// reports how many rows it changed. The value is the same with or without
+// the DSN's clientFoundRows, because expires_at always changes.
+func takeOver(ctx context.Context, tx *sql.Tx, query string, k key, fp []byte, now, exp int64) (int64, error) {
+	res, err := tx.ExecContext(ctx, query, fp, now, exp, k.scope, k.id, now)
+	if err != nil {
+		return 0, err
+	}
+	return res.RowsAffected()
+}
+
+// release ends a Reserve that holds no reservation: it rolls tx back (if
+// any), restores the lock wait timeout (if changed) and returns conn to the
+// pool, or closes it when its session state is unknown.
+func release(ctx context.Context, conn *sql.Conn, tx *sql.Tx, restore string) {
+	if tx != nil {
+		if err := tx.Rollback(); err != nil && !errors.Is(err, sql.ErrTxDone) {
+			discard(conn)
+			return
+		}
+	}
+	if restore != "" {
+		if ctx.Err() != nil {
+			discard(conn)
+			return
+		}
+		if _, err := conn.ExecContext(ctx, restore); err != nil {
+			discard(conn)
+			return
+		}
+	}
+	_ = conn.Close()
+}
+
+// discard closes conn's driver connection instead of returning it to the
+// pool.
+func discard(conn *sql.Conn) {
+	_ = conn.Raw(func(any) error { return driver.ErrBadConn })
+	_ = conn.Close()
+}

@@ -1,0 +1,176 @@
+package mysql
+
+import (
+	"context"
+	"database/sql"
+	"strings"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	gomysql "github.com/go-sql-driver/mysql"
+
+	"github.com/go-idempotency/idempotency"
+)
+
+// trips are the round trips of one Do, not counting fn's own statement.
+type trips struct{ newKey, replay, waiter int64 }
+
+// TestRoundTrips counts the round trips of one Do, with interpolateParams,
+// on every path: a new key, a replay, and a waiter (a caller that finds the
+// key held by another process, waits for it in the database and gets its
+// record). The Guard first reserves without waiting and, for a held key,
+// again with its wait bound.
+func TestRoundTrips(t *testing.T) {
+	for _, c := range []struct {
+		path        path
+		sessionWait string
+		want        trips
+	}{
+		// New key: lookup, START TRANSACTION with the INSERT, the UPDATE
+		// with COMMIT. Replay: the lookup. Waiter: lookup, START
+		// TRANSACTION with the INSERT (refused at once), ROLLBACK; then
+		// lookup, START TRANSACTION with the INSERT (waits: duplicate
+		// key), locking read, ROLLBACK.
+		{paths[0], "", trips{3, 1, 7}},
+		// New key: START TRANSACTION with the INSERT, the UPDATE with
+		// COMMIT. Replay: START TRANSACTION with the INSERT (duplicate
+		// key), locking read, ROLLBACK. Waiter: START TRANSACTION with the
+		// INSERT (refused at once), ROLLBACK; then the replay's three.
+		{paths[1], "", trips{2, 3, 5}},
+		// MySQL's path. New key: lookup (with the session's wait), probe,
+		// SET wait, START TRANSACTION, INSERT, SET wait back, UPDATE,
+		// COMMIT. Waiter: lookup, probe (refused), read; then lookup, SET
+		// wait, START TRANSACTION, INSERT (waits: duplicate key), locking
+		// read, ROLLBACK, SET wait back.
+		{paths[2], "", trips{8, 1, 10}},
+		// The session's wait is the Guard's wait bound already: the waiter
+		// sets nothing.
+		{paths[2], "30", trips{8, 1, 8}},
+		// New key: probe, save and SET wait, START TRANSACTION, INSERT,
+		// SET wait back, UPDATE, COMMIT. Replay: probe, SET, START
+		// TRANSACTION, INSERT (duplicate key), locking read, ROLLBACK, SET
+		// back. Waiter: probe (refused), read; then the replay's but the
+		// probe.
+		{paths[3], "", trips{7, 7, 8}},
+		// MariaDB on a pool not opened by Open: START TRANSACTION and
+		// COMMIT on their own. New key: lookup, START TRANSACTION, INSERT,
+		// UPDATE, COMMIT. Waiter: lookup, START TRANSACTION, INSERT
+		// (refused), ROLLBACK; lookup, START TRANSACTION, INSERT (waits),
+		// locking read, ROLLBACK.
+		{paths[4], "", trips{5, 1, 9}},
+	} {
+		name := c.path.name
+		if c.sessionWait != "" {
+			name += "SessionWait" + c.sessionWait
+		}
+		t.Run(name, func(t *testing.T) {
+			t.Parallel()
+			rt := newRoundTripper(t, c.sessionWait, c.path)
+			bare, got := rt.measureAll(t)
+			t.Logf("round trips: bare effect transaction %d, new key %d + the effect's, replay %d, waiter %d", bare, got.newKey, got.replay, got.waiter)
+			if bare != 3 || got != c.want {
+				t.Fatalf("round trips: bare %d, %+v; want 3, %+v", bare, got, c.want)
+			}
+		})
+	}
+}
+
+// TestDialectDetectedOnce: a Store asks the server's version on its first
+// reservation only (one round trip), and recognises the test server.
+func TestDialectDetectedOnce(t *testing.T) {
+	rt := newRoundTripper(t, "", paths[0])
+	rt.s.dialect.Store(int32(dialectUnknown))
+	first := rt.measure(t, rt.do(idempotency.Key{ID: randomName()}))
+	second := rt.measure(t, rt.do(idempotency.Key{ID: randomName()}))
+	var version string
+	if err := rt.f.db.QueryRowContext(rt.ctx, "SELECT VERSION()").Scan(&version); err != nil {
+		t.Fatal(err)
+	}
+	want := dialectMySQL
+	if strings.Contains(strings.ToLower(version), "mariadb") {
+		want = dialectMariaDB
+	}
+	if got := dialect(rt.s.dialect.Load()); got != want {
+		t.Fatalf("server %q: dialect %d, want %d", version, got, want)
+	}
+	if first != second+1 {
+		t.Fatalf("round trips of the first and second new key: %d and %d, want one more for the first", first, second)
+	}
+}
+
+// roundTripper runs Do on a pool of one connection whose round trips it
+// counts.
+type roundTripper struct {
+	ctx     context.Context
+	n       atomic.Int64
+	f       *fixture
+	s       *Store
+	g       *idempotency.Guard[*sql.Tx]
+	holders *Store // a store on another pool, to hold keys
+}
+
+func newRoundTripper(t *testing.T, sessionWait string, p path) *roundTripper {
+	rt := &roundTripper{ctx: testCtx(t, 60*time.Second)}
+	cfg := testConfig(t, func(cfg *gomysql.Config) {
+		cfg.InterpolateParams = true
+		if sessionWait != "" {
+			cfg.Params = map[string]string{"innodb_lock_wait_timeout": sessionWait}
+		}
+	})
+	inner, err := gomysql.NewConnector(cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	db := sql.OpenDB(&connector{inner: countingConnector{Connector: inner, n: &rt.n}, interpolate: true})
+	db.SetMaxOpenConns(1)
+	t.Cleanup(func() { _ = db.Close() })
+	rt.f = newFixture(t, db, nil)
+	rt.s = newStore(t, db, rt.f.table, p)
+	if rt.g, err = idempotency.New(rt.s, nil); err != nil {
+		t.Fatal(err)
+	}
+	rt.holders = newStore(t, openDB(t, testConfig(t, nil), 0), rt.f.table, paths[0])
+	return rt
+}
+
+func (rt *roundTripper) do(key idempotency.Key) func() error {
+	return func() error {
+		_, err := rt.g.Do(rt.ctx, key, "fp", func(tx *sql.Tx) (idempotency.Response, error) {
+			return idempotency.Response{Status: 201, Body: []byte("ok")}, rt.f.effect(rt.ctx, tx, "x")
+		})
+		return err
+	}
+}
+
+func (rt *roundTripper) measure(t *testing.T, op func() error) int64 {
+	t.Helper()
+	before := rt.n.Load()
+	if err := op(); err != nil {
+		t.Fatal(err)
+	}
+	return rt.n.Load() - before
+}
+
+// measureAll returns the round trips of the bare effect transaction and of
+// a new key, a replay and a waiter.
+func (rt *roundTripper) measureAll(t *testing.T) (int64, trips) {
+	bare := rt.measure(t, func() error { return rt.f.bare(rt.ctx, "bare") })
+	key := idempotency.Key{ID: randomName()}
+	var got trips
+	got.newKey = rt.measure(t, rt.do(key)) - 1
+	got.replay = rt.measure(t, rt.do(key))
+
+	held := idempotency.Key{ID: randomName()}
+	holder := hold(t, rt.ctx, rt.holders, held, time.Now())
+	go func() {
+		if err := waitForLockWaits(rt.ctx, rt.holders.db, rt.f.table, 1); err != nil {
+			t.Errorf("the waiter never waited: %v", err)
+		}
+		if err := holder.Complete(rt.ctx, idempotency.Response{Status: 200}, time.Now().Add(time.Hour)); err != nil {
+			t.Errorf("holder: %v", err)
+		}
+	}()
+	got.waiter = rt.measure(t, rt.do(held))
+	return bare, got
+}

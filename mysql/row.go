@@ -1,0 +1,74 @@
+package mysql
+
+import (
+	"database/sql"
+	"errors"
+	"fmt"
+	"math"
+	"time"
+
+	"github.com/go-idempotency/idempotency"
+)
+
+// key is a key with its scope and id as the []byte arguments the
+// statements take (so that the driver sends them as binary strings).
+type key struct {
+	key       idempotency.Key
+	scope, id []byte
+}
+
+func keyOf(k idempotency.Key) key {
+	return key{key: k, scope: []byte(k.Scope), id: []byte(k.ID)}
+}
+
+// row is a key row as read from the table.
+type row struct {
+	found            bool
+	fingerprint      []byte
+	state            string
+	status           int
+	header, body     []byte
+	created, expires int64
+}
+
+func scanRow(sc interface{ Scan(...any) error }) (row, error) {
+	rw := row{found: true}
+	err := sc.Scan(&rw.fingerprint, &rw.state, &rw.status, &rw.header, &rw.body, &rw.created, &rw.expires)
+	if errors.Is(err, sql.ErrNoRows) {
+		return row{}, nil
+	}
+	return rw, err
+}
+
+// live reports whether the row exists and has not expired at now.
+func (rw row) live(now int64) bool { return rw.found && rw.expires > now }
+
+// completed reports whether the row is a completed record, live at now.
+func (rw row) completed(now int64) bool { return rw.live(now) && rw.state == stateCompleted }
+
+func (rw row) record(k idempotency.Key) (*idempotency.Record, error) {
+	h, err := idempotency.UnmarshalHeader(rw.header)
+	if err != nil {
+		return nil, fmt.Errorf("mysql: key %q: stored header: %w", k.ID, err)
+	}
+	return &idempotency.Record{
+		Key:         k,
+		Fingerprint: string(rw.fingerprint),
+		Status:      rw.status,
+		Header:      h,
+		Body:        rw.body,
+		CreatedAt:   time.Unix(0, rw.created).UTC(),
+		ExpiresAt:   time.Unix(0, rw.expires).UTC(),
+	}, nil
+}
+
+// nanos is t in Unix nanoseconds, clamped to int64 (years 1678 to 2262).
+func nanos(t time.Time) int64 {
+	switch {
+	case t.After(time.Unix(0, math.MaxInt64)):
+		return math.MaxInt64
+	case t.Before(time.Unix(0, math.MinInt64)):
+		return math.MinInt64
+	}
+	return t.UnixNano()
+}

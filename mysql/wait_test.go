@@ -1,0 +1,242 @@
+package mysql
+
+import (
+	"context"
+	"database/sql"
+	"errors"
+	"fmt"
+	"net/http"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/go-idempotency/idempotency"
+)
+
+// TestWaitBoundRestored checks that the reservation's lock wait bound maps
+// a held key to ErrInProgress and never leaks into fn or into the pooled
+// session.
+func TestWaitBoundRestored(t *testing.T) {
+	for _, p := range paths {
+		t.Run(p.name, func(t *testing.T) {
+			t.Parallel()
+			waitBoundRestored(t, p)
+		})
+	}
+}
+
+func waitBoundRestored(t *testing.T, p path) {
+	ctx := testCtx(t, 60*time.Second)
+	cfg := testConfig(t, nil)
+	f := newFixture(t, openDB(t, cfg, 0), nil)
+	db := openDB(t, cfg, 1) // one connection: the session is observable
+	s := newStore(t, db, f.table, p)
+	if _, err := db.ExecContext(ctx, "SET SESSION innodb_lock_wait_timeout = 9"); err != nil {
+		t.Fatal(err)
+	}
+	_, conn := sessionState(t, ctx, db)
+	check := func(what string) {
+		t.Helper()
+		wait, id := sessionState(t, ctx, db)
+		if wait != 9 || id != conn {
+			t.Fatalf("%s: session %d has innodb_lock_wait_timeout %d, want session %d with 9", what, id, wait, conn)
+		}
+		var saved sql.NullInt64
+		if err := db.QueryRowContext(ctx, "SELECT @idempotency_lock_wait").Scan(&saved); err != nil || saved.Valid {
+			t.Fatalf("%s: @idempotency_lock_wait is %v (%v), want NULL", what, saved, err)
+		}
+	}
+
+	now := time.Now()
+	key := idempotency.Key{ID: randomName()}
+	holder := hold(t, ctx, f.store, key, now)
+	for _, wait := range []time.Duration{0, 300 * time.Millisecond, 1500 * time.Millisecond} {
+		start := time.Now()
+		_, _, err := s.Reserve(ctx, idempotency.Reservation{Key: key, Fingerprint: "fp", Now: now, ExpiresAt: now.Add(time.Hour), Wait: wait})
+		if !errors.Is(err, idempotency.ErrInProgress) {
+			t.Fatalf("Wait %v on a held key: got %v, want ErrInProgress", wait, err)
+		}
+		t.Logf("Wait %v: ErrInProgress after %v", wait, time.Since(start).Round(time.Millisecond))
+		check(fmt.Sprintf("after Wait %v", wait))
+	}
+
+	// A waiter that gets the record restores the session too.
+	done := make(chan error, 1)
+	go func() {
+		_, rec, err := s.Reserve(ctx, idempotency.Reservation{Key: key, Fingerprint: "fp", Now: now, ExpiresAt: now.Add(time.Hour), Wait: 20 * time.Second})
+		if err == nil && (rec == nil || string(rec.Body) != "held") {
+			err = fmt.Errorf("got record %+v, want the holder's", rec)
+		}
+		done <- err
+	}()
+	if err := waitForLockWaits(ctx, openDB(t, cfg, 1), f.table, 1); err != nil {
+		t.Fatal(err)
+	}
+	if err := holder.Complete(ctx, idempotency.Response{Status: 200, Body: []byte("held")}, now.Add(time.Hour)); err != nil {
+		t.Fatal(err)
+	}
+	if err := <-done; err != nil {
+		t.Fatalf("waiter: %v", err)
+	}
+	check("after a waiter got the record")
+
+	// fn runs with the session's own setting.
+	g, err := idempotency.New(s, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	_, err = g.Do(ctx, idempotency.Key{ID: randomName()}, "fp", func(tx *sql.Tx) (idempotency.Response, error) {
+		var wait int64
+		if err := tx.QueryRowContext(ctx, "SELECT @@SESSION.innodb_lock_wait_timeout").Scan(&wait); err != nil {
+			return idempotency.Response{}, err
+		}
+		if wait != 9 {
+			return idempotency.Response{}, fmt.Errorf("fn sees innodb_lock_wait_timeout %d, want the session's 9", wait)
+		}
+		return idempotency.Response{Status: 200}, nil
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	check("after Do")
+}
+
+// TestCancelWhileWaiting cancels a Reserve waiting for a held key on a pool
+// of one connection: it returns promptly with the context's error, and the
+// pool stays usable.
+func TestCancelWhileWaiting(t *testing.T) {
+	for _, p := range paths {
+		t.Run(p.name, func(t *testing.T) {
+			t.Parallel()
+			cancelWhileWaiting(t, p)
+		})
+	}
+}
+
+func cancelWhileWaiting(t *testing.T, p path) {
+	ctx := testCtx(t, 60*time.Second)
+	cfg := testConfig(t, nil)
+	f := newFixture(t, openDB(t, cfg, 0), nil)
+	db := openDB(t, cfg, 1)
+	s := newStore(t, db, f.table, p)
+	now := time.Now()
+	key := idempotency.Key{ID: randomName()}
+	holder := hold(t, ctx, f.store, key, now)
+
+	cctx, cancel := context.WithCancel(ctx)
+	time.AfterFunc(300*time.Millisecond, cancel)
+	start := time.Now()
+	_, _, err := s.Reserve(cctx, idempotency.Reservation{Key: key, Fingerprint: "fp", Now: now, ExpiresAt: now.Add(time.Hour), Wait: 30 * time.Second})
+	if !errors.Is(err, context.Canceled) {
+		t.Fatalf("cancelled while waiting: got %v, want context.Canceled", err)
+	}
+	if d := time.Since(start); d > 10*time.Second {
+		t.Fatalf("returned %v after the cancel", d)
+	}
+	// The pool of one is usable at once, while the key is still held.
+	pctx, pcancel := context.WithTimeout(ctx, 5*time.Second)
+	defer pcancel()
+	if err := db.PingContext(pctx); err != nil {
+		t.Fatalf("pool after a cancelled wait: %v", err)
+	}
+	if inUse := db.Stats().InUse; inUse != 0 {
+		t.Fatalf("connections in use after the cancelled Reserve: %d", inUse)
+	}
+	if err := holder.Complete(ctx, idempotency.Response{Status: 200, Body: []byte("held")}, now.Add(time.Hour)); err != nil {
+		t.Fatal(err)
+	}
+	_, rec, err := s.Reserve(ctx, idempotency.Reservation{Key: key, Fingerprint: "fp", Now: now, ExpiresAt: now.Add(time.Hour), Wait: time.Second})
+	if err != nil || rec == nil || string(rec.Body) != "held" {
+		t.Fatalf("after the holder completed: got %+v, %v", rec, err)
+	}
+}
+
+// TestWaiterSeesCommitUnderRepeatableRead: a waiter that started its
+// transaction (or its lookup) before the holder committed reads the
+// committed record, not its snapshot; on every path.
+func TestWaiterSeesCommitUnderRepeatableRead(t *testing.T) {
+	for _, p := range paths {
+		for _, iso := range []sql.IsolationLevel{sql.LevelRepeatableRead, sql.LevelSerializable, sql.LevelReadCommitted} {
+			t.Run(p.name+"/"+strings.ReplaceAll(iso.String(), " ", ""), func(t *testing.T) {
+				t.Parallel()
+				ctx := testCtx(t, 60*time.Second)
+				cfg := testConfig(t, nil)
+				db := openDB(t, cfg, 0)
+				f := newFixture(t, db, &Config{Isolation: iso})
+				s := newStoreIso(t, db, f.table, p, iso)
+				now := time.Now()
+				key := idempotency.Key{ID: randomName()}
+				holder := hold(t, ctx, f.store, key, now)
+				done := make(chan *idempotency.Record, 1)
+				go func() {
+					_, rec, err := s.Reserve(ctx, idempotency.Reservation{Key: key, Fingerprint: "fp", Now: now, ExpiresAt: now.Add(time.Hour), Wait: 20 * time.Second})
+					if err != nil {
+						t.Errorf("waiter: %v", err)
+					}
+					done <- rec
+				}()
+				if err := waitForLockWaits(ctx, openDB(t, cfg, 1), f.table, 1); err != nil {
+					t.Fatal(err)
+				}
+				want := idempotency.Response{Status: 202, Header: http.Header{"A": {"b"}}, Body: []byte("committed")}
+				if err := holder.Complete(ctx, want, now.Add(time.Hour)); err != nil {
+					t.Fatal(err)
+				}
+				rec := <-done
+				if rec == nil || rec.Status != 202 || string(rec.Body) != "committed" || rec.Header.Get("A") != "b" || rec.Fingerprint != "fp" {
+					t.Fatalf("waiter: got %+v, want the committed record", rec)
+				}
+			})
+		}
+	}
+}
+
+// TestWaiterTakesReleasedKey: a caller waiting for a held key (in its
+// INSERT) takes the key when its holder
+// rolls back, within its wait bound; on every path.
+func TestWaiterTakesReleasedKey(t *testing.T) {
+	for _, p := range paths {
+		t.Run(p.name, func(t *testing.T) {
+			t.Parallel()
+			ctx := testCtx(t, 60*time.Second)
+			cfg := testConfig(t, nil)
+			db := openDB(t, cfg, 0)
+			f := newFixture(t, db, nil)
+			s := newStore(t, db, f.table, p)
+			now := time.Now()
+			key := idempotency.Key{ID: randomName()}
+			holder := hold(t, ctx, f.store, key, now)
+			type result struct {
+				txn idempotency.Txn[*sql.Tx]
+				rec *idempotency.Record
+				err error
+			}
+			done := make(chan result, 1)
+			go func() {
+				txn, rec, err := s.Reserve(ctx, idempotency.Reservation{Key: key, Fingerprint: "fp2", Now: now, ExpiresAt: now.Add(time.Hour), Wait: 20 * time.Second})
+				done <- result{txn, rec, err}
+			}()
+			if err := waitForLockWaits(ctx, openDB(t, cfg, 1), f.table, 1); err != nil {
+				t.Fatal(err)
+			}
+			if err := holder.Rollback(ctx); err != nil {
+				t.Fatal(err)
+			}
+			r := <-done
+			if r.err != nil || r.txn == nil {
+				t.Fatalf("waiter after the holder rolled back: got %v, %+v, %v; want the key", r.txn, r.rec, r.err)
+			}
+			if err := f.effect(ctx, r.txn.Tx(), "payment"); err != nil {
+				t.Fatal(err)
+			}
+			if err := r.txn.Complete(ctx, idempotency.Response{Status: 201, Body: []byte("second")}, now.Add(time.Hour)); err != nil {
+				t.Fatal(err)
+			}
+			f.mustCount(t, ctx, "payment", 1)
+			_, rec, err := s.Reserve(ctx, idempotency.Reservation{Key: key, Fingerprint: "fp", Now: now, ExpiresAt: now.Add(time.Hour), Wait: time.Second})
+			if err != nil || rec == nil || rec.Fingerprint != "fp2" || string(rec.Body) != "second" {
+				t.Fatalf("after the waiter completed: got %+v, %v", rec, err)
+			}
+		})
+	}
+}
