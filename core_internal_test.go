@@ -87,6 +87,9 @@ func TestNewDefaults(t *testing.T) {
 		c.PurgeBatch != 1 || c.MaxWaiters != 5 {
 		t.Fatalf("explicit values must be kept: got %+v", c)
 	}
+	if g := mustNew(t, &fakeStore{}, &Config{RetryBackoff: MaxRetryBackoff}); g.cfg.RetryBackoff != time.Minute {
+		t.Fatalf("RetryBackoff at its maximum: got %v", g.cfg.RetryBackoff)
+	}
 	g = mustNew(t, &fakeStore{}, &Config{MaxRetries: -1, MaxWaiters: -1})
 	if g.cfg.MaxRetries != 0 || g.waiters != nil {
 		t.Fatalf("negative MaxRetries/MaxWaiters: got %d retries, waiter slots %v; want 0 and no bound", g.cfg.MaxRetries, g.waiters)
@@ -96,6 +99,7 @@ func TestNewDefaults(t *testing.T) {
 func TestNewRefusesOutOfRange(t *testing.T) {
 	for _, cfg := range []Config{
 		{TTL: -1}, {TTL: time.Millisecond - 1}, {TTL: 1}, {WaitTimeout: -1}, {RetryBackoff: -1}, {PurgeBatch: -1},
+		{RetryBackoff: MaxRetryBackoff + 1},
 	} {
 		if _, err := New[int](&fakeStore{}, &cfg); !errors.Is(err, ErrInvalidConfig) {
 			t.Errorf("New(%+v) = %v, want ErrInvalidConfig", cfg, err)
@@ -135,12 +139,12 @@ func TestBackoffBounds(t *testing.T) {
 		var top time.Duration
 		for range 2000 {
 			d := backoff(base, attempt)
-			if d < 0 || d > limit {
+			if d < 0 || d >= limit {
 				t.Fatalf("backoff(%v, %d) = %v outside 0..%v", base, attempt, d, limit)
 			}
 			top = max(top, d)
 		}
-		if top <= limit/2 { // full jitter: 2000 draws all in the lower half has odds 2^-2000
+		if top < limit/2 { // full jitter: 2000 draws all in the lower half has odds 2^-2000
 			t.Fatalf("backoff(%v, %d) never above %v: the range is not %v", base, attempt, limit/2, limit)
 		}
 	}
@@ -278,3 +282,94 @@ func TestTakeWaiterBound(t *testing.T) {
 	}
 	g.releaseWaiter() // no-op without a bound
 }
+
+func TestBackoffLargestBase(t *testing.T) {
+	for range 100 {
+		if d := backoff(MaxRetryBackoff, 50); d < 0 || d >= 32*MaxRetryBackoff {
+			t.Fatalf("backoff(MaxRetryBackoff, 50) = %v", d)
+		}
+	}
+}
+
+// TestCancelAfterSuccess: a ctx that ends after the answer committed does
+// not turn the success into an error.
+func TestCancelAfterSuccess(t *testing.T) {
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	g := mustNew(t, &fakeStore{}, nil)
+	resp, err := g.Do(ctx, Key{ID: "k"}, "fp", func(int) (Response, error) {
+		cancel() // the fake store's Complete ignores ctx: the call commits
+		return Response{Status: 201}, nil
+	})
+	if err != nil || resp.Status != 201 {
+		t.Fatalf("got %+v, %v; want the committed answer and no error", resp, err)
+	}
+}
+
+// TestCtxErrorJoined: an error of a call whose ctx ended carries ctx's
+// error too, whatever reported it.
+func TestCtxErrorJoined(t *testing.T) {
+	ctx, cancel := context.WithCancel(context.Background())
+	cause := errors.New("broken pipe")
+	g := mustNew(t, &fakeStore{}, nil)
+	_, err := g.Do(ctx, Key{ID: "k"}, "fp", func(int) (Response, error) {
+		cancel()
+		return Response{}, cause // fn failed because its ctx ended
+	})
+	if !errors.Is(err, cause) || !errors.Is(err, context.Canceled) {
+		t.Fatalf("got %v, want the cause and context.Canceled", err)
+	}
+}
+
+// heldOnce reports the key held on the first Reserve (which must not
+// wait) and hands out rec to the second (which must wait).
+type heldOnce struct {
+	fakeStore
+	waits []time.Duration
+}
+
+func (h *heldOnce) Reserve(ctx context.Context, r Reservation) (Txn[int], *Record, error) {
+	h.mu.Lock()
+	h.waits = append(h.waits, r.Wait)
+	n := len(h.waits)
+	h.mu.Unlock()
+	if n == 1 {
+		return nil, nil, fmt.Errorf("%w: held", ErrInProgress)
+	}
+	return nil, &Record{Key: r.Key, Fingerprint: r.Fingerprint, Status: 201, Body: []byte("theirs")}, nil
+}
+
+// TestWaitsInStoreWhenHeldElsewhere: a key held elsewhere is asked for
+// again with the rest of the wait bound, in a waiter slot.
+func TestWaitsInStoreWhenHeldElsewhere(t *testing.T) {
+	h := &heldOnce{}
+	g := mustNew(t, h, &Config{WaitTimeout: time.Minute, MaxWaiters: 1})
+	resp, err := g.Do(context.Background(), Key{ID: "k"}, "fp", func(int) (Response, error) {
+		t.Fatal("fn must not run: the holder completed")
+		return Response{}, nil
+	})
+	if err != nil || !resp.Replayed || string(resp.Body) != "theirs" {
+		t.Fatalf("got %+v, %v; want the holder's answer", resp, err)
+	}
+	if len(h.waits) != 2 || h.waits[0] != 0 || h.waits[1] <= 50*time.Second || h.waits[1] > time.Minute {
+		t.Fatalf("waits %v: want 0, then the rest of the minute", h.waits)
+	}
+	if !g.takeWaiter() {
+		t.Fatal("the waiter slot was not given back")
+	}
+	// No slot free: refused at once, without a second Reserve.
+	h2 := &heldOnce{}
+	g2 := mustNew(t, h2, &Config{WaitTimeout: time.Minute, MaxWaiters: 1})
+	g2.takeWaiter()
+	if _, err := g2.Do(context.Background(), Key{ID: "k"}, "fp", answer200); !errors.Is(err, ErrInProgress) || len(h2.waits) != 1 {
+		t.Fatalf("no free slot: %v after %d reservations; want ErrInProgress after 1", err, len(h2.waits))
+	}
+	// NoWait: refused at once too.
+	h3 := &heldOnce{}
+	g3 := mustNew(t, h3, &Config{NoWait: true})
+	if _, err := g3.Do(context.Background(), Key{ID: "k"}, "fp", answer200); !errors.Is(err, ErrInProgress) || len(h3.waits) != 1 {
+		t.Fatalf("NoWait: %v after %d reservations; want ErrInProgress after 1", err, len(h3.waits))
+	}
+}
+
+func answer200(int) (Response, error) { return Response{Status: 200}, nil }

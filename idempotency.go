@@ -236,7 +236,8 @@ type Config struct {
 	// Do. Defaults to 10; a negative value means no retries.
 	MaxRetries int
 	// RetryBackoff is the base of the exponential backoff (full jitter)
-	// between retries, capped at 32 times the base. Defaults to 2ms.
+	// between retries, capped at 32 times the base. Defaults to 2ms; at
+	// most [MaxRetryBackoff].
 	RetryBackoff time.Duration
 	// PurgeBatch is how many keys one batch of [Guard.Purge] deletes.
 	// Defaults to 1000.
@@ -255,6 +256,8 @@ const (
 	DefaultRetryBackoff = 2 * time.Millisecond
 	DefaultPurgeBatch   = 1000
 	DefaultMaxWaiters   = 2
+	// MaxRetryBackoff is the longest [Config.RetryBackoff] accepted.
+	MaxRetryBackoff = time.Minute
 )
 
 // Guard runs operations under idempotency keys on a [KeyStore]. It is safe
@@ -286,6 +289,8 @@ func New[Tx any](store KeyStore[Tx], cfg *Config) (*Guard[Tx], error) {
 		return nil, fmt.Errorf("%w: negative WaitTimeout %v", ErrInvalidConfig, c.WaitTimeout)
 	case c.RetryBackoff < 0:
 		return nil, fmt.Errorf("%w: negative RetryBackoff %v", ErrInvalidConfig, c.RetryBackoff)
+	case c.RetryBackoff > MaxRetryBackoff:
+		return nil, fmt.Errorf("%w: RetryBackoff %v longer than %v", ErrInvalidConfig, c.RetryBackoff, MaxRetryBackoff)
 	case c.PurgeBatch < 0:
 		return nil, fmt.Errorf("%w: negative PurgeBatch %d", ErrInvalidConfig, c.PurgeBatch)
 	case c.TTL > 0 && c.TTL < time.Millisecond:
@@ -311,14 +316,16 @@ func New[Tx any](store KeyStore[Tx], cfg *Config) (*Guard[Tx], error) {
 	if c.Now == nil {
 		c.Now = time.Now
 	}
-	if c.MaxWaiters == 0 {
+	var waiters chan struct{} // nil: no bound
+	switch {
+	case c.MaxWaiters < 0:
+	case c.MaxWaiters == 0:
 		c.MaxWaiters = DefaultMaxWaiters
+		fallthrough
+	default:
+		waiters = make(chan struct{}, c.MaxWaiters)
 	}
-	g := &Guard[Tx]{store: store, cfg: c, calls: make(map[Key]*call)}
-	if c.MaxWaiters > 0 {
-		g.waiters = make(chan struct{}, c.MaxWaiters)
-	}
-	return g, nil
+	return &Guard[Tx]{store: store, cfg: c, calls: make(map[Key]*call), waiters: waiters}, nil
 }
 
 // Do runs fn at most once per key, as seen by every caller of the key's
@@ -514,10 +521,7 @@ func (g *Guard[Tx]) attempt(ctx context.Context, c *call, key Key, fp string, de
 
 // expiry is now plus ttl, clamped to [MaxExpiry].
 func expiry(now time.Time, ttl time.Duration) time.Time {
-	if maxExp := MaxExpiry(); ttl >= maxExp.Sub(now) {
-		return maxExp
-	}
-	return now.Add(ttl)
+	return now.Add(min(ttl, MaxExpiry().Sub(now)))
 }
 
 // run calls fn on a won reservation and ends the transaction: Complete on
@@ -550,9 +554,11 @@ func (g *Guard[Tx]) run(ctx context.Context, txn Txn[Tx], fn func(Tx) (Response,
 	return resp, nil
 }
 
+// backoff is a random wait in [0, base<<(attempt-1)), the exponent capped
+// at 5 (full jitter). base is at most [MaxRetryBackoff], so it cannot
+// overflow.
 func backoff(base time.Duration, attempt int) time.Duration {
-	shift := min(attempt-1, 5)
-	return rand.N(base<<shift + 1)
+	return rand.N(base << min(attempt-1, 5))
 }
 
 func sleep(ctx context.Context, d time.Duration) error {
