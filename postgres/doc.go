@@ -61,10 +61,9 @@
 // it waits gets ctx's error, never ErrInProgress.
 //
 // A Reserve whose ctx is cancelled while it waits returns at once and closes
-// its connection (pgx's default reaction to a cancelled query); the pool
-// replaces it. The server session stops waiting only at its lock_timeout;
-// configure pgconn.CancelRequestContextWatcherHandler on the pool's
-// ConnConfig to cancel it at once instead.
+// its connection (pgx's default reaction to a cancelled query, which also
+// sends the server a cancel request); the pool replaces it, and the server
+// session stops waiting.
 //
 // # Store failures
 //
@@ -74,6 +73,18 @@
 // fails because its connection failed is wrapped with
 // [idempotency.ErrStore] by the handle itself, so that fn's caller can tell
 // it from fn's own failures: retrying with the same key is safe.
+//
+// A connection whose statement's ctx ended, or that failed, is closed at
+// once: its socket is closed as soon as the store (or fn's handle) sees the
+// error. pgx alone would close it in the background, after sending
+// Terminate and waiting up to 15s for the server's end; if the Terminate
+// never arrives (a reply lost on its way, a stalled path), the server's
+// session, with its transaction and the key's lock, would live that long.
+// Once the socket is closed, the server ends the session, rolls its
+// transaction back and frees the key as soon as it reads the close, with no
+// idle_in_transaction_session_timeout needed. A partition hides the close
+// from the server: only that timeout (or TCP keepalives) ends the session
+// then.
 //
 // # Isolation levels
 //

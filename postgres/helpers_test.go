@@ -220,6 +220,28 @@ func waitBlocked(t testing.TB, ctx context.Context, pool *pgxpool.Pool) int {
 	}
 }
 
+// waitSessionGone fails t unless the server session pid ends within d.
+func waitSessionGone(t testing.TB, ctx context.Context, pid int, d time.Duration) {
+	t.Helper()
+	conn, err := pgx.Connect(ctx, testenv.PostgresDSN(t))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer conn.Close(context.WithoutCancel(ctx))
+	for deadline := time.Now().Add(d); ; time.Sleep(10 * time.Millisecond) {
+		var n int
+		if err := conn.QueryRow(ctx, `SELECT count(*) FROM pg_stat_activity WHERE pid = $1`, pid).Scan(&n); err != nil {
+			t.Fatalf("watching session %d: %v", pid, err)
+		}
+		if n == 0 {
+			return
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("server session %d still there %v after its caller gave up", pid, d)
+		}
+	}
+}
+
 // release is a channel closed by do, or at cleanup if the test ends first,
 // so that no goroutine of a failed test stays blocked on it.
 type release struct {

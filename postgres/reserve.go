@@ -9,6 +9,7 @@ import (
 	"time"
 
 	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/jackc/pgx/v5/pgtype"
 	"github.com/jackc/pgx/v5/pgxpool"
 
@@ -269,5 +270,29 @@ func abandon(ctx context.Context, conn *pgxpool.Conn) {
 		_, _ = conn.Exec(rctx, "rollback")
 		cancel()
 	}
+	release(conn)
+}
+
+// release returns conn to the pool, after closing its socket at once if the
+// driver gave the connection up (see dropIfBroken).
+func release(conn *pgxpool.Conn) {
+	dropIfBroken(conn.Conn().PgConn())
 	conn.Release()
+}
+
+// dropIfBroken closes the socket of a connection the driver gave up on: one
+// whose statement's ctx ended, or that failed under a statement. pgx ends
+// such a connection in the background, politely: it sends Terminate and
+// then waits up to 15s for the server to close its end before it closes
+// the socket. A server that never got the Terminate (its reply was lost,
+// the path to it stalls) keeps the session until the socket closes, and
+// the session keeps the transaction and the key's advisory lock: the key
+// would stay held for those 15s after the caller gave up. Once the socket
+// is closed, the server ends the session, rolling its transaction back and
+// freeing the key, as soon as it reads the close. A healthy connection is
+// left alone.
+func dropIfBroken(pg *pgconn.PgConn) {
+	if pg.IsClosed() {
+		_ = pg.Conn().Close()
+	}
 }

@@ -130,9 +130,16 @@ func (r errRows) TypeMap() *pgtype.Map                         { return nil }
 // storeErr adds [idempotency.ErrStore] to the error of one of fn's
 // statements when the connection failed under it (cut, closed by the
 // server): the store failed, not fn's logic, and retrying the call with
-// the same key is safe. An error after ctx ended is left as it is.
+// the same key is safe. An error after ctx ended is left as it is. Either
+// way, a connection the driver gave up on has its socket closed at once
+// (see dropIfBroken), so that the key is free while fn still runs.
 func (t *tx) storeErr(ctx context.Context, err error) error {
-	if err == nil || ctx.Err() != nil || errors.Is(err, idempotency.ErrStore) || !t.inner.Conn().PgConn().IsClosed() {
+	if err == nil {
+		return nil
+	}
+	pg := t.inner.Conn().PgConn()
+	dropIfBroken(pg)
+	if ctx.Err() != nil || errors.Is(err, idempotency.ErrStore) || !pg.IsClosed() {
 		return err
 	}
 	return fmt.Errorf("%w: %w", idempotency.ErrStore, err)

@@ -95,7 +95,7 @@ func (t *txn) Rollback(ctx context.Context) error {
 	}
 	t.done = true
 	t.tx.closed = true
-	defer t.conn.Release()
+	defer release(t.conn)
 	pg := t.conn.Conn().PgConn()
 	if pg.IsClosed() || pg.TxStatus() == 'I' {
 		return nil

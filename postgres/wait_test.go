@@ -96,7 +96,7 @@ func TestCancelWhileWaitingReleasesConnection(t *testing.T) {
 		})
 		werr <- err
 	}()
-	waitBlocked(t, ctx, pool)
+	pid := waitBlocked(t, ctx, pool)
 	cancel()
 	select {
 	case err := <-werr:
@@ -106,6 +106,9 @@ func TestCancelWhileWaitingReleasesConnection(t *testing.T) {
 	case <-time.After(5 * time.Second):
 		t.Fatal("cancelled waiter did not return within 5s")
 	}
+	// The server session stops waiting too, long before the wait bound
+	// (30s): pgx sends a cancel request, and the connection is closed.
+	waitSessionGone(t, ctx, pid, 3*time.Second)
 	// The pool destroys a closed connection in the background.
 	for deadline := time.Now().Add(2 * time.Second); pool.Stat().AcquiredConns() != 1; time.Sleep(5 * time.Millisecond) {
 		if time.Now().After(deadline) {
