@@ -30,19 +30,21 @@
 // pending, with a random owner token, and gives it a lease (Config.Lease,
 // 30s by default) that a timer of the reservation renews every third of the
 // lease while fn runs, by compare-and-set on the token; no goroutine runs
-// between renewals, and none is left once Complete or Rollback returns. A
+// between renewals, and none is left once Complete or Rollback returns
+// (a reservation that keeps its connection parks one goroutine on it). A
 // holder that dies stops renewing; Redis deletes the pending record when
 // the lease runs out, and the key is free again.
 //
-// Complete (see [idempotency.Txn]) watches the record (WATCH), checks that the token is still
-// the caller's, and sends fn's queued commands, the completed record, its
-// expiry and a wake-up PUBLISH in one MULTI/EXEC. If the lease was lost
-// (expired and taken over), nothing is applied and Complete returns an error
-// wrapping [idempotency.ErrLeaseLost]. A completed record keeps the
-// reservation's ExpiresAt and gets a Redis expiry of the TTL (measured on the
-// Redis clock from its completion), so it vanishes by itself:
-// [Store.Purge] always returns 0. A completed record whose ExpiresAt is not
-// after the core's clock counts as absent and is taken over atomically.
+// Complete (see [idempotency.Txn]) watches the record (WATCH), checks that
+// the token is still the caller's, and sends fn's queued commands, the
+// completed record, its expiry and a wake-up PUBLISH in one MULTI/EXEC. If
+// the lease was lost (expired and taken over), nothing is applied and
+// Complete returns an error wrapping [idempotency.ErrLeaseLost]. A
+// completed record keeps the expiry given to Complete, on the core's clock,
+// and every read checks it; Redis deletes the record that long after its
+// completion (at least a minute), so [Store.Purge] always returns 0. A
+// completed record whose expiry is not after the core's clock counts as
+// absent and is taken over atomically.
 //
 // Callers of one key in one [Store] that arrive while another of them runs
 // the reservation script wait for its answer instead of sending their own.
@@ -57,19 +59,43 @@
 // command pool. Polling (a tenth of the lease, between 50ms and 1s) is only
 // a fallback for a lost message.
 //
+// # Lost replies
+//
+// A reservation whose reply does not arrive (the caller's deadline fires,
+// the connection is cut) may still have taken the key. Reserve then
+// abandons it before it returns, best effort, on a context of its own: a
+// compare-and-delete by token, which also marks the token so that a
+// reservation script still on its way reserves nothing when it arrives. If
+// that fails too, the key stays pending under a token that nobody renews:
+// the callers of the same Store know the token is over and take the key
+// over at once; callers elsewhere get it when the lease runs out. Rollback
+// and a failed Complete release the key by the same compare-and-delete,
+// and the same Store's callers take over a key whose release failed.
+//
+// go-redis bounds a command by the caller's context only with the client
+// option ContextTimeoutEnabled; without it a caller whose context ends
+// still waits up to the client's ReadTimeout for a reply.
+//
 // # Round trips
 //
-// A Do with a new key costs three round trips on a single node or Sentinel
-// (the reservation script; WATCH with the token check; MULTI, fn's
-// commands, the record, EXPIRE, PUBLISH, EXEC) and four on Cluster, where
-// go-redis sends WATCH on its own. A replay costs one (the reservation
-// script returns the completed record). The bare effect, fn's commands in a
-// plain MULTI/EXEC, costs one. Redis has no conditional EXEC: a script
-// queued in the MULTI cannot stop fn's commands, so the token is checked
-// under WATCH and its answer must be back before EXEC is sent. Only a WATCH
-// armed in the reservation's own round trip would save one, at the price of
-// pinning a pooled connection for fn's whole run and of one more round trip
-// (UNWATCH) on every replay, so this store does not do it.
+// On a single node or Sentinel ([goredis.Client]), a Do with a new key
+// costs two round trips: the reservation script with WATCH on the record
+// and a read of its owner, on a connection the reservation keeps while fn
+// runs; then MULTI, fn's commands, the record, its expiry, PUBLISH and
+// EXEC, which Redis refuses to apply if anything wrote to the record since
+// the WATCH. The bare effect, fn's commands in a plain MULTI/EXEC, costs
+// one. If the EXEC is refused (a lease renewal, a takeover), Complete
+// checks the token again under a fresh WATCH and retries; a lost lease then
+// gives [idempotency.ErrLeaseLost].
+//
+// A replay costs one round trip when the Store lately saw the key
+// completed (it remembers a few thousand such keys), and two otherwise:
+// the WATCH of a key found completed is cleared (UNWATCH) before its
+// connection goes back to the pool. A caller that waits for a holder looks
+// the key up with the plain script, which arms no WATCH. On Cluster, where
+// keys move between nodes, the reservation is the plain script and
+// Complete checks the token under WATCH first: three round trips for a new
+// key, four with go-redis's own WATCH, one for a replay.
 //
 // Replication in Redis is asynchronous: a failover (Sentinel, Cluster) can
 // lose the latest writes, so a key completed just before it can come back

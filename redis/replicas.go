@@ -6,8 +6,6 @@ import (
 	"fmt"
 	"time"
 
-	goredis "github.com/redis/go-redis/v9"
-
 	"github.com/go-idempotency/idempotency"
 )
 
@@ -53,7 +51,7 @@ func newReplication(c Config) (replication, error) {
 // the key (WAIT counts the replicas that acknowledged this connection's
 // last write), when replicas are required. Fewer acknowledgements than
 // required, or a failed WAIT, give an error wrapping [ErrNotReplicated].
-func (r replication) waitReplicas(ctx context.Context, tx *goredis.Tx, id string) error {
+func (r replication) waitReplicas(ctx context.Context, tx execConn, id string) error {
 	if r.replicas == 0 {
 		return nil
 	}

@@ -1,0 +1,33 @@
+package redis
+
+import (
+	"testing"
+
+	goredis "github.com/redis/go-redis/v9"
+
+	"github.com/go-idempotency/idempotency/conformance"
+)
+
+// harness builds the conformance fixtures on clients from newClient.
+// Options.Lease gives a store with that lease and no renewals, so that the
+// lease runs out while fn runs.
+func harness(newClient func(t testing.TB) func(int) goredis.UniversalClient) conformance.Harness[*Tx] {
+	return conformance.Harness[*Tx]{
+		NewFixture: func(t testing.TB, opts conformance.Options) conformance.Fixture[*Tx] {
+			var cfg *Config
+			if opts.Lease > 0 {
+				cfg = &Config{Lease: opts.Lease}
+			}
+			f := newFixture(t, newClient(t), opts.MaxConns, cfg)
+			f.store.noRenew = opts.Lease > 0
+			return conformance.Fixture[*Tx]{Store: f.store, Effect: f.effect, Count: f.count, Bare: f.bare, Fill: f.fill}
+		},
+		// Completed records expire by themselves; Purge returns 0. A
+		// reservation is a lease that runs out if it is not renewed.
+		Features: conformance.Features{SelfExpiring: true, Leases: true},
+	}
+}
+
+func TestConformance(t *testing.T) {
+	conformance.Run(t, harness(singleClient))
+}

@@ -1,0 +1,59 @@
+package redis
+
+import (
+	"errors"
+	"fmt"
+	"strings"
+
+	goredis "github.com/redis/go-redis/v9"
+
+	"github.com/go-idempotency/idempotency"
+)
+
+// Prefixes of the Redis error replies that a retry of the whole attempt can
+// cure: the server is busy, loading, failing over or resharding.
+const (
+	errBusy        = "BUSY "        // a script or function runs past its time limit
+	errLoading     = "LOADING "     // the server is loading its data set
+	errTryAgain    = "TRYAGAIN "    // Cluster: a slot is being migrated
+	errClusterDown = "CLUSTERDOWN " // Cluster: the cluster cannot serve the slot
+	errMasterDown  = "MASTERDOWN "  // a replica lost its link to the primary
+	errReadOnly    = "READONLY "    // a replica (a primary just demoted) refuses writes
+)
+
+// retryable lists the prefixes that [mapError] wraps with
+// [idempotency.ErrConflict].
+var retryable = [...]string{errBusy, errLoading, errTryAgain, errClusterDown, errMasterDown, errReadOnly}
+
+// mapError is the one place that classifies go-redis errors: an aborted
+// EXEC (a watched key changed) and the replies listed in retryable wrap
+// [idempotency.ErrConflict]; everything else (connection errors and
+// timeouts included) is returned wrapped as it is, so that Do fails closed.
+func mapError(op string, err error) error {
+	if err == nil {
+		return nil
+	}
+	if errors.Is(err, goredis.TxFailedErr) {
+		return fmt.Errorf("%w: redis %s: %w", idempotency.ErrConflict, op, err)
+	}
+	var rerr goredis.Error
+	if errors.As(err, &rerr) {
+		msg := rerr.Error()
+		for _, p := range retryable {
+			if strings.HasPrefix(msg, p) {
+				return fmt.Errorf("%w: redis %s: %w", idempotency.ErrConflict, op, err)
+			}
+		}
+	}
+	return fmt.Errorf("redis %s: %w", op, err)
+}
+
+// outcomeUnknown reports whether a command that failed with err may still
+// have run on the server: not for an error reply of the server (it
+// answered), nor when go-redis got no connection to send it on; yes for
+// anything else (a cut connection, a timeout, a context that ended while
+// the reply was awaited).
+func outcomeUnknown(err error) bool {
+	var rerr goredis.Error
+	return !errors.As(err, &rerr) && !errors.Is(err, goredis.ErrPoolTimeout) && !errors.Is(err, goredis.ErrClosed)
+}

@@ -1,0 +1,180 @@
+package redis
+
+import (
+	"context"
+	"crypto/rand"
+	"fmt"
+	"strconv"
+	"strings"
+	"time"
+
+	"github.com/go-idempotency/idempotency"
+)
+
+// Reserve implements [idempotency.KeyStore]. One call of the reservation
+// script (a single round trip, shared by the callers of the same key that
+// arrive while it runs) reserves a free key or returns a completed record.
+// A caller that finds the key pending waits, as the package doc describes:
+// for a holder in this Store, on the holder itself; for any other, on the
+// key's wake-up channel, subscribed before it looks again.
+//
+// A key pending under a token of this Store whose reservation is over (its
+// script's reply was lost, or its release failed) is taken over at once,
+// with or without r.Wait: no caller waits out the lease of an owner that
+// this Store knows is gone. The reservation script of a caller whose reply
+// is lost is abandoned before Reserve returns (see abandon).
+func (s *Store) Reserve(ctx context.Context, r idempotency.Reservation) (idempotency.Txn[*Tx], *idempotency.Record, error) {
+	k := s.keysFor(r.Key)
+	token := s.tokens + rand.Text()
+	var deadline time.Time
+	if r.Wait > 0 {
+		deadline = time.Now().Add(r.Wait)
+	}
+	// Known before the script can reserve, so that this Store's waiters
+	// find the holder as soon as Redis names it.
+	own := s.addHold(token)
+	var w *waiter
+	var dead string  // a token of this Store, over, that Redis still names
+	var after uint64 // looks up to this one are older than what this caller waits to see
+	defer func() {
+		w.close()
+		if own != nil {
+			s.endHold(own)
+		}
+	}()
+	for {
+		out, err := s.look(ctx, k, r, own, after, dead)
+		if err != nil {
+			return nil, nil, err
+		}
+		switch {
+		case out.rec != nil:
+			s.seen.add(k.id)
+			return nil, out.rec, nil
+		case out.reserved:
+			t := s.newTxn(k, r, own, out.conn)
+			own = nil
+			return t, nil, nil
+		}
+		h := s.holdOf(out.owner)
+		if h == nil && out.owner != dead && strings.HasPrefix(out.owner, s.tokens) {
+			// The holder was this Store's and is over: take the key over
+			// from its token (the script does it only if Redis still names
+			// that token).
+			dead = out.owner
+			after = s.lookSeq()
+			continue
+		}
+		remaining := time.Until(deadline)
+		if r.Wait <= 0 || remaining <= 0 {
+			return nil, nil, fmt.Errorf("%w: key %q", idempotency.ErrInProgress, r.Key.ID)
+		}
+		if h == nil && w == nil {
+			// Subscribe, then look again: a completion after that look
+			// publishes to a live subscription.
+			if w, err = s.subscribe(ctx, k.wake, remaining); err != nil {
+				return nil, nil, fmt.Errorf("%w: waiting for key %q: %w", idempotency.ErrInProgress, r.Key.ID, err)
+			}
+			after = s.lookSeq()
+			continue
+		}
+		d := min(remaining, s.poll)
+		if out.pttl >= 0 {
+			d = min(d, out.pttl+time.Millisecond)
+		}
+		s.waiting.Add(1)
+		rec, err := wait(ctx, h, w, d)
+		s.waiting.Add(-1)
+		after = s.lookSeq()
+		if err != nil {
+			return nil, nil, fmt.Errorf("%w: waiting for key %q: %w", idempotency.ErrInProgress, r.Key.ID, err)
+		}
+		if rec != nil && rec.Key == r.Key && rec.ExpiresAt.UnixMilli() > r.Now.UnixMilli() {
+			s.seen.add(k.id)
+			return nil, rec, nil
+		}
+	}
+}
+
+// tryResult is what one run of the reservation script found.
+type tryResult struct {
+	reserved bool
+	rec      *idempotency.Record
+	pttl     time.Duration // pending: time left on the holder's lease, < 0 if unknown
+	owner    string        // pending: the holder's token
+	// reserved on a connection of its own, with WATCH armed on the record
+	// (see tryWatched); nil otherwise, and never handed to joined callers.
+	conn *pinned
+}
+
+// reserveArgs are the reservation script's ARGV.
+func (s *Store) reserveArgs(r idempotency.Reservation, token, dead string) []any {
+	return []any{token, r.Key.Scope, r.Key.ID, r.Fingerprint,
+		r.Now.UnixMilli(), r.ExpiresAt.UnixMilli(), s.lease.Milliseconds(), dead}
+}
+
+// try runs the reservation script once under token, taking the key over
+// from the token dead if Redis still names it. When the outcome is unknown
+// (no reply: a cut connection, a timeout, ctx done while the script may
+// have run), it abandons token before it returns.
+func (s *Store) try(ctx context.Context, k keys, r idempotency.Reservation, token, dead string) (tryResult, error) {
+	if s.single != nil && r.Wait == 0 && dead == "" && !s.seen.has(k.id) {
+		return s.tryWatched(ctx, k, r, token)
+	}
+	vals, err := s.reserveScript.Run(ctx, s.client, []string{k.rec, k.deadKey(token)},
+		s.reserveArgs(r, token, dead)...).Slice()
+	if err != nil {
+		if outcomeUnknown(err) {
+			s.abandon(ctx, k, token)
+		}
+		return tryResult{}, mapError("reserve", err)
+	}
+	return s.parseReserve(k, r, vals)
+}
+
+// parseReserve reads the reply of the reservation script.
+func (s *Store) parseReserve(k keys, r idempotency.Reservation, vals []any) (tryResult, error) {
+	str := func(i int) string {
+		if i < len(vals) {
+			if v, ok := vals[i].(string); ok {
+				return v
+			}
+		}
+		return ""
+	}
+	switch str(0) {
+	case replyReserved:
+		return tryResult{reserved: true}, nil
+	case replyAbandoned:
+		return tryResult{}, fmt.Errorf("redis: reservation of key %q already abandoned", r.Key.ID)
+	case replyPending:
+		ms, err := strconv.ParseInt(str(1), 10, 64)
+		if err != nil || ms < 0 {
+			ms = -1
+		}
+		return tryResult{pttl: time.Duration(ms) * time.Millisecond, owner: str(2)}, nil
+	case replyCompleted:
+		rec, err := decodeRecord(str(1), str(2), str(3), str(4), str(5), str(6), str(7), str(8))
+		if err != nil {
+			return tryResult{}, fmt.Errorf("redis: record %s: %w", k.rec, err)
+		}
+		if rec.Key != r.Key {
+			return tryResult{}, fmt.Errorf("redis: record %s holds key %q/%q, not %q/%q", k.rec, rec.Key.Scope, rec.Key.ID, r.Key.Scope, r.Key.ID)
+		}
+		return tryResult{rec: rec}, nil
+	}
+	return tryResult{}, fmt.Errorf("redis: unexpected reply %v from the reservation script", vals)
+}
+
+// abandon deletes the reservation that a script sent under token may have
+// made, or marks the token so that the script reserves nothing if it has
+// not run yet: a retry then finds the key free, not held for a lease by an
+// owner that is gone. Best effort, on a context of its own (ctx may be
+// done): if it fails too, the key stays pending under token until its lease
+// runs out, except for the callers of this Store, which take it over.
+func (s *Store) abandon(ctx context.Context, k keys, token string) {
+	ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), abandonTimeout)
+	defer cancel()
+	_ = s.abandonScript.Run(ctx, s.client, []string{k.rec, k.deadKey(token)},
+		token, k.wake, s.lease.Milliseconds()).Err()
+}

@@ -1,0 +1,157 @@
+package redis
+
+import (
+	"context"
+	"errors"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	goredis "github.com/redis/go-redis/v9"
+
+	"github.com/go-idempotency/idempotency"
+	"github.com/go-idempotency/idempotency/internal/testenv"
+)
+
+// roundTrips counts network round trips: one per command, one per
+// pipeline, except the handshake of a new connection.
+type roundTrips struct{ n atomic.Int64 }
+
+func (r *roundTrips) DialHook(next goredis.DialHook) goredis.DialHook { return next }
+
+func (r *roundTrips) ProcessHook(next goredis.ProcessHook) goredis.ProcessHook {
+	return func(ctx context.Context, cmd goredis.Cmder) error {
+		if cmd.Name() != "hello" { // a new connection's handshake
+			r.n.Add(1)
+		}
+		return next(ctx, cmd)
+	}
+}
+
+func (r *roundTrips) ProcessPipelineHook(next goredis.ProcessPipelineHook) goredis.ProcessPipelineHook {
+	return func(ctx context.Context, cmds []goredis.Cmder) error {
+		if len(cmds) == 0 || cmds[0].Name() != "client" { // a new connection's handshake
+			r.n.Add(1)
+		}
+		return next(ctx, cmds)
+	}
+}
+
+// TestRoundTrips counts the round trips of Do for a new key, a replay and
+// a caller that waits for a holder, and of the bare effect transaction.
+func TestRoundTrips(t *testing.T) {
+	ctx := testCtx(t, 30*time.Second)
+	rt := &roundTrips{}
+	addr := testenv.RedisAddr(t)
+	f := newFixture(t, func(int) goredis.UniversalClient {
+		c := goredis.NewClient(&goredis.Options{Addr: addr})
+		c.AddHook(rt)
+		return c
+	}, 0, nil)
+	g, err := idempotency.New(f.store, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	fn := func(tx *Tx) (idempotency.Response, error) {
+		_ = f.effect(ctx, tx, "rt")
+		return idempotency.Response{Status: 201}, nil
+	}
+	bareTx := func() error {
+		_, err := f.client.TxPipelined(ctx, func(p goredis.Pipeliner) error {
+			p.Incr(ctx, f.effectKey("bare"))
+			return nil
+		})
+		return err
+	}
+	// Warm up the script cache and the pools (go-redis dials pipelines on
+	// a pool of their own).
+	if _, err := g.Do(ctx, idempotency.Key{ID: uniq("warm")}, "fp", fn); err != nil {
+		t.Fatal(err)
+	}
+	if err := bareTx(); err != nil {
+		t.Fatal(err)
+	}
+	key := idempotency.Key{ID: uniq("rt")}
+	measure := func(what string, call func() error) int64 {
+		before := rt.n.Load()
+		if err := call(); err != nil {
+			t.Fatalf("%s: %v", what, err)
+		}
+		n := rt.n.Load() - before
+		t.Logf("%s: %d round trips", what, n)
+		return n
+	}
+	newKey := measure("Do, new key", func() error { _, err := g.Do(ctx, key, "fp", fn); return err })
+	replay := measure("Do, replay", func() error { _, err := g.Do(ctx, key, "fp", fn); return err })
+	bare := measure("bare effect MULTI/EXEC", bareTx)
+	if replay != 1 || newKey != 2 || bare != 1 {
+		t.Errorf("round trips: new key %d, replay %d, bare %d; want 2, 1, 1", newKey, replay, bare)
+	}
+
+	other := goredis.NewClient(&goredis.Options{Addr: addr}) // not counted
+	t.Cleanup(func() { _ = other.Close() })
+	remoteHolder, err := New(other, &Config{Prefix: f.prefix})
+	if err != nil {
+		t.Fatal(err)
+	}
+	gr, err := idempotency.New(remoteHolder, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+
+	// A caller of another Guard waits for a holder. Its first try (no
+	// wait) finds the key held: the reservation pipeline, and UNWATCH. Its
+	// waiting try runs the script once more; then, for a holder of its own
+	// Store, it takes the holder's record in memory. For a holder in
+	// another process it also subscribes (on a connection of its own),
+	// looks again, and looks once more when woken.
+	waiter := func(s *Store, holder *Store) int64 {
+		gw, err := idempotency.New(s, nil)
+		if err != nil {
+			t.Fatal(err)
+		}
+		key := idempotency.Key{ID: uniq("rtw")}
+		held, _, err := holder.Reserve(ctx, reservation(key, "fp", 0))
+		if err != nil || held == nil {
+			t.Fatalf("holder: %v, %v", held, err)
+		}
+		before := rt.n.Load()
+		done := make(chan error, 1)
+		go func() {
+			r, err := gw.Do(ctx, key, "fp", fn)
+			if err == nil && !r.Replayed {
+				err = errors.New("the waiter ran fn")
+			}
+			done <- err
+		}()
+		waitFor(t, 10*time.Second, "the waiter to wait", func() bool { return s.waiting.Load() == 1 })
+		_ = f.effect(ctx, held.Tx(), "rt")
+		if err := held.Complete(ctx, idempotency.Response{Status: 201}, time.Now().Add(time.Hour)); err != nil {
+			t.Fatal(err)
+		}
+		if err := <-done; err != nil {
+			t.Fatal(err)
+		}
+		return rt.n.Load() - before
+	}
+	// A replay of a key completed by another process: this Store has not
+	// seen it completed, so it takes the reservation pipeline and UNWATCH;
+	// the next replay knows better.
+	elsewhere := idempotency.Key{ID: uniq("rte")}
+	if _, err := gr.Do(ctx, elsewhere, "fp", fn); err != nil {
+		t.Fatal(err)
+	}
+	first := measure("Do, replay of a key completed elsewhere", func() error { _, err := g.Do(ctx, elsewhere, "fp", fn); return err })
+	again := measure("Do, replay of it again", func() error { _, err := g.Do(ctx, elsewhere, "fp", fn); return err })
+	if first != 2 || again != 1 {
+		t.Errorf("round trips: replay of a key completed elsewhere %d, again %d; want 2, 1", first, again)
+	}
+
+	local := waiter(f.store, f.store) - (newKey - 1) // less the holder's Complete
+	t.Logf("Do, waiter on a holder of its Store: %d round trips", local)
+	remote := waiter(f.store, remoteHolder)
+	t.Logf("Do, waiter on a holder in another process: %d round trips (plus a SUBSCRIBE on a connection of its own)", remote)
+	if local != 3 || remote != 5 {
+		t.Errorf("round trips: waiter on a local holder %d, on a remote one %d; want 3, 5", local, remote)
+	}
+}

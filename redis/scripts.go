@@ -1,0 +1,86 @@
+package redis
+
+// Record fields and states.
+const (
+	statePending   = "pending"
+	stateCompleted = "completed"
+	msgCompleted   = "completed"
+)
+
+// Replies of the reservation script.
+const (
+	replyReserved  = "reserved"
+	replyPending   = "pending"
+	replyCompleted = "completed"
+	replyAbandoned = "abandoned"
+)
+
+// reserveLua takes the key unless a live record holds it.
+// KEYS[1] record, KEYS[2] the abandon marker of the caller's token.
+// ARGV: token, scope, id, fingerprint, now ms, expires ms, lease ms, and a
+// token of this Store whose reservation is over ("" if none): a record
+// pending under it is taken over. Returns {"reserved"}, {"abandoned"} (the
+// caller already gave this token up), {"pending", pttl ms, owner} or
+// {"completed", fingerprint, status, header, body, created, expires, scope,
+// id}.
+const reserveLua = `
+if redis.call('EXISTS', KEYS[2]) == 1 then
+  return {'abandoned'}
+end
+local r = redis.call('HMGET', KEYS[1], 'state', 'owner', 'fp', 'status', 'hdr', 'body', 'created', 'expires', 'scope', 'id')
+if r[1] == 'completed' then
+  if tonumber(r[8]) > tonumber(ARGV[5]) then
+    return {'completed', r[3], r[4], r[5], r[6], r[7], r[8], r[9], r[10]}
+  end
+elseif r[1] == 'pending' then
+  if r[2] == ARGV[1] then
+    return {'reserved'}
+  end
+  if ARGV[8] == '' or r[2] ~= ARGV[8] then
+    return {'pending', tostring(redis.call('PTTL', KEYS[1])), r[2]}
+  end
+elseif r[1] then
+  return redis.error_reply('idempotency: record ' .. KEYS[1] .. ' has unknown state ' .. tostring(r[1]))
+end
+redis.call('DEL', KEYS[1])
+redis.call('HSET', KEYS[1], 'state', 'pending', 'owner', ARGV[1], 'scope', ARGV[2], 'id', ARGV[3],
+  'fp', ARGV[4], 'created', ARGV[5], 'expires', ARGV[6])
+redis.call('PEXPIRE', KEYS[1], ARGV[7])
+return {'reserved'}
+`
+
+// renewLua extends the lease if the caller still owns the record.
+// KEYS[1] record. ARGV: token, lease ms. Returns 1 if renewed, else 0.
+const renewLua = `
+if redis.call('HGET', KEYS[1], 'owner') == ARGV[1] then
+  return redis.call('PEXPIRE', KEYS[1], ARGV[2])
+end
+return 0
+`
+
+// releaseLua deletes a reservation the caller still owns and wakes waiters.
+// KEYS[1] record. ARGV: token, channel. Returns 1 if deleted, else 0.
+const releaseLua = `
+if redis.call('HGET', KEYS[1], 'owner') == ARGV[1] then
+  redis.call('DEL', KEYS[1])
+  redis.call('PUBLISH', ARGV[2], 'released')
+  return 1
+end
+return 0
+`
+
+// abandonLua gives up a reservation script whose reply was lost: it
+// deletes the reservation if the script made it, and otherwise marks the
+// token abandoned for a lease, so that the script, if it arrives later,
+// reserves nothing.
+// KEYS[1] record, KEYS[2] the token's abandon marker. ARGV: token,
+// channel, lease ms. Returns 1 if it deleted a reservation, else 0.
+const abandonLua = `
+if redis.call('HGET', KEYS[1], 'owner') == ARGV[1] then
+  redis.call('DEL', KEYS[1])
+  redis.call('PUBLISH', ARGV[2], 'released')
+  return 1
+end
+redis.call('SET', KEYS[2], '1', 'PX', ARGV[3])
+return 0
+`

@@ -1,0 +1,318 @@
+package redis
+
+import (
+	"bytes"
+	"context"
+	"errors"
+	"fmt"
+	"slices"
+	"strconv"
+	"sync"
+	"time"
+
+	goredis "github.com/redis/go-redis/v9"
+
+	"github.com/go-idempotency/idempotency"
+)
+
+// txn is one reservation: the key is held under token, and a timer renews
+// its lease until Complete or Rollback.
+type txn struct {
+	s       *Store
+	k       keys
+	token   string
+	tx      *Tx
+	r       idempotency.Reservation
+	started time.Time
+	ended   bool
+	hold    *hold
+	// conn, if not nil, is the connection the reservation was made on,
+	// with WATCH armed on the record since (see tryWatched). Renewals and
+	// Complete use it; Complete or Rollback releases it.
+	conn *pinned
+
+	mu          sync.Mutex
+	stopped     bool
+	timer       *time.Timer    // the next renewal
+	cancelRenew func()         // cancels the renewal in flight, if any
+	renewing    sync.WaitGroup // the renewal in flight
+}
+
+// newTxn starts the renewals of the reservation that h names.
+func (s *Store) newTxn(k keys, r idempotency.Reservation, h *hold, conn *pinned) *txn {
+	t := &txn{
+		conn:    conn,
+		s:       s,
+		k:       k,
+		token:   h.token,
+		tx:      &Tx{Pipeliner: s.client.TxPipeline(), base: k.base},
+		r:       r,
+		started: time.Now(),
+		hold:    h,
+	}
+	if !s.noRenew {
+		t.mu.Lock() // renew reads t.timer
+		t.timer = time.AfterFunc(s.renewEvery, t.renew)
+		t.mu.Unlock()
+	}
+	return t
+}
+
+// renew extends the lease, and schedules the next renewal unless the
+// reservation has ended or the token no longer matches. It runs on the
+// timer's goroutine, which ends with it: nothing runs between renewals.
+func (t *txn) renew() {
+	t.mu.Lock()
+	if t.stopped {
+		t.mu.Unlock()
+		return
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), t.s.renewEvery)
+	t.cancelRenew = cancel
+	t.renewing.Add(1)
+	t.mu.Unlock()
+	defer t.renewing.Done()
+
+	var c goredis.Scripter = t.s.client
+	if t.conn != nil {
+		c = t.conn.tx // the reservation's connection: one per reservation
+	}
+	n, err := t.s.renewScript.Run(ctx, c, []string{t.k.rec}, t.token, t.s.lease.Milliseconds()).Int()
+	cancel()
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	t.cancelRenew = nil
+	if !t.stopped && (err != nil || n != 0) { // n == 0: lease lost, Complete will report it
+		t.timer.Reset(t.s.renewEvery)
+	}
+}
+
+// stop ends the renewals: none is scheduled or in flight once it returns.
+func (t *txn) stop() {
+	t.mu.Lock()
+	t.stopped = true
+	if t.timer != nil {
+		t.timer.Stop()
+	}
+	if t.cancelRenew != nil {
+		t.cancelRenew()
+	}
+	t.mu.Unlock()
+	t.renewing.Wait()
+}
+
+// end tells the Store's waiters that the reservation is over in Redis.
+func (t *txn) end() { t.s.endHold(t.hold) }
+
+// Tx implements [idempotency.Txn].
+func (t *txn) Tx() *Tx { return t.tx }
+
+// minRecordTTL is the shortest Redis expiry of a completed record.
+const minRecordTTL = time.Minute
+
+var errEnded = errors.New("redis: reservation already completed or rolled back")
+
+// Complete implements [idempotency.Txn]: MULTI, fn's commands, the
+// completed record, its expiry, PUBLISH, EXEC, under a WATCH of the record
+// armed when the token was last seen to be the caller's: by the
+// reservation itself (one round trip), or else by a check just before
+// (two, three on Cluster; see the package doc). On any failure the
+// reservation is released if the caller still owns it.
+func (t *txn) Complete(ctx context.Context, resp idempotency.Response, expiresAt time.Time) error {
+	if t.ended {
+		return errEnded
+	}
+	t.ended = true
+	t.stop()
+	defer t.end()
+	err := t.commit(ctx, resp, expiresAt)
+	if err != nil && !errors.Is(err, idempotency.ErrLeaseLost) {
+		_ = t.release(ctx)
+	}
+	return err
+}
+
+// errNotOwner is returned by the watched check when the token is gone.
+var errNotOwner = errors.New("redis: reservation is no longer ours")
+
+// execConn is a connection that Complete sends its MULTI/EXEC on: the
+// *goredis.Tx of watchOwned, or the one the reservation pinned (WATCH
+// armed by tryWatched).
+type execConn interface {
+	TxPipelined(ctx context.Context, fn func(goredis.Pipeliner) error) ([]goredis.Cmder, error)
+	Wait(ctx context.Context, numReplicas int, timeout time.Duration) *goredis.IntCmd
+}
+
+func (t *txn) commit(ctx context.Context, resp idempotency.Response, expiresAt time.Time) error {
+	hdr := idempotency.MarshalHeader(resp.Header)
+	body := resp.Body
+	if body == nil {
+		body = []byte{}
+	}
+	// The record's logical expiry is expiresAt on the core's clock (checked
+	// by every read); Redis deletes it expiresAt - r.Now from now, which on
+	// a real clock is never earlier (the core read its clock for expiresAt
+	// after r.Now), and not before minRecordTTL, for clocks that do not
+	// follow real time (an injected one).
+	ttl := max(expiresAt.Sub(t.r.Now), minRecordTTL)
+	cmds := slices.Clone(t.tx.Cmds())
+	t.tx.Discard()
+	var hset *goredis.IntCmd
+	// exec sends fn's commands and the completed record in one MULTI/EXEC
+	// on c, whose WATCH on the record is armed and whose check found the
+	// record ours.
+	exec := func(c execConn) error {
+		for _, c := range cmds {
+			c.SetErr(nil)
+		}
+		_, err := c.TxPipelined(ctx, func(p goredis.Pipeliner) error {
+			if err := p.BatchProcess(ctx, cmds...); err != nil {
+				return err
+			}
+			p.Del(ctx, t.k.rec)
+			hset = p.HSet(ctx, t.k.rec,
+				"state", stateCompleted,
+				"scope", t.r.Key.Scope,
+				"id", t.r.Key.ID,
+				"fp", t.r.Fingerprint,
+				"status", strconv.Itoa(resp.Status),
+				"hdr", hdr,
+				"body", body,
+				"created", strconv.FormatInt(t.r.Now.UnixMilli(), 10),
+				"expires", strconv.FormatInt(expiresAt.UnixMilli(), 10))
+			p.PExpire(ctx, t.k.rec, ttl)
+			p.Publish(ctx, t.k.wake, msgCompleted)
+			return nil
+		})
+		if err == nil { // replicas.go: WAIT on this connection, if asked
+			err = t.s.repl.waitReplicas(ctx, c, t.r.Key.ID)
+		}
+		return err
+	}
+	const attempts = 3
+	for attempt := 1; ; attempt++ {
+		hset = nil
+		var err error
+		if cn := t.conn; cn != nil {
+			// WATCH armed since the reservation: one round trip.
+			t.conn = nil
+			err = exec(cn.tx)
+			if err == nil || errors.Is(err, goredis.TxFailedErr) || hset != nil && hset.Err() == nil {
+				cn.release() // EXEC ran: nothing is watched any more
+			} else {
+				t.s.unwatch(ctx, cn)
+			}
+		} else {
+			err = t.s.watchOwned(ctx, t.k.rec, t.token, exec)
+		}
+		switch {
+		case err == nil:
+			t.s.seen.add(t.k.id)
+			if t.hold.waiters.Load() > 0 {
+				// This Store's waiters take the record from here, as
+				// decodeRecord would give it.
+				rec := &idempotency.Record{
+					Key:         t.r.Key,
+					Fingerprint: t.r.Fingerprint,
+					Status:      resp.Status,
+					Body:        bytes.Clone(body),
+					CreatedAt:   time.UnixMilli(t.r.Now.UnixMilli()),
+					ExpiresAt:   time.UnixMilli(expiresAt.UnixMilli()),
+				}
+				if h, err := idempotency.UnmarshalHeader(hdr); err == nil {
+					rec.Header = h
+					t.hold.rec = rec
+				}
+			}
+			return nil
+		case errors.Is(err, errNotOwner):
+			return fmt.Errorf("%w: key %q", idempotency.ErrLeaseLost, t.r.Key.ID)
+		case errors.Is(err, ErrNotReplicated):
+			return err
+		case hset != nil && hset.Err() == nil && hset.Val() > 0:
+			// EXEC ran: the record is completed, but a command of fn
+			// failed at run time (Redis does not roll back).
+			return fmt.Errorf("redis: key %q completed, but a queued command failed: %w", t.r.Key.ID, err)
+		case errors.Is(err, goredis.TxFailedErr) && attempt < attempts:
+			// The record was touched after WATCH (a renewal, or a
+			// takeover that the next check reports): check again.
+			continue
+		}
+		return mapError("complete", err)
+	}
+}
+
+// watchOwned runs fn on a transaction that WATCHes rec, once it has checked
+// that rec is pending under token (else errNotOwner). fn must end with
+// EXEC. It uses one connection.
+func (s *Store) watchOwned(ctx context.Context, rec, token string, fn func(execConn) error) error {
+	owned := func(st *goredis.SliceCmd) error {
+		v, err := st.Result()
+		if err != nil {
+			return err
+		}
+		if len(v) != 2 || v[0] != statePending || v[1] != token {
+			return errNotOwner
+		}
+		return nil
+	}
+	c, ok := s.client.(*goredis.Client)
+	if !ok {
+		// Cluster, Ring: go-redis sends WATCH (and follows MOVED) itself.
+		return s.client.Watch(ctx, func(tx *goredis.Tx) error {
+			if err := owned(tx.HMGet(ctx, rec, "state", "owner")); err != nil {
+				return err
+			}
+			return fn(tx)
+		}, rec)
+	}
+	// A single node or Sentinel: WATCH and the check in one round trip.
+	// go-redis does not know about this WATCH, so UNWATCH by hand whenever
+	// EXEC did not run.
+	return c.Watch(ctx, func(tx *goredis.Tx) error {
+		var st *goredis.SliceCmd
+		_, err := tx.Pipelined(ctx, func(p goredis.Pipeliner) error {
+			p.Do(ctx, "watch", rec)
+			st = p.HMGet(ctx, rec, "state", "owner")
+			return nil
+		})
+		if err == nil {
+			err = owned(st)
+		}
+		if err == nil {
+			err = fn(tx)
+		}
+		if err != nil && !errors.Is(err, goredis.TxFailedErr) && !goredis.IsExecAbortError(err) {
+			uctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), releaseTimeout)
+			_ = tx.Unwatch(uctx).Err()
+			cancel()
+		}
+		return err
+	})
+}
+
+// Rollback implements [idempotency.Txn]: the queued commands are discarded
+// and the reservation deleted if the caller still owns it, which wakes the
+// waiters. It works with a cancelled ctx.
+func (t *txn) Rollback(ctx context.Context) error {
+	if t.ended {
+		return errEnded
+	}
+	t.ended = true
+	t.tx.Discard()
+	t.stop()
+	defer t.end()
+	if cn := t.conn; cn != nil {
+		t.conn = nil
+		t.s.unwatch(ctx, cn) // before release takes a connection of the pool
+	}
+	return t.release(ctx)
+}
+
+// release deletes the reservation if token still owns it and wakes waiters.
+func (t *txn) release(ctx context.Context) error {
+	ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), releaseTimeout)
+	defer cancel()
+	err := t.s.releaseScript.Run(ctx, t.s.client, []string{t.k.rec}, t.token, t.k.wake).Err()
+	return mapError("release", err)
+}
