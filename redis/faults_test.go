@@ -3,14 +3,12 @@ package redis_test
 import (
 	"context"
 	"errors"
-	"strings"
 	"testing"
 	"time"
 
 	goredis "github.com/redis/go-redis/v9"
 
 	"github.com/go-idempotency/idempotency/conformance"
-	"github.com/go-idempotency/idempotency/conformance/faultproxy"
 	"github.com/go-idempotency/idempotency/internal/testenv"
 	"github.com/go-idempotency/idempotency/redis"
 )
@@ -48,14 +46,6 @@ func TestFaults(t *testing.T) {
 				CallTimeout:    time.Second,
 				Bound:          3 * time.Second,
 				PartitionBound: faultLease + 1500*time.Millisecond,
-				Known: func(step string, a faultproxy.Action, check string) string {
-					if strings.HasPrefix(step, "complete#") && a == faultproxy.Partition && check == "deadline" {
-						return "BUG (redis, txn.Complete -> release): after a completion that failed, the store releases the key " +
-							"synchronously on a context stripped of the caller's deadline and bounded by releaseTimeout (5s): behind " +
-							"a partition Do returns about 5s after the caller's deadline; one effect and one answer hold"
-					}
-					return ""
-				},
 			})
 		})
 	}

@@ -88,12 +88,29 @@ var _ idempotency.KeyStore[*Tx] = (*Store)(nil)
 
 // Bounds of the clean-up of a reservation, which runs even when the
 // caller's context is done: releaseTimeout for Rollback and after a failed
-// Complete, abandonTimeout after a reservation script whose reply was lost
-// (the caller is already late; see Reserve).
+// Complete, abandonTimeout when the caller's context is already done or
+// after a reservation script whose reply was lost (the caller is already
+// late; see Reserve).
 const (
 	releaseTimeout = 5 * time.Second
 	abandonTimeout = time.Second
 )
+
+// cleanupContext is the context of a clean-up that must run even though
+// ctx may be done: not cancelled with ctx, and bounded by releaseTimeout or,
+// when ctx is done or its deadline is nearer, by abandonTimeout past that
+// deadline (behind a partition the caller must not wait the longer bound
+// past its deadline; an i/o timeout at the deadline can come back a moment
+// before ctx reports it).
+func cleanupContext(ctx context.Context) (context.Context, context.CancelFunc) {
+	bound := releaseTimeout
+	if ctx.Err() != nil {
+		bound = abandonTimeout
+	} else if dl, ok := ctx.Deadline(); ok {
+		bound = min(bound, max(time.Until(dl), 0)+abandonTimeout)
+	}
+	return context.WithTimeout(context.WithoutCancel(ctx), bound)
+}
 
 // New returns a Store on client. A nil cfg means the defaults; a bad field
 // gives an error wrapping [idempotency.ErrInvalidConfig]. It does no I/O.

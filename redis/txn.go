@@ -283,7 +283,7 @@ func (s *Store) watchOwned(ctx context.Context, rec, token string, fn func(execC
 			err = fn(tx)
 		}
 		if err != nil && !errors.Is(err, goredis.TxFailedErr) && !goredis.IsExecAbortError(err) {
-			uctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), releaseTimeout)
+			uctx, cancel := cleanupContext(ctx)
 			_ = tx.Unwatch(uctx).Err()
 			cancel()
 		}
@@ -310,8 +310,11 @@ func (t *txn) Rollback(ctx context.Context) error {
 }
 
 // release deletes the reservation if token still owns it and wakes waiters.
+// It runs even when ctx is done, bounded by releaseTimeout, or by
+// abandonTimeout when ctx is done already (the caller is late: behind a
+// partition it must not wait the longer bound past its deadline).
 func (t *txn) release(ctx context.Context) error {
-	ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), releaseTimeout)
+	ctx, cancel := cleanupContext(ctx)
 	defer cancel()
 	err := t.s.releaseScript.Run(ctx, t.s.client, []string{t.k.rec}, t.token, t.k.wake).Err()
 	return mapError("release", err)

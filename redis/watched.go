@@ -144,7 +144,7 @@ func (s *Store) tryWatched(ctx context.Context, k keys, r idempotency.Reservatio
 
 // unwatch clears the WATCH of cn and releases it, even when ctx is done.
 func (s *Store) unwatch(ctx context.Context, cn *pinned) {
-	ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), releaseTimeout)
+	ctx, cancel := cleanupContext(ctx)
 	defer cancel()
 	// After a failed UNWATCH (a cut connection), go-redis drops the
 	// connection instead of pooling it.
