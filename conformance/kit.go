@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"context"
 	"crypto/rand"
+	"errors"
 	"fmt"
 	"net/http"
 	"reflect"
@@ -122,18 +123,48 @@ func checkOneExecution(t *testing.T, rs []result, contract string) idempotency.R
 	return *first
 }
 
+// errHeldAgain is what the holder's fn answers when it runs again after
+// it held the key.
+var errHeldAgain = errors.New("conformance: the holder's fn ran again after it held the key")
+
 // hold starts a caller that takes key and keeps it (inside fn, after its
 // effect) until release is closed. It returns once the key is held.
+//
+// The holder is the only caller that takes the key: once its fn held it,
+// fn must not run again. If it does (the transaction was rolled back under
+// it and Do retried), the case fails, and that run answers errHeldAgain.
 func (e *env[Tx]) hold(g *idempotency.Guard[Tx], key idempotency.Key, tag string) (release func(), done <-chan result) {
 	e.t.Helper()
 	held := make(chan struct{})
 	rel := make(chan struct{})
 	out := make(chan result, 1)
+	var (
+		mu      sync.Mutex
+		wasHeld bool // a run of fn closed held
+		ended   bool // the case has ended: e.t must not be used any more
+	)
+	e.t.Cleanup(func() {
+		mu.Lock()
+		defer mu.Unlock()
+		ended = true
+	})
 	go func() {
 		resp, err := g.Do(e.ctx, key, "fp", func(tx Tx) (idempotency.Response, error) {
+			mu.Lock()
+			again := wasHeld
+			if again && !ended {
+				e.t.Errorf("holder of %q: fn ran again after it held the key (its transaction was rolled back and Do retried), want one run", key.ID)
+			}
+			mu.Unlock()
+			if again {
+				return idempotency.Response{}, errHeldAgain
+			}
 			if err := e.f.Effect(e.ctx, tx, tag); err != nil {
 				return idempotency.Response{}, err
 			}
+			mu.Lock()
+			wasHeld = true
+			mu.Unlock()
 			close(held)
 			select {
 			case <-rel:

@@ -8,142 +8,13 @@ import (
 	"errors"
 	"fmt"
 	"strconv"
-	"strings"
 	"sync"
 	"sync/atomic"
 	"testing"
 	"time"
 
 	"github.com/go-idempotency/idempotency"
-	"github.com/go-idempotency/idempotency/conformance"
-	"github.com/go-idempotency/idempotency/mysql"
 )
-
-// spread is a KeyStore over the three nodes of a Galera cluster, one
-// mysql.Store (and pool) per node, as three service instances behind a
-// load balancer would be: each Reserve goes to the next node in turn, or
-// always to node pin when pin >= 0.
-type spread struct {
-	stores []*mysql.Store
-	pin    int
-	next   atomic.Uint64
-	// onNode counts the reservations sent to each node.
-	onNode [GaleraNodes]atomic.Int64
-}
-
-var (
-	_ idempotency.KeyStore[*sql.Tx]  = (*spread)(nil)
-	_ idempotency.ConflictClassifier = (*spread)(nil)
-)
-
-func (s *spread) node() int {
-	if s.pin >= 0 {
-		return s.pin
-	}
-	return int(s.next.Add(1) % uint64(len(s.stores)))
-}
-
-func (s *spread) Reserve(ctx context.Context, r idempotency.Reservation) (idempotency.Txn[*sql.Tx], *idempotency.Record, error) {
-	i := s.node()
-	s.onNode[i].Add(1)
-	return s.stores[i].Reserve(ctx, r)
-}
-
-func (s *spread) Purge(ctx context.Context, before time.Time, limit int) (int, error) {
-	return s.stores[s.node()].Purge(ctx, before, limit)
-}
-
-// IsConflict is the mysql store's: 1213 (a certification failure, or a
-// brute-force abort by the replication applier, both reported as
-// deadlocks) is retried.
-func (s *spread) IsConflict(err error) bool { return s.stores[0].IsConflict(err) }
-
-// galeraFixture is one keys table and one effects table on the cluster,
-// with a pool and a Store per node.
-type galeraFixture struct {
-	table, effects string
-	dbs            []*sql.DB
-	stores         []*mysql.Store
-	count          *sql.DB // node 1, reads wait for the cluster (wsrep_sync_wait)
-}
-
-func newGaleraFixture(t testing.TB, g *Galera, maxConns int, dsnExtra string) *galeraFixture {
-	t.Helper()
-	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
-	defer cancel()
-	f := &galeraFixture{table: "ha_" + strings.ToLower(rand.Text()[:10])}
-	f.effects = f.table + "_fx"
-	for i := range GaleraNodes {
-		db, err := mysql.Open(g.DSN(i, "test") + dsnExtra)
-		if err != nil {
-			t.Fatal(err)
-		}
-		if maxConns > 0 {
-			db.SetMaxOpenConns(maxConns)
-		}
-		db.SetMaxIdleConns(max(maxConns, 16))
-		t.Cleanup(func() { _ = db.Close() })
-		s, err := mysql.New(db, &mysql.Config{Table: f.table})
-		if err != nil {
-			t.Fatal(err)
-		}
-		f.dbs = append(f.dbs, db)
-		f.stores = append(f.stores, s)
-	}
-	count, err := sql.Open("mysql", g.DSN(0, "test")+"&wsrep_sync_wait=1")
-	if err != nil {
-		t.Fatal(err)
-	}
-	f.count = count
-	t.Cleanup(func() {
-		ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
-		defer cancel()
-		for _, tb := range []string{f.table, f.effects} {
-			_, _ = count.ExecContext(ctx, "DROP TABLE IF EXISTS `"+tb+"`")
-		}
-		_ = count.Close()
-	})
-	if err := f.stores[0].Migrate(ctx); err != nil {
-		t.Fatal(err)
-	}
-	// Galera wants a primary key on every replicated table.
-	if _, err := f.dbs[0].ExecContext(ctx, "CREATE TABLE `"+f.effects+"` (n BIGINT AUTO_INCREMENT PRIMARY KEY, tag VARBINARY(1024) NOT NULL, KEY (tag)) ENGINE=InnoDB"); err != nil {
-		t.Fatal(err)
-	}
-	return f
-}
-
-func (f *galeraFixture) spread(pin int) *spread { return &spread{stores: f.stores, pin: pin} }
-
-func (f *galeraFixture) effect(ctx context.Context, tx *sql.Tx, tag string) error {
-	_, err := tx.ExecContext(ctx, "INSERT INTO `"+f.effects+"` (tag) VALUES (?)", []byte(tag))
-	return err
-}
-
-func (f *galeraFixture) countOf(ctx context.Context, tag string) (int, error) {
-	var n int
-	err := f.count.QueryRowContext(ctx, "SELECT COUNT(*) FROM `"+f.effects+"` WHERE tag = ?", []byte(tag)).Scan(&n)
-	return n, err
-}
-
-// nodeLocalCases are the conformance cases that hold a key on one caller
-// and expect the others to wait for it (or that assert fn ran exactly
-// once). Galera takes no lock across nodes: a caller on another node does
-// not wait, runs fn too, and is rolled back by certification. These cases
-// run with all their callers on one node (a different one per case); the
-// cross-node behaviour is asserted by TestGalera's own subtests.
-var nodeLocalCases = map[string]bool{
-	"ConcurrentSameKey":          true,
-	"WinnerFailsWhileOthersWait": true,
-	"WaiterGetsReplay":           true,
-	"WaitBound":                  true,
-	"NoWait":                     true,
-	"CancelWhileWaiting":         true,
-	// Two purges on two nodes may delete the same expired rows; the
-	// second fails certification at COMMIT (idempotency.ErrConflict),
-	// which Guard.Purge does not retry.
-	"Purge": true,
-}
 
 // streaming is the DSN suffix that turns on Galera's streaming replication
 // for the store's sessions, one statement per fragment: the reservation's
@@ -174,14 +45,17 @@ func certStats(t testing.TB, g *Galera, alive ...int) (certFailures, bfAborts in
 func TestGalera(t *testing.T) {
 	start := time.Now()
 	g := StartGalera(t)
+	reapOnExit(t, g.nodes...)
 	t.Logf("3-node Galera cluster up in %v", time.Since(start).Round(100*time.Millisecond))
 
 	t.Run("Conformance", func(t *testing.T) {
-		// Default settings: the cases that need a caller to wait for a
-		// key held on another node run on one node.
-		t.Run("Default", func(t *testing.T) { galeraConformance(t, g, "", true) })
-		// Streaming replication: every case, every caller spread.
-		t.Run("Streaming", func(t *testing.T) { galeraConformance(t, g, streaming, false) })
+		// Multi-writer with causal reads: the cases that need a caller
+		// to wait for a key held on another node run on one node.
+		t.Run("CausalReads", func(t *testing.T) { galeraConformance(t, g, causalReads, pinMultiWriter) })
+		// Streaming replication: every caller spread, but for the cases
+		// that call with no wait right after another node ended the key's
+		// transaction.
+		t.Run("Streaming", func(t *testing.T) { galeraConformance(t, g, streaming, pinStreaming) })
 	})
 	t.Run("SameKeyAcrossNodes", func(t *testing.T) {
 		t.Run("Default", func(t *testing.T) { galeraSameKey(t, g, "") })
@@ -190,25 +64,6 @@ func TestGalera(t *testing.T) {
 	t.Run("Latency", func(t *testing.T) { galeraLatency(t, g) })
 	t.Run("CertificationFailureRetried", func(t *testing.T) { galeraCertification(t, g) })
 	t.Run("NodeKilled", func(t *testing.T) { galeraNodeKilled(t, g) })
-}
-
-// galeraSameKey fires 21 callers of one key, 7 per node, released
-// together, for several rounds (the winner failing in one): every round
-// gives one effect and identical answers, no caller sees a conflict, and
-// fn's runs on the nodes that lost are rolled back.
-func galeraConformance(t *testing.T, g *Galera, dsnExtra string, pinNodeLocal bool) {
-	var pinned atomic.Int64
-	conformance.Run(t, conformance.Harness[*sql.Tx]{
-		NewFixture: func(t testing.TB, opts conformance.Options) conformance.Fixture[*sql.Tx] {
-			f := newGaleraFixture(t, g, opts.MaxConns, dsnExtra)
-			pin := -1
-			name := t.Name()[strings.LastIndexByte(t.Name(), '/')+1:]
-			if pinNodeLocal && nodeLocalCases[name] {
-				pin = int(pinned.Add(1) % GaleraNodes)
-			}
-			return conformance.Fixture[*sql.Tx]{Store: f.spread(pin), Effect: f.effect, Count: f.countOf}
-		},
-	})
 }
 
 // galeraLatency measures sequential calls with new keys on node 1, with
@@ -239,6 +94,10 @@ func galeraLatency(t *testing.T, g *Galera) {
 		per[0].Round(time.Microsecond), per[1].Round(time.Microsecond))
 }
 
+// galeraSameKey fires 21 callers of one key, 7 per node, released
+// together, for several rounds (the winner failing in one): every round
+// gives one effect and identical answers, no caller sees a conflict, and
+// fn's runs on the nodes that lost are rolled back.
 func galeraSameKey(t *testing.T, g *Galera, dsnExtra string) {
 	const rounds, callers = 8, 21
 	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
@@ -433,134 +292,4 @@ func galeraCertification(t *testing.T, g *Galera) {
 			}
 		})
 	}
-}
-
-// galeraNodeKilled runs calls on all three nodes (two callers each, a new
-// key per call), kills node 3 with SIGKILL, and goes on: callers whose node
-// failed retry the same key on the next node, as a client retries through
-// a load balancer. Calls continue on nodes 1 and 2, and every key ends with
-// exactly one effect and, when it was answered, the answer it was given.
-func galeraNodeKilled(t *testing.T, g *Galera) {
-	const perNode, before, after = 2, 150, 150
-	ctx, cancel := context.WithTimeout(context.Background(), 90*time.Second)
-	defer cancel()
-	f := newGaleraFixture(t, g, 0, "")
-	guards := make([]*idempotency.Guard[*sql.Tx], GaleraNodes)
-	for i := range guards {
-		gd, err := idempotency.New[*sql.Tx](f.spread(i), &idempotency.Config{WaitTimeout: 10 * time.Second})
-		if err != nil {
-			t.Fatal(err)
-		}
-		guards[i] = gd
-	}
-	type keyCall struct {
-		key      idempotency.Key
-		body     []byte
-		acked    bool
-		failures int
-	}
-	var (
-		mu       sync.Mutex
-		calls    []*keyCall
-		acks     atomic.Int64
-		stop     atomic.Bool
-		killed   atomic.Bool
-		survAcks atomic.Int64 // answers on nodes 1-2 after the kill
-		maxPause atomic.Int64 // longest call on nodes 1-2 around the kill, ns
-		failover atomic.Int64 // calls that failed on a node and were retried on another
-	)
-	var wg sync.WaitGroup
-	for node := range GaleraNodes {
-		for w := range perNode {
-			wg.Add(1)
-			go func() {
-				defer wg.Done()
-				for i := 0; !stop.Load(); i++ {
-					c := &keyCall{key: idempotency.Key{Scope: "galera", ID: fmt.Sprintf("kill-%d-%d-%d", node, w, i)}}
-					mu.Lock()
-					calls = append(calls, c)
-					mu.Unlock()
-					fn := func(tx *sql.Tx) (idempotency.Response, error) {
-						if err := f.effect(ctx, tx, c.key.ID); err != nil {
-							return idempotency.Response{}, err
-						}
-						return idempotency.Response{Status: 201, Body: []byte(c.key.ID + "@" + rand.Text()[:8])}, nil
-					}
-					for try, n := 0, node; try < 20 && ctx.Err() == nil; try, n = try+1, (n+1)%GaleraNodes {
-						if killed.Load() && n == 2 {
-							continue // the load balancer has taken node 3 out
-						}
-						startCall := time.Now()
-						resp, err := guards[n].Do(ctx, c.key, "fp", fn)
-						if err != nil {
-							c.failures++
-							failover.Add(1)
-							continue
-						}
-						if n != 2 && killed.Load() {
-							survAcks.Add(1)
-							if d := int64(time.Since(startCall)); d > maxPause.Load() {
-								maxPause.Store(d)
-							}
-						}
-						c.acked, c.body = true, resp.Body
-						acks.Add(1)
-						break
-					}
-				}
-			}()
-		}
-	}
-	waitAcks := func(n int64) {
-		deadline := time.Now().Add(60 * time.Second)
-		for acks.Load() < n {
-			if time.Now().After(deadline) {
-				stop.Store(true)
-				wg.Wait()
-				t.Fatalf("only %d of %d calls answered:\n%s", acks.Load(), n, g.Log(0))
-			}
-			time.Sleep(5 * time.Millisecond)
-		}
-	}
-	start := time.Now()
-	waitAcks(before)
-	killedAt := time.Now()
-	g.Kill(2)
-	killed.Store(true)
-	waitAcks(acks.Load() + after)
-	stop.Store(true)
-	wg.Wait()
-	if n := survAcks.Load(); n < after/2 {
-		t.Fatalf("only %d calls answered on nodes 1-2 after node 3 was killed", n)
-	}
-	g.AwaitSize(0, 1)
-
-	// Every key: exactly one effect; an answered key replays its answer.
-	check, err := idempotency.New[*sql.Tx](f.spread(0), nil)
-	if err != nil {
-		t.Fatal(err)
-	}
-	unanswered := 0
-	for _, c := range calls {
-		resp, err := check.Do(ctx, c.key, "fp", func(tx *sql.Tx) (idempotency.Response, error) {
-			if err := f.effect(ctx, tx, c.key.ID); err != nil {
-				return idempotency.Response{}, err
-			}
-			return idempotency.Response{Status: 201, Body: []byte(c.key.ID + "@check")}, nil
-		})
-		if err != nil {
-			t.Fatalf("key %s after the kill: %v", c.key.ID, err)
-		}
-		if c.acked && (!resp.Replayed || !bytes.Equal(resp.Body, c.body)) {
-			t.Fatalf("key %s: answered %s, now %s (replayed %v): a second effect", c.key.ID, c.body, resp.Body, resp.Replayed)
-		}
-		if !c.acked {
-			unanswered++
-		}
-		if n, err := f.countOf(ctx, c.key.ID); err != nil || n != 1 {
-			t.Fatalf("key %s: %d effects (%v), want 1", c.key.ID, n, err)
-		}
-	}
-	t.Logf("%d calls, %d answered (%d on nodes 1-2 after node 3 was killed, %v after it started), %d unanswered; %d failed attempts retried on another node; longest call on a survivor after the kill: %v; 0 second effects",
-		len(calls), acks.Load(), survAcks.Load(), killedAt.Sub(start).Round(time.Millisecond), unanswered, failover.Load(), time.Duration(maxPause.Load()).Round(time.Millisecond))
 }

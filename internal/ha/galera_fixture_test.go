@@ -1,0 +1,167 @@
+package ha
+
+import (
+	"context"
+	"crypto/rand"
+	"database/sql"
+	"errors"
+	"fmt"
+	"strings"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	gomysql "github.com/go-sql-driver/mysql"
+
+	"github.com/go-idempotency/idempotency"
+	"github.com/go-idempotency/idempotency/mysql"
+)
+
+// spread is a KeyStore over the three nodes of a Galera cluster, one
+// mysql.Store (and pool) per node, as three service instances behind a
+// load balancer would be: each Reserve goes to the next node in turn, or
+// always to node pin when pin >= 0.
+type spread struct {
+	stores []*mysql.Store
+	pin    int
+	next   atomic.Uint64
+	// onNode counts the reservations sent to each node.
+	onNode [GaleraNodes]atomic.Int64
+}
+
+var (
+	_ idempotency.KeyStore[*sql.Tx]  = (*spread)(nil)
+	_ idempotency.ConflictClassifier = (*spread)(nil)
+	_ idempotency.Migrator           = (*spread)(nil)
+)
+
+func (s *spread) node() int {
+	if s.pin >= 0 {
+		return s.pin
+	}
+	return int(s.next.Add(1) % uint64(len(s.stores)))
+}
+
+func (s *spread) Reserve(ctx context.Context, r idempotency.Reservation) (idempotency.Txn[*sql.Tx], *idempotency.Record, error) {
+	i := s.node()
+	s.onNode[i].Add(1)
+	return s.stores[i].Reserve(ctx, r)
+}
+
+func (s *spread) Purge(ctx context.Context, before time.Time, limit int) (int, error) {
+	return s.stores[s.node()].Purge(ctx, before, limit)
+}
+
+// IsConflict is the mysql store's: 1213 (a certification failure, or a
+// brute-force abort by the replication applier, both reported as
+// deadlocks) is retried.
+func (s *spread) IsConflict(err error) bool { return s.stores[0].IsConflict(err) }
+
+// Schema is the mysql store's DDL, the same on every node.
+func (s *spread) Schema() string { return s.stores[0].Schema() }
+
+// Migrate runs the store's Migrate on the next node, as a service instance
+// does at start-up: Galera replicates the DDL to the other nodes (total
+// order isolation), and CREATE TABLE IF NOT EXISTS run on several nodes at
+// once changes nothing.
+func (s *spread) Migrate(ctx context.Context) error { return s.stores[s.node()].Migrate(ctx) }
+
+// galeraFixture is one keys table and one effects table on the cluster,
+// with a pool and a Store per node.
+type galeraFixture struct {
+	table, effects string
+	dbs            []*sql.DB
+	stores         []*mysql.Store
+	count          *sql.DB // node 1, reads wait for the cluster (wsrep_sync_wait)
+}
+
+func newGaleraFixture(t testing.TB, g *Galera, maxConns int, dsnExtra string) *galeraFixture {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	f := &galeraFixture{table: "ha_" + strings.ToLower(rand.Text()[:10])}
+	f.effects = f.table + "_fx"
+	for i := range GaleraNodes {
+		db, err := mysql.Open(g.DSN(i, "test") + dsnExtra)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if maxConns > 0 {
+			db.SetMaxOpenConns(maxConns)
+		}
+		db.SetMaxIdleConns(max(maxConns, 16))
+		t.Cleanup(func() { _ = db.Close() })
+		s, err := mysql.New(db, &mysql.Config{Table: f.table})
+		if err != nil {
+			t.Fatal(err)
+		}
+		f.dbs = append(f.dbs, db)
+		f.stores = append(f.stores, s)
+	}
+	count, err := sql.Open("mysql", g.DSN(0, "test")+"&wsrep_sync_wait=1")
+	if err != nil {
+		t.Fatal(err)
+	}
+	f.count = count
+	t.Cleanup(func() {
+		ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+		defer cancel()
+		for _, tb := range []string{f.table, f.effects} {
+			_, _ = count.ExecContext(ctx, "DROP TABLE IF EXISTS `"+tb+"`")
+		}
+		_ = count.Close()
+	})
+	if err := f.stores[0].Migrate(ctx); err != nil {
+		t.Fatal(err)
+	}
+	// Galera wants a primary key on every replicated table.
+	if _, err := f.dbs[0].ExecContext(ctx, "CREATE TABLE `"+f.effects+"` (n BIGINT AUTO_INCREMENT PRIMARY KEY, tag VARBINARY(1024) NOT NULL, KEY (tag)) ENGINE=InnoDB"); err != nil {
+		t.Fatal(err)
+	}
+	// DDL returns on node 1 before the other nodes have applied it: a
+	// first call there would find no table (1146).
+	for i, db := range f.dbs {
+		if err := awaitTables(ctx, db, f.table, f.effects); err != nil {
+			t.Fatalf("node %d: the fixture's tables, created on node 1: %v", i+1, err)
+		}
+	}
+	return f
+}
+
+// erNoSuchTable is ER_NO_SUCH_TABLE.
+const erNoSuchTable = 1146
+
+// awaitTables polls db until every table in tables exists there.
+func awaitTables(ctx context.Context, db *sql.DB, tables ...string) error {
+	for _, tb := range tables {
+		for {
+			_, err := db.ExecContext(ctx, "SELECT 1 FROM `"+tb+"` LIMIT 0")
+			var me *gomysql.MySQLError
+			if err == nil {
+				break
+			}
+			if !errors.As(err, &me) || me.Number != erNoSuchTable {
+				return fmt.Errorf("table %s: %w", tb, err)
+			}
+			select {
+			case <-ctx.Done():
+				return fmt.Errorf("table %s still missing: %w (%w)", tb, ctx.Err(), err)
+			case <-time.After(10 * time.Millisecond):
+			}
+		}
+	}
+	return nil
+}
+
+func (f *galeraFixture) spread(pin int) *spread { return &spread{stores: f.stores, pin: pin} }
+
+func (f *galeraFixture) effect(ctx context.Context, tx *sql.Tx, tag string) error {
+	_, err := tx.ExecContext(ctx, "INSERT INTO `"+f.effects+"` (tag) VALUES (?)", []byte(tag))
+	return err
+}
+
+func (f *galeraFixture) countOf(ctx context.Context, tag string) (int, error) {
+	var n int
+	err := f.count.QueryRowContext(ctx, "SELECT COUNT(*) FROM `"+f.effects+"` WHERE tag = ?", []byte(tag)).Scan(&n)
+	return n, err
+}
