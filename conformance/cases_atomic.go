@@ -206,13 +206,14 @@ func (s *suite[Tx]) leaseRunsOut(t *testing.T) {
 	gb := e.guard(&idempotency.Config{WaitTimeout: 20 * time.Second})
 	key, tag := idempotency.Key{ID: uniq("lease")}, uniq("lease")
 	held, bDone := make(chan struct{}), make(chan struct{})
+	signal := closer(held) // fn may run again after a retried conflict
 	aDone := make(chan result, 1)
 	go func() {
 		r, err := ga.Do(e.ctx, key, "fp", func(tx Tx) (idempotency.Response, error) {
 			if err := e.f.Effect(e.ctx, tx, tag); err != nil {
 				return idempotency.Response{}, err
 			}
-			close(held)
+			signal()
 			select { // outlive the lease: until B has completed
 			case <-bDone:
 			case <-e.ctx.Done():

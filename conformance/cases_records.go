@@ -89,13 +89,14 @@ func (s *suite[Tx]) headerBytes(t *testing.T) {
 	// the store), then a later caller (read back).
 	release := make(chan struct{})
 	held := make(chan struct{})
+	signal := closer(held) // fn may run again after a retried conflict
 	hout := make(chan result, 1)
 	go func() {
 		r, err := e.guard(nil).Do(e.ctx, key, "fp", func(tx Tx) (idempotency.Response, error) {
 			if err := e.f.Effect(e.ctx, tx, "hdr"); err != nil {
 				return idempotency.Response{}, err
 			}
-			close(held)
+			signal()
 			<-release
 			return idempotency.Response{Status: 599, Header: sent, Body: body}, nil
 		})

@@ -44,13 +44,14 @@ func (s *suite[Tx]) ttlExpiry(t *testing.T) {
 // tagged tag, signals held, and returns only when release is closed.
 func (e *env[Tx]) slowHolder(g *idempotency.Guard[Tx], key idempotency.Key, tag string, release <-chan struct{}) (held <-chan struct{}, done <-chan result) {
 	h := make(chan struct{})
+	signal := closer(h) // fn may run again after a retried conflict: the count catches it
 	out := make(chan result, 1)
 	go func() {
 		r, err := g.Do(e.ctx, key, "fp", func(tx Tx) (idempotency.Response, error) {
 			if err := e.f.Effect(e.ctx, tx, tag); err != nil {
 				return idempotency.Response{}, err
 			}
-			close(h)
+			signal()
 			select {
 			case <-release:
 			case <-e.ctx.Done():

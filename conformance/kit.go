@@ -295,3 +295,10 @@ func (t *spyTxn[Tx]) Complete(ctx context.Context, resp idempotency.Response, ex
 	defer cancel()
 	return t.Txn.Complete(cctx, resp, expiresAt)
 }
+
+// closer returns a function that closes ch the first time it is called and
+// does nothing after: a signal from an fn that may run more than once.
+func closer(ch chan struct{}) func() {
+	var once sync.Once
+	return func() { once.Do(func() { close(ch) }) }
+}
