@@ -16,22 +16,10 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"math"
 	"math/rand/v2"
 	"net/http"
 	"sync"
 	"time"
-	"unicode/utf8"
-)
-
-// Limits on keys and fingerprints.
-const (
-	// MaxIDLen is the longest key id, in bytes.
-	MaxIDLen = 255
-	// MaxScopeLen is the longest key scope, in bytes.
-	MaxScopeLen = 255
-	// MaxFingerprintLen is the longest fingerprint, in bytes.
-	MaxFingerprintLen = 255
 )
 
 // Errors returned by [Guard.Do]; match them with errors.Is.
@@ -75,75 +63,6 @@ var (
 	ErrStore = errors.New("idempotency: store failed; retrying with the same key is safe")
 )
 
-// MaxExpiry is the latest expiry a record can have: the latest instant a
-// signed 64-bit count of Unix nanoseconds can hold (2262-04-11). Now plus
-// the TTL is clamped to it, so a TTL such as math.MaxInt64 means "never
-// expire" on every store. A clock reading at or after it is refused with
-// [ErrInvalidConfig].
-func MaxExpiry() time.Time { return time.Unix(0, math.MaxInt64).UTC() }
-
-// MinClock is the earliest clock reading [Guard.Do] accepts (1677-09-21,
-// the earliest instant of a signed 64-bit count of Unix nanoseconds); an
-// earlier reading is refused with [ErrInvalidConfig].
-func MinClock() time.Time { return time.Unix(0, math.MinInt64).UTC() }
-
-// Key identifies one logical operation. Two keys are the same only if both
-// Scope and ID are byte-equal: the same ID in two scopes never meet.
-type Key struct {
-	// Scope partitions keys, e.g. by client or account: up to 255 bytes of
-	// valid UTF-8 without NUL. It may be empty.
-	Scope string
-	// ID is the client's idempotency key: 1 to 255 bytes of printable ASCII
-	// (0x20 to 0x7E), the value space of the Idempotency-Key header.
-	ID string
-}
-
-// Validate reports whether k is acceptable, with an error wrapping
-// [ErrInvalidKey] if not.
-func (k Key) Validate() error {
-	switch {
-	case len(k.ID) == 0:
-		return fmt.Errorf("%w: id is empty", ErrInvalidKey)
-	case len(k.ID) > MaxIDLen:
-		return fmt.Errorf("%w: id is %d bytes, longer than %d", ErrInvalidKey, len(k.ID), MaxIDLen)
-	case len(k.Scope) > MaxScopeLen:
-		return fmt.Errorf("%w: scope is %d bytes, longer than %d", ErrInvalidKey, len(k.Scope), MaxScopeLen)
-	case !utf8.ValidString(k.Scope):
-		return fmt.Errorf("%w: scope is not valid UTF-8", ErrInvalidKey)
-	}
-	if i := indexNotPrintable(k.ID); i >= 0 {
-		return fmt.Errorf("%w: id byte %d is %#02x, not printable ASCII", ErrInvalidKey, i, k.ID[i])
-	}
-	for i := 0; i < len(k.Scope); i++ {
-		if k.Scope[i] == 0 {
-			return fmt.Errorf("%w: scope contains NUL at byte %d", ErrInvalidKey, i)
-		}
-	}
-	return nil
-}
-
-func validateFingerprint(fp string) error {
-	switch {
-	case len(fp) == 0:
-		return fmt.Errorf("%w: empty", ErrInvalidFingerprint)
-	case len(fp) > MaxFingerprintLen:
-		return fmt.Errorf("%w: %d bytes, longer than %d", ErrInvalidFingerprint, len(fp), MaxFingerprintLen)
-	}
-	if i := indexNotPrintable(fp); i >= 0 {
-		return fmt.Errorf("%w: byte %d is %#02x, not printable ASCII", ErrInvalidFingerprint, i, fp[i])
-	}
-	return nil
-}
-
-func indexNotPrintable(s string) int {
-	for i := 0; i < len(s); i++ {
-		if s[i] < 0x20 || s[i] > 0x7e {
-			return i
-		}
-	}
-	return -1
-}
-
 // Response is what an operation answered: stored with the key when the
 // operation commits, and replayed byte-exact to every later caller with the
 // same key and fingerprint.
@@ -159,107 +78,6 @@ type Response struct {
 	Replayed bool
 }
 
-// Outcome says how a call of [Guard.Do] ended; see [Event].
-type Outcome int
-
-// The outcomes an [Observer] is told about.
-const (
-	// Executed: fn ran and its response was committed with the key.
-	Executed Outcome = iota + 1
-	// Replayed: a stored response was returned; fn did not run.
-	Replayed
-	// Mismatch: the key was used with another fingerprint.
-	Mismatch
-	// InProgress: the key was held by another caller past the wait bound.
-	InProgress
-	// Failed: fn, the store or validation returned an error.
-	Failed
-)
-
-// String returns the outcome as a metrics label: "executed", "replayed",
-// "mismatch", "in_progress" or "error".
-func (o Outcome) String() string {
-	switch o {
-	case Executed:
-		return "executed"
-	case Replayed:
-		return "replayed"
-	case Mismatch:
-		return "mismatch"
-	case InProgress:
-		return "in_progress"
-	case Failed:
-		return "error"
-	}
-	return fmt.Sprintf("Outcome(%d)", int(o))
-}
-
-// Event describes one finished call of [Guard.Do].
-type Event struct {
-	Key      Key
-	Outcome  Outcome
-	Duration time.Duration
-	// Attempts counts reservations tried, retries of [ErrConflict] included.
-	Attempts int
-	// Err is the error Do returned, nil for Executed and Replayed.
-	Err error
-}
-
-// Observer is told about every call of [Guard.Do] once it ends, on the
-// calling goroutine. It must not block for long.
-type Observer func(ctx context.Context, ev Event)
-
-// Config tunes a [Guard]. The zero value (or nil) means the defaults.
-type Config struct {
-	// TTL is how long a completed key is remembered, counted from the
-	// moment its answer was committed (however long fn ran); after it the
-	// key counts as new. Expiries are clamped to [MaxExpiry], so
-	// math.MaxInt64 means "never". Defaults to 24h.
-	TTL time.Duration
-	// WaitTimeout bounds how long Do waits for another caller holding the
-	// same key before it returns [ErrInProgress]. Defaults to 30s. The
-	// caller's context bounds it too.
-	WaitTimeout time.Duration
-	// NoWait makes Do return [ErrInProgress] at once instead of waiting
-	// for a caller that is running fn with the same key.
-	NoWait bool
-	// MaxWaiters bounds how many calls of this Guard may wait inside the
-	// store at once for keys held elsewhere (by another process or
-	// Guard); each such wait may hold one of the store's connections.
-	// Beyond it, a call whose key is held returns [ErrInProgress] at once
-	// (HTTP 409 with Retry-After), so waiters cannot take the pool from
-	// other traffic. Callers of the same key in this Guard never count:
-	// they wait in memory for the one that is in the store. Keep it well
-	// under the pool size. Defaults to 2; a negative value means no bound.
-	MaxWaiters int
-	// MaxRetries bounds how many times a [ErrConflict] is retried within one
-	// Do. Defaults to 10; a negative value means no retries.
-	MaxRetries int
-	// RetryBackoff is the base of the exponential backoff (full jitter)
-	// between retries, capped at 32 times the base. Defaults to 2ms; at
-	// most [MaxRetryBackoff].
-	RetryBackoff time.Duration
-	// PurgeBatch is how many keys one batch of [Guard.Purge] deletes.
-	// Defaults to 1000.
-	PurgeBatch int
-	// Observer, if set, is told about every call's outcome.
-	Observer Observer
-	// Now is the clock. Defaults to time.Now.
-	Now func() time.Time
-}
-
-// Defaults of [Config].
-const (
-	DefaultTTL          = 24 * time.Hour
-	DefaultWaitTimeout  = 30 * time.Second
-	DefaultMaxRetries   = 10
-	DefaultRetryBackoff = 2 * time.Millisecond
-	DefaultPurgeBatch   = 1000
-	DefaultMaxWaiters   = 2
-	// MaxRetryBackoff is the longest [Config.RetryBackoff] accepted.
-	MaxRetryBackoff = time.Minute
-)
-
 // Guard runs operations under idempotency keys on a [KeyStore]. It is safe
 // for concurrent use; build it with [New].
 type Guard[Tx any] struct {
@@ -270,62 +88,6 @@ type Guard[Tx any] struct {
 	waiters chan struct{}
 	mu      sync.Mutex
 	calls   map[Key]*call // the call of each key that is in the store
-}
-
-// New returns a Guard on store. A nil cfg means the defaults; a field out of
-// range gives an error wrapping [ErrInvalidConfig].
-func New[Tx any](store KeyStore[Tx], cfg *Config) (*Guard[Tx], error) {
-	if store == nil {
-		return nil, fmt.Errorf("%w: nil store", ErrInvalidConfig)
-	}
-	var c Config
-	if cfg != nil {
-		c = *cfg
-	}
-	switch {
-	case c.TTL < 0:
-		return nil, fmt.Errorf("%w: negative TTL %v", ErrInvalidConfig, c.TTL)
-	case c.WaitTimeout < 0:
-		return nil, fmt.Errorf("%w: negative WaitTimeout %v", ErrInvalidConfig, c.WaitTimeout)
-	case c.RetryBackoff < 0:
-		return nil, fmt.Errorf("%w: negative RetryBackoff %v", ErrInvalidConfig, c.RetryBackoff)
-	case c.RetryBackoff > MaxRetryBackoff:
-		return nil, fmt.Errorf("%w: RetryBackoff %v longer than %v", ErrInvalidConfig, c.RetryBackoff, MaxRetryBackoff)
-	case c.PurgeBatch < 0:
-		return nil, fmt.Errorf("%w: negative PurgeBatch %d", ErrInvalidConfig, c.PurgeBatch)
-	case c.TTL > 0 && c.TTL < time.Millisecond:
-		return nil, fmt.Errorf("%w: TTL %v shorter than 1ms", ErrInvalidConfig, c.TTL)
-	}
-	if c.TTL == 0 {
-		c.TTL = DefaultTTL
-	}
-	if c.WaitTimeout == 0 {
-		c.WaitTimeout = DefaultWaitTimeout
-	}
-	if c.MaxRetries < 0 {
-		c.MaxRetries = 0 // no retries
-	} else if c.MaxRetries == 0 {
-		c.MaxRetries = DefaultMaxRetries
-	}
-	if c.RetryBackoff == 0 {
-		c.RetryBackoff = DefaultRetryBackoff
-	}
-	if c.PurgeBatch == 0 {
-		c.PurgeBatch = DefaultPurgeBatch
-	}
-	if c.Now == nil {
-		c.Now = time.Now
-	}
-	var waiters chan struct{} // nil: no bound
-	switch {
-	case c.MaxWaiters < 0:
-	case c.MaxWaiters == 0:
-		c.MaxWaiters = DefaultMaxWaiters
-		fallthrough
-	default:
-		waiters = make(chan struct{}, c.MaxWaiters)
-	}
-	return &Guard[Tx]{store: store, cfg: c, calls: make(map[Key]*call), waiters: waiters}, nil
 }
 
 // Do runs fn at most once per key, as seen by every caller of the key's

@@ -5,6 +5,7 @@ import (
 	"fmt"
 
 	"github.com/go-idempotency/idempotency"
+	"github.com/go-idempotency/idempotency/internal/sqlident"
 )
 
 // maxTableLen is the longest table name [New] accepts (MySQL allows 64).
@@ -37,14 +38,8 @@ func Schema(table string) (string, error) {
 }
 
 func checkTable(table string) error {
-	ok := table != "" && len(table) <= maxTableLen && (table[0] < '0' || table[0] > '9')
-	for i := 0; ok && i < len(table); i++ {
-		c := table[i]
-		ok = c == '_' || c >= '0' && c <= '9' || c >= 'a' && c <= 'z' || c >= 'A' && c <= 'Z'
-	}
-	if !ok {
-		return fmt.Errorf("%w: mysql: table name %q: want letters, digits and underscores, not starting with a digit, at most %d bytes",
-			idempotency.ErrInvalidConfig, table, maxTableLen)
+	if err := sqlident.Check(table, maxTableLen); err != nil {
+		return fmt.Errorf("%w: mysql: table name %q %w", idempotency.ErrInvalidConfig, table, err)
 	}
 	return nil
 }

@@ -7,6 +7,7 @@ import (
 	"strings"
 
 	"github.com/go-idempotency/idempotency"
+	"github.com/go-idempotency/idempotency/internal/sqlident"
 )
 
 // DefaultTable is the table [New] uses when [Config.Table] is empty.
@@ -45,26 +46,12 @@ func quoteTable(table string) (string, error) {
 		return "", fmt.Errorf("%w: postgres: table %q: at most one schema qualifier", idempotency.ErrInvalidConfig, table)
 	}
 	for i, p := range parts {
-		if !validIdent(p) {
-			return "", fmt.Errorf("%w: postgres: table %q: want letters, digits and underscores, not starting with a digit, 1 to %d bytes",
-				idempotency.ErrInvalidConfig, table, maxIdentLen)
+		if err := sqlident.Check(p, maxIdentLen); err != nil {
+			return "", fmt.Errorf("%w: postgres: table %q: %q %w", idempotency.ErrInvalidConfig, table, p, err)
 		}
 		parts[i] = `"` + p + `"`
 	}
 	return strings.Join(parts, "."), nil
-}
-
-func validIdent(s string) bool {
-	if len(s) == 0 || len(s) > maxIdentLen || (s[0] >= '0' && s[0] <= '9') {
-		return false
-	}
-	for i := 0; i < len(s); i++ {
-		c := s[i]
-		if !(c == '_' || c >= 'a' && c <= 'z' || c >= 'A' && c <= 'Z' || c >= '0' && c <= '9') {
-			return false
-		}
-	}
-	return true
 }
 
 // indexName names the expires_at index of table (unqualified, in the

@@ -7,6 +7,7 @@ import (
 	"strings"
 
 	"github.com/go-idempotency/idempotency"
+	"github.com/go-idempotency/idempotency/internal/sqlident"
 )
 
 // DefaultTable is the name of the keys table when [Config.Table] is empty.
@@ -28,24 +29,11 @@ func Schema(table string) (string, error) {
 // validTable checks a table name: 1 to 63 ASCII letters, digits and
 // underscores, not starting with a digit nor with "sqlite_".
 func validTable(name string) error {
-	bad := func(why string) error {
-		return fmt.Errorf("%w: sqlite: table name %q %s", idempotency.ErrInvalidConfig, name, why)
+	if err := sqlident.Check(name, 63); err != nil {
+		return fmt.Errorf("%w: sqlite: table name %q %w", idempotency.ErrInvalidConfig, name, err)
 	}
-	switch {
-	case name == "":
-		return bad("is empty")
-	case len(name) > 63:
-		return bad("is longer than 63 bytes")
-	case name[0] >= '0' && name[0] <= '9':
-		return bad("starts with a digit")
-	case strings.HasPrefix(strings.ToLower(name), "sqlite_"):
-		return bad("starts with sqlite_, which SQLite reserves")
-	}
-	for i := 0; i < len(name); i++ {
-		c := name[i]
-		if !(c == '_' || c >= '0' && c <= '9' || c >= 'a' && c <= 'z' || c >= 'A' && c <= 'Z') {
-			return bad("has a character other than ASCII letters, digits and _")
-		}
+	if strings.HasPrefix(strings.ToLower(name), "sqlite_") {
+		return fmt.Errorf("%w: sqlite: table name %q starts with sqlite_, which SQLite reserves", idempotency.ErrInvalidConfig, name)
 	}
 	return nil
 }

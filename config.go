@@ -1,0 +1,177 @@
+package idempotency
+
+import (
+	"context"
+	"fmt"
+	"math"
+	"time"
+)
+
+// MaxExpiry is the latest expiry a record can have: the latest instant a
+// signed 64-bit count of Unix nanoseconds can hold (2262-04-11). Now plus
+// the TTL is clamped to it, so a TTL such as math.MaxInt64 means "never
+// expire" on every store. A clock reading at or after it is refused with
+// [ErrInvalidConfig].
+func MaxExpiry() time.Time { return time.Unix(0, math.MaxInt64).UTC() }
+
+// MinClock is the earliest clock reading [Guard.Do] accepts (1677-09-21,
+// the earliest instant of a signed 64-bit count of Unix nanoseconds); an
+// earlier reading is refused with [ErrInvalidConfig].
+func MinClock() time.Time { return time.Unix(0, math.MinInt64).UTC() }
+
+// Outcome says how a call of [Guard.Do] ended; see [Event].
+type Outcome int
+
+// The outcomes an [Observer] is told about.
+const (
+	// Executed: fn ran and its response was committed with the key.
+	Executed Outcome = iota + 1
+	// Replayed: a stored response was returned; fn did not run.
+	Replayed
+	// Mismatch: the key was used with another fingerprint.
+	Mismatch
+	// InProgress: the key was held by another caller past the wait bound.
+	InProgress
+	// Failed: fn, the store or validation returned an error.
+	Failed
+)
+
+// String returns the outcome as a metrics label: "executed", "replayed",
+// "mismatch", "in_progress" or "error".
+func (o Outcome) String() string {
+	switch o {
+	case Executed:
+		return "executed"
+	case Replayed:
+		return "replayed"
+	case Mismatch:
+		return "mismatch"
+	case InProgress:
+		return "in_progress"
+	case Failed:
+		return "error"
+	}
+	return fmt.Sprintf("Outcome(%d)", int(o))
+}
+
+// Event describes one finished call of [Guard.Do].
+type Event struct {
+	Key      Key
+	Outcome  Outcome
+	Duration time.Duration
+	// Attempts counts reservations tried, retries of [ErrConflict] included.
+	Attempts int
+	// Err is the error Do returned, nil for Executed and Replayed.
+	Err error
+}
+
+// Observer is told about every call of [Guard.Do] once it ends, on the
+// calling goroutine. It must not block for long.
+type Observer func(ctx context.Context, ev Event)
+
+// Config tunes a [Guard]. The zero value (or nil) means the defaults.
+type Config struct {
+	// TTL is how long a completed key is remembered, counted from the
+	// moment its answer was committed (however long fn ran); after it the
+	// key counts as new. Expiries are clamped to [MaxExpiry], so
+	// math.MaxInt64 means "never". Defaults to 24h.
+	TTL time.Duration
+	// WaitTimeout bounds how long Do waits for another caller holding the
+	// same key before it returns [ErrInProgress]. Defaults to 30s. The
+	// caller's context bounds it too.
+	WaitTimeout time.Duration
+	// NoWait makes Do return [ErrInProgress] at once instead of waiting
+	// for a caller that is running fn with the same key.
+	NoWait bool
+	// MaxWaiters bounds how many calls of this Guard may wait inside the
+	// store at once for keys held elsewhere (by another process or
+	// Guard); each such wait may hold one of the store's connections.
+	// Beyond it, a call whose key is held returns [ErrInProgress] at once
+	// (HTTP 409 with Retry-After), so waiters cannot take the pool from
+	// other traffic. Callers of the same key in this Guard never count:
+	// they wait in memory for the one that is in the store. Keep it well
+	// under the pool size. Defaults to 2; a negative value means no bound.
+	MaxWaiters int
+	// MaxRetries bounds how many times a [ErrConflict] is retried within one
+	// Do. Defaults to 10; a negative value means no retries.
+	MaxRetries int
+	// RetryBackoff is the base of the exponential backoff (full jitter)
+	// between retries, capped at 32 times the base. Defaults to 2ms; at
+	// most [MaxRetryBackoff].
+	RetryBackoff time.Duration
+	// PurgeBatch is how many keys one batch of [Guard.Purge] deletes.
+	// Defaults to 1000.
+	PurgeBatch int
+	// Observer, if set, is told about every call's outcome.
+	Observer Observer
+	// Now is the clock. Defaults to time.Now.
+	Now func() time.Time
+}
+
+// Defaults of [Config].
+const (
+	DefaultTTL          = 24 * time.Hour
+	DefaultWaitTimeout  = 30 * time.Second
+	DefaultMaxRetries   = 10
+	DefaultRetryBackoff = 2 * time.Millisecond
+	DefaultPurgeBatch   = 1000
+	DefaultMaxWaiters   = 2
+	// MaxRetryBackoff is the longest [Config.RetryBackoff] accepted.
+	MaxRetryBackoff = time.Minute
+)
+
+// New returns a Guard on store. A nil cfg means the defaults; a field out of
+// range gives an error wrapping [ErrInvalidConfig].
+func New[Tx any](store KeyStore[Tx], cfg *Config) (*Guard[Tx], error) {
+	if store == nil {
+		return nil, fmt.Errorf("%w: nil store", ErrInvalidConfig)
+	}
+	var c Config
+	if cfg != nil {
+		c = *cfg
+	}
+	switch {
+	case c.TTL < 0:
+		return nil, fmt.Errorf("%w: negative TTL %v", ErrInvalidConfig, c.TTL)
+	case c.WaitTimeout < 0:
+		return nil, fmt.Errorf("%w: negative WaitTimeout %v", ErrInvalidConfig, c.WaitTimeout)
+	case c.RetryBackoff < 0:
+		return nil, fmt.Errorf("%w: negative RetryBackoff %v", ErrInvalidConfig, c.RetryBackoff)
+	case c.RetryBackoff > MaxRetryBackoff:
+		return nil, fmt.Errorf("%w: RetryBackoff %v longer than %v", ErrInvalidConfig, c.RetryBackoff, MaxRetryBackoff)
+	case c.PurgeBatch < 0:
+		return nil, fmt.Errorf("%w: negative PurgeBatch %d", ErrInvalidConfig, c.PurgeBatch)
+	case c.TTL > 0 && c.TTL < time.Millisecond:
+		return nil, fmt.Errorf("%w: TTL %v shorter than 1ms", ErrInvalidConfig, c.TTL)
+	}
+	if c.TTL == 0 {
+		c.TTL = DefaultTTL
+	}
+	if c.WaitTimeout == 0 {
+		c.WaitTimeout = DefaultWaitTimeout
+	}
+	if c.MaxRetries < 0 {
+		c.MaxRetries = 0 // no retries
+	} else if c.MaxRetries == 0 {
+		c.MaxRetries = DefaultMaxRetries
+	}
+	if c.RetryBackoff == 0 {
+		c.RetryBackoff = DefaultRetryBackoff
+	}
+	if c.PurgeBatch == 0 {
+		c.PurgeBatch = DefaultPurgeBatch
+	}
+	if c.Now == nil {
+		c.Now = time.Now
+	}
+	var waiters chan struct{} // nil: no bound
+	switch {
+	case c.MaxWaiters < 0:
+	case c.MaxWaiters == 0:
+		c.MaxWaiters = DefaultMaxWaiters
+		fallthrough
+	default:
+		waiters = make(chan struct{}, c.MaxWaiters)
+	}
+	return &Guard[Tx]{store: store, cfg: c, calls: make(map[Key]*call), waiters: waiters}, nil
+}
