@@ -11,7 +11,7 @@ type rule struct {
 
 func (r rule) String() string { return r.file + `: "` + r.text + `"` }
 
-// The sentences of keystore.go and idempotency.go that the cases check.
+// The sentences of keystore.go and config.go that the cases check.
 var (
 	ruleOneTxn = rule{"keystore.go",
 		"Under concurrent calls with the same key at most one obtains a Txn at any time."}
@@ -58,15 +58,15 @@ var (
 	ruleMigrate = rule{"keystore.go",
 		"It is idempotent: running it again, or from several callers at once, changes nothing and returns nil."}
 
-	ruleTTL = rule{"idempotency.go",
+	ruleTTL = rule{"config.go",
 		"TTL is how long a completed key is remembered, counted from the moment its answer was committed (however long fn ran); after it the key counts as new."}
-	ruleMaxExpiry = rule{"idempotency.go",
+	ruleMaxExpiry = rule{"config.go",
 		"Now plus the TTL is clamped to it, so a TTL such as math.MaxInt64 means \"never expire\" on every store. A clock reading at or after it is refused with [ErrInvalidConfig]."}
-	ruleMinClock = rule{"idempotency.go",
+	ruleMinClock = rule{"config.go",
 		"MinClock is the earliest clock reading [Guard.Do] accepts (1677-09-21, the earliest instant of a signed 64-bit count of Unix nanoseconds); an earlier reading is refused with [ErrInvalidConfig]."}
-	ruleMemWait = rule{"idempotency.go",
+	ruleMemWait = rule{"config.go",
 		"Callers of the same key in this Guard never count: they wait in memory for the one that is in the store."}
-	ruleMaxWaiters = rule{"idempotency.go",
+	ruleMaxWaiters = rule{"config.go",
 		"Beyond it, a call whose key is held returns [ErrInProgress] at once (HTTP 409 with Retry-After), so waiters cannot take the pool from other traffic."}
 )
 
