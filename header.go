@@ -30,11 +30,11 @@ func MarshalHeader(h http.Header) []byte {
 	if len(h) == 0 {
 		return nil
 	}
-	n := 1 + binary.MaxVarintLen64
+	n := 1 + uvarintLen(len(h)) // the exact size: one allocation, no slack
 	for name, vs := range h {
-		n += 2*binary.MaxVarintLen64 + len(name)
+		n += uvarintLen(len(name)) + len(name) + uvarintLen(len(vs))
 		for _, v := range vs {
-			n += binary.MaxVarintLen64 + len(v)
+			n += uvarintLen(len(v)) + len(v)
 		}
 	}
 	b := make([]byte, 0, n)
@@ -50,6 +50,15 @@ func MarshalHeader(h http.Header) []byte {
 		}
 	}
 	return b
+}
+
+// uvarintLen is how many bytes binary.AppendUvarint writes for n.
+func uvarintLen(n int) int {
+	size := 1
+	for x := uint64(n); x >= 0x80; x >>= 7 {
+		size++
+	}
+	return size
 }
 
 // UnmarshalHeader decodes what [MarshalHeader] encoded (and the JSON

@@ -116,6 +116,19 @@ func TestMarshalHeaderAllocatesOnce(t *testing.T) {
 	if n := testing.AllocsPerRun(100, func() { MarshalHeader(h) }); n != 1 {
 		t.Fatalf("MarshalHeader: %v allocations, want 1", n)
 	}
+	// Exactly sized, at every varint length boundary.
+	for _, size := range []int{0, 1, 127, 128, 16383, 16384, 1 << 21} {
+		many := make([]string, min(size, 200))
+		h := http.Header{strings.Repeat("n", size): {strings.Repeat("v", size)}, "X": many}
+		if b := MarshalHeader(h); len(b) != cap(b) {
+			t.Fatalf("size %d: encoded %d bytes in a buffer of %d", size, len(b), cap(b))
+		}
+	}
+	for n, want := range map[int]int{0: 1, 127: 1, 128: 2, 16383: 2, 16384: 3, 1<<21 - 1: 3, 1 << 21: 4} {
+		if got := uvarintLen(n); got != want {
+			t.Errorf("uvarintLen(%d) = %d, want %d", n, got, want)
+		}
+	}
 }
 
 // TestHeaderNameWithoutValues: a name with no values decodes to a nil
