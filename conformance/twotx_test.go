@@ -2,7 +2,6 @@ package conformance_test
 
 import (
 	"context"
-	"crypto/rand"
 	"database/sql"
 	"errors"
 	"fmt"
@@ -13,6 +12,7 @@ import (
 
 	"github.com/go-idempotency/idempotency"
 	"github.com/go-idempotency/idempotency/conformance"
+	"github.com/go-idempotency/idempotency/internal/testkit"
 	"github.com/go-idempotency/idempotency/sqlite"
 )
 
@@ -166,24 +166,14 @@ func twoTxHarness() conformance.Harness[*sql.Tx] {
 			if opts.MaxConns > 0 {
 				db.SetMaxOpenConns(opts.MaxConns)
 			}
-			table := "keys_" + strings.ToLower(rand.Text()[:8])
+			table := testkit.Name("keys_")
 			if _, err := db.ExecContext(ctx, `CREATE TABLE `+table+` (scope TEXT NOT NULL, id TEXT NOT NULL, fp TEXT NOT NULL,
 state TEXT NOT NULL, status INTEGER, header BLOB, body BLOB, created INTEGER NOT NULL, expires INTEGER NOT NULL,
 PRIMARY KEY (scope, id)); CREATE TABLE effects (tag TEXT NOT NULL)`); err != nil {
 				t.Fatal(err)
 			}
-			return conformance.Fixture[*sql.Tx]{
-				Store: &twoTxStore{db: db, table: table},
-				Effect: func(ctx context.Context, tx *sql.Tx, tag string) error {
-					_, err := tx.ExecContext(ctx, `INSERT INTO effects (tag) VALUES (?)`, tag)
-					return err
-				},
-				Count: func(ctx context.Context, tag string) (int, error) {
-					var n int
-					err := db.QueryRowContext(ctx, `SELECT count(*) FROM effects WHERE tag = ?`, tag).Scan(&n)
-					return n, err
-				},
-			}
+			fx := testkit.Effects{DB: db, Table: "effects"}
+			return conformance.Fixture[*sql.Tx]{Store: &twoTxStore{db: db, table: table}, Effect: fx.Effect, Count: fx.Count}
 		},
 		Features: conformance.Features{SerialWriters: true},
 	}

@@ -2,9 +2,7 @@ package idemhttp_test
 
 import (
 	"context"
-	"crypto/rand"
 	"database/sql"
-	"encoding/hex"
 	"path/filepath"
 	"testing"
 	"time"
@@ -14,6 +12,8 @@ import (
 
 	"github.com/go-idempotency/idempotency"
 	"github.com/go-idempotency/idempotency/internal/testenv"
+	"github.com/go-idempotency/idempotency/internal/testkit"
+	"github.com/go-idempotency/idempotency/internal/testkit/pgkit"
 	"github.com/go-idempotency/idempotency/postgres"
 	"github.com/go-idempotency/idempotency/sqlite"
 )
@@ -28,13 +28,6 @@ func TestMiddlewarePostgres(t *testing.T) {
 	runMiddlewareTests(t, postgresEnv)
 }
 
-func setupCtx(t *testing.T) context.Context {
-	t.Helper()
-	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
-	t.Cleanup(cancel)
-	return ctx
-}
-
 func guardOn[Tx any](t *testing.T, s idempotency.KeyStore[Tx]) func(*idempotency.Config) *idempotency.Guard[Tx] {
 	return func(cfg *idempotency.Config) *idempotency.Guard[Tx] {
 		g, err := idempotency.New(s, cfg)
@@ -47,7 +40,7 @@ func guardOn[Tx any](t *testing.T, s idempotency.KeyStore[Tx]) func(*idempotency
 
 // sqliteEnv is a fresh SQLite database file with an effects table.
 func sqliteEnv(t *testing.T) env[*sql.Tx] {
-	ctx := setupCtx(t)
+	ctx := testkit.Context(t, 20*time.Second)
 	db, err := sqlite.Open(ctx, filepath.Join(t.TempDir(), "idemhttp.db"))
 	if err != nil {
 		t.Fatal(err)
@@ -60,18 +53,16 @@ func sqliteEnv(t *testing.T) env[*sql.Tx] {
 	if err := s.Migrate(ctx); err != nil {
 		t.Fatal(err)
 	}
-	if _, err := db.ExecContext(ctx, `CREATE TABLE effects (tag TEXT NOT NULL)`); err != nil {
+	fx := testkit.Effects{DB: db, Table: "effects"}
+	if err := fx.Create(ctx, "TEXT NOT NULL"); err != nil {
 		t.Fatal(err)
 	}
 	return env[*sql.Tx]{
 		newGuard: guardOn(t, s),
-		effect: func(ctx context.Context, tx *sql.Tx, tag string) error {
-			_, err := tx.ExecContext(ctx, `INSERT INTO effects (tag) VALUES (?)`, tag)
-			return err
-		},
+		effect:   fx.Effect,
 		count: func(ctx context.Context, tag string) int {
-			var n int
-			if err := db.QueryRowContext(ctx, `SELECT count(*) FROM effects WHERE tag = ?`, tag).Scan(&n); err != nil {
+			n, err := fx.Count(ctx, tag)
+			if err != nil {
 				t.Fatal(err)
 			}
 			return n
@@ -83,30 +74,16 @@ func sqliteEnv(t *testing.T) env[*sql.Tx] {
 // postgresEnv is a fresh pair of tables (keys, effects) with random names,
 // dropped at cleanup.
 func postgresEnv(t *testing.T) env[pgx.Tx] {
-	ctx := setupCtx(t)
+	ctx := testkit.Context(t, 20*time.Second)
 	dsn := testenv.PostgresDSN(t)
 	pool, err := pgxpool.New(ctx, dsn)
 	if err != nil {
 		t.Fatal(err)
 	}
 	t.Cleanup(pool.Close)
-	var b [6]byte
-	_, _ = rand.Read(b[:])
-	table := "idemhttp_" + hex.EncodeToString(b[:])
+	table := testkit.Name("idemhttp_")
 	effects := table + "_effects"
-	t.Cleanup(func() {
-		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
-		defer cancel()
-		conn, err := pgx.Connect(ctx, dsn)
-		if err != nil {
-			t.Error(err)
-			return
-		}
-		defer conn.Close(ctx)
-		if _, err := conn.Exec(ctx, `DROP TABLE IF EXISTS `+table+`, `+effects); err != nil {
-			t.Error(err)
-		}
-	})
+	pgkit.DropAtCleanup(t, dsn, "TABLE", table, effects)
 	s, err := postgres.New(pool, &postgres.Config{Table: table})
 	if err != nil {
 		t.Fatal(err)

@@ -10,6 +10,7 @@ import (
 	"time"
 
 	"github.com/go-idempotency/idempotency/idemhttp"
+	"github.com/go-idempotency/idempotency/internal/testkit"
 )
 
 // inProgress answers what the middleware answers for a key in progress,
@@ -40,7 +41,7 @@ func TestClientBusinessConflictNotRetried(t *testing.T) {
 			rec, srv := startRecorder(t, h, status(http.StatusCreated))
 			c := fastClient(srv)
 			c.MaxAttempts = 5
-			resp, body := do(t, c, post(t, testCtx(t), srv.URL, `{}`))
+			resp, body := do(t, c, post(t, testkit.Context(t, 20*time.Second), srv.URL, `{}`))
 			if resp.StatusCode != http.StatusConflict || !strings.Contains(body, "onflict") && !strings.Contains(body, "captured") {
 				t.Errorf("got %d %q; want the 409 and its whole body", resp.StatusCode, body)
 			}
@@ -56,7 +57,7 @@ func TestClientReadsInProgressBody(t *testing.T) {
 	_, srv := startRecorder(t, inProgress)
 	c := fastClient(srv)
 	c.MaxAttempts = 2
-	resp, body := do(t, c, post(t, testCtx(t), srv.URL, `{}`))
+	resp, body := do(t, c, post(t, testkit.Context(t, 20*time.Second), srv.URL, `{}`))
 	if resp.StatusCode != http.StatusConflict || !strings.HasPrefix(body, `{"type":"`+idemhttp.ProblemInProgress) || !strings.HasSuffix(body, `"status":409}`) {
 		t.Errorf("got %d %q; want the whole in-progress problem", resp.StatusCode, body)
 	}
@@ -92,7 +93,7 @@ func TestClientRetryPredicateAndHook(t *testing.T) {
 		return err == nil && resp.StatusCode == http.StatusBadRequest
 	}
 	c.OnRetry = func(ev idemhttp.RetryEvent) { events = append(events, ev) }
-	resp, _ := do(t, c, post(t, testCtx(t), srv.URL, `{}`))
+	resp, _ := do(t, c, post(t, testkit.Context(t, 20*time.Second), srv.URL, `{}`))
 	if resp.StatusCode != http.StatusCreated {
 		t.Fatalf("status %d, want 201 after retrying 400 twice", resp.StatusCode)
 	}
@@ -107,7 +108,7 @@ func TestTransport(t *testing.T) {
 	t.Parallel()
 	rec, srv := startRecorder(t, status(http.StatusServiceUnavailable), hangUp, status(http.StatusCreated))
 	hc := &http.Client{Transport: &idemhttp.Transport{Base: srv.Client().Transport, BaseDelay: time.Millisecond, MaxDelay: 10 * time.Millisecond}}
-	resp, err := hc.Do(post(t, testCtx(t), srv.URL, `{"amount":1}`))
+	resp, err := hc.Do(post(t, testkit.Context(t, 20*time.Second), srv.URL, `{"amount":1}`))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -120,7 +121,7 @@ func TestTransport(t *testing.T) {
 	// Other header name.
 	rec, srv = startRecorder(t, status(http.StatusCreated))
 	hc = &http.Client{Transport: &idemhttp.Transport{Base: srv.Client().Transport, KeyHeader: "X-Idempotency-Key"}}
-	resp, err = hc.Do(post(t, testCtx(t), srv.URL, `{}`))
+	resp, err = hc.Do(post(t, testkit.Context(t, 20*time.Second), srv.URL, `{}`))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -148,7 +149,7 @@ func TestRetryBudget(t *testing.T) {
 	c.MaxAttempts = 5
 	c.Budget = budget
 	for range 4 {
-		resp, _ := do(t, c, post(t, testCtx(t), srv.URL, `{}`))
+		resp, _ := do(t, c, post(t, testkit.Context(t, 20*time.Second), srv.URL, `{}`))
 		if resp.StatusCode != http.StatusServiceUnavailable {
 			t.Fatalf("status %d", resp.StatusCode)
 		}

@@ -12,6 +12,7 @@ import (
 	"time"
 
 	"github.com/go-idempotency/idempotency/idemhttp"
+	"github.com/go-idempotency/idempotency/internal/testkit"
 )
 
 // recorder is a test server that answers attempt n with script[n-1] (the
@@ -67,13 +68,6 @@ func startRecorder(t *testing.T, script ...func(http.ResponseWriter, *http.Reque
 	srv := httptest.NewServer(rec)
 	t.Cleanup(srv.Close)
 	return rec, srv
-}
-
-func testCtx(t *testing.T) context.Context {
-	t.Helper()
-	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
-	t.Cleanup(cancel)
-	return ctx
 }
 
 func fastClient(srv *httptest.Server) *idemhttp.Client {
@@ -138,7 +132,7 @@ func TestClientRetriesWithOneKey(t *testing.T) {
 		t.Run(tc.name, func(t *testing.T) {
 			t.Parallel()
 			rec, srv := startRecorder(t, tc.first, tc.first, status(http.StatusCreated))
-			resp, body := do(t, fastClient(srv), post(t, testCtx(t), srv.URL, `{"a":1}`))
+			resp, body := do(t, fastClient(srv), post(t, testkit.Context(t, 20*time.Second), srv.URL, `{"a":1}`))
 			if resp.StatusCode != http.StatusCreated || body != "Created" {
 				t.Fatalf("got %d %q, want 201 Created", resp.StatusCode, body)
 			}
@@ -155,7 +149,7 @@ func TestClientGeneratesDistinctQuotedKeys(t *testing.T) {
 	rec, srv := startRecorder(t, status(http.StatusCreated))
 	c := fastClient(srv)
 	for range 3 {
-		do(t, c, post(t, testCtx(t), srv.URL, `{}`))
+		do(t, c, post(t, testkit.Context(t, 20*time.Second), srv.URL, `{}`))
 	}
 	keys, _ := rec.seen()
 	if len(keys) != 3 || keys[0] == keys[1] || keys[1] == keys[2] || keys[0] == keys[2] {
@@ -171,7 +165,7 @@ func TestClientGeneratesDistinctQuotedKeys(t *testing.T) {
 func TestClientKeepsCallersKey(t *testing.T) {
 	t.Parallel()
 	rec, srv := startRecorder(t, status(http.StatusServiceUnavailable), status(http.StatusOK))
-	req := post(t, testCtx(t), srv.URL, `x`)
+	req := post(t, testkit.Context(t, 20*time.Second), srv.URL, `x`)
 	req.Header.Set(idemhttp.HeaderKey, "my-own-key")
 	resp, _ := do(t, fastClient(srv), req)
 	if resp.StatusCode != http.StatusOK {
@@ -189,7 +183,7 @@ func TestClientNeverRetriesOther4xx(t *testing.T) {
 	t.Parallel()
 	for _, code := range []int{400, 401, 404, 413, 422} {
 		rec, srv := startRecorder(t, status(code), status(http.StatusCreated))
-		resp, body := do(t, fastClient(srv), post(t, testCtx(t), srv.URL, `{}`))
+		resp, body := do(t, fastClient(srv), post(t, testkit.Context(t, 20*time.Second), srv.URL, `{}`))
 		if resp.StatusCode != code || body != http.StatusText(code) {
 			t.Errorf("got %d %q, want %d", resp.StatusCode, body, code)
 		}
@@ -201,7 +195,7 @@ func TestClientNoKeyNoRetry(t *testing.T) {
 	t.Parallel()
 	for _, method := range []string{http.MethodGet, http.MethodPut, http.MethodDelete} {
 		rec, srv := startRecorder(t, status(http.StatusServiceUnavailable), status(http.StatusOK))
-		req, err := http.NewRequestWithContext(testCtx(t), method, srv.URL, nil)
+		req, err := http.NewRequestWithContext(testkit.Context(t, 20*time.Second), method, srv.URL, nil)
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -213,7 +207,7 @@ func TestClientNoKeyNoRetry(t *testing.T) {
 	}
 	// A method outside Methods is retried when the caller gives it a key.
 	rec, srv := startRecorder(t, status(http.StatusServiceUnavailable), status(http.StatusOK))
-	req, _ := http.NewRequestWithContext(testCtx(t), http.MethodPut, srv.URL, strings.NewReader("p"))
+	req, _ := http.NewRequestWithContext(testkit.Context(t, 20*time.Second), http.MethodPut, srv.URL, strings.NewReader("p"))
 	req.Header.Set(idemhttp.HeaderKey, `"k"`)
 	if resp, _ := do(t, fastClient(srv), req); resp.StatusCode != http.StatusOK {
 		t.Errorf("PUT with a key: status %d, want 200 after a retry", resp.StatusCode)
@@ -224,14 +218,14 @@ func TestClientNoKeyNoRetry(t *testing.T) {
 func TestClientGivesUpAfterMaxAttempts(t *testing.T) {
 	t.Parallel()
 	rec, srv := startRecorder(t, status(http.StatusBadGateway))
-	resp, body := do(t, fastClient(srv), post(t, testCtx(t), srv.URL, `{}`))
+	resp, body := do(t, fastClient(srv), post(t, testkit.Context(t, 20*time.Second), srv.URL, `{}`))
 	if resp.StatusCode != http.StatusBadGateway || body != "Bad Gateway" {
 		t.Errorf("got %d %q; want the last 502 with its body", resp.StatusCode, body)
 	}
 	sameKey(t, rec, 4, `{}`)
 
 	rec, srv = startRecorder(t, hangUp)
-	_, err := fastClient(srv).Do(post(t, testCtx(t), srv.URL, `{}`))
+	_, err := fastClient(srv).Do(post(t, testkit.Context(t, 20*time.Second), srv.URL, `{}`))
 	if err == nil || !strings.Contains(err.Error(), "attempt 4 of 4") {
 		t.Errorf("err = %v; want the last network error after 4 attempts", err)
 	}
@@ -241,7 +235,7 @@ func TestClientGivesUpAfterMaxAttempts(t *testing.T) {
 func TestClientBodyWithoutGetBody(t *testing.T) {
 	t.Parallel()
 	rec, srv := startRecorder(t, status(http.StatusServiceUnavailable), status(http.StatusCreated))
-	req := post(t, testCtx(t), srv.URL, "")
+	req := post(t, testkit.Context(t, 20*time.Second), srv.URL, "")
 	req.Body = io.NopCloser(io.MultiReader(strings.NewReader("one "), strings.NewReader("stream")))
 	req.GetBody = nil
 	req.ContentLength = -1
@@ -282,7 +276,7 @@ func TestClientHonoursRetryAfter(t *testing.T) {
 			c := fastClient(srv)
 			c.MaxDelay = 5 * time.Second
 			c.BaseDelay = time.Millisecond
-			if resp, _ := do(t, c, post(t, testCtx(t), srv.URL, `{}`)); resp.StatusCode != http.StatusCreated {
+			if resp, _ := do(t, c, post(t, testkit.Context(t, 20*time.Second), srv.URL, `{}`)); resp.StatusCode != http.StatusCreated {
 				t.Fatalf("status %d, want 201", resp.StatusCode)
 			}
 			sameKey(t, rec, 2, `{}`)
@@ -296,7 +290,7 @@ func TestClientHonoursRetryAfter(t *testing.T) {
 func TestClientRetryAfterBeyondMaxDelay(t *testing.T) {
 	t.Parallel()
 	rec, srv := startRecorder(t, status(http.StatusServiceUnavailable, "Retry-After", "3600"), status(http.StatusCreated))
-	resp, _ := do(t, fastClient(srv), post(t, testCtx(t), srv.URL, `{}`))
+	resp, _ := do(t, fastClient(srv), post(t, testkit.Context(t, 20*time.Second), srv.URL, `{}`))
 	if resp.StatusCode != http.StatusServiceUnavailable || resp.Header.Get("Retry-After") != "3600" {
 		t.Errorf("status %d; want the 503 returned as is when Retry-After exceeds MaxDelay", resp.StatusCode)
 	}
@@ -337,7 +331,7 @@ func TestClientStopsWithContext(t *testing.T) {
 	rec, srv = startRecorder(t, status(http.StatusServiceUnavailable, "Retry-After", "2"))
 	c = fastClient(srv)
 	c.MaxDelay = time.Minute
-	dctx, dcancel := context.WithTimeout(testCtx(t), time.Second)
+	dctx, dcancel := context.WithTimeout(testkit.Context(t, 20*time.Second), time.Second)
 	defer dcancel()
 	resp, body := do(t, c, post(t, dctx, srv.URL, `{}`))
 	if resp.StatusCode != http.StatusServiceUnavailable || body != "Service Unavailable" {

@@ -2,7 +2,6 @@ package idemhttp_test
 
 import (
 	"bytes"
-	"crypto/rand"
 	"io"
 	"log"
 	"net/http/httptest"
@@ -14,6 +13,8 @@ import (
 	"time"
 
 	"github.com/go-idempotency/idempotency/internal/testenv"
+	"github.com/go-idempotency/idempotency/internal/testkit"
+	"github.com/go-idempotency/idempotency/internal/testkit/pgkit"
 	"github.com/go-idempotency/idempotency/sqlite"
 )
 
@@ -164,19 +165,13 @@ func TestReadmeMiddleware(t *testing.T) {
 	dsn := testenv.PostgresDSN(t)
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
-	schema := "readme_" + strings.ToLower(rand.Text()[:12])
+	schema := testkit.Name("readme_")
 	admin, err := pgx.Connect(ctx, dsn)
 	if err != nil {
 		t.Fatal(err)
 	}
-	t.Cleanup(func() {
-		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
-		defer cancel()
-		defer admin.Close(ctx)
-		if _, err := admin.Exec(ctx, `DROP SCHEMA IF EXISTS `+schema+` CASCADE`); err != nil {
-			t.Errorf("drop schema: %v", err)
-		}
-	})
+	t.Cleanup(func() { admin.Close(context.Background()) })
+	pgkit.DropAtCleanup(t, dsn, "SCHEMA", schema)
 	if _, err := admin.Exec(ctx, fmt.Sprintf(`CREATE SCHEMA %s; CREATE TABLE %s.payments (id BIGSERIAL PRIMARY KEY, order_id BIGINT NOT NULL, amount BIGINT NOT NULL)`, schema, schema)); err != nil {
 		t.Fatal(err)
 	}

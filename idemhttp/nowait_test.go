@@ -10,6 +10,7 @@ import (
 
 	"github.com/go-idempotency/idempotency"
 	"github.com/go-idempotency/idempotency/idemhttp"
+	"github.com/go-idempotency/idempotency/internal/testkit"
 )
 
 // TestSQLiteNoWaitOtherTenant: on SQLite (one writer at a time) with
@@ -21,9 +22,7 @@ import (
 // retry after A finished runs once.
 func TestSQLiteNoWaitOtherTenant(t *testing.T) {
 	e := sqliteEnv(t)
-	entered, release := make(chan struct{}), make(chan struct{})
-	var once sync.Once
-	free := func() { once.Do(func() { close(release) }) }
+	entered, release := make(chan struct{}), testkit.NewGate(t)
 	var mu sync.Mutex
 	var busy []error
 	s := startServer(t, e, &idempotency.Config{NoWait: true}, &idemhttp.Options{
@@ -32,11 +31,11 @@ func TestSQLiteNoWaitOtherTenant(t *testing.T) {
 	}, func(n int64, w http.ResponseWriter, r *http.Request) {
 		if r.Header.Get("X-Tenant") == "A" {
 			close(entered)
-			<-release
+			<-release.Opened()
 		}
 		created(n, w, r)
 	})
-	t.Cleanup(free) // runs before the server's Close, which waits for A
+	t.Cleanup(release.Open) // runs before the server's Close, which waits for A
 	done := make(chan result, 1)
 	go func() { done <- s.do(t, "/things", `{}`, "Idempotency-Key", "a-1", "X-Tenant", "A") }()
 	select {
@@ -45,7 +44,7 @@ func TestSQLiteNoWaitOtherTenant(t *testing.T) {
 		t.Fatal("tenant A never reached its handler")
 	}
 	b := s.do(t, "/things", `{}`, "Idempotency-Key", "b-1", "X-Tenant", "B")
-	free()
+	release.Open()
 	p := wantProblem(t, b, http.StatusServiceUnavailable, idemhttp.ProblemStoreUnavailable)
 	if text := strings.ToLower(p.Title + " " + p.Detail); p.Type == idemhttp.ProblemInProgress || strings.Contains(text, "in progress") ||
 		!strings.Contains(text, "busy") || !strings.Contains(text, "retry") {

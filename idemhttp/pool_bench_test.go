@@ -8,6 +8,7 @@ import (
 	"time"
 
 	"github.com/go-idempotency/idempotency"
+	"github.com/go-idempotency/idempotency/internal/testkit"
 )
 
 // BenchmarkUnrelatedLatency measures issue 10.2 on PostgreSQL, over real
@@ -74,7 +75,7 @@ func (l *latencies) round(b *testing.B, hc *http.Client, a, holder *poolService,
 			base = 1
 		}
 		ws = launch(hc, n, a.url+"/pay", "A", key, time.Minute)
-		until(b, "the waiters to be in flight", func() bool { return a.inflight.Load() == base+n })
+		testkit.WaitUntil(b, 30*time.Second, "the waiters to be in flight", func() bool { return a.inflight.Load() == base+n })
 	}
 	for range 10 {
 		r := call(hc, http.MethodGet, a.url+"/unguarded", "", "", 30*time.Second)

@@ -2,8 +2,6 @@ package idemhttp_test
 
 import (
 	"context"
-	"crypto/rand"
-	"encoding/hex"
 	"fmt"
 	"io"
 	"net/http"
@@ -20,6 +18,8 @@ import (
 	"github.com/go-idempotency/idempotency"
 	"github.com/go-idempotency/idempotency/idemhttp"
 	"github.com/go-idempotency/idempotency/internal/testenv"
+	"github.com/go-idempotency/idempotency/internal/testkit"
+	"github.com/go-idempotency/idempotency/internal/testkit/pgkit"
 	"github.com/go-idempotency/idempotency/postgres"
 )
 
@@ -89,9 +89,7 @@ type poolDB struct {
 func newPoolDB(tb testing.TB) *poolDB {
 	tb.Helper()
 	dsn := testenv.PostgresDSN(tb)
-	var b [6]byte
-	_, _ = rand.Read(b[:])
-	d := &poolDB{dsn: dsn, table: "idempool_" + hex.EncodeToString(b[:])}
+	d := &poolDB{dsn: dsn, table: testkit.Name("idempool_")}
 	d.effects = d.table + "_effects"
 	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
 	defer cancel()
@@ -100,19 +98,7 @@ func newPoolDB(tb testing.TB) *poolDB {
 		tb.Fatal(err)
 	}
 	defer conn.Close(ctx)
-	tb.Cleanup(func() {
-		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
-		defer cancel()
-		conn, err := pgx.Connect(ctx, dsn)
-		if err != nil {
-			tb.Error(err)
-			return
-		}
-		defer conn.Close(ctx)
-		if _, err := conn.Exec(ctx, `DROP TABLE IF EXISTS `+d.table+`, `+d.effects); err != nil {
-			tb.Error(err)
-		}
-	})
+	pgkit.DropAtCleanup(tb, dsn, "TABLE", d.table, d.effects)
 	if _, err := conn.Exec(ctx, `CREATE TABLE `+d.effects+` (tag TEXT NOT NULL)`); err != nil {
 		tb.Fatal(err)
 	}
@@ -274,17 +260,6 @@ func launch(hc *http.Client, n int, url, tenant, key string, limit time.Duration
 		out <- replies
 	}()
 	return out
-}
-
-// until polls cond every millisecond until it holds, or fails tb after a
-// generous bound.
-func until(tb testing.TB, what string, cond func() bool) {
-	tb.Helper()
-	for deadline := time.Now().Add(30 * time.Second); !cond(); time.Sleep(time.Millisecond) {
-		if time.Now().After(deadline) {
-			tb.Fatalf("gave up waiting for %s", what)
-		}
-	}
 }
 
 // maxAcquired samples pool's acquired connections every millisecond for

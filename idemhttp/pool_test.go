@@ -8,6 +8,7 @@ import (
 
 	"github.com/go-idempotency/idempotency"
 	"github.com/go-idempotency/idempotency/idemhttp"
+	"github.com/go-idempotency/idempotency/internal/testkit"
 )
 
 // TestWaitersHoldNoPool is issue 10.2, over real HTTP on PostgreSQL with a
@@ -44,7 +45,7 @@ func TestWaitersHoldNoPool(t *testing.T) {
 		if holder == a {
 			base = 1
 		}
-		until(t, "the 50 waiters to be in flight", func() bool { return a.inflight.Load() == base+waiters })
+		testkit.WaitUntil(t, 30*time.Second, "the 50 waiters to be in flight", func() bool { return a.inflight.Load() == base+waiters })
 		most := maxAcquired(a.pool, 300*time.Millisecond)
 		t.Logf("connections of a's pool acquired with 50 waiters: at most %d (pool %d)", most, poolSize)
 		if most > bound {
@@ -120,7 +121,7 @@ func beyondMaxWaiters(t *testing.T, hc *http.Client, a, b *poolService, d *poolD
 			t.Errorf("past MaxWaiters: problem %q (%v), want type %s", r.body, err, idemhttp.ProblemInProgress)
 		}
 	}
-	until(t, "MaxWaiters calls waiting", func() bool { return a.inflight.Load() == int64(idempotency.DefaultMaxWaiters) })
+	testkit.WaitUntil(t, 30*time.Second, "MaxWaiters calls waiting", func() bool { return a.inflight.Load() == int64(idempotency.DefaultMaxWaiters) })
 	if most := maxAcquired(a.pool, 300*time.Millisecond); most > int32(idempotency.DefaultMaxWaiters) {
 		t.Errorf("%d connections acquired by calls waiting for keys held elsewhere, want at most MaxWaiters = %d", most, idempotency.DefaultMaxWaiters)
 	}

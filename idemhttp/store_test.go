@@ -3,11 +3,11 @@ package idemhttp_test
 import (
 	"bytes"
 	"net/http"
-	"sync"
 	"sync/atomic"
 	"testing"
 
 	"github.com/go-idempotency/idempotency/idemhttp"
+	"github.com/go-idempotency/idempotency/internal/testkit"
 )
 
 func testStoreDown[Tx any](t *testing.T, e env[Tx]) {
@@ -29,16 +29,9 @@ func testConcurrentSameKey[Tx any](t *testing.T, e env[Tx]) {
 	s := startServer(t, e, nil, nil, created)
 	const n = 20
 	results := make([]result, n)
-	gate := make(chan struct{})
-	var wg sync.WaitGroup
-	for i := range n {
-		wg.Go(func() {
-			<-gate
-			results[i] = s.post(t, `{"amount":5}`, "together")
-		})
-	}
-	close(gate)
-	wg.Wait()
+	testkit.Together(n, func(i int) {
+		results[i] = s.post(t, `{"amount":5}`, "together")
+	})
 	replayed := 0
 	for i, r := range results {
 		wantStatus(t, r, http.StatusCreated)

@@ -11,6 +11,7 @@ import (
 	"time"
 
 	"github.com/go-idempotency/idempotency"
+	"github.com/go-idempotency/idempotency/internal/testkit"
 	gomysql "github.com/go-sql-driver/mysql"
 )
 
@@ -81,7 +82,7 @@ func TestCheckDSN(t *testing.T) {
 }
 
 func TestMigrateIdempotent(t *testing.T) {
-	ctx := testCtx(t, 30*time.Second)
+	ctx := testkit.Context(t, 30*time.Second)
 	db := openDB(t, testConfig(t, nil), 0)
 	f := newFixture(t, db, nil) // migrated once
 	if err := f.store.Migrate(ctx); err != nil {
@@ -108,7 +109,7 @@ func TestMigrateIdempotent(t *testing.T) {
 }
 
 func TestKeysAreByteExact(t *testing.T) {
-	ctx := testCtx(t, 30*time.Second)
+	ctx := testkit.Context(t, 30*time.Second)
 	f := newFixture(t, openDB(t, testConfig(t, nil), 0), nil)
 	g, err := idempotency.New(f.store, nil)
 	if err != nil {
@@ -118,7 +119,7 @@ func TestKeysAreByteExact(t *testing.T) {
 	for round := range 2 {
 		for _, id := range ids {
 			r, err := g.Do(ctx, idempotency.Key{Scope: "s", ID: id}, "fp", func(tx *sql.Tx) (idempotency.Response, error) {
-				if err := f.effect(ctx, tx, id); err != nil {
+				if err := f.fx.Effect(ctx, tx, id); err != nil {
 					return idempotency.Response{}, err
 				}
 				return idempotency.Response{Status: 200, Body: []byte(id)}, nil
@@ -129,7 +130,7 @@ func TestKeysAreByteExact(t *testing.T) {
 		}
 	}
 	for _, id := range ids {
-		f.mustCount(t, ctx, id, 1)
+		testkit.MustCount(t, ctx, f.fx.Count, id, 1)
 	}
 }
 

@@ -26,7 +26,7 @@ func harness(v variant) conformance.Harness[*sql.Tx] {
 			f := newFixture(t, db, &v.cfg)
 			f.store.dialect.Store(int32(v.dialect))
 			f.store.noFold = v.noFold
-			return conformance.Fixture[*sql.Tx]{Store: f.store, Effect: f.effect, Count: f.count, Bare: f.bare, Fill: f.fill}
+			return conformance.Fixture[*sql.Tx]{Store: f.store, Effect: f.fx.Effect, Count: f.fx.Count, Bare: f.fx.Bare, Fill: f.fill}
 		},
 	}
 }

@@ -7,13 +7,14 @@ import (
 	"testing"
 	"time"
 
+	"github.com/go-idempotency/idempotency/internal/testkit"
 	gomysql "github.com/go-sql-driver/mysql"
 )
 
 // TestOpenInterpolates: Open turns interpolateParams on unless the DSN sets
 // it, as the server's count of prepared statements shows.
 func TestOpenInterpolates(t *testing.T) {
-	ctx := testCtx(t, 30*time.Second)
+	ctx := testkit.Context(t, 30*time.Second)
 	base := testConfig(t, nil).FormatDSN()
 	sep := "?"
 	if strings.Contains(base, "?") {
@@ -78,7 +79,7 @@ func TestSetsParam(t *testing.T) {
 // sql.Conn.Raw, as the driver documents for its mysql.Result, still works
 // on a pool of Open.
 func TestOpenRaw(t *testing.T) {
-	ctx := testCtx(t, 30*time.Second)
+	ctx := testkit.Context(t, 30*time.Second)
 	db, err := Open(testConfig(t, nil).FormatDSN())
 	if err != nil {
 		t.Fatal(err)

@@ -10,12 +10,13 @@ import (
 	"time"
 
 	"github.com/go-idempotency/idempotency"
+	"github.com/go-idempotency/idempotency/internal/testkit"
 )
 
 // TestExpiredTakeoverConcurrent: callers racing for an expired key run the
 // effect once.
 func TestExpiredTakeoverConcurrent(t *testing.T) {
-	ctx := testCtx(t, 60*time.Second)
+	ctx := testkit.Context(t, 60*time.Second)
 	f := newFixture(t, openDB(t, testConfig(t, nil), 0), nil)
 	var mu sync.Mutex
 	clock := time.Now()
@@ -24,11 +25,11 @@ func TestExpiredTakeoverConcurrent(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	key := idempotency.Key{ID: randomName()}
+	key := idempotency.Key{ID: testkit.Name("idem_test_")}
 	var calls atomic.Int64
 	fn := func(tx *sql.Tx) (idempotency.Response, error) {
 		n := calls.Add(1)
-		if err := f.effect(ctx, tx, "payment"); err != nil {
+		if err := f.fx.Effect(ctx, tx, "payment"); err != nil {
 			return idempotency.Response{}, err
 		}
 		return idempotency.Response{Status: 200, Body: fmt.Appendf(nil, "run %d", n)}, nil
@@ -40,15 +41,9 @@ func TestExpiredTakeoverConcurrent(t *testing.T) {
 	clock = clock.Add(time.Minute)
 	mu.Unlock()
 	const callers = 10
-	var wg sync.WaitGroup
 	resps := make([]idempotency.Response, callers)
 	errs := make([]error, callers)
-	gate := make(chan struct{})
-	for i := range callers {
-		wg.Go(func() { <-gate; resps[i], errs[i] = g.Do(ctx, key, "fp2", fn) })
-	}
-	close(gate)
-	wg.Wait()
+	testkit.Together(callers, func(i int) { resps[i], errs[i] = g.Do(ctx, key, "fp2", fn) })
 	executed := 0
 	for i := range callers {
 		if errs[i] != nil {
@@ -64,14 +59,14 @@ func TestExpiredTakeoverConcurrent(t *testing.T) {
 	if executed != 1 {
 		t.Fatalf("%d callers executed, want 1", executed)
 	}
-	f.mustCount(t, ctx, "payment", 2)
+	testkit.MustCount(t, ctx, f.fx.Count, "payment", 2)
 }
 
 // TestPurgeSkipsHeldRows: Purge deletes expired rows, at most limit, and
 // skips (never waits for) rows held by open transactions: a pending
 // reservation and a takeover of an expired row.
 func TestPurgeSkipsHeldRows(t *testing.T) {
-	ctx := testCtx(t, 60*time.Second)
+	ctx := testkit.Context(t, 60*time.Second)
 	f := newFixture(t, openDB(t, testConfig(t, nil), 0), nil)
 	t0 := time.Now().Add(-24 * time.Hour)
 	complete := func(id string, now time.Time) {
@@ -129,7 +124,7 @@ func TestPurgeSkipsHeldRows(t *testing.T) {
 // holds in the middle of the same scope without waiting for it, and counts
 // exactly.
 func TestPurgeManyRows(t *testing.T) {
-	ctx := testCtx(t, 60*time.Second)
+	ctx := testkit.Context(t, 60*time.Second)
 	f := newFixture(t, openDB(t, testConfig(t, nil), 0), nil)
 	const rows = 2*purgeChunk + 100
 	expired := time.Now().Add(-time.Hour)

@@ -12,6 +12,7 @@ import (
 
 	"github.com/go-idempotency/idempotency/conformance"
 	"github.com/go-idempotency/idempotency/internal/testenv"
+	"github.com/go-idempotency/idempotency/internal/testkit"
 	"github.com/go-idempotency/idempotency/mysql"
 )
 
@@ -119,16 +120,6 @@ func faultFixture(t testing.TB, base *gomysql.Config, addr, ns, idle string, own
 		}
 		_ = db.Close()
 	})
-	return conformance.Fixture[*sql.Tx]{
-		Store: store,
-		Effect: func(ctx context.Context, tx *sql.Tx, tag string) error {
-			_, err := tx.ExecContext(ctx, "INSERT INTO "+effects+" (tag) VALUES (?)", tag)
-			return err
-		},
-		Count: func(ctx context.Context, tag string) (int, error) {
-			var n int
-			err := db.QueryRowContext(ctx, "SELECT COUNT(*) FROM "+effects+" WHERE tag = ?", tag).Scan(&n)
-			return n, err
-		},
-	}
+	fx := testkit.Effects{DB: db, Table: effects}
+	return conformance.Fixture[*sql.Tx]{Store: store, Effect: fx.Effect, Count: fx.Count}
 }

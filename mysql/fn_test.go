@@ -8,6 +8,7 @@ import (
 	"time"
 
 	"github.com/go-idempotency/idempotency"
+	"github.com/go-idempotency/idempotency/internal/testkit"
 	gomysql "github.com/go-sql-driver/mysql"
 )
 
@@ -15,15 +16,15 @@ import (
 // by Do (the store classifies it), so the caller gets the response and the
 // effect commits once; other errors from fn come back as they are.
 func TestConflictInFnRetried(t *testing.T) {
-	ctx := testCtx(t, 30*time.Second)
+	ctx := testkit.Context(t, 30*time.Second)
 	f := newFixture(t, openDB(t, testConfig(t, nil), 2), nil)
 	g, err := idempotency.New(f.store, nil)
 	if err != nil {
 		t.Fatal(err)
 	}
 	calls := 0
-	resp, err := g.Do(ctx, idempotency.Key{ID: randomName()}, "fp", func(tx *sql.Tx) (idempotency.Response, error) {
-		if err := f.effect(ctx, tx, "pay"); err != nil {
+	resp, err := g.Do(ctx, idempotency.Key{ID: testkit.Name("idem_test_")}, "fp", func(tx *sql.Tx) (idempotency.Response, error) {
+		if err := f.fx.Effect(ctx, tx, "pay"); err != nil {
 			return idempotency.Response{}, err
 		}
 		if calls++; calls == 1 {
@@ -35,8 +36,8 @@ func TestConflictInFnRetried(t *testing.T) {
 	if err != nil || resp.Status != 201 || calls != 2 {
 		t.Fatalf("got %+v, %v after %d calls; want 201 after 2", resp, err, calls)
 	}
-	f.mustCount(t, ctx, "pay", 1)
-	_, err = g.Do(ctx, idempotency.Key{ID: randomName()}, "fp", func(tx *sql.Tx) (idempotency.Response, error) {
+	testkit.MustCount(t, ctx, f.fx.Count, "pay", 1)
+	_, err = g.Do(ctx, idempotency.Key{ID: testkit.Name("idem_test_")}, "fp", func(tx *sql.Tx) (idempotency.Response, error) {
 		_, err := tx.ExecContext(ctx, "SELECT * FROM no_such_table_here")
 		return idempotency.Response{}, err
 	})

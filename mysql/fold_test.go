@@ -11,6 +11,7 @@ import (
 	gomysql "github.com/go-sql-driver/mysql"
 
 	"github.com/go-idempotency/idempotency"
+	"github.com/go-idempotency/idempotency/internal/testkit"
 )
 
 // TestCompleteRefusesGoneRow: when fn deletes the key's pending row
@@ -21,16 +22,16 @@ func TestCompleteRefusesGoneRow(t *testing.T) {
 	for _, p := range paths {
 		t.Run(p.name, func(t *testing.T) {
 			t.Parallel()
-			ctx := testCtx(t, 30*time.Second)
+			ctx := testkit.Context(t, 30*time.Second)
 			db := openDB(t, testConfig(t, interpolate), 0)
 			f := newFixture(t, db, nil)
 			g, err := idempotency.New(newStore(t, db, f.table, p), nil)
 			if err != nil {
 				t.Fatal(err)
 			}
-			key := idempotency.Key{ID: randomName()}
+			key := idempotency.Key{ID: testkit.Name("idem_test_")}
 			_, err = g.Do(ctx, key, "fp", func(tx *sql.Tx) (idempotency.Response, error) {
-				if err := f.effect(ctx, tx, "payment"); err != nil {
+				if err := f.fx.Effect(ctx, tx, "payment"); err != nil {
 					return idempotency.Response{}, err
 				}
 				_, err := tx.ExecContext(ctx, "DELETE FROM `"+f.table+"` WHERE scope = ? AND id = ?", []byte(key.Scope), []byte(key.ID))
@@ -39,7 +40,7 @@ func TestCompleteRefusesGoneRow(t *testing.T) {
 			if !errors.Is(err, idempotency.ErrStore) || !errors.Is(err, errPendingGone) {
 				t.Fatalf("Do with fn deleting its key row: got %v, want a store error for the gone row", err)
 			}
-			f.mustCount(t, ctx, "payment", 0)
+			testkit.MustCount(t, ctx, f.fx.Count, "payment", 0)
 			var rows int
 			if err := db.QueryRowContext(ctx, "SELECT COUNT(*) FROM `"+f.table+"`").Scan(&rows); err != nil || rows != 0 {
 				t.Fatalf("key rows: %d, %v; want none", rows, err)
@@ -55,7 +56,7 @@ func TestCompleteRefusesGoneRow(t *testing.T) {
 // interpolate (over the DSN's maxAllowedPacket) is stored through a
 // prepared UPDATE and a COMMIT of its own, byte-exact.
 func TestFoldedCompleteTooLarge(t *testing.T) {
-	ctx := testCtx(t, 30*time.Second)
+	ctx := testkit.Context(t, 30*time.Second)
 	cfg := testConfig(t, func(c *gomysql.Config) {
 		c.InterpolateParams = true
 		c.MaxAllowedPacket = 64 << 10
@@ -67,16 +68,16 @@ func TestFoldedCompleteTooLarge(t *testing.T) {
 		t.Fatal(err)
 	}
 	body := bytes.Repeat([]byte{0, '\'', '\\', 'x', 0xff}, 50_000) // 250 KB, escapes included
-	key := idempotency.Key{ID: randomName()}
+	key := idempotency.Key{ID: testkit.Name("idem_test_")}
 	for round := range 2 {
 		resp, err := g.Do(ctx, key, "fp", func(tx *sql.Tx) (idempotency.Response, error) {
-			return idempotency.Response{Status: 201, Body: body}, f.effect(ctx, tx, "big")
+			return idempotency.Response{Status: 201, Body: body}, f.fx.Effect(ctx, tx, "big")
 		})
 		if err != nil || resp.Replayed != (round == 1) || !bytes.Equal(resp.Body, body) {
 			t.Fatalf("round %d: replayed %v, %d bytes, %v", round, resp.Replayed, len(resp.Body), err)
 		}
 	}
-	f.mustCount(t, ctx, "big", 1)
+	testkit.MustCount(t, ctx, f.fx.Count, "big", 1)
 }
 
 // TestCompleteCutLeavesNoTransaction cuts Complete's context at moments
@@ -87,20 +88,20 @@ func TestCompleteCutLeavesNoTransaction(t *testing.T) {
 	for _, p := range paths[:2] {
 		t.Run(p.name, func(t *testing.T) {
 			t.Parallel()
-			ctx := testCtx(t, 60*time.Second)
+			ctx := testkit.Context(t, 60*time.Second)
 			db := openDB(t, testConfig(t, interpolate), 1)
 			f := newFixture(t, db, nil)
 			s := newStore(t, db, f.table, p)
 			cut := 0
 			for i := range 40 {
-				key := idempotency.Key{ID: randomName()}
+				key := idempotency.Key{ID: testkit.Name("idem_test_")}
 				now := time.Now()
 				r := idempotency.Reservation{Key: key, Fingerprint: "fp", Now: now, ExpiresAt: now.Add(time.Hour)}
 				txn, _, err := s.Reserve(ctx, r)
 				if err != nil || txn == nil {
 					t.Fatalf("cut %d: reserve: %v", i, err)
 				}
-				if err := f.effect(ctx, txn.Tx(), key.ID); err != nil {
+				if err := f.fx.Effect(ctx, txn.Tx(), key.ID); err != nil {
 					t.Fatal(err)
 				}
 				cctx, cancel := context.WithCancel(ctx)
@@ -131,7 +132,7 @@ func TestCompleteCutLeavesNoTransaction(t *testing.T) {
 				if cerr == nil && want != 1 {
 					t.Fatalf("cut %d: Complete succeeded but the key is free", i)
 				}
-				f.mustCount(t, ctx, key.ID, want)
+				testkit.MustCount(t, ctx, f.fx.Count, key.ID, want)
 			}
 			t.Logf("%d of 40 Completes cut", cut)
 			if cut == 0 || cut == 40 {
@@ -144,7 +145,7 @@ func TestCompleteCutLeavesNoTransaction(t *testing.T) {
 // TestIsolationApplied: fn's transaction runs at Config.Isolation on every
 // path, the folded START TRANSACTION included, as InnoDB reports it.
 func TestIsolationApplied(t *testing.T) {
-	ctx := testCtx(t, 60*time.Second)
+	ctx := testkit.Context(t, 60*time.Second)
 	db := openDB(t, testConfig(t, interpolate), 0)
 	f := newFixture(t, db, nil)
 	for _, p := range paths {
@@ -160,7 +161,7 @@ func TestIsolationApplied(t *testing.T) {
 			if err != nil {
 				t.Fatal(err)
 			}
-			resp, err := g.Do(ctx, idempotency.Key{ID: randomName()}, "fp", func(tx *sql.Tx) (idempotency.Response, error) {
+			resp, err := g.Do(ctx, idempotency.Key{ID: testkit.Name("idem_test_")}, "fp", func(tx *sql.Tx) (idempotency.Response, error) {
 				// InnoDB refreshes INNODB_TRX when it was last read more than
 				// 100ms ago: wait so that the transaction is in it.
 				time.Sleep(150 * time.Millisecond)

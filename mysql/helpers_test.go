@@ -2,10 +2,8 @@ package mysql
 
 import (
 	"context"
-	"crypto/rand"
 	"database/sql"
 	"database/sql/driver"
-	"encoding/hex"
 	"errors"
 	"fmt"
 	"sync/atomic"
@@ -15,6 +13,7 @@ import (
 	gomysql "github.com/go-sql-driver/mysql"
 
 	"github.com/go-idempotency/idempotency/internal/testenv"
+	"github.com/go-idempotency/idempotency/internal/testkit"
 )
 
 // testConfig returns the test server's DSN, parsed, with extra applied.
@@ -61,14 +60,16 @@ type fixture struct {
 	store   *Store
 	table   string
 	effects string
+	fx      testkit.Effects // on the effects table
 }
 
 func newFixture(t testing.TB, db *sql.DB, cfg *Config) *fixture {
 	t.Helper()
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
-	f := &fixture{db: db, table: randomName()}
+	f := &fixture{db: db, table: testkit.Name("idem_test_")}
 	f.effects = f.table + "_effects"
+	f.fx = testkit.Effects{DB: db, Table: "`" + f.effects + "`", Binary: true}
 	c := Config{}
 	if cfg != nil {
 		c = *cfg
@@ -102,29 +103,6 @@ func newFixture(t testing.TB, db *sql.DB, cfg *Config) *fixture {
 		t.Fatalf("create effects table: %v", err)
 	}
 	return f
-}
-
-func randomName() string {
-	b := make([]byte, 6)
-	_, _ = rand.Read(b)
-	return "idem_test_" + hex.EncodeToString(b)
-}
-
-func (f *fixture) effect(ctx context.Context, tx *sql.Tx, tag string) error {
-	_, err := tx.ExecContext(ctx, "INSERT INTO `"+f.effects+"` (tag) VALUES (?)", []byte(tag))
-	return err
-}
-
-func (f *fixture) bare(ctx context.Context, tag string) error {
-	tx, err := f.db.BeginTx(ctx, nil)
-	if err != nil {
-		return err
-	}
-	if err := f.effect(ctx, tx, tag); err != nil {
-		_ = tx.Rollback()
-		return err
-	}
-	return tx.Commit()
 }
 
 // fill inserts n completed records straight into the keys table, in
@@ -169,30 +147,6 @@ func (f *fixture) fill(ctx context.Context, n int, expiresAt time.Time) error {
 		return fmt.Errorf("fill: unlock: %w", err)
 	}
 	return nil
-}
-
-// count counts effects tagged tag through a connection of the pool.
-func (f *fixture) count(ctx context.Context, tag string) (int, error) {
-	var n int
-	err := f.db.QueryRowContext(ctx, "SELECT COUNT(*) FROM `"+f.effects+"` WHERE tag = ?", []byte(tag)).Scan(&n)
-	return n, err
-}
-
-func (f *fixture) mustCount(t testing.TB, ctx context.Context, tag string, want int) {
-	t.Helper()
-	got, err := f.count(ctx, tag)
-	if err != nil {
-		t.Fatalf("count %q: %v", tag, err)
-	}
-	if got != want {
-		t.Fatalf("effects %q: got %d, want %d", tag, got, want)
-	}
-}
-
-func testCtx(t testing.TB, d time.Duration) context.Context {
-	ctx, cancel := context.WithTimeout(context.Background(), d)
-	t.Cleanup(cancel)
-	return ctx
 }
 
 // countingConnector counts the round trips its connections make: one per

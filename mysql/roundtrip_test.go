@@ -11,6 +11,7 @@ import (
 	gomysql "github.com/go-sql-driver/mysql"
 
 	"github.com/go-idempotency/idempotency"
+	"github.com/go-idempotency/idempotency/internal/testkit"
 )
 
 // trips are the round trips of one Do, not counting fn's own statement.
@@ -81,8 +82,8 @@ func TestRoundTrips(t *testing.T) {
 func TestDialectDetectedOnce(t *testing.T) {
 	rt := newRoundTripper(t, "", paths[0])
 	rt.s.dialect.Store(int32(dialectUnknown))
-	first := rt.measure(t, rt.do(idempotency.Key{ID: randomName()}))
-	second := rt.measure(t, rt.do(idempotency.Key{ID: randomName()}))
+	first := rt.measure(t, rt.do(idempotency.Key{ID: testkit.Name("idem_test_")}))
+	second := rt.measure(t, rt.do(idempotency.Key{ID: testkit.Name("idem_test_")}))
 	var version string
 	if err := rt.f.db.QueryRowContext(rt.ctx, "SELECT VERSION()").Scan(&version); err != nil {
 		t.Fatal(err)
@@ -111,7 +112,7 @@ type roundTripper struct {
 }
 
 func newRoundTripper(t *testing.T, sessionWait string, p path) *roundTripper {
-	rt := &roundTripper{ctx: testCtx(t, 60*time.Second)}
+	rt := &roundTripper{ctx: testkit.Context(t, 60*time.Second)}
 	cfg := testConfig(t, func(cfg *gomysql.Config) {
 		cfg.InterpolateParams = true
 		if sessionWait != "" {
@@ -137,7 +138,7 @@ func newRoundTripper(t *testing.T, sessionWait string, p path) *roundTripper {
 func (rt *roundTripper) do(key idempotency.Key) func() error {
 	return func() error {
 		_, err := rt.g.Do(rt.ctx, key, "fp", func(tx *sql.Tx) (idempotency.Response, error) {
-			return idempotency.Response{Status: 201, Body: []byte("ok")}, rt.f.effect(rt.ctx, tx, "x")
+			return idempotency.Response{Status: 201, Body: []byte("ok")}, rt.f.fx.Effect(rt.ctx, tx, "x")
 		})
 		return err
 	}
@@ -155,13 +156,13 @@ func (rt *roundTripper) measure(t *testing.T, op func() error) int64 {
 // measureAll returns the round trips of the bare effect transaction and of
 // a new key, a replay and a waiter.
 func (rt *roundTripper) measureAll(t *testing.T) (int64, trips) {
-	bare := rt.measure(t, func() error { return rt.f.bare(rt.ctx, "bare") })
-	key := idempotency.Key{ID: randomName()}
+	bare := rt.measure(t, func() error { return rt.f.fx.Bare(rt.ctx, "bare") })
+	key := idempotency.Key{ID: testkit.Name("idem_test_")}
 	var got trips
 	got.newKey = rt.measure(t, rt.do(key)) - 1
 	got.replay = rt.measure(t, rt.do(key))
 
-	held := idempotency.Key{ID: randomName()}
+	held := idempotency.Key{ID: testkit.Name("idem_test_")}
 	holder := hold(t, rt.ctx, rt.holders, held, time.Now())
 	go func() {
 		if err := waitForLockWaits(rt.ctx, rt.holders.db, rt.f.table, 1); err != nil {

@@ -2,9 +2,7 @@ package mysql_test
 
 import (
 	"context"
-	"crypto/rand"
 	"database/sql"
-	"encoding/hex"
 	"errors"
 	"testing"
 	"time"
@@ -13,6 +11,7 @@ import (
 
 	"github.com/go-idempotency/idempotency/conformance"
 	"github.com/go-idempotency/idempotency/internal/testenv"
+	"github.com/go-idempotency/idempotency/internal/testkit"
 )
 
 // BenchmarkSeed measures the MySQL form of the plain SQL algorithm of the
@@ -62,7 +61,7 @@ func seedContender(b *testing.B) conformance.Contender {
 	db.SetMaxOpenConns(2 * conformance.Callers) // as conformance.Benchmark asks
 	db.SetMaxIdleConns(2 * conformance.Callers)
 	b.Cleanup(func() { _ = db.Close() })
-	keys, effects := seedName("seed_keys_"), seedName("seed_effects_")
+	keys, effects := testkit.Name("seed_keys_"), testkit.Name("seed_effects_")
 	b.Cleanup(func() {
 		ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 		defer cancel()
@@ -143,10 +142,4 @@ func (s *seedMySQL) effects(ctx context.Context) (int, error) {
 	var n int
 	err := s.db.QueryRowContext(ctx, s.count).Scan(&n)
 	return n, err
-}
-
-func seedName(prefix string) string {
-	b := make([]byte, 6)
-	_, _ = rand.Read(b)
-	return prefix + hex.EncodeToString(b)
 }

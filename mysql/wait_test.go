@@ -11,6 +11,7 @@ import (
 	"time"
 
 	"github.com/go-idempotency/idempotency"
+	"github.com/go-idempotency/idempotency/internal/testkit"
 )
 
 // TestWaitBoundRestored checks that the reservation's lock wait bound maps
@@ -26,7 +27,7 @@ func TestWaitBoundRestored(t *testing.T) {
 }
 
 func waitBoundRestored(t *testing.T, p path) {
-	ctx := testCtx(t, 60*time.Second)
+	ctx := testkit.Context(t, 60*time.Second)
 	cfg := testConfig(t, nil)
 	f := newFixture(t, openDB(t, cfg, 0), nil)
 	db := openDB(t, cfg, 1) // one connection: the session is observable
@@ -48,7 +49,7 @@ func waitBoundRestored(t *testing.T, p path) {
 	}
 
 	now := time.Now()
-	key := idempotency.Key{ID: randomName()}
+	key := idempotency.Key{ID: testkit.Name("idem_test_")}
 	holder := hold(t, ctx, f.store, key, now)
 	for _, wait := range []time.Duration{0, 300 * time.Millisecond, 1500 * time.Millisecond} {
 		start := time.Now()
@@ -85,7 +86,7 @@ func waitBoundRestored(t *testing.T, p path) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	_, err = g.Do(ctx, idempotency.Key{ID: randomName()}, "fp", func(tx *sql.Tx) (idempotency.Response, error) {
+	_, err = g.Do(ctx, idempotency.Key{ID: testkit.Name("idem_test_")}, "fp", func(tx *sql.Tx) (idempotency.Response, error) {
 		var wait int64
 		if err := tx.QueryRowContext(ctx, "SELECT @@SESSION.innodb_lock_wait_timeout").Scan(&wait); err != nil {
 			return idempotency.Response{}, err
@@ -114,13 +115,13 @@ func TestCancelWhileWaiting(t *testing.T) {
 }
 
 func cancelWhileWaiting(t *testing.T, p path) {
-	ctx := testCtx(t, 60*time.Second)
+	ctx := testkit.Context(t, 60*time.Second)
 	cfg := testConfig(t, nil)
 	f := newFixture(t, openDB(t, cfg, 0), nil)
 	db := openDB(t, cfg, 1)
 	s := newStore(t, db, f.table, p)
 	now := time.Now()
-	key := idempotency.Key{ID: randomName()}
+	key := idempotency.Key{ID: testkit.Name("idem_test_")}
 	holder := hold(t, ctx, f.store, key, now)
 
 	cctx, cancel := context.WithCancel(ctx)
@@ -159,13 +160,13 @@ func TestWaiterSeesCommitUnderRepeatableRead(t *testing.T) {
 		for _, iso := range []sql.IsolationLevel{sql.LevelRepeatableRead, sql.LevelSerializable, sql.LevelReadCommitted} {
 			t.Run(p.name+"/"+strings.ReplaceAll(iso.String(), " ", ""), func(t *testing.T) {
 				t.Parallel()
-				ctx := testCtx(t, 60*time.Second)
+				ctx := testkit.Context(t, 60*time.Second)
 				cfg := testConfig(t, nil)
 				db := openDB(t, cfg, 0)
 				f := newFixture(t, db, &Config{Isolation: iso})
 				s := newStoreIso(t, db, f.table, p, iso)
 				now := time.Now()
-				key := idempotency.Key{ID: randomName()}
+				key := idempotency.Key{ID: testkit.Name("idem_test_")}
 				holder := hold(t, ctx, f.store, key, now)
 				done := make(chan *idempotency.Record, 1)
 				go func() {
@@ -198,13 +199,13 @@ func TestWaiterTakesReleasedKey(t *testing.T) {
 	for _, p := range paths {
 		t.Run(p.name, func(t *testing.T) {
 			t.Parallel()
-			ctx := testCtx(t, 60*time.Second)
+			ctx := testkit.Context(t, 60*time.Second)
 			cfg := testConfig(t, nil)
 			db := openDB(t, cfg, 0)
 			f := newFixture(t, db, nil)
 			s := newStore(t, db, f.table, p)
 			now := time.Now()
-			key := idempotency.Key{ID: randomName()}
+			key := idempotency.Key{ID: testkit.Name("idem_test_")}
 			holder := hold(t, ctx, f.store, key, now)
 			type result struct {
 				txn idempotency.Txn[*sql.Tx]
@@ -226,13 +227,13 @@ func TestWaiterTakesReleasedKey(t *testing.T) {
 			if r.err != nil || r.txn == nil {
 				t.Fatalf("waiter after the holder rolled back: got %v, %+v, %v; want the key", r.txn, r.rec, r.err)
 			}
-			if err := f.effect(ctx, r.txn.Tx(), "payment"); err != nil {
+			if err := f.fx.Effect(ctx, r.txn.Tx(), "payment"); err != nil {
 				t.Fatal(err)
 			}
 			if err := r.txn.Complete(ctx, idempotency.Response{Status: 201, Body: []byte("second")}, now.Add(time.Hour)); err != nil {
 				t.Fatal(err)
 			}
-			f.mustCount(t, ctx, "payment", 1)
+			testkit.MustCount(t, ctx, f.fx.Count, "payment", 1)
 			_, rec, err := s.Reserve(ctx, idempotency.Reservation{Key: key, Fingerprint: "fp", Now: now, ExpiresAt: now.Add(time.Hour), Wait: time.Second})
 			if err != nil || rec == nil || rec.Fingerprint != "fp2" || string(rec.Body) != "second" {
 				t.Fatalf("after the waiter completed: got %+v, %v", rec, err)

@@ -8,12 +8,12 @@ import (
 	"fmt"
 	"net/http"
 	"strings"
-	"sync"
 	"sync/atomic"
 	"testing"
 	"time"
 
 	"github.com/go-idempotency/idempotency"
+	"github.com/go-idempotency/idempotency/internal/testkit"
 )
 
 // TestWinnerFailsWhileOthersWait: 20 callers of one key, each with a Guard
@@ -37,7 +37,7 @@ func TestWinnerFailsWhileOthersWait(t *testing.T) {
 
 func winnerFails(t *testing.T, iso sql.IsolationLevel, p path) {
 	const callers = 20
-	ctx := testCtx(t, 90*time.Second)
+	ctx := testkit.Context(t, 90*time.Second)
 	db := openDB(t, testConfig(t, nil), callers+2)
 	monitor := openDB(t, testConfig(t, nil), 1)
 	f := newFixture(t, db, &Config{Isolation: iso})
@@ -54,11 +54,11 @@ func winnerFails(t *testing.T, iso sql.IsolationLevel, p path) {
 		guards[i] = g
 	}
 	errBoom := errors.New("the winner's effect fails")
-	key := idempotency.Key{Scope: "hard", ID: randomName()}
+	key := idempotency.Key{Scope: "hard", ID: testkit.Name("idem_test_")}
 	var calls atomic.Int64
 	fn := func(tx *sql.Tx) (idempotency.Response, error) {
 		n := calls.Add(1)
-		if err := f.effect(ctx, tx, "payment"); err != nil {
+		if err := f.fx.Effect(ctx, tx, "payment"); err != nil {
 			return idempotency.Response{}, err
 		}
 		if n > 1 {
@@ -74,16 +74,9 @@ func winnerFails(t *testing.T, iso sql.IsolationLevel, p path) {
 		resp idempotency.Response
 		err  error
 	}, callers)
-	gate := make(chan struct{})
-	var wg sync.WaitGroup
-	for i := range callers {
-		wg.Go(func() {
-			<-gate
-			results[i].resp, results[i].err = guards[i].Do(ctx, key, "fp", fn)
-		})
-	}
-	close(gate)
-	wg.Wait()
+	testkit.Together(callers, func(i int) {
+		results[i].resp, results[i].err = guards[i].Do(ctx, key, "fp", fn)
+	})
 
 	var first *idempotency.Response
 	failed, executed := 0, 0
@@ -110,7 +103,7 @@ func winnerFails(t *testing.T, iso sql.IsolationLevel, p path) {
 	if n := calls.Load(); n != 2 {
 		t.Fatalf("fn ran %d times, want 2 (the failing winner, then one waiter)", n)
 	}
-	f.mustCount(t, ctx, "payment", 1)
+	testkit.MustCount(t, ctx, f.fx.Count, "payment", 1)
 	t.Logf("%v: %d attempts were retried after ErrConflict", iso, retries.Load())
 	if retries.Load() == 0 {
 		t.Fatalf("no caller retried: the waiters were not answered with deadlocks, so the test did not exercise the hard case")

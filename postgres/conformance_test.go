@@ -3,7 +3,6 @@ package postgres_test
 import (
 	"errors"
 	"fmt"
-	"sync"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -13,6 +12,7 @@ import (
 
 	"github.com/go-idempotency/idempotency"
 	"github.com/go-idempotency/idempotency/conformance"
+	"github.com/go-idempotency/idempotency/internal/testkit"
 	"github.com/go-idempotency/idempotency/postgres"
 )
 
@@ -82,12 +82,12 @@ func TestIsolationLevels(t *testing.T) {
 	for _, c := range cases {
 		t.Run(c.name, func(t *testing.T) {
 			t.Parallel()
-			ctx := testContext(t)
+			ctx := testkit.Context(t, testTimeout)
 			f := newFixture(t, newPool(t, 4, c.configure...), c.cfg)
 			g := f.guard(t, nil)
 
 			var level string
-			_, err := g.Do(ctx, idempotency.Key{ID: randomName("iso-")}, "fp", func(tx pgx.Tx) (idempotency.Response, error) {
+			_, err := g.Do(ctx, idempotency.Key{ID: testkit.Name("iso-")}, "fp", func(tx pgx.Tx) (idempotency.Response, error) {
 				return idempotency.Response{Status: 200}, tx.QueryRow(ctx, "SELECT current_setting('transaction_isolation')").Scan(&level)
 			})
 			if err != nil || level != c.want {
@@ -95,34 +95,27 @@ func TestIsolationLevels(t *testing.T) {
 			}
 
 			for _, winnerFails := range []bool{false, true} {
-				key := idempotency.Key{ID: randomName("k-")}
+				key := idempotency.Key{ID: testkit.Name("k-")}
 				tag := fmt.Sprintf("winner-fails-%v", winnerFails)
 				errFail := errors.New("the winner fails")
 				var calls atomic.Int64
 				results := make([]error, 20)
 				replayed := make([]bool, 20)
-				gate := make(chan struct{})
-				var wg sync.WaitGroup
-				for i := range results {
-					wg.Go(func() {
-						<-gate
-						var resp idempotency.Response
-						resp, results[i] = g.Do(ctx, key, "fp", func(tx pgx.Tx) (idempotency.Response, error) {
-							n := calls.Add(1)
-							if err := f.effect(ctx, tx, tag); err != nil {
-								return idempotency.Response{}, err
-							}
-							if winnerFails && n == 1 {
-								time.Sleep(200 * time.Millisecond)
-								return idempotency.Response{}, errFail
-							}
-							return idempotency.Response{Status: 201, Body: []byte(tag)}, nil
-						})
-						replayed[i] = resp.Replayed
+				testkit.Together(len(results), func(i int) {
+					var resp idempotency.Response
+					resp, results[i] = g.Do(ctx, key, "fp", func(tx pgx.Tx) (idempotency.Response, error) {
+						n := calls.Add(1)
+						if err := f.effect(ctx, tx, tag); err != nil {
+							return idempotency.Response{}, err
+						}
+						if winnerFails && n == 1 {
+							time.Sleep(200 * time.Millisecond)
+							return idempotency.Response{}, errFail
+						}
+						return idempotency.Response{Status: 201, Body: []byte(tag)}, nil
 					})
-				}
-				close(gate)
-				wg.Wait()
+					replayed[i] = resp.Replayed
+				})
 				failed, executed := 0, 0
 				for i, err := range results {
 					switch {
@@ -137,7 +130,7 @@ func TestIsolationLevels(t *testing.T) {
 				if executed != 1 || (winnerFails && failed != 1) {
 					t.Fatalf("winnerFails=%v: %d executed, %d failed; want 1 executed", winnerFails, executed, failed)
 				}
-				f.mustCount(t, ctx, tag, 1)
+				testkit.MustCount(t, ctx, f.count, tag, 1)
 			}
 		})
 	}

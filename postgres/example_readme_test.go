@@ -2,7 +2,6 @@ package postgres_test
 
 import (
 	"context"
-	"crypto/rand"
 	"errors"
 	"fmt"
 	"net/url"
@@ -15,6 +14,8 @@ import (
 
 	"github.com/go-idempotency/idempotency"
 	"github.com/go-idempotency/idempotency/internal/testenv"
+	"github.com/go-idempotency/idempotency/internal/testkit"
+	"github.com/go-idempotency/idempotency/internal/testkit/pgkit"
 	"github.com/go-idempotency/idempotency/postgres"
 )
 
@@ -57,22 +58,16 @@ func TestReadmeQuickStart(t *testing.T) {
 	dsn := testenv.PostgresDSN(t)
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
-	schema := "readme_" + strings.ToLower(rand.Text()[:12])
+	schema := testkit.Name("readme_")
 	admin, err := pgx.Connect(ctx, dsn)
 	if err != nil {
 		t.Fatal(err)
 	}
-	t.Cleanup(func() { admin.Close(context.Background()) }) // after the schema is dropped
+	t.Cleanup(func() { admin.Close(context.Background()) })
 	if _, err := admin.Exec(ctx, fmt.Sprintf(`CREATE SCHEMA %s; CREATE TABLE %s.payments (id BIGSERIAL PRIMARY KEY, amount INT NOT NULL)`, schema, schema)); err != nil {
 		t.Fatal(err)
 	}
-	t.Cleanup(func() {
-		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
-		defer cancel()
-		if _, err := admin.Exec(ctx, `DROP SCHEMA `+schema+` CASCADE`); err != nil {
-			t.Errorf("drop schema: %v", err)
-		}
-	})
+	pgkit.DropAtCleanup(t, dsn, "SCHEMA", schema)
 	dsn = withSearchPath(t, dsn, schema)
 
 	key := idempotency.Key{Scope: "customer-7", ID: "order-42"}

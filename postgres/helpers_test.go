@@ -2,12 +2,9 @@ package postgres_test
 
 import (
 	"context"
-	"crypto/rand"
-	"encoding/hex"
 	"errors"
 	"fmt"
 	"strings"
-	"sync"
 	"testing"
 	"time"
 
@@ -17,10 +14,12 @@ import (
 	"github.com/go-idempotency/idempotency"
 	"github.com/go-idempotency/idempotency/conformance"
 	"github.com/go-idempotency/idempotency/internal/testenv"
+	"github.com/go-idempotency/idempotency/internal/testkit"
+	"github.com/go-idempotency/idempotency/internal/testkit/pgkit"
 	"github.com/go-idempotency/idempotency/postgres"
 )
 
-// testTimeout bounds every test of this file.
+// testTimeout bounds the context of every test of this package.
 const testTimeout = 30 * time.Second
 
 // isolation sets the session's default isolation level on every connection
@@ -32,12 +31,6 @@ func isolation(level string) func(*pgxpool.Config) {
 			return err
 		}
 	}
-}
-
-func testContext(t testing.TB) context.Context {
-	ctx, cancel := context.WithTimeout(context.Background(), testTimeout)
-	t.Cleanup(cancel)
-	return ctx
 }
 
 // newPool returns a pool of at most maxConns connections (8 when 0) to the
@@ -53,7 +46,7 @@ func newPool(t testing.TB, maxConns int, configure ...func(*pgxpool.Config)) *pg
 		maxConns = 8
 	}
 	cfg.MaxConns = int32(maxConns)
-	cfg.ConnConfig.RuntimeParams["application_name"] = randomName("idem_test_")
+	cfg.ConnConfig.RuntimeParams["application_name"] = testkit.Name("idem_test_")
 	for _, f := range configure {
 		f(cfg)
 	}
@@ -64,37 +57,8 @@ func newPool(t testing.TB, maxConns int, configure ...func(*pgxpool.Config)) *pg
 		t.Fatalf("pool: %v", err)
 	}
 	t.Cleanup(pool.Close)
-	t.Cleanup(func() {
-		deadline := time.Now().Add(5 * time.Second)
-		for pool.Stat().AcquiredConns() != 0 {
-			if time.Now().After(deadline) {
-				t.Errorf("%d pool connections still acquired at the end of the test (leaked?)", pool.Stat().AcquiredConns())
-				return
-			}
-			time.Sleep(10 * time.Millisecond)
-		}
-	})
+	testkit.CheckReleased(t, "pool connections", func() int { return int(pool.Stat().AcquiredConns()) })
 	return pool
-}
-
-func randomName(prefix string) string {
-	b := make([]byte, 6)
-	_, _ = rand.Read(b)
-	return prefix + hex.EncodeToString(b)
-}
-
-// dropAtCleanup drops the given tables (or schemas, with kind "SCHEMA")
-// when the test ends.
-func dropAtCleanup(t testing.TB, pool *pgxpool.Pool, kind string, names ...string) {
-	t.Cleanup(func() {
-		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
-		defer cancel()
-		for _, n := range names {
-			if _, err := pool.Exec(ctx, "DROP "+kind+" IF EXISTS "+n+" CASCADE"); err != nil {
-				t.Errorf("drop %s %s: %v", kind, n, err)
-			}
-		}
-	})
 }
 
 // fixture is a migrated store on a fresh table plus an effects table.
@@ -107,15 +71,15 @@ type fixture struct {
 
 func newFixture(t testing.TB, pool *pgxpool.Pool, cfg postgres.Config) *fixture {
 	t.Helper()
-	ctx := testContext(t)
+	ctx := testkit.Context(t, testTimeout)
 	if cfg.Table == "" {
-		cfg.Table = randomName("idem_")
+		cfg.Table = testkit.Name("idem_")
 	}
 	f := &fixture{pool: pool, table: cfg.Table, effects: cfg.Table + "_effects"}
 	if len(f.effects) > 63 {
-		f.effects = randomName("idem_effects_")
+		f.effects = testkit.Name("idem_effects_")
 	}
-	dropAtCleanup(t, pool, "TABLE", f.table, f.effects)
+	pgkit.DropAtCleanup(t, testenv.PostgresDSN(t), "TABLE", f.table, f.effects)
 	store, err := postgres.New(pool, &cfg)
 	if err != nil {
 		t.Fatalf("New: %v", err)
@@ -139,17 +103,6 @@ func (f *fixture) count(ctx context.Context, tag string) (int, error) {
 	var n int
 	err := f.pool.QueryRow(ctx, "SELECT count(*) FROM "+f.effects+" WHERE tag = $1", tag).Scan(&n)
 	return n, err
-}
-
-func (f *fixture) mustCount(t testing.TB, ctx context.Context, tag string, want int) {
-	t.Helper()
-	got, err := f.count(ctx, tag)
-	if err != nil {
-		t.Fatalf("count %q: %v", tag, err)
-	}
-	if got != want {
-		t.Fatalf("effects %q: got %d, want %d", tag, got, want)
-	}
 }
 
 func (f *fixture) guard(t testing.TB, cfg *idempotency.Config) *idempotency.Guard[pgx.Tx] {
@@ -240,18 +193,4 @@ func waitSessionGone(t testing.TB, ctx context.Context, pid int, d time.Duration
 			t.Fatalf("server session %d still there %v after its caller gave up", pid, d)
 		}
 	}
-}
-
-// release is a channel closed by do, or at cleanup if the test ends first,
-// so that no goroutine of a failed test stays blocked on it.
-type release struct {
-	c  chan struct{}
-	do func()
-}
-
-func releaser(t testing.TB) release {
-	c := make(chan struct{})
-	r := release{c: c, do: sync.OnceFunc(func() { close(c) })}
-	t.Cleanup(r.do)
-	return r
 }

@@ -14,6 +14,7 @@ import (
 	"github.com/jackc/pgx/v5"
 
 	"github.com/go-idempotency/idempotency"
+	"github.com/go-idempotency/idempotency/internal/testkit"
 	"github.com/go-idempotency/idempotency/postgres"
 )
 
@@ -34,7 +35,7 @@ func TestPurgeSkipsHeldRows(t *testing.T) {
 		{"Serializable", postgres.Config{TxOptions: pgx.TxOptions{IsoLevel: pgx.Serializable}}, 3},
 	} {
 		t.Run(c.name, func(t *testing.T) {
-			ctx := testContext(t)
+			ctx := testkit.Context(t, testTimeout)
 			f := newFixture(t, newPool(t, 3), c.cfg)
 			var now atomic.Pointer[time.Time]
 			start := time.Now()
@@ -59,12 +60,12 @@ func TestPurgeSkipsHeldRows(t *testing.T) {
 			if _, err := locker.Exec(ctx, `SELECT 1 FROM "`+f.table+`" WHERE id = 'locked' FOR UPDATE`); err != nil {
 				t.Fatal(err)
 			}
-			held, release := make(chan struct{}), releaser(t)
+			held, release := make(chan struct{}), testkit.NewGate(t)
 			done := make(chan error, 1)
 			go func() {
 				_, err := g.Do(ctx, idempotency.Key{ID: "held"}, "fp", func(tx pgx.Tx) (idempotency.Response, error) {
 					close(held)
-					<-release.c
+					<-release.Opened()
 					return fn(tx)
 				})
 				done <- err
@@ -77,7 +78,7 @@ func TestPurgeSkipsHeldRows(t *testing.T) {
 			pctx, cancel := context.WithTimeout(ctx, 5*time.Second)
 			n, err := f.store.Purge(pctx, later, 100)
 			cancel()
-			release.do()
+			release.Open()
 			if err != nil || n != c.want {
 				t.Fatalf("Purge with held rows: got %d, %v; want %d (and no wait)", n, err, c.want)
 			}
@@ -92,7 +93,7 @@ func TestPurgeSkipsHeldRows(t *testing.T) {
 			if n, err := f.store.Purge(ctx, later, 100); err != nil || n != 1 {
 				t.Fatalf("Purge once the lock is gone: got %d, %v; want 1 (the row that was locked)", n, err)
 			}
-			f.mustCount(t, ctx, "p", 6)
+			testkit.MustCount(t, ctx, f.count, "p", 6)
 		})
 	}
 }
@@ -100,7 +101,7 @@ func TestPurgeSkipsHeldRows(t *testing.T) {
 // TestNoGrowth: thousands of keys (new, replayed, failed) leave the number
 // of goroutines and the live heap where they were.
 func TestNoGrowth(t *testing.T) {
-	ctx := testContext(t)
+	ctx := testkit.Context(t, testTimeout)
 	f := newFixture(t, newPool(t, 4), postgres.Config{})
 	g := f.guard(t, nil)
 	errFn := errors.New("fn fails")
@@ -127,7 +128,7 @@ func TestNoGrowth(t *testing.T) {
 			runtime.GC()
 		}
 		runtime.ReadMemStats(&ms)
-		return runtime.NumGoroutine(), ms.HeapAlloc
+		return testkit.Goroutines(), ms.HeapAlloc
 	}
 	var wg sync.WaitGroup
 	parallel := func(from, to int) {
@@ -153,5 +154,5 @@ func TestNoGrowth(t *testing.T) {
 	if h1 > h0+256<<10 {
 		t.Errorf("live heap grew from %d to %d bytes over %d keys", h0, h1, keys)
 	}
-	f.mustCount(t, ctx, "growth", (400+keys)*9/10)
+	testkit.MustCount(t, ctx, f.count, "growth", (400+keys)*9/10)
 }

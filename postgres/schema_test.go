@@ -11,6 +11,9 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/go-idempotency/idempotency"
+	"github.com/go-idempotency/idempotency/internal/testenv"
+	"github.com/go-idempotency/idempotency/internal/testkit"
+	"github.com/go-idempotency/idempotency/internal/testkit/pgkit"
 	"github.com/go-idempotency/idempotency/postgres"
 )
 
@@ -46,7 +49,7 @@ func TestInvalidTable(t *testing.T) {
 }
 
 func TestSchemaMigrate(t *testing.T) {
-	ctx := testContext(t)
+	ctx := testkit.Context(t, testTimeout)
 	pool := newPool(t, 2)
 
 	// The published DDL, run twice on a migrated table: idempotent. (Migrate
@@ -67,8 +70,8 @@ func TestSchemaMigrate(t *testing.T) {
 	}
 
 	// Concurrent migrations of one table do not trip over each other.
-	table := randomName("idem_")
-	dropAtCleanup(t, pool, "TABLE", table)
+	table := testkit.Name("idem_")
+	pgkit.DropAtCleanup(t, testenv.PostgresDSN(t), "TABLE", table)
 	s, err := postgres.New(pool, &postgres.Config{Table: table})
 	if err != nil {
 		t.Fatal(err)
@@ -84,11 +87,11 @@ func TestSchemaMigrate(t *testing.T) {
 	}
 
 	// A schema-qualified table works end to end.
-	schema := randomName("idem_s_")
+	schema := testkit.Name("idem_s_")
 	if _, err := pool.Exec(ctx, "CREATE SCHEMA "+schema); err != nil {
 		t.Fatal(err)
 	}
-	dropAtCleanup(t, pool, "SCHEMA", schema)
+	pgkit.DropAtCleanup(t, testenv.PostgresDSN(t), "SCHEMA", schema)
 	qf := newFixture(t, pool, postgres.Config{Table: schema + ".keys"})
 	qg := qf.guard(t, nil)
 	for i, wantReplayed := range []bool{false, true} {
@@ -99,10 +102,10 @@ func TestSchemaMigrate(t *testing.T) {
 			t.Fatalf("schema-qualified table, call %d: got %+v, %v", i, r, err)
 		}
 	}
-	qf.mustCount(t, ctx, "q", 1)
+	testkit.MustCount(t, ctx, qf.count, "q", 1)
 
 	// Two 63-byte table names sharing a long prefix get distinct indexes.
-	prefix := randomName("idem_long_")
+	prefix := testkit.Name("idem_long_")
 	var idx []string
 	for _, c := range []string{"a", "b"} {
 		name := prefix + strings.Repeat(c, 63-len(prefix))

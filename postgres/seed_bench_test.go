@@ -2,8 +2,6 @@ package postgres_test
 
 import (
 	"context"
-	"crypto/rand"
-	"encoding/hex"
 	"errors"
 	"testing"
 	"time"
@@ -12,6 +10,7 @@ import (
 
 	"github.com/go-idempotency/idempotency/conformance"
 	"github.com/go-idempotency/idempotency/internal/testenv"
+	"github.com/go-idempotency/idempotency/internal/testkit"
 )
 
 // BenchmarkSeed measures the plain SQL algorithm of the design notes
@@ -46,7 +45,7 @@ func seedContender(b *testing.B) conformance.Contender {
 		b.Fatalf("pool: %v", err)
 	}
 	b.Cleanup(pool.Close)
-	keys, effects := seedName("seed_keys_"), seedName("seed_effects_")
+	keys, effects := testkit.Name("seed_keys_"), testkit.Name("seed_effects_")
 	b.Cleanup(func() {
 		ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 		defer cancel()
@@ -125,10 +124,4 @@ func (s *seedPG) effects(ctx context.Context) (int, error) {
 	var n int
 	err := s.pool.QueryRow(ctx, s.count).Scan(&n)
 	return n, err
-}
-
-func seedName(prefix string) string {
-	b := make([]byte, 6)
-	_, _ = rand.Read(b)
-	return prefix + hex.EncodeToString(b)
 }

@@ -12,6 +12,7 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/go-idempotency/idempotency"
+	"github.com/go-idempotency/idempotency/internal/testkit"
 	"github.com/go-idempotency/idempotency/postgres"
 )
 
@@ -29,7 +30,7 @@ func statementTimeout(d time.Duration) func(*pgxpool.Config) {
 // not ErrStore) with the server's error in the chain, and fn does not run;
 // once the holder completed, the same call replays its answer.
 func TestStatementTimeoutWhileWaiting(t *testing.T) {
-	ctx := testContext(t)
+	ctx := testkit.Context(t, testTimeout)
 	const cut = 300 * time.Millisecond
 	pool := newPool(t, 3, statementTimeout(cut))
 	f := newFixture(t, pool, postgres.Config{})
@@ -53,7 +54,7 @@ func TestStatementTimeoutWhileWaiting(t *testing.T) {
 	case took < cut || took > 10*time.Second:
 		t.Fatalf("waiter returned after %v, want about the statement_timeout %v", took, cut)
 	}
-	holder.release.do()
+	holder.release.Open()
 	if err := <-holder.done; err != nil {
 		t.Fatalf("holder: %v", err)
 	}
@@ -61,21 +62,21 @@ func TestStatementTimeoutWhileWaiting(t *testing.T) {
 	if err != nil || !r.Replayed || string(r.Body) != "holder" {
 		t.Fatalf("the waiter's retry: got %+v, %v; want the holder's answer replayed", r, err)
 	}
-	f.mustCount(t, ctx, "held", 1)
-	f.mustCount(t, ctx, "waiter", 0)
+	testkit.MustCount(t, ctx, f.count, "held", 1)
+	testkit.MustCount(t, ctx, f.count, "waiter", 0)
 }
 
 // TestStatementTimeoutCancelWins: with a statement_timeout longer than
 // the caller's context, a cancelled waiter reports context.Canceled, not
 // ErrInProgress.
 func TestStatementTimeoutCancelWins(t *testing.T) {
-	ctx := testContext(t)
+	ctx := testkit.Context(t, testTimeout)
 	pool := newPool(t, 3, statementTimeout(10*time.Second))
 	f := newFixture(t, pool, postgres.Config{})
 	key := idempotency.Key{ID: "k"}
 	holder := startHolder(t, ctx, f.guard(t, nil), f, key, 1)
 	defer func() {
-		holder.release.do()
+		holder.release.Open()
 		if err := <-holder.done; err != nil {
 			t.Errorf("holder: %v", err)
 		}
@@ -100,7 +101,7 @@ func TestStatementTimeoutCancelWins(t *testing.T) {
 // chain, whether it was cut while the call waited for a held key or under
 // one of fn's statements; a retry with the same key then runs fn once.
 func TestCutConnection(t *testing.T) {
-	ctx := testContext(t)
+	ctx := testkit.Context(t, testTimeout)
 	pool := newPool(t, 3)
 	f := newFixture(t, pool, postgres.Config{})
 	driverErr := func(err error) bool {
@@ -129,11 +130,11 @@ func TestCutConnection(t *testing.T) {
 		if !errors.Is(err, idempotency.ErrStore) || errors.Is(err, idempotency.ErrInProgress) || !driverErr(err) {
 			t.Fatalf("waiter whose connection was cut: got %v, want ErrStore with the driver's error", err)
 		}
-		holder.release.do()
+		holder.release.Open()
 		if err := <-holder.done; err != nil {
 			t.Fatalf("holder: %v", err)
 		}
-		f.mustCount(t, ctx, "waiter", 0)
+		testkit.MustCount(t, ctx, f.count, "waiter", 0)
 	})
 
 	t.Run("InFn", func(t *testing.T) {
@@ -150,11 +151,11 @@ func TestCutConnection(t *testing.T) {
 		if !errors.Is(err, idempotency.ErrStore) || !driverErr(err) {
 			t.Fatalf("fn's connection cut: got %v, want ErrStore with the driver's error", err)
 		}
-		f.mustCount(t, ctx, "in-fn", 0)
+		testkit.MustCount(t, ctx, f.count, "in-fn", 0)
 		r, err := g.Do(ctx, key, "fp", fn("in-fn"))
 		if err != nil || r.Replayed {
 			t.Fatalf("retry after the cut: got %+v, %v; want executed", r, err)
 		}
-		f.mustCount(t, ctx, "in-fn", 1)
+		testkit.MustCount(t, ctx, f.count, "in-fn", 1)
 	})
 }

@@ -15,6 +15,7 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/go-idempotency/idempotency"
+	"github.com/go-idempotency/idempotency/internal/testkit"
 	"github.com/go-idempotency/idempotency/postgres"
 )
 
@@ -102,7 +103,7 @@ func TestOneConnection(t *testing.T) {
 	f := newFixture(t, pool, postgres.Config{})
 	now := time.Now()
 	g := f.guard(t, &idempotency.Config{TTL: time.Hour, Now: func() time.Time { return now }})
-	ctx := context.WithValue(testContext(t), callerKey{}, 1)
+	ctx := context.WithValue(testkit.Context(t, testTimeout), callerKey{}, 1)
 	call := func(fp string, fail bool) (idempotency.Response, error) {
 		cctx, cancel := context.WithTimeout(ctx, 5*time.Second)
 		defer cancel()
@@ -143,7 +144,7 @@ func TestOneConnection(t *testing.T) {
 		t.Fatalf("Purge: got %d, %v; want 1", n, err)
 	}
 	tr.check(t)
-	f.mustCount(t, ctx, "one", 2)
+	testkit.MustCount(t, ctx, f.count, "one", 2)
 }
 
 // TestRoundTrips counts the round trips of Do on a warm connection, the
@@ -166,7 +167,7 @@ func TestRoundTrips(t *testing.T) {
 		{"Serializable", postgres.Config{TxOptions: pgx.TxOptions{IsoLevel: pgx.Serializable}}, 3, 2, 6},
 	} {
 		t.Run(c.name, func(t *testing.T) {
-			ctx := testContext(t)
+			ctx := testkit.Context(t, testTimeout)
 			var queries atomic.Int64
 			tr := &tracer{queries: &queries}
 			pool := newPool(t, 1, func(c *pgxpool.Config) { c.ConnConfig.Tracer = tr })
@@ -203,7 +204,7 @@ func TestRoundTrips(t *testing.T) {
 					}
 				}()
 				waitBlocked(t, ctx, pool)
-				h.release.do()
+				h.release.Open()
 				if err := <-h.done; err != nil {
 					t.Fatal(err)
 				}
@@ -254,7 +255,7 @@ func TestRoundTrips(t *testing.T) {
 // keys 3 each; a change of stream costs at most a few calls at the other
 // price.
 func TestRoundTripsFollowTheLoad(t *testing.T) {
-	ctx := testContext(t)
+	ctx := testkit.Context(t, testTimeout)
 	var queries atomic.Int64
 	tr := &tracer{queries: &queries}
 	pool := newPool(t, 1, func(c *pgxpool.Config) { c.ConnConfig.Tracer = tr })

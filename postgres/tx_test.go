@@ -11,6 +11,7 @@ import (
 	"github.com/jackc/pgx/v5/pgconn"
 
 	"github.com/go-idempotency/idempotency"
+	"github.com/go-idempotency/idempotency/internal/testkit"
 	"github.com/go-idempotency/idempotency/postgres"
 )
 
@@ -19,7 +20,7 @@ import (
 // error from Commit, is closed once Do returns, and a transaction fn left
 // aborted fails Do with pgx.ErrTxCommitRollback.
 func TestTxBehaviour(t *testing.T) {
-	ctx := testContext(t)
+	ctx := testkit.Context(t, testTimeout)
 	f := newFixture(t, newPool(t, 2), postgres.Config{})
 	g := f.guard(t, nil)
 	insert := "INSERT INTO " + f.effects + " (tag) VALUES ($1)"
@@ -105,7 +106,7 @@ func TestTxBehaviour(t *testing.T) {
 		t.Fatalf("Do: %v", err)
 	}
 	for tag, want := range map[string]int{"exec": 1, "batch": 2, "copy": 3, "prepared": 1, "conn": 1, "undone": 0, "savepoint": 1} {
-		f.mustCount(t, ctx, tag, want)
+		testkit.MustCount(t, ctx, f.count, tag, want)
 	}
 	for name, tx := range map[string]pgx.Tx{"tx": kept, "savepoint": keptSavepoint} {
 		closedErrs := map[string]error{}
@@ -123,7 +124,7 @@ func TestTxBehaviour(t *testing.T) {
 			}
 		}
 	}
-	f.mustCount(t, ctx, "late", 0)
+	testkit.MustCount(t, ctx, f.count, "late", 0)
 
 	// fn that ignores a failed statement: the commit cannot happen, the key
 	// stays free. (fn's own Commit and Rollback are conformance's FnEndsTx.)
@@ -137,25 +138,25 @@ func TestTxBehaviour(t *testing.T) {
 	if !errors.Is(err, pgx.ErrTxCommitRollback) {
 		t.Fatalf("fn ignored a failed statement: got %v, want pgx.ErrTxCommitRollback", err)
 	}
-	f.mustCount(t, ctx, "aborted", 0)
+	testkit.MustCount(t, ctx, f.count, "aborted", 0)
 	r, err := g.Do(ctx, idempotency.Key{ID: "aborted"}, "fp", func(tx pgx.Tx) (idempotency.Response, error) {
 		return idempotency.Response{Status: 200}, f.effect(ctx, tx, "aborted")
 	})
 	if err != nil || r.Replayed {
 		t.Fatalf("key after a failed attempt: got %+v, %v; want executed", r, err)
 	}
-	f.mustCount(t, ctx, "aborted", 1)
+	testkit.MustCount(t, ctx, f.count, "aborted", 1)
 }
 
 // TestConflictInFnRetried: a deadlock met by fn's own statement is retried
 // by Do (the store classifies it), so the caller gets the response and the
 // effect commits once.
 func TestConflictInFnRetried(t *testing.T) {
-	ctx := testContext(t)
+	ctx := testkit.Context(t, testTimeout)
 	f := newFixture(t, newPool(t, 2), postgres.Config{})
 	g := f.guard(t, nil)
 	var calls atomic.Int64
-	resp, err := g.Do(ctx, idempotency.Key{ID: randomName("k")}, "fp", func(tx pgx.Tx) (idempotency.Response, error) {
+	resp, err := g.Do(ctx, idempotency.Key{ID: testkit.Name("k")}, "fp", func(tx pgx.Tx) (idempotency.Response, error) {
 		if err := f.effect(ctx, tx, "pay"); err != nil {
 			return idempotency.Response{}, err
 		}
@@ -168,9 +169,9 @@ func TestConflictInFnRetried(t *testing.T) {
 	if err != nil || resp.Status != 201 || calls.Load() != 2 {
 		t.Fatalf("got %+v, %v after %d calls; want 201 after 2", resp, err, calls.Load())
 	}
-	f.mustCount(t, ctx, "pay", 1)
+	testkit.MustCount(t, ctx, f.count, "pay", 1)
 	// Any other database error from fn is returned as it is.
-	_, err = g.Do(ctx, idempotency.Key{ID: randomName("k")}, "fp", func(tx pgx.Tx) (idempotency.Response, error) {
+	_, err = g.Do(ctx, idempotency.Key{ID: testkit.Name("k")}, "fp", func(tx pgx.Tx) (idempotency.Response, error) {
 		_, err := tx.Exec(ctx, "SELECT 1/0")
 		return idempotency.Response{}, err
 	})

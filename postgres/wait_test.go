@@ -12,6 +12,7 @@ import (
 
 	"github.com/go-idempotency/idempotency"
 	"github.com/go-idempotency/idempotency/internal/testenv"
+	"github.com/go-idempotency/idempotency/internal/testkit"
 	"github.com/go-idempotency/idempotency/postgres"
 )
 
@@ -22,7 +23,7 @@ func TestLostRaceOnSameConnection(t *testing.T) {
 	tr := &tracer{}
 	pool := newPool(t, 2, func(c *pgxpool.Config) { c.ConnConfig.Tracer = tr })
 	f := newFixture(t, pool, postgres.Config{})
-	ctx := testContext(t)
+	ctx := testkit.Context(t, testTimeout)
 	key := idempotency.Key{ID: "k"}
 	holder := startHolder(t, ctx, f.guard(t, nil), f, key, 1)
 	waiter := make(chan error, 1)
@@ -35,7 +36,7 @@ func TestLostRaceOnSameConnection(t *testing.T) {
 		waiter <- err
 	}()
 	waitBlocked(t, ctx, pool) // the waiter waits for the key's lock
-	holder.release.do()
+	holder.release.Open()
 	if err := <-holder.done; err != nil {
 		t.Fatalf("holder: %v", err)
 	}
@@ -43,13 +44,13 @@ func TestLostRaceOnSameConnection(t *testing.T) {
 		t.Fatalf("waiter: got %+v, %v; want the holder's response", resp, err)
 	}
 	tr.check(t)
-	f.mustCount(t, ctx, "held", 1)
+	testkit.MustCount(t, ctx, f.count, "held", 1)
 }
 
 // holder is a call of Do that holds a key, inside fn after its effect
 // (tagged "held"), until release.
 type holder struct {
-	release release
+	release *testkit.Gate
 	done    chan error
 }
 
@@ -57,7 +58,7 @@ type holder struct {
 // caller tells it apart for the tracer.
 func startHolder(t testing.TB, ctx context.Context, g *idempotency.Guard[pgx.Tx], f *fixture, key idempotency.Key, caller int) holder {
 	t.Helper()
-	h := holder{release: releaser(t), done: make(chan error, 1)}
+	h := holder{release: testkit.NewGate(t), done: make(chan error, 1)}
 	held := make(chan struct{})
 	go func() {
 		_, err := g.Do(context.WithValue(ctx, callerKey{}, caller), key, "fp", func(tx pgx.Tx) (idempotency.Response, error) {
@@ -65,7 +66,7 @@ func startHolder(t testing.TB, ctx context.Context, g *idempotency.Guard[pgx.Tx]
 				return idempotency.Response{}, err
 			}
 			close(held)
-			<-h.release.c
+			<-h.release.Opened()
 			return idempotency.Response{Status: 201, Body: []byte("holder")}, nil
 		})
 		h.done <- err
@@ -83,7 +84,7 @@ func startHolder(t testing.TB, ctx context.Context, g *idempotency.Guard[pgx.Tx]
 // with context.Canceled, and the pool gets its connection slot back at once
 // (a pool of 2: the holder's and the waiter's).
 func TestCancelWhileWaitingReleasesConnection(t *testing.T) {
-	ctx := testContext(t)
+	ctx := testkit.Context(t, testTimeout)
 	pool := newPool(t, 2)
 	f := newFixture(t, pool, postgres.Config{})
 	key := idempotency.Key{ID: "k"}
@@ -121,20 +122,20 @@ func TestCancelWhileWaitingReleasesConnection(t *testing.T) {
 	}); err != nil {
 		t.Fatalf("another key after the cancel: %v", err)
 	}
-	holder.release.do()
+	holder.release.Open()
 	if err := <-holder.done; err != nil {
 		t.Fatalf("holder: %v", err)
 	}
-	f.mustCount(t, ctx, "held", 1)
-	f.mustCount(t, ctx, "waiter", 0)
-	f.mustCount(t, ctx, "other", 1)
+	testkit.MustCount(t, ctx, f.count, "held", 1)
+	testkit.MustCount(t, ctx, f.count, "waiter", 0)
+	testkit.MustCount(t, ctx, f.count, "other", 1)
 }
 
 // TestLockTimeoutScopedToReservation: the wait bound is a lock_timeout for
 // the reservation statement only; fn and later users of the connection see
 // the session's own setting.
 func TestLockTimeoutScopedToReservation(t *testing.T) {
-	ctx := testContext(t)
+	ctx := testkit.Context(t, testTimeout)
 	sessionTimeout := func(c *pgxpool.Config) {
 		c.AfterConnect = func(ctx context.Context, conn *pgx.Conn) error {
 			_, err := conn.Exec(ctx, "SET lock_timeout = '7s'")
@@ -187,7 +188,7 @@ func TestLockTimeoutScopedToReservation(t *testing.T) {
 // and the waiters of a key would then wake up one after another): with the
 // row locked by another transaction, a replay with NoWait still succeeds.
 func TestReplayLocksNothing(t *testing.T) {
-	ctx := testContext(t)
+	ctx := testkit.Context(t, testTimeout)
 	pool := newPool(t, 2)
 	f := newFixture(t, pool, postgres.Config{})
 	for _, noWait := range []bool{false, true} {
@@ -219,14 +220,14 @@ func TestReplayLocksNothing(t *testing.T) {
 			t.Fatalf("NoWait %v: replay while another transaction locks the row: got %+v, %v; want the stored response", noWait, r, err)
 		}
 	}
-	f.mustCount(t, ctx, "locks", 2)
+	testkit.MustCount(t, ctx, f.count, "locks", 2)
 }
 
 // TestKeysDoNotShareLock: keys whose scope and id concatenate to the same
 // bytes, or that differ only in case, hold distinct locks: with one of
 // them held, the others run at once with NoWait.
 func TestKeysDoNotShareLock(t *testing.T) {
-	ctx := testContext(t)
+	ctx := testkit.Context(t, testTimeout)
 	f := newFixture(t, newPool(t, 3), postgres.Config{})
 	holder := startHolder(t, ctx, f.guard(t, nil), f, idempotency.Key{Scope: "a", ID: "bc"}, 1)
 	g := f.guard(t, &idempotency.Config{NoWait: true})
@@ -243,9 +244,9 @@ func TestKeysDoNotShareLock(t *testing.T) {
 	}); !errors.Is(err, idempotency.ErrInProgress) {
 		t.Fatalf("the held key itself with NoWait: got %v, want ErrInProgress", err)
 	}
-	holder.release.do()
+	holder.release.Open()
 	if err := <-holder.done; err != nil {
 		t.Fatalf("holder: %v", err)
 	}
-	f.mustCount(t, ctx, "other", 4)
+	testkit.MustCount(t, ctx, f.count, "other", 4)
 }

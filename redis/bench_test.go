@@ -13,6 +13,7 @@ import (
 	"github.com/go-idempotency/idempotency"
 	"github.com/go-idempotency/idempotency/conformance"
 	"github.com/go-idempotency/idempotency/internal/testenv"
+	"github.com/go-idempotency/idempotency/internal/testkit"
 )
 
 // BenchmarkStore runs the shared benchmarks on a single Redis node; the
@@ -73,7 +74,7 @@ func benchWake(b *testing.B, f *fixture, waitersStore *Store, waiting func(holde
 	}
 	b.ReportAllocs()
 	for b.Loop() {
-		key := idempotency.Key{ID: uniq("wake")}
+		key := idempotency.Key{ID: testkit.Name("wake-")}
 		holder, _, err := f.store.Reserve(ctx, reservation(key, "fp", 0))
 		if err != nil || holder == nil {
 			b.Fatalf("holder: %v, %v", holder, err)
@@ -155,7 +156,7 @@ func BenchmarkInterleaved(b *testing.B) {
 		_ = f.effect(ctx, tx, "bench")
 		return idempotency.Response{Status: 201, Body: []byte("bench")}, nil
 	}
-	replayKey := idempotency.Key{ID: uniq("replay")}
+	replayKey := idempotency.Key{ID: testkit.Name("replay-")}
 	if _, err := g.Do(ctx, replayKey, "fp", fn); err != nil {
 		b.Fatal(err)
 	}
@@ -167,7 +168,7 @@ func BenchmarkInterleaved(b *testing.B) {
 		}
 		l.Add(time.Since(start))
 	}
-	prefix := uniq("new")
+	prefix := testkit.Name("new-")
 	i := 0
 	for b.Loop() {
 		i++

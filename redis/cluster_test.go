@@ -14,6 +14,7 @@ import (
 
 	"github.com/go-idempotency/idempotency/conformance"
 	"github.com/go-idempotency/idempotency/internal/testenv"
+	"github.com/go-idempotency/idempotency/internal/testkit"
 )
 
 // startCluster starts a three-master Redis Cluster on loopback ports in a
@@ -57,7 +58,7 @@ func startCluster(t *testing.T) []string {
 		}
 		addrs = append(addrs, "127.0.0.1:"+ps)
 	}
-	waitFor(t, 10*time.Second, "the cluster nodes to answer", func() bool {
+	testkit.WaitUntil(t, 10*time.Second, "the cluster nodes to answer", func() bool {
 		for _, a := range addrs {
 			if out, err := exec.Command("redis-cli", "-u", "redis://"+a, "ping").Output(); err != nil || !strings.Contains(string(out), "PONG") {
 				return false
@@ -70,7 +71,7 @@ func startCluster(t *testing.T) []string {
 	if out, err := exec.Command("redis-cli", args...).CombinedOutput(); err != nil {
 		t.Fatalf("redis-cli --cluster create: %v\n%s", err, out)
 	}
-	waitFor(t, 20*time.Second, "cluster_state:ok on every node", func() bool {
+	testkit.WaitUntil(t, 20*time.Second, "cluster_state:ok on every node", func() bool {
 		for _, a := range addrs {
 			out, err := exec.Command("redis-cli", "-u", "redis://"+a, "cluster", "info").Output()
 			if err != nil || !strings.Contains(string(out), "cluster_state:ok") {
@@ -80,17 +81,6 @@ func startCluster(t *testing.T) []string {
 		return true
 	})
 	return addrs
-}
-
-func waitFor(t testing.TB, d time.Duration, what string, ok func() bool) {
-	t.Helper()
-	deadline := time.Now().Add(d)
-	for !ok() {
-		if time.Now().After(deadline) {
-			t.Fatalf("timed out after %v waiting for %s", d, what)
-		}
-		time.Sleep(50 * time.Millisecond)
-	}
 }
 
 func TestCluster(t *testing.T) {
@@ -108,7 +98,7 @@ func TestCluster(t *testing.T) {
 		defer cancel()
 		client := newClient(t)(0).(*goredis.ClusterClient)
 		defer client.Close()
-		s, err := New(client, &Config{Prefix: "spread:" + uniq("p") + ":"})
+		s, err := New(client, &Config{Prefix: "spread:" + testkit.Name("p-") + ":"})
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -135,7 +125,7 @@ func TestCluster(t *testing.T) {
 		ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 		defer cancel()
 		client := newClient(t)(0)
-		prefix := "untagged:" + uniq("p") + ":"
+		prefix := "untagged:" + testkit.Name("p-") + ":"
 		t.Cleanup(func() { dropPrefix(t, client, prefix); _ = client.Close() })
 		s, err := New(client, &Config{Prefix: prefix})
 		if err != nil {

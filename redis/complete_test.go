@@ -12,19 +12,20 @@ import (
 
 	"github.com/go-idempotency/idempotency"
 	"github.com/go-idempotency/idempotency/internal/testenv"
+	"github.com/go-idempotency/idempotency/internal/testkit"
 )
 
 // TestTxQueuesOnly: Exec is refused inside fn, Pipelined only queues, and
 // the queued commands' results are there after Do.
 func TestTxQueuesOnly(t *testing.T) {
-	ctx := testCtx(t, 30*time.Second)
+	ctx := testkit.Context(t, 30*time.Second)
 	f := newFixture(t, singleClient(t), 0, nil)
 	g, err := idempotency.New(f.store, nil)
 	if err != nil {
 		t.Fatal(err)
 	}
 	var incr *goredis.IntCmd
-	_, err = g.Do(ctx, idempotency.Key{ID: uniq("q")}, "fp", func(tx *Tx) (idempotency.Response, error) {
+	_, err = g.Do(ctx, idempotency.Key{ID: testkit.Name("q-")}, "fp", func(tx *Tx) (idempotency.Response, error) {
 		if _, err := tx.Exec(ctx); !errors.Is(err, errExec) {
 			return idempotency.Response{}, fmt.Errorf("Exec: got %v, want errExec", err)
 		}
@@ -52,14 +53,14 @@ func TestTxQueuesOnly(t *testing.T) {
 // the whole transaction (nothing applied, key free); one that fails when it
 // runs does not stop the others, and Complete reports it.
 func TestQueuedCommandErrors(t *testing.T) {
-	ctx := testCtx(t, 30*time.Second)
+	ctx := testkit.Context(t, 30*time.Second)
 	f := newFixture(t, singleClient(t), 0, nil)
 	g, err := idempotency.New(f.store, nil)
 	if err != nil {
 		t.Fatal(err)
 	}
 
-	key := idempotency.Key{ID: uniq("abort")}
+	key := idempotency.Key{ID: testkit.Name("abort-")}
 	_, err = g.Do(ctx, key, "fp", func(tx *Tx) (idempotency.Response, error) {
 		_ = f.effect(ctx, tx, "abort")
 		tx.Do(ctx, "incr") // wrong arity: refused when queued
@@ -79,7 +80,7 @@ func TestQueuedCommandErrors(t *testing.T) {
 		t.Fatalf("after EXECABORT the key must be free: got %+v, %v", r, err)
 	}
 
-	key = idempotency.Key{ID: uniq("runtime")}
+	key = idempotency.Key{ID: testkit.Name("runtime-")}
 	notNumber := f.prefix + "not-a-number"
 	if err := f.client.Set(ctx, notNumber, "abc", 0).Err(); err != nil {
 		t.Fatal(err)
@@ -131,7 +132,7 @@ func (h *interfere) ProcessPipelineHook(next goredis.ProcessPipelineHook) goredi
 // renewal) is retried and succeeds; a takeover gives ErrLeaseLost and
 // applies nothing.
 func TestWatchRace(t *testing.T) {
-	ctx := testCtx(t, 30*time.Second)
+	ctx := testkit.Context(t, 30*time.Second)
 	addr := testenv.RedisAddr(t)
 	other := goredis.NewClient(&goredis.Options{Addr: addr})
 	t.Cleanup(func() { _ = other.Close() })
@@ -151,7 +152,7 @@ func TestWatchRace(t *testing.T) {
 		t.Run(tc.name, func(t *testing.T) {
 			h := &interfere{}
 			f := newFixture(t, hooked(addr, h), 0, nil)
-			key := idempotency.Key{ID: uniq("race")}
+			key := idempotency.Key{ID: testkit.Name("race-")}
 			h.touch = func() { tc.touch(f.store, f.store.keysFor(key).rec) }
 			txn, _, err := f.store.Reserve(ctx, reservation(key, "fp", 0))
 			if err != nil || txn == nil {

@@ -2,7 +2,6 @@ package redis
 
 import (
 	"context"
-	"crypto/rand"
 	"errors"
 	"fmt"
 	"net"
@@ -14,17 +13,12 @@ import (
 
 	"github.com/go-idempotency/idempotency"
 	"github.com/go-idempotency/idempotency/internal/testenv"
+	"github.com/go-idempotency/idempotency/internal/testkit"
 )
-
-func uniq(prefix string) string {
-	b := make([]byte, 6)
-	_, _ = rand.Read(b)
-	return fmt.Sprintf("%s-%x", prefix, b)
-}
 
 // newPrefix returns a fresh prefix with a hash tag, so that the effect
 // counters of a fixture live in the slot of its records on Cluster too.
-func newPrefix() string { return "idemtest:{" + uniq("p") + "}:" }
+func newPrefix() string { return "idemtest:{" + testkit.Name("p-") + "}:" }
 
 // dropPrefix deletes every key under prefix, on every master.
 func dropPrefix(t testing.TB, client goredis.UniversalClient, prefix string) {
@@ -151,12 +145,6 @@ func singleClient(t testing.TB) func(int) goredis.UniversalClient {
 	return func(poolSize int) goredis.UniversalClient {
 		return goredis.NewClient(&goredis.Options{Addr: addr, PoolSize: poolSize})
 	}
-}
-
-func testCtx(t *testing.T, d time.Duration) context.Context {
-	ctx, cancel := context.WithTimeout(context.Background(), d)
-	t.Cleanup(cancel)
-	return ctx
 }
 
 func reservation(key idempotency.Key, fp string, wait time.Duration) idempotency.Reservation {

@@ -8,6 +8,7 @@ import (
 	"time"
 
 	"github.com/go-idempotency/idempotency"
+	"github.com/go-idempotency/idempotency/internal/testkit"
 )
 
 // TestLeaseTakeoverDuplicatesExternalEffect shows the documented limit: a
@@ -15,7 +16,7 @@ import (
 // once its lease expires, and the effect runs twice. The same crash with
 // the effect queued on the pipeline leaves one effect.
 func TestLeaseTakeoverDuplicatesExternalEffect(t *testing.T) {
-	ctx := testCtx(t, 30*time.Second)
+	ctx := testkit.Context(t, 30*time.Second)
 	const lease = 200 * time.Millisecond
 	f := newFixture(t, singleClient(t), 0, &Config{Lease: lease})
 	g, err := idempotency.New(f.store, &idempotency.Config{WaitTimeout: 10 * time.Second})
@@ -24,7 +25,7 @@ func TestLeaseTakeoverDuplicatesExternalEffect(t *testing.T) {
 	}
 
 	t.Run("ExternalEffect", func(t *testing.T) {
-		key := idempotency.Key{ID: uniq("ext")}
+		key := idempotency.Key{ID: testkit.Name("ext-")}
 		var external atomic.Int64 // stands for a charge in another store
 		a, _, err := f.store.Reserve(ctx, reservation(key, "fp", 0))
 		if err != nil || a == nil {
@@ -47,7 +48,7 @@ func TestLeaseTakeoverDuplicatesExternalEffect(t *testing.T) {
 	})
 
 	t.Run("PipelineEffect", func(t *testing.T) {
-		key := idempotency.Key{ID: uniq("pipe")}
+		key := idempotency.Key{ID: testkit.Name("pipe-")}
 		a, _, err := f.store.Reserve(ctx, reservation(key, "fp", 0))
 		if err != nil || a == nil {
 			t.Fatalf("A reserves: %v, %v", a, err)
@@ -75,9 +76,9 @@ func TestLeaseTakeoverDuplicatesExternalEffect(t *testing.T) {
 // over cannot complete; nothing it queued is applied and the new holder's
 // record stands.
 func TestStaleOwnerCompleteRefused(t *testing.T) {
-	ctx := testCtx(t, 30*time.Second)
+	ctx := testkit.Context(t, 30*time.Second)
 	f := newFixture(t, singleClient(t), 0, &Config{Lease: 150 * time.Millisecond})
-	key := idempotency.Key{Scope: "s", ID: uniq("stale")}
+	key := idempotency.Key{Scope: "s", ID: testkit.Name("stale-")}
 
 	a, _, err := f.store.Reserve(ctx, reservation(key, "fp", 0))
 	if err != nil || a == nil {
@@ -106,7 +107,7 @@ func TestStaleOwnerCompleteRefused(t *testing.T) {
 	}
 
 	// A second stale owner, this time after the takeover completed.
-	key2 := idempotency.Key{ID: uniq("stale2")}
+	key2 := idempotency.Key{ID: testkit.Name("stale2-")}
 	c, _, err := f.store.Reserve(ctx, reservation(key2, "fp", 0))
 	if err != nil || c == nil {
 		t.Fatal(err)
@@ -143,10 +144,10 @@ func TestStaleOwnerCompleteRefused(t *testing.T) {
 // TestDeadHolderWakesWaiterAtLeaseExpiry: a waiter on a key whose holder
 // died gets it once the lease runs out, without waiting for its poll.
 func TestDeadHolderWakesWaiterAtLeaseExpiry(t *testing.T) {
-	ctx := testCtx(t, 30*time.Second)
+	ctx := testkit.Context(t, 30*time.Second)
 	const lease = 300 * time.Millisecond
 	f := newFixture(t, singleClient(t), 0, &Config{Lease: lease})
-	key := idempotency.Key{ID: uniq("dead")}
+	key := idempotency.Key{ID: testkit.Name("dead-")}
 	a, _, err := f.store.Reserve(ctx, reservation(key, "fp", 0))
 	if err != nil || a == nil {
 		t.Fatal(err)
@@ -169,14 +170,14 @@ func TestDeadHolderWakesWaiterAtLeaseExpiry(t *testing.T) {
 // TestRenewalKeepsKey: fn running for several leases keeps the key; a
 // caller waiting meanwhile gets the replay, not the key.
 func TestRenewalKeepsKey(t *testing.T) {
-	ctx := testCtx(t, 30*time.Second)
-	const lease = 150 * time.Millisecond
+	ctx := testkit.Context(t, 30*time.Second)
+	const lease = 400 * time.Millisecond // renewals every 133ms: room for a loaded CI machine
 	f := newFixture(t, singleClient(t), 0, &Config{Lease: lease})
 	g, err := idempotency.New(f.store, &idempotency.Config{WaitTimeout: 10 * time.Second})
 	if err != nil {
 		t.Fatal(err)
 	}
-	key := idempotency.Key{ID: uniq("renew")}
+	key := idempotency.Key{ID: testkit.Name("renew-")}
 	var calls atomic.Int64
 	fn := func(tx *Tx) (idempotency.Response, error) {
 		calls.Add(1)

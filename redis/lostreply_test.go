@@ -12,6 +12,7 @@ import (
 
 	"github.com/go-idempotency/idempotency"
 	"github.com/go-idempotency/idempotency/internal/testenv"
+	"github.com/go-idempotency/idempotency/internal/testkit"
 )
 
 // The tests below lose the reply (or hold back the request) of a
@@ -55,10 +56,10 @@ func newLostReply(t *testing.T, hook goredis.Hook) *lostReply {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if _, err := g.Do(testCtx(t, 10*time.Second), idempotency.Key{ID: uniq("warm")}, "fp", okFn); err != nil {
+	if _, err := g.Do(testkit.Context(t, 10*time.Second), idempotency.Key{ID: testkit.Name("warm-")}, "fp", okFn); err != nil {
 		t.Fatal(err)
 	}
-	warm, _, err := f.store.Reserve(testCtx(t, 10*time.Second), reservation(idempotency.Key{ID: uniq("warm")}, "fp", 0))
+	warm, _, err := f.store.Reserve(testkit.Context(t, 10*time.Second), reservation(idempotency.Key{ID: testkit.Name("warm-")}, "fp", 0))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -86,7 +87,7 @@ func (l *lostReply) reserveLate(t *testing.T, key idempotency.Key, arm func(time
 	if took > callerDeadline+abandonTimeout+2*time.Second {
 		t.Fatalf("Reserve returned %v after its deadline of %v", took, callerDeadline)
 	}
-	waitFor(t, 10*time.Second, "the held bytes to reach their peer", func() bool { return l.proxy.stalls.Load() > stalls })
+	testkit.WaitUntil(t, 10*time.Second, "the held bytes to reach their peer", func() bool { return l.proxy.stalls.Load() > stalls })
 	t.Logf("Reserve failed after %v: %v", took, err)
 }
 
@@ -103,9 +104,9 @@ func TestLostReservationReply(t *testing.T) {
 		{"Request", func(p *stallProxy) func(time.Duration) { return p.stallRequest }},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
-			ctx := testCtx(t, 30*time.Second)
+			ctx := testkit.Context(t, 30*time.Second)
 			l := newLostReply(t, nil)
-			key := idempotency.Key{Scope: "s", ID: uniq("lost")}
+			key := idempotency.Key{Scope: "s", ID: testkit.Name("lost-")}
 			l.reserveLate(t, key, tc.arm(l.proxy))
 			for _, s := range []struct {
 				who   string
@@ -128,7 +129,7 @@ func TestLostReservationReply(t *testing.T) {
 // its deadline in the chain; the client's retry, here
 // through another process with NoWait, runs fn at once, and only once.
 func TestRetryAfterLostReply(t *testing.T) {
-	ctx := testCtx(t, 30*time.Second)
+	ctx := testkit.Context(t, 30*time.Second)
 	l := newLostReply(t, nil)
 	g, err := idempotency.New(l.store, &idempotency.Config{MaxRetries: -1})
 	if err != nil {
@@ -138,7 +139,7 @@ func TestRetryAfterLostReply(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	key := idempotency.Key{ID: uniq("retry")}
+	key := idempotency.Key{ID: testkit.Name("retry-")}
 	var calls atomic.Int64
 	fn := func(tx *Tx) (idempotency.Response, error) {
 		calls.Add(1)
@@ -187,10 +188,10 @@ func (h *failScript) ProcessPipelineHook(next goredis.ProcessPipelineHook) gored
 // the lease (it cannot tell), but the callers of the store that lost the
 // reply know that token is over and take the key over at once.
 func TestLostReplyNotReleased(t *testing.T) {
-	ctx := testCtx(t, 30*time.Second)
+	ctx := testkit.Context(t, 30*time.Second)
 	h := &failScript{sha: goredis.NewScript(abandonLua).Hash()}
 	l := newLostReply(t, h)
-	key := idempotency.Key{ID: uniq("kept")}
+	key := idempotency.Key{ID: testkit.Name("kept-")}
 	l.reserveLate(t, key, l.proxy.stallReply)
 
 	if txn, rec, err := l.other.Reserve(ctx, reservation(key, "fp", 0)); !errors.Is(err, idempotency.ErrInProgress) {

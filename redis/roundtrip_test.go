@@ -11,6 +11,7 @@ import (
 
 	"github.com/go-idempotency/idempotency"
 	"github.com/go-idempotency/idempotency/internal/testenv"
+	"github.com/go-idempotency/idempotency/internal/testkit"
 )
 
 // roundTrips counts network round trips: one per command, one per
@@ -40,7 +41,7 @@ func (r *roundTrips) ProcessPipelineHook(next goredis.ProcessPipelineHook) gored
 // TestRoundTrips counts the round trips of Do for a new key, a replay and
 // a caller that waits for a holder, and of the bare effect transaction.
 func TestRoundTrips(t *testing.T) {
-	ctx := testCtx(t, 30*time.Second)
+	ctx := testkit.Context(t, 30*time.Second)
 	rt := &roundTrips{}
 	addr := testenv.RedisAddr(t)
 	f := newFixture(t, func(int) goredis.UniversalClient {
@@ -65,13 +66,13 @@ func TestRoundTrips(t *testing.T) {
 	}
 	// Warm up the script cache and the pools (go-redis dials pipelines on
 	// a pool of their own).
-	if _, err := g.Do(ctx, idempotency.Key{ID: uniq("warm")}, "fp", fn); err != nil {
+	if _, err := g.Do(ctx, idempotency.Key{ID: testkit.Name("warm-")}, "fp", fn); err != nil {
 		t.Fatal(err)
 	}
 	if err := bareTx(); err != nil {
 		t.Fatal(err)
 	}
-	key := idempotency.Key{ID: uniq("rt")}
+	key := idempotency.Key{ID: testkit.Name("rt-")}
 	measure := func(what string, call func() error) int64 {
 		before := rt.n.Load()
 		if err := call(); err != nil {
@@ -110,7 +111,7 @@ func TestRoundTrips(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		key := idempotency.Key{ID: uniq("rtw")}
+		key := idempotency.Key{ID: testkit.Name("rtw-")}
 		held, _, err := holder.Reserve(ctx, reservation(key, "fp", 0))
 		if err != nil || held == nil {
 			t.Fatalf("holder: %v, %v", held, err)
@@ -124,7 +125,7 @@ func TestRoundTrips(t *testing.T) {
 			}
 			done <- err
 		}()
-		waitFor(t, 10*time.Second, "the waiter to wait", func() bool { return s.waiting.Load() == 1 })
+		testkit.WaitUntil(t, 10*time.Second, "the waiter to wait", func() bool { return s.waiting.Load() == 1 })
 		_ = f.effect(ctx, held.Tx(), "rt")
 		if err := held.Complete(ctx, idempotency.Response{Status: 201}, time.Now().Add(time.Hour)); err != nil {
 			t.Fatal(err)
@@ -137,7 +138,7 @@ func TestRoundTrips(t *testing.T) {
 	// A replay of a key completed by another process: this Store has not
 	// seen it completed, so it takes the reservation pipeline and UNWATCH;
 	// the next replay knows better.
-	elsewhere := idempotency.Key{ID: uniq("rte")}
+	elsewhere := idempotency.Key{ID: testkit.Name("rte-")}
 	if _, err := gr.Do(ctx, elsewhere, "fp", fn); err != nil {
 		t.Fatal(err)
 	}

@@ -14,6 +14,7 @@ import (
 
 	"github.com/go-idempotency/idempotency"
 	"github.com/go-idempotency/idempotency/internal/testenv"
+	"github.com/go-idempotency/idempotency/internal/testkit"
 )
 
 // TestWaitersWokenPromptly measures how soon waiters return after the
@@ -29,7 +30,7 @@ func TestWaitersWokenPromptly(t *testing.T) {
 			name = "Remote"
 		}
 		t.Run(name, func(t *testing.T) {
-			ctx := testCtx(t, 30*time.Second)
+			ctx := testkit.Context(t, 30*time.Second)
 			f := newFixture(t, singleClient(t), 0, nil)
 			s := f.store
 			if remote {
@@ -42,7 +43,7 @@ func TestWaitersWokenPromptly(t *testing.T) {
 			}
 			const waiters = 5
 			gs := guards(t, s, waiters, &idempotency.Config{WaitTimeout: 20 * time.Second})
-			key := idempotency.Key{ID: uniq("wake")}
+			key := idempotency.Key{ID: testkit.Name("wake-")}
 			holder, _, err := f.store.Reserve(ctx, reservation(key, "fp", 0))
 			if err != nil || holder == nil {
 				t.Fatalf("holder: %v, %v", holder, err)
@@ -60,7 +61,7 @@ func TestWaitersWokenPromptly(t *testing.T) {
 				})
 			}
 			wake := f.store.keysFor(key).wake
-			waitFor(t, 10*time.Second, "the waiters", func() bool {
+			testkit.WaitUntil(t, 10*time.Second, "the waiters", func() bool {
 				n, err := f.client.PubSubNumSub(ctx, wake).Result()
 				if remote {
 					return err == nil && n[wake] == waiters
@@ -173,11 +174,11 @@ func TestConcurrentCallersShareOneLook(t *testing.T) {
 			name = "Completed"
 		}
 		t.Run(name, func(t *testing.T) {
-			ctx := testCtx(t, 30*time.Second)
+			ctx := testkit.Context(t, 30*time.Second)
 			h := newScriptCalls()
 			f := newFixture(t, hooked(testenv.RedisAddr(t), h), 0, nil)
 			g := guards(t, f.store, 1, nil)[0]
-			key := idempotency.Key{ID: uniq("share")}
+			key := idempotency.Key{ID: testkit.Name("share-")}
 			var calls atomic.Int64
 			waiters := func() int32 {
 				f.store.mu.Lock()
@@ -193,7 +194,7 @@ func TestConcurrentCallersShareOneLook(t *testing.T) {
 				_ = f.effect(ctx, tx, "share")
 				if !completed {
 					// Every other caller waits on this one by now.
-					waitFor(t, 10*time.Second, "the waiters", func() bool { return waiters() == n-1 })
+					testkit.WaitUntil(t, 10*time.Second, "the waiters", func() bool { return waiters() == n-1 })
 				}
 				return idempotency.Response{Status: 201, Header: http.Header{"X-A": {"a"}}, Body: []byte("shared")}, nil
 			}
@@ -223,7 +224,7 @@ func TestConcurrentCallersShareOneLook(t *testing.T) {
 					}
 				})
 			}
-			waitFor(t, 10*time.Second, "the callers to join", func() bool {
+			testkit.WaitUntil(t, 10*time.Second, "the callers to join", func() bool {
 				f.store.mu.Lock()
 				defer f.store.mu.Unlock()
 				l := f.store.looking[h.rec]
@@ -265,11 +266,11 @@ func TestConcurrentCallersShareOneLook(t *testing.T) {
 // one runs fn, the rest get its response.
 func TestJoinedLookFails(t *testing.T) {
 	const n = 6
-	ctx := testCtx(t, 30*time.Second)
+	ctx := testkit.Context(t, 30*time.Second)
 	h := newScriptCalls()
 	f := newFixture(t, hooked(testenv.RedisAddr(t), h), 0, nil)
 	gs := guards(t, f.store, n+1, nil) // the last one for the caller whose context ends
-	key := idempotency.Key{ID: uniq("fail")}
+	key := idempotency.Key{ID: testkit.Name("fail-")}
 	h.rec = f.store.keysFor(key).rec
 	h.armed.Store(true)
 	var calls atomic.Int64
@@ -288,7 +289,7 @@ func TestJoinedLookFails(t *testing.T) {
 	for i := range n {
 		wg.Go(func() { resps[i], errs[i] = gs[i].Do(ctx, key, "fp", fn) })
 	}
-	waitFor(t, 10*time.Second, "the callers to join", func() bool {
+	testkit.WaitUntil(t, 10*time.Second, "the callers to join", func() bool {
 		f.store.mu.Lock()
 		defer f.store.mu.Unlock()
 		l := f.store.looking[h.rec]
@@ -321,7 +322,7 @@ func TestJoinedLookFails(t *testing.T) {
 // completion and its reply is held back: the woken waiter must not wait for
 // it.
 func TestWokenWaiterLooksAfresh(t *testing.T) {
-	ctx := testCtx(t, 30*time.Second)
+	ctx := testkit.Context(t, 30*time.Second)
 	f := newFixture(t, singleClient(t), 0, nil)
 	h := newScriptCalls()
 	h.afterReply = true
@@ -333,7 +334,7 @@ func TestWokenWaiterLooksAfresh(t *testing.T) {
 		t.Fatal(err)
 	}
 	gs := guards(t, remote, 2, &idempotency.Config{WaitTimeout: 20 * time.Second})
-	key := idempotency.Key{ID: uniq("fresh")}
+	key := idempotency.Key{ID: testkit.Name("fresh-")}
 	h.rec = remote.keysFor(key).rec
 	holder, _, err := f.store.Reserve(ctx, reservation(key, "fp", 0))
 	if err != nil || holder == nil {
@@ -349,7 +350,7 @@ func TestWokenWaiterLooksAfresh(t *testing.T) {
 	first, second := make(chan result, 1), make(chan result, 1)
 	go func() { r, err := gs[0].Do(ctx, key, "fp", fn); first <- result{r, err} }()
 	// The first waiter looked, subscribed, looked again, and now waits.
-	waitFor(t, 10*time.Second, "the first waiter", func() bool {
+	testkit.WaitUntil(t, 10*time.Second, "the first waiter", func() bool {
 		remote.mu.Lock()
 		defer remote.mu.Unlock()
 		return remote.waiting.Load() == 1 && remote.looking[h.rec] == nil

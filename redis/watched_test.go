@@ -9,6 +9,7 @@ import (
 
 	"github.com/go-idempotency/idempotency"
 	"github.com/go-idempotency/idempotency/internal/testenv"
+	"github.com/go-idempotency/idempotency/internal/testkit"
 )
 
 // TestNoWatchLeftOnPool: a reservation arms WATCH on the record in its own
@@ -20,7 +21,7 @@ import (
 // not be aborted by a write to those records. The pool has one
 // connection, so every call reuses it.
 func TestNoWatchLeftOnPool(t *testing.T) {
-	ctx := testCtx(t, 30*time.Second)
+	ctx := testkit.Context(t, 30*time.Second)
 	f := newFixture(t, singleClient(t), 1, nil)
 	if f.store.single == nil {
 		t.Fatal("a single-node client must take the WATCH-armed reservation")
@@ -41,18 +42,18 @@ func TestNoWatchLeftOnPool(t *testing.T) {
 	}
 	errFn := errors.New("fn fails")
 
-	fresh := idempotency.Key{ID: uniq("fresh")}
+	fresh := idempotency.Key{ID: testkit.Name("fresh-")}
 	if _, err := g.Do(ctx, fresh, "fp", okFn); err != nil {
 		t.Fatal(err)
 	}
-	completed := idempotency.Key{ID: uniq("done")}
+	completed := idempotency.Key{ID: testkit.Name("done-")}
 	if _, err := ge.Do(ctx, completed, "fp", okFn); err != nil {
 		t.Fatal(err)
 	}
 	if r, err := g.Do(ctx, completed, "fp", okFn); err != nil || !r.Replayed {
 		t.Fatalf("replay of a key completed elsewhere: %+v, %v", r, err)
 	}
-	held := idempotency.Key{ID: uniq("held")}
+	held := idempotency.Key{ID: testkit.Name("held-")}
 	h, _, err := elsewhere.Reserve(ctx, reservation(held, "fp", 0))
 	if err != nil || h == nil {
 		t.Fatalf("holder elsewhere: %v, %v", h, err)
@@ -61,13 +62,13 @@ func TestNoWatchLeftOnPool(t *testing.T) {
 	if _, err := g.Do(ctx, held, "fp", okFn); !errors.Is(err, idempotency.ErrInProgress) {
 		t.Fatalf("a key held elsewhere, NoWait: got %v, want ErrInProgress", err)
 	}
-	failed := idempotency.Key{ID: uniq("failed")}
+	failed := idempotency.Key{ID: testkit.Name("failed-")}
 	if _, err := g.Do(ctx, failed, "fp", func(*Tx) (idempotency.Response, error) {
 		return idempotency.Response{}, errFn
 	}); !errors.Is(err, errFn) {
 		t.Fatalf("fn fails: %v", err)
 	}
-	rolled := idempotency.Key{ID: uniq("rolled")}
+	rolled := idempotency.Key{ID: testkit.Name("rolled-")}
 	txn, _, err := f.store.Reserve(ctx, reservation(rolled, "fp", 0))
 	if err != nil || txn == nil {
 		t.Fatalf("reserve: %v, %v", txn, err)

@@ -13,6 +13,7 @@ import (
 	"time"
 
 	"github.com/go-idempotency/idempotency"
+	"github.com/go-idempotency/idempotency/internal/testkit"
 	sqlitestore "github.com/go-idempotency/idempotency/sqlite"
 )
 
@@ -21,12 +22,12 @@ import (
 // with its effect committed once, or fails with context.Canceled in its
 // error chain and nothing committed; never another error.
 func TestRandomCancels(t *testing.T) {
-	ctx := testCtx(t)
+	ctx := testkit.Context(t, testTimeout)
 	f := openFixture(t, 0)
 	g := guard(t, f.store, nil)
 	do := func(ctx context.Context, id string) error {
 		_, err := g.Do(ctx, idempotency.Key{ID: id}, "fp", func(tx *sql.Tx) (idempotency.Response, error) {
-			return idempotency.Response{Status: 201, Body: []byte(id)}, f.effect(ctx, tx, id)
+			return idempotency.Response{Status: 201, Body: []byte(id)}, f.fx.Effect(ctx, tx, id)
 		})
 		return err
 	}
@@ -108,7 +109,7 @@ func TestRandomCancels(t *testing.T) {
 // first (it then reports only sql.ErrTxDone from Commit). Complete's error
 // still has context.Canceled in its chain, and nothing is committed.
 func TestCompleteCancelledBeforeCommit(t *testing.T) {
-	ctx := testCtx(t)
+	ctx := testkit.Context(t, testTimeout)
 	var n counter
 	db := sql.OpenDB(countingConnector(t, filepath.Join(t.TempDir(), "cancel.db")+"?"+sqlitestore.DSNOptions, &n))
 	f := newFixture(t, db, 1)
@@ -121,7 +122,7 @@ func TestCompleteCancelledBeforeCommit(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if err := f.effect(cctx, txn.Tx(), "x"); err != nil {
+	if err := f.fx.Effect(cctx, txn.Tx(), "x"); err != nil {
 		t.Fatal(err)
 	}
 	n.setHook(func(name string) {
@@ -137,7 +138,7 @@ func TestCompleteCancelledBeforeCommit(t *testing.T) {
 	if !errors.Is(err, context.Canceled) {
 		t.Fatalf("Complete cancelled before its COMMIT: got %v, want context.Canceled in the chain", err)
 	}
-	if c, err := f.count(ctx, "x"); err != nil || c != 0 {
+	if c, err := f.fx.Count(ctx, "x"); err != nil || c != 0 {
 		t.Fatalf("effects: %d, %v; want 0", c, err)
 	}
 	if txn, _, err := f.store.Reserve(ctx, reservation(key, time.Now(), 0)); err != nil || txn == nil {

@@ -5,7 +5,6 @@ import (
 	"database/sql"
 	"fmt"
 	"path/filepath"
-	"sync"
 	"testing"
 	"time"
 
@@ -13,6 +12,7 @@ import (
 
 	"github.com/go-idempotency/idempotency"
 	"github.com/go-idempotency/idempotency/conformance"
+	"github.com/go-idempotency/idempotency/internal/testkit"
 )
 
 func TestConformance(t *testing.T) { conformance.Run(t, harness()) }
@@ -58,35 +58,28 @@ func TestConcurrentSameKeyBareDSN(t *testing.T) {
 		{"WALDeferred", "?_pragma=journal_mode(WAL)"},
 	} {
 		t.Run(c.name, func(t *testing.T) {
-			ctx := testCtx(t)
+			ctx := testkit.Context(t, testTimeout)
 			f := newFixture(t, openBare(t, filepath.Join(t.TempDir(), "bare.db")+c.opts), 0)
 			g, err := idempotency.New(f.store, nil)
 			if err != nil {
 				t.Fatal(err)
 			}
-			key := idempotency.Key{ID: randName("k")}
+			key := idempotency.Key{ID: testkit.Name("k_")}
 			const n = 20
 			type result struct {
 				resp idempotency.Response
 				err  error
 			}
 			rs := make([]result, n)
-			gate := make(chan struct{})
-			var wg sync.WaitGroup
-			for i := range n {
-				wg.Go(func() {
-					<-gate
-					rs[i].resp, rs[i].err = g.Do(ctx, key, "fp", func(tx *sql.Tx) (idempotency.Response, error) {
-						if err := f.effect(ctx, tx, "payment"); err != nil {
-							return idempotency.Response{}, err
-						}
-						time.Sleep(20 * time.Millisecond) // let the others pile up
-						return idempotency.Response{Status: 201, Body: []byte(fmt.Sprint("caller ", i))}, nil
-					})
+			testkit.Together(n, func(i int) {
+				rs[i].resp, rs[i].err = g.Do(ctx, key, "fp", func(tx *sql.Tx) (idempotency.Response, error) {
+					if err := f.fx.Effect(ctx, tx, "payment"); err != nil {
+						return idempotency.Response{}, err
+					}
+					time.Sleep(20 * time.Millisecond) // let the others pile up
+					return idempotency.Response{Status: 201, Body: []byte(fmt.Sprint("caller ", i))}, nil
 				})
-			}
-			close(gate)
-			wg.Wait()
+			})
 			executed := 0
 			for i, r := range rs {
 				if r.err != nil {
@@ -102,7 +95,7 @@ func TestConcurrentSameKeyBareDSN(t *testing.T) {
 			if executed != 1 {
 				t.Fatalf("executed: got %d, want 1", executed)
 			}
-			if got, err := f.count(ctx, "payment"); err != nil || got != 1 {
+			if got, err := f.fx.Count(ctx, "payment"); err != nil || got != 1 {
 				t.Fatalf("effects: got %d, %v; want 1", got, err)
 			}
 			// The store restored the DSN's busy timeout (0) on the pool's

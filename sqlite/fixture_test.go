@@ -2,10 +2,8 @@ package sqlite_test
 
 import (
 	"context"
-	"crypto/rand"
 	"database/sql"
 	"errors"
-	"fmt"
 	"path/filepath"
 	"sync"
 	"testing"
@@ -15,20 +13,12 @@ import (
 
 	"github.com/go-idempotency/idempotency"
 	"github.com/go-idempotency/idempotency/conformance"
+	"github.com/go-idempotency/idempotency/internal/testkit"
 	"github.com/go-idempotency/idempotency/sqlite"
 )
 
-func randName(prefix string) string {
-	b := make([]byte, 6)
-	_, _ = rand.Read(b)
-	return fmt.Sprintf("%s_%x", prefix, b)
-}
-
-func testCtx(t testing.TB) context.Context {
-	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
-	t.Cleanup(cancel)
-	return ctx
-}
+// testTimeout bounds every test of this package.
+const testTimeout = 60 * time.Second
 
 // fixture is one database file with a keys table and an effects table.
 type fixture struct {
@@ -36,6 +26,7 @@ type fixture struct {
 	store   *sqlite.Store
 	table   string
 	effects string
+	fx      testkit.Effects // on the effects table
 }
 
 // openBare opens path with no DSN options at all: no busy timeout, rollback
@@ -51,11 +42,11 @@ func openBare(t testing.TB, path string) *sql.DB {
 
 func newFixture(t testing.TB, db *sql.DB, maxConns int) *fixture {
 	t.Helper()
-	ctx := testCtx(t)
+	ctx := testkit.Context(t, testTimeout)
 	if maxConns > 0 {
 		db.SetMaxOpenConns(maxConns)
 	}
-	table := randName("keys")
+	table := testkit.Name("keys_")
 	store, err := sqlite.New(db, &sqlite.Config{Table: table})
 	if err != nil {
 		t.Fatal(err)
@@ -64,61 +55,31 @@ func newFixture(t testing.TB, db *sql.DB, maxConns int) *fixture {
 		t.Fatal(err)
 	}
 	effects := table + "_effects"
-	if _, err := db.ExecContext(ctx, `CREATE TABLE "`+effects+`" (tag TEXT)`); err != nil {
+	fx := testkit.Effects{DB: db, Table: `"` + effects + `"`}
+	if err := fx.Create(ctx, "TEXT"); err != nil {
 		t.Fatal(err)
 	}
-	t.Cleanup(func() {
-		// Every connection is back in the pool once the case is over (the
-		// holder of a case may still be unwinding: give it a moment).
-		deadline := time.Now().Add(5 * time.Second)
-		for db.Stats().InUse != 0 && time.Now().Before(deadline) {
-			time.Sleep(10 * time.Millisecond)
-		}
-		if n := db.Stats().InUse; n != 0 {
-			t.Errorf("%d connections still in use after the case: leaked", n)
-		}
-		_ = db.Close()
-	})
-	return &fixture{db: db, store: store, table: table, effects: effects}
+	t.Cleanup(func() { _ = db.Close() })
+	// Every connection is back in the pool once the case is over (the
+	// holder of a case may still be unwinding: the kit gives it a moment).
+	testkit.CheckReleased(t, "connections", func() int { return db.Stats().InUse })
+	return &fixture{db: db, store: store, table: table, effects: effects, fx: fx}
 }
 
 func openFixture(t testing.TB, maxConns int) *fixture {
 	t.Helper()
-	db, err := sqlite.Open(testCtx(t), filepath.Join(t.TempDir(), "test.db"))
+	db, err := sqlite.Open(testkit.Context(t, testTimeout), filepath.Join(t.TempDir(), "test.db"))
 	if err != nil {
 		t.Fatal(err)
 	}
 	return newFixture(t, db, maxConns)
 }
 
-func (f *fixture) effect(ctx context.Context, tx *sql.Tx, tag string) error {
-	_, err := tx.ExecContext(ctx, `INSERT INTO "`+f.effects+`" (tag) VALUES (?)`, tag)
-	return err
-}
-
-func (f *fixture) count(ctx context.Context, tag string) (int, error) {
-	var n int
-	err := f.db.QueryRowContext(ctx, `SELECT count(*) FROM "`+f.effects+`" WHERE tag = ?`, tag).Scan(&n)
-	return n, err
-}
-
 func (f *fixture) conformance() conformance.Fixture[*sql.Tx] {
-	return conformance.Fixture[*sql.Tx]{Store: f.store, Effect: f.effect, Count: f.count, Bare: f.bare, Fill: f.fill}
-}
-
-// bare is the baseline of the benchmarks: the same one-row insert as
-// effect, in a plain transaction of the same *sql.DB (same file, same DSN
-// options, so the same journal mode, synchronous mode and immediate BEGIN).
-func (f *fixture) bare(ctx context.Context, tag string) error {
-	tx, err := f.db.BeginTx(ctx, nil)
-	if err != nil {
-		return err
-	}
-	if err := f.effect(ctx, tx, tag); err != nil {
-		_ = tx.Rollback()
-		return err
-	}
-	return tx.Commit()
+	// Bare, the baseline of the benchmarks, is the same one-row insert as
+	// Effect in a plain transaction of the same *sql.DB (same file, same DSN
+	// options, so the same journal mode, synchronous mode and immediate BEGIN).
+	return conformance.Fixture[*sql.Tx]{Store: f.store, Effect: f.fx.Effect, Count: f.fx.Count, Bare: f.fx.Bare, Fill: f.fill}
 }
 
 // fill writes n completed keys in scope "fill" (no benchmark uses it), all
@@ -148,7 +109,7 @@ func reservation(key idempotency.Key, now time.Time, wait time.Duration) idempot
 // function is called.
 func hold(t *testing.T, f *fixture, key idempotency.Key) (release func()) {
 	t.Helper()
-	ctx := testCtx(t)
+	ctx := testkit.Context(t, testTimeout)
 	txn, _, err := f.store.Reserve(ctx, reservation(key, time.Now(), 0))
 	if err != nil || txn == nil {
 		t.Fatalf("hold: %v", err)

@@ -5,11 +5,11 @@ import (
 	"database/sql"
 	"errors"
 	"fmt"
-	"sync"
 	"testing"
 	"time"
 
 	"github.com/go-idempotency/idempotency"
+	"github.com/go-idempotency/idempotency/internal/testkit"
 )
 
 // TestNoWaitOtherKeyBusy: while a caller of one key holds the Store's one
@@ -19,37 +19,30 @@ import (
 // the held key gets ErrInProgress at once. Once the holder is done, the
 // same keys go through.
 func TestNoWaitOtherKeyBusy(t *testing.T) {
-	ctx := testCtx(t)
+	ctx := testkit.Context(t, testTimeout)
 	f := openFixture(t, 0)
 	release := hold(t, f, idempotency.Key{ID: "held"})
 	const n = 10
 	errs := make([]error, n+1)
 	took := make([]time.Duration, n+1)
-	gate := make(chan struct{})
-	var wg sync.WaitGroup
-	for i := range n + 1 {
-		wg.Go(func() {
-			key := idempotency.Key{ID: fmt.Sprint("other", i)}
-			if i == n {
-				key.ID = "held"
+	testkit.Together(n+1, func(i int) {
+		key := idempotency.Key{ID: fmt.Sprint("other", i)}
+		if i == n {
+			key.ID = "held"
+		}
+		r := reservation(key, time.Now(), 0)
+		r.NoWait = true
+		start := time.Now()
+		txn, rec, err := f.store.Reserve(ctx, r)
+		took[i] = time.Since(start)
+		if txn != nil || rec != nil {
+			err = fmt.Errorf("got txn %v, record %v: want an error", txn, rec)
+			if txn != nil {
+				_ = txn.Rollback(context.Background())
 			}
-			r := reservation(key, time.Now(), 0)
-			r.NoWait = true
-			<-gate
-			start := time.Now()
-			txn, rec, err := f.store.Reserve(ctx, r)
-			took[i] = time.Since(start)
-			if txn != nil || rec != nil {
-				err = fmt.Errorf("got txn %v, record %v: want an error", txn, rec)
-				if txn != nil {
-					_ = txn.Rollback(context.Background())
-				}
-			}
-			errs[i] = err
-		})
-	}
-	close(gate)
-	wg.Wait()
+		}
+		errs[i] = err
+	})
 	for i, err := range errs {
 		if took[i] > 2*time.Second {
 			t.Errorf("caller %d: answered after %v, want at once", i, took[i])
@@ -82,7 +75,7 @@ func TestNoWaitOtherKeyBusy(t *testing.T) {
 // new key, met while tenant A's call holds the writer, fails at once with
 // ErrStore and without running fn; retried once A is done, it runs once.
 func TestNoWaitDo(t *testing.T) {
-	ctx := testCtx(t)
+	ctx := testkit.Context(t, testTimeout)
 	f := openFixture(t, 0)
 	g := guard(t, f.store, &idempotency.Config{NoWait: true})
 	entered, release := make(chan struct{}), make(chan struct{})
@@ -91,14 +84,14 @@ func TestNoWaitDo(t *testing.T) {
 		_, err := g.Do(ctx, idempotency.Key{Scope: "A", ID: "a-1"}, "fp", func(tx *sql.Tx) (idempotency.Response, error) {
 			close(entered)
 			<-release
-			return idempotency.Response{Status: 201}, f.effect(ctx, tx, "A")
+			return idempotency.Response{Status: 201}, f.fx.Effect(ctx, tx, "A")
 		})
 		aDone <- err
 	}()
 	<-entered
 	b := idempotency.Key{Scope: "B", ID: "b-1"}
 	fnB := func(tx *sql.Tx) (idempotency.Response, error) {
-		return idempotency.Response{Status: 201}, f.effect(ctx, tx, "B")
+		return idempotency.Response{Status: 201}, f.fx.Effect(ctx, tx, "B")
 	}
 	start := time.Now()
 	_, err := g.Do(ctx, b, "fp", fnB)
@@ -108,7 +101,7 @@ func TestNoWaitDo(t *testing.T) {
 	if !errors.Is(err, idempotency.ErrStore) || errors.Is(err, idempotency.ErrInProgress) {
 		t.Fatalf("B while A holds the writer: got %v, want ErrStore", err)
 	}
-	if c, err := f.count(ctx, "B"); err != nil || c != 0 {
+	if c, err := f.fx.Count(ctx, "B"); err != nil || c != 0 {
 		t.Fatalf("B's effects: %d, %v; want 0", c, err)
 	}
 	close(release)
@@ -119,7 +112,7 @@ func TestNoWaitDo(t *testing.T) {
 		t.Fatalf("B retried after A: %+v, %v; want executed", r, err)
 	}
 	for _, tag := range []string{"A", "B"} {
-		if c, err := f.count(ctx, tag); err != nil || c != 1 {
+		if c, err := f.fx.Count(ctx, tag); err != nil || c != 1 {
 			t.Fatalf("%s's effects: %d, %v; want 1", tag, c, err)
 		}
 	}
@@ -129,7 +122,7 @@ func TestNoWaitDo(t *testing.T) {
 // first try: Wait 0) of another key waits for the write turn while a key is
 // held and gets its reservation once the holder is done.
 func TestWaitingCallerGetsWriteTurn(t *testing.T) {
-	ctx := testCtx(t)
+	ctx := testkit.Context(t, testTimeout)
 	f := openFixture(t, 0)
 	release := hold(t, f, idempotency.Key{ID: "held"})
 	time.AfterFunc(200*time.Millisecond, release)

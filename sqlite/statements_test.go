@@ -15,6 +15,7 @@ import (
 	"modernc.org/sqlite"
 
 	"github.com/go-idempotency/idempotency"
+	"github.com/go-idempotency/idempotency/internal/testkit"
 	sqlitestore "github.com/go-idempotency/idempotency/sqlite"
 )
 
@@ -24,14 +25,14 @@ import (
 // are function calls rather than round trips, but each costs CPU, and the
 // count does not depend on the machine's load.
 func TestStatementsPerCall(t *testing.T) {
-	ctx := testCtx(t)
+	ctx := testkit.Context(t, testTimeout)
 	var n counter
 	db := sql.OpenDB(countingConnector(t, filepath.Join(t.TempDir(), "count.db")+"?"+sqlitestore.DSNOptions, &n))
 	f := newFixture(t, db, 1) // one connection: every statement is prepared on it once
 	g := guard(t, f.store, nil)
 	gNoWait := guard(t, f.store, &idempotency.Config{NoWait: true})
 	fn := func(tx *sql.Tx) (idempotency.Response, error) {
-		return idempotency.Response{Status: 201, Body: []byte("ok")}, f.effect(ctx, tx, "x")
+		return idempotency.Response{Status: 201, Body: []byte("ok")}, f.fx.Effect(ctx, tx, "x")
 	}
 	do := func(g *idempotency.Guard[*sql.Tx], id string) []string {
 		t.Helper()
@@ -68,13 +69,13 @@ func TestStatementsPerCall(t *testing.T) {
 // Guard's memory) that finds the key held sends one lookup (its first try
 // does not wait), then gets the holder's record handed over in memory.
 func TestStatementsPerWaiter(t *testing.T) {
-	ctx := testCtx(t)
+	ctx := testkit.Context(t, testTimeout)
 	var n counter
 	db := sql.OpenDB(countingConnector(t, filepath.Join(t.TempDir(), "count.db")+"?"+sqlitestore.DSNOptions, &n))
 	f := newFixture(t, db, 2) // the holder's connection and the waiter's
 	holder, waiter := guard(t, f.store, nil), guard(t, f.store, nil)
 	fn := func(tx *sql.Tx) (idempotency.Response, error) {
-		return idempotency.Response{Status: 201, Body: []byte("ok")}, f.effect(ctx, tx, "x")
+		return idempotency.Response{Status: 201, Body: []byte("ok")}, f.fx.Effect(ctx, tx, "x")
 	}
 	key := idempotency.Key{ID: "waited"}
 	entered, release := make(chan struct{}), make(chan struct{})

@@ -13,6 +13,7 @@ import (
 	_ "modernc.org/sqlite"
 
 	"github.com/go-idempotency/idempotency"
+	"github.com/go-idempotency/idempotency/internal/testkit"
 	"github.com/go-idempotency/idempotency/sqlite"
 )
 
@@ -50,7 +51,7 @@ func TestInvalidTableRefusedBeforeSQL(t *testing.T) {
 }
 
 func TestOpen(t *testing.T) {
-	ctx := testCtx(t)
+	ctx := testkit.Context(t, testTimeout)
 	for _, p := range []string{"", ":memory:", "file:x.db", "x.db?mode=ro"} {
 		if db, err := sqlite.Open(ctx, p); !errors.Is(err, idempotency.ErrInvalidConfig) {
 			if db != nil {
@@ -75,7 +76,7 @@ func TestOpen(t *testing.T) {
 }
 
 func TestSchemaAndMigrateIdempotent(t *testing.T) {
-	ctx := testCtx(t)
+	ctx := testkit.Context(t, testTimeout)
 	f := openFixture(t, 0)
 	for range 2 {
 		if err := f.store.Migrate(ctx); err != nil {
@@ -101,7 +102,7 @@ func TestSchemaAndMigrateIdempotent(t *testing.T) {
 // TestStoreRecord checks the stored record field by field: nanosecond
 // times, nil versus empty body and header, binary bytes.
 func TestStoreRecord(t *testing.T) {
-	ctx := testCtx(t)
+	ctx := testkit.Context(t, testTimeout)
 	f := openFixture(t, 1)
 	now := time.Unix(1_700_000_000, 123_456_789)
 	cases := []struct {
@@ -140,7 +141,7 @@ func TestStoreRecord(t *testing.T) {
 // TestExpiredTakeover: a live key is returned; at ExpiresAt it is taken
 // over in the same statement, with the new fingerprint.
 func TestExpiredTakeover(t *testing.T) {
-	ctx := testCtx(t)
+	ctx := testkit.Context(t, testTimeout)
 	f := openFixture(t, 1)
 	now := time.Unix(1_700_000_000, 1)
 	key := idempotency.Key{ID: "k"}
@@ -172,7 +173,7 @@ func TestExpiredTakeover(t *testing.T) {
 }
 
 func TestPurgeLimit(t *testing.T) {
-	ctx := testCtx(t)
+	ctx := testkit.Context(t, testTimeout)
 	f := openFixture(t, 0)
 	base := time.Unix(1_700_000_000, 0)
 	for i := range 5 {

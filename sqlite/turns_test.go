@@ -5,11 +5,11 @@ import (
 	"database/sql"
 	"errors"
 	"path/filepath"
-	"sync"
 	"testing"
 	"time"
 
 	"github.com/go-idempotency/idempotency"
+	"github.com/go-idempotency/idempotency/internal/testkit"
 	"github.com/go-idempotency/idempotency/sqlite"
 )
 
@@ -17,34 +17,27 @@ import (
 // key at the same time all get the replay, none ErrInProgress, although
 // each finds another caller looking the key up.
 func TestNoWaitReplaysTogether(t *testing.T) {
-	ctx := testCtx(t)
+	ctx := testkit.Context(t, testTimeout)
 	f := openFixture(t, 0)
 	g := guard(t, f.store, &idempotency.Config{NoWait: true})
-	key := idempotency.Key{ID: randName("k")}
+	key := idempotency.Key{ID: testkit.Name("k_")}
 	if _, err := g.Do(ctx, key, "fp", func(tx *sql.Tx) (idempotency.Response, error) {
-		return idempotency.Response{Status: 200, Body: []byte("ok")}, f.effect(ctx, tx, "x")
+		return idempotency.Response{Status: 200, Body: []byte("ok")}, f.fx.Effect(ctx, tx, "x")
 	}); err != nil {
 		t.Fatal(err)
 	}
 	for round := range 20 {
 		const n = 20
 		errs := make(chan error, n)
-		gate := make(chan struct{})
-		var wg sync.WaitGroup
-		for range n {
-			wg.Go(func() {
-				<-gate
-				r, err := g.Do(ctx, key, "fp", func(*sql.Tx) (idempotency.Response, error) {
-					return idempotency.Response{}, errors.New("fn must not run for a completed key")
-				})
-				if err == nil && (!r.Replayed || string(r.Body) != "ok") {
-					err = errors.New("not the stored response: " + string(r.Body))
-				}
-				errs <- err
+		testkit.Together(n, func(int) {
+			r, err := g.Do(ctx, key, "fp", func(*sql.Tx) (idempotency.Response, error) {
+				return idempotency.Response{}, errors.New("fn must not run for a completed key")
 			})
-		}
-		close(gate)
-		wg.Wait()
+			if err == nil && (!r.Replayed || string(r.Body) != "ok") {
+				err = errors.New("not the stored response: " + string(r.Body))
+			}
+			errs <- err
+		})
 		close(errs)
 		for err := range errs {
 			if err != nil {
@@ -74,7 +67,7 @@ func TestExternalWriterBound(t *testing.T) {
 		}},
 	} {
 		t.Run(c.name, func(t *testing.T) {
-			ctx := testCtx(t)
+			ctx := testkit.Context(t, testTimeout)
 			f := c.open(t)
 			var bt0 int
 			if err := f.db.QueryRowContext(ctx, "PRAGMA busy_timeout").Scan(&bt0); err != nil {
@@ -85,7 +78,7 @@ func TestExternalWriterBound(t *testing.T) {
 				t.Fatal(err)
 			}
 			defer ext.Rollback()
-			if err := f.effect(ctx, ext, "external"); err != nil { // takes the write lock
+			if err := f.fx.Effect(ctx, ext, "external"); err != nil { // takes the write lock
 				t.Fatal(err)
 			}
 			busy := time.Duration(bt0) * time.Millisecond
@@ -144,13 +137,13 @@ func TestExternalWriterBound(t *testing.T) {
 func TestPurgeWaitsForWriteTurn(t *testing.T) {
 	f := openFixture(t, 0)
 	release := hold(t, f, idempotency.Key{ID: "held"})
-	ctx, cancel := context.WithTimeout(testCtx(t), 200*time.Millisecond)
+	ctx, cancel := context.WithTimeout(testkit.Context(t, testTimeout), 200*time.Millisecond)
 	defer cancel()
 	if _, err := f.store.Purge(ctx, time.Now(), 10); !errors.Is(err, context.DeadlineExceeded) {
 		t.Fatalf("Purge while a key is held, ctx ending: got %v, want DeadlineExceeded", err)
 	}
 	release()
-	if n, err := f.store.Purge(testCtx(t), time.Now().Add(2*time.Hour), 10); err != nil || n != 1 {
+	if n, err := f.store.Purge(testkit.Context(t, testTimeout), time.Now().Add(2*time.Hour), 10); err != nil || n != 1 {
 		t.Fatalf("Purge after the release: %d, %v; want 1", n, err)
 	}
 }
@@ -158,7 +151,7 @@ func TestPurgeWaitsForWriteTurn(t *testing.T) {
 // TestClose: Close releases the prepared statements; a reservation made
 // before still completes, and Reserve afterwards fails.
 func TestClose(t *testing.T) {
-	ctx := testCtx(t)
+	ctx := testkit.Context(t, testTimeout)
 	f := openFixture(t, 0)
 	txn, _, err := f.store.Reserve(ctx, reservation(idempotency.Key{ID: "k"}, time.Now(), 0))
 	if err != nil {
@@ -190,7 +183,7 @@ func TestClose(t *testing.T) {
 // package committed is a key held by someone else (ErrInProgress), with or
 // without a wait, and the connection keeps its busy timeout.
 func TestCommittedPendingRow(t *testing.T) {
-	ctx := testCtx(t)
+	ctx := testkit.Context(t, testTimeout)
 	f := openFixture(t, 1)
 	now := time.Now()
 	if _, err := f.db.ExecContext(ctx, `INSERT INTO "`+f.table+`" (scope, id, fingerprint, state, created_at, expires_at) VALUES ('', 'k', 'fp', 'pending', ?, ?)`,

@@ -10,13 +10,14 @@ import (
 	_ "modernc.org/sqlite"
 
 	"github.com/go-idempotency/idempotency"
+	"github.com/go-idempotency/idempotency/internal/testkit"
 )
 
 // TestWaitBoundDoesNotLeak: the reservation's busy timeout (the wait bound)
 // is not what the caller's statements run with, nor what the pool's
 // connection keeps afterwards.
 func TestWaitBoundDoesNotLeak(t *testing.T) {
-	ctx := testCtx(t)
+	ctx := testkit.Context(t, testTimeout)
 	f := openFixture(t, 1)
 	g := guard(t, f.store, &idempotency.Config{NoWait: true})
 	var inFn int
@@ -42,7 +43,7 @@ func TestCancelWhileWaitingLongBound(t *testing.T) {
 	f := openFixture(t, 2)
 	key := idempotency.Key{ID: "k"}
 	release := hold(t, f, key)
-	ctx, cancel := context.WithCancel(testCtx(t))
+	ctx, cancel := context.WithCancel(testkit.Context(t, testTimeout))
 	time.AfterFunc(200*time.Millisecond, cancel)
 	start := time.Now()
 	txn, rec, err := f.store.Reserve(ctx, reservation(key, time.Now(), 30*time.Second))
@@ -59,7 +60,7 @@ func TestCancelWhileWaitingLongBound(t *testing.T) {
 	// The waiter's connection kept its busy timeout.
 	for range 2 {
 		var bt int
-		if err := f.db.QueryRowContext(testCtx(t), "PRAGMA busy_timeout").Scan(&bt); err != nil || bt != 5000 {
+		if err := f.db.QueryRowContext(testkit.Context(t, testTimeout), "PRAGMA busy_timeout").Scan(&bt); err != nil || bt != 5000 {
 			t.Fatalf("busy_timeout: %d, %v; want 5000", bt, err)
 		}
 	}
@@ -70,7 +71,7 @@ func TestCancelWhileWaitingLongBound(t *testing.T) {
 // database, never "key in progress") past its bound, and gets through once
 // the holder commits.
 func TestOtherKeyWaitsForWriter(t *testing.T) {
-	ctx := testCtx(t)
+	ctx := testkit.Context(t, testTimeout)
 	f := openFixture(t, 0)
 	release := hold(t, f, idempotency.Key{ID: "held"})
 	other := idempotency.Key{ID: "other"}

@@ -18,6 +18,7 @@ import (
 
 	"github.com/go-idempotency/idempotency"
 	"github.com/go-idempotency/idempotency/internal/testenv"
+	"github.com/go-idempotency/idempotency/internal/testkit"
 	"github.com/go-idempotency/idempotency/mysql"
 	"github.com/go-idempotency/idempotency/sqlite"
 )
@@ -121,8 +122,7 @@ func TestSQLiteFileAndFewCallers(t *testing.T) {
 func TestPostgres(t *testing.T) {
 	t.Parallel()
 	dsn := testenv.PostgresDSN(t)
-	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
-	defer cancel()
+	ctx := testkit.Context(t, 30*time.Second)
 	conn, err := pgx.Connect(ctx, dsn)
 	if err != nil {
 		t.Fatal(err)
@@ -146,8 +146,7 @@ func TestPostgres(t *testing.T) {
 func TestMySQL(t *testing.T) {
 	t.Parallel()
 	dsn := testenv.MySQLDSN(t)
-	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
-	defer cancel()
+	ctx := testkit.Context(t, 30*time.Second)
 	db, err := mysql.Open(dsn)
 	if err != nil {
 		t.Fatal(err)
@@ -183,8 +182,7 @@ func TestMySQL(t *testing.T) {
 func TestRedis(t *testing.T) {
 	t.Parallel()
 	addr := testenv.RedisAddr(t)
-	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
-	defer cancel()
+	ctx := testkit.Context(t, 30*time.Second)
 	client := goredis.NewClient(&goredis.Options{Addr: addr})
 	defer client.Close()
 	countKeys := func() int {

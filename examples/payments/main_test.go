@@ -3,27 +3,24 @@ package main
 import (
 	"bytes"
 	"context"
-	"crypto/rand"
-	"encoding/hex"
 	"encoding/json"
 	"io"
 	"net/http"
 	"net/http/httptest"
 	"path/filepath"
 	"strings"
-	"sync"
 	"testing"
 	"time"
 
-	"github.com/jackc/pgx/v5"
-
 	"github.com/go-idempotency/idempotency/idemhttp"
 	"github.com/go-idempotency/idempotency/internal/testenv"
+	"github.com/go-idempotency/idempotency/internal/testkit"
+	"github.com/go-idempotency/idempotency/internal/testkit/pgkit"
 )
 
 func TestPaymentsSQLite(t *testing.T) {
 	t.Parallel()
-	ctx := testCtx(t)
+	ctx := testkit.Context(t, 60*time.Second)
 	a, err := open(ctx, filepath.Join(t.TempDir(), "payments.db"), defaultTables)
 	if err != nil {
 		t.Fatal(err)
@@ -34,37 +31,17 @@ func TestPaymentsSQLite(t *testing.T) {
 
 func TestPaymentsPostgres(t *testing.T) {
 	t.Parallel()
-	ctx := testCtx(t)
+	ctx := testkit.Context(t, 60*time.Second)
 	dsn := testenv.PostgresDSN(t)
-	var b [6]byte
-	_, _ = rand.Read(b[:])
-	suffix := hex.EncodeToString(b[:])
+	suffix := testkit.Name("")
 	names := tables{Payments: "payments_" + suffix, Keys: "idempotency_keys_" + suffix}
-	t.Cleanup(func() {
-		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
-		defer cancel()
-		conn, err := pgx.Connect(ctx, dsn)
-		if err != nil {
-			t.Error(err)
-			return
-		}
-		defer conn.Close(ctx)
-		if _, err := conn.Exec(ctx, `DROP TABLE IF EXISTS `+names.Payments+`, `+names.Keys); err != nil {
-			t.Error(err)
-		}
-	})
+	pgkit.DropAtCleanup(t, dsn, "TABLE", names.Payments, names.Keys)
 	a, err := openPostgres(ctx, dsn, names)
 	if err != nil {
 		t.Fatal(err)
 	}
 	t.Cleanup(a.close)
 	testPayments(t, a)
-}
-
-func testCtx(t *testing.T) context.Context {
-	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
-	t.Cleanup(cancel)
-	return ctx
 }
 
 type answer struct {
@@ -112,7 +89,7 @@ func wantProblem(t *testing.T, a answer, status int, typ string) {
 }
 
 func testPayments(t *testing.T, a *app) {
-	ctx := testCtx(t)
+	ctx := testkit.Context(t, 60*time.Second)
 	srv := httptest.NewServer(a.handler)
 	t.Cleanup(srv.Close)
 	client := &idemhttp.Client{HTTPClient: srv.Client()}
@@ -121,17 +98,10 @@ func testPayments(t *testing.T, a *app) {
 	// 20 concurrent requests, one key, released together.
 	const n = 20
 	answers := make([]answer, n)
-	gate := make(chan struct{})
-	var wg sync.WaitGroup
-	for i := range n {
-		wg.Go(func() {
-			<-gate
-			resp, err := client.Do(newPost(t, ctx, srv.URL, `{"orderId":42,"amount":1999}`, key))
-			answers[i] = read(t, resp, err)
-		})
-	}
-	close(gate)
-	wg.Wait()
+	testkit.Together(n, func(i int) {
+		resp, err := client.Do(newPost(t, ctx, srv.URL, `{"orderId":42,"amount":1999}`, key))
+		answers[i] = read(t, resp, err)
+	})
 
 	rows, err := a.payments(ctx)
 	if err != nil {

@@ -17,9 +17,9 @@ import (
 	"testing"
 	"time"
 
-	"github.com/jackc/pgx/v5/pgxpool"
-
 	"github.com/go-idempotency/idempotency/internal/testenv"
+	"github.com/go-idempotency/idempotency/internal/testkit"
+	"github.com/go-idempotency/idempotency/internal/testkit/pgkit"
 )
 
 const (
@@ -35,23 +35,9 @@ func TestWebhooksSQLite(t *testing.T) {
 
 func TestWebhooksPostgres(t *testing.T) {
 	dsn := testenv.PostgresDSN(t)
-	sfx := fmt.Sprintf("%d_%d", time.Now().UnixNano(), os.Getpid())
+	sfx := testkit.Name("")
 	names := tables{Orders: "webhook_orders_" + sfx, Keys: "webhook_keys_" + sfx}
-	t.Cleanup(func() {
-		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
-		defer cancel()
-		pool, err := pgxpool.New(ctx, dsn)
-		if err != nil {
-			t.Error(err)
-			return
-		}
-		defer pool.Close()
-		for _, tb := range []string{names.Orders, names.Keys} {
-			if _, err := pool.Exec(ctx, `DROP TABLE IF EXISTS "`+tb+`"`); err != nil {
-				t.Errorf("drop %s: %v", tb, err)
-			}
-		}
-	})
+	pgkit.DropAtCleanup(t, dsn, "TABLE", `"`+names.Orders+`"`, `"`+names.Keys+`"`)
 	runScenario(t, dsn, names)
 }
 

@@ -2,7 +2,6 @@ package ha
 
 import (
 	"bytes"
-	"crypto/rand"
 	"fmt"
 	"sync"
 	"sync/atomic"
@@ -10,6 +9,7 @@ import (
 	"time"
 
 	"github.com/go-idempotency/idempotency"
+	"github.com/go-idempotency/idempotency/internal/testkit"
 )
 
 // call is one Do of the failover workloads: a fresh key, and what the
@@ -41,7 +41,7 @@ type load struct {
 	calls []*call
 }
 
-func newLoad(prefix string) *load { return &load{prefix: prefix + "-" + rand.Text()[:8]} }
+func newLoad(prefix string) *load { return &load{prefix: testkit.Name(prefix + "-")} }
 
 func (l *load) start(workers int, do func(idempotency.Key) (idempotency.Response, error), onAck func(n int64)) {
 	for w := range workers {

@@ -93,7 +93,7 @@ func galeraConformance(t *testing.T, g *Galera, dsnExtra string, pin map[string]
 				node = int(pinned.Add(1) % GaleraNodes)
 				t.Logf("all calls on node %d: %s", node+1, why)
 			}
-			return conformance.Fixture[*sql.Tx]{Store: f.spread(node), Effect: f.effect, Count: f.countOf}
+			return conformance.Fixture[*sql.Tx]{Store: f.spread(node), Effect: f.fx.Effect, Count: f.fx.Count}
 		},
 	})
 	// A case renamed in the suite would silently run spread: name it.

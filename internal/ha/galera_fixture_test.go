@@ -2,11 +2,9 @@ package ha
 
 import (
 	"context"
-	"crypto/rand"
 	"database/sql"
 	"errors"
 	"fmt"
-	"strings"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -14,6 +12,7 @@ import (
 	gomysql "github.com/go-sql-driver/mysql"
 
 	"github.com/go-idempotency/idempotency"
+	"github.com/go-idempotency/idempotency/internal/testkit"
 	"github.com/go-idempotency/idempotency/mysql"
 )
 
@@ -72,14 +71,15 @@ type galeraFixture struct {
 	table, effects string
 	dbs            []*sql.DB
 	stores         []*mysql.Store
-	count          *sql.DB // node 1, reads wait for the cluster (wsrep_sync_wait)
+	count          *sql.DB         // node 1, reads wait for the cluster (wsrep_sync_wait)
+	fx             testkit.Effects // on the effects table, counted through count
 }
 
 func newGaleraFixture(t testing.TB, g *Galera, maxConns int, dsnExtra string) *galeraFixture {
 	t.Helper()
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
-	f := &galeraFixture{table: "ha_" + strings.ToLower(rand.Text()[:10])}
+	f := &galeraFixture{table: testkit.Name("ha_")}
 	f.effects = f.table + "_fx"
 	for i := range GaleraNodes {
 		db, err := mysql.Open(g.DSN(i, "test") + dsnExtra)
@@ -103,6 +103,7 @@ func newGaleraFixture(t testing.TB, g *Galera, maxConns int, dsnExtra string) *g
 		t.Fatal(err)
 	}
 	f.count = count
+	f.fx = testkit.Effects{DB: count, Table: "`" + f.effects + "`", Binary: true}
 	t.Cleanup(func() {
 		ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 		defer cancel()
@@ -154,14 +155,3 @@ func awaitTables(ctx context.Context, db *sql.DB, tables ...string) error {
 }
 
 func (f *galeraFixture) spread(pin int) *spread { return &spread{stores: f.stores, pin: pin} }
-
-func (f *galeraFixture) effect(ctx context.Context, tx *sql.Tx, tag string) error {
-	_, err := tx.ExecContext(ctx, "INSERT INTO `"+f.effects+"` (tag) VALUES (?)", []byte(tag))
-	return err
-}
-
-func (f *galeraFixture) countOf(ctx context.Context, tag string) (int, error) {
-	var n int
-	err := f.count.QueryRowContext(ctx, "SELECT COUNT(*) FROM `"+f.effects+"` WHERE tag = ?", []byte(tag)).Scan(&n)
-	return n, err
-}

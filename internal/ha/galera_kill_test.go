@@ -60,7 +60,7 @@ func galeraNodeKilled(t *testing.T, g *Galera) {
 					calls = append(calls, c)
 					mu.Unlock()
 					fn := func(tx *sql.Tx) (idempotency.Response, error) {
-						if err := f.effect(ctx, tx, c.key.ID); err != nil {
+						if err := f.fx.Effect(ctx, tx, c.key.ID); err != nil {
 							return idempotency.Response{}, err
 						}
 						return idempotency.Response{Status: 201, Body: []byte(c.key.ID + "@" + rand.Text()[:8])}, nil
@@ -122,7 +122,7 @@ func galeraNodeKilled(t *testing.T, g *Galera) {
 	unanswered := 0
 	for _, c := range calls {
 		resp, err := check.Do(ctx, c.key, "fp", func(tx *sql.Tx) (idempotency.Response, error) {
-			if err := f.effect(ctx, tx, c.key.ID); err != nil {
+			if err := f.fx.Effect(ctx, tx, c.key.ID); err != nil {
 				return idempotency.Response{}, err
 			}
 			return idempotency.Response{Status: 201, Body: []byte(c.key.ID + "@check")}, nil
@@ -136,7 +136,7 @@ func galeraNodeKilled(t *testing.T, g *Galera) {
 		if !c.acked {
 			unanswered++
 		}
-		if n, err := f.countOf(ctx, c.key.ID); err != nil || n != 1 {
+		if n, err := f.fx.Count(ctx, c.key.ID); err != nil || n != 1 {
 			t.Fatalf("key %s: %d effects (%v), want 1", c.key.ID, n, err)
 		}
 	}

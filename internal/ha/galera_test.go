@@ -8,12 +8,12 @@ import (
 	"errors"
 	"fmt"
 	"strconv"
-	"sync"
 	"sync/atomic"
 	"testing"
 	"time"
 
 	"github.com/go-idempotency/idempotency"
+	"github.com/go-idempotency/idempotency/internal/testkit"
 )
 
 // streaming is the DSN suffix that turns on Galera's streaming replication
@@ -83,7 +83,7 @@ func galeraLatency(t *testing.T, g *Galera) {
 		for i := range n {
 			key := idempotency.Key{Scope: "lat", ID: fmt.Sprintf("lat-%d-%s", i, rand.Text()[:6])}
 			if _, err := gd.Do(ctx, key, "fp", func(tx *sql.Tx) (idempotency.Response, error) {
-				return idempotency.Response{Status: 201}, f.effect(ctx, tx, key.ID)
+				return idempotency.Response{Status: 201}, f.fx.Effect(ctx, tx, key.ID)
 			}); err != nil {
 				t.Fatal(err)
 			}
@@ -120,7 +120,7 @@ func galeraSameKey(t *testing.T, g *Galera, dsnExtra string) {
 	var totalRuns int64
 	winnerErrSeen := false
 	for round := range rounds {
-		key := idempotency.Key{Scope: "galera", ID: fmt.Sprintf("same-%d-%s", round, rand.Text()[:8])}
+		key := idempotency.Key{Scope: "galera", ID: testkit.Name(fmt.Sprintf("same-%d-", round))}
 		tag := key.ID
 		failWinner := round == rounds-1
 		var runs atomic.Int64
@@ -129,29 +129,20 @@ func galeraSameKey(t *testing.T, g *Galera, dsnExtra string) {
 			err  error
 		}
 		out := make([]res, callers)
-		gate := make(chan struct{})
-		var wg sync.WaitGroup
 		errWinner := errors.New("the first run fails")
-		for c := range callers {
-			wg.Add(1)
-			go func() {
-				defer wg.Done()
-				<-gate
-				out[c].resp, out[c].err = guards[c%GaleraNodes].Do(ctx, key, "fp", func(tx *sql.Tx) (idempotency.Response, error) {
-					n := runs.Add(1)
-					if err := f.effect(ctx, tx, tag); err != nil {
-						return idempotency.Response{}, err
-					}
-					if failWinner && n == 1 {
-						time.Sleep(200 * time.Millisecond)
-						return idempotency.Response{}, errWinner
-					}
-					return idempotency.Response{Status: 201, Body: fmt.Appendf(nil, `{"run":%d,"node":%d}`, n, c%GaleraNodes+1)}, nil
-				})
-			}()
-		}
-		close(gate)
-		wg.Wait()
+		testkit.Together(callers, func(c int) {
+			out[c].resp, out[c].err = guards[c%GaleraNodes].Do(ctx, key, "fp", func(tx *sql.Tx) (idempotency.Response, error) {
+				n := runs.Add(1)
+				if err := f.fx.Effect(ctx, tx, tag); err != nil {
+					return idempotency.Response{}, err
+				}
+				if failWinner && n == 1 {
+					time.Sleep(200 * time.Millisecond)
+					return idempotency.Response{}, errWinner
+				}
+				return idempotency.Response{Status: 201, Body: fmt.Appendf(nil, `{"run":%d,"node":%d}`, n, c%GaleraNodes+1)}, nil
+			})
+		})
 		var first []byte
 		executed, failed := 0, 0
 		for c, r := range out {
@@ -181,7 +172,7 @@ func galeraSameKey(t *testing.T, g *Galera, dsnExtra string) {
 		if failWinner {
 			winnerErrSeen = failed == 1
 		}
-		n, err := f.countOf(ctx, tag)
+		n, err := f.fx.Count(ctx, tag)
 		if err != nil || n != 1 {
 			t.Fatalf("round %d: %d effects committed (%v), want 1", round, n, err)
 		}
@@ -239,14 +230,14 @@ func galeraCertification(t *testing.T, g *Galera) {
 			go func() {
 				resp, err := g1.Do(ctx, key, "fp", func(tx *sql.Tx) (idempotency.Response, error) {
 					n := runs1.Add(1)
-					if err := f.effect(ctx, tx, "node1"); err != nil {
+					if err := f.fx.Effect(ctx, tx, "node1"); err != nil {
 						return idempotency.Response{}, err
 					}
 					if n == 1 {
 						close(inFn)
 						<-otherDone
 						if c.statement {
-							if err := f.effect(ctx, tx, "node1-again"); err != nil {
+							if err := f.fx.Effect(ctx, tx, "node1-again"); err != nil {
 								return idempotency.Response{}, err
 							}
 						}
@@ -261,7 +252,7 @@ func galeraCertification(t *testing.T, g *Galera) {
 				t.Fatalf("node 1 returned before running fn: %+v", r)
 			}
 			r2, err := g2.Do(ctx, key, "fp", func(tx *sql.Tx) (idempotency.Response, error) {
-				if err := f.effect(ctx, tx, "node2"); err != nil {
+				if err := f.fx.Effect(ctx, tx, "node2"); err != nil {
 					return idempotency.Response{}, err
 				}
 				return idempotency.Response{Status: 201, Body: []byte(`{"node":2}`)}, nil
@@ -286,7 +277,7 @@ func galeraCertification(t *testing.T, g *Galera) {
 				t.Fatalf("node 1: fn ran %d times in %d attempts, want 1 run, rolled back, then a replay (2 attempts)", runs1.Load(), attempts1.Load())
 			}
 			for tag, want := range map[string]int{"node1": 0, "node1-again": 0, "node2": 1} {
-				if n, err := f.countOf(ctx, tag); err != nil || n != want {
+				if n, err := f.fx.Count(ctx, tag); err != nil || n != want {
 					t.Fatalf("effects %q: %d (%v), want %d", tag, n, err, want)
 				}
 			}

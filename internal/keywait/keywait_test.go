@@ -9,19 +9,14 @@ import (
 	"time"
 
 	"github.com/go-idempotency/idempotency/internal/keywait"
+	"github.com/go-idempotency/idempotency/internal/testkit"
 )
-
-func testCtx(t *testing.T) context.Context {
-	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
-	t.Cleanup(cancel)
-	return ctx
-}
 
 // TestOneHolderPerKey: many callers of a few keys, concurrently; at most one
 // holds each key at any time, every caller gets its turn, and nothing is
 // left held.
 func TestOneHolderPerKey(t *testing.T) {
-	ctx := testCtx(t)
+	ctx := testkit.Context(t, 30*time.Second)
 	var q keywait.Queue[string, int]
 	keys := []string{"a", "b", "c"}
 	var inside [3]atomic.Int32
@@ -62,7 +57,7 @@ func TestOneHolderPerKey(t *testing.T) {
 // TestHandOver: the waiters of a turn get the value its holder hands over,
 // computed once and only because there are waiters.
 func TestHandOver(t *testing.T) {
-	ctx := testCtx(t)
+	ctx := testkit.Context(t, 30*time.Second)
 	var q keywait.Queue[string, string]
 	if _, mine := q.Take("k"); !mine {
 		t.Fatal("first Take: not mine")
@@ -120,17 +115,17 @@ func TestWaitBounds(t *testing.T) {
 	if mine {
 		t.Fatal("second Take of a held key: mine")
 	}
-	if _, _, err := turn.Wait(testCtx(t), time.Now().Add(-time.Second)); !errors.Is(err, keywait.ErrDeadline) {
+	if _, _, err := turn.Wait(testkit.Context(t, 30*time.Second), time.Now().Add(-time.Second)); !errors.Is(err, keywait.ErrDeadline) {
 		t.Fatalf("passed deadline: %v, want ErrDeadline", err)
 	}
 	start := time.Now()
-	if _, _, err := turn.Wait(testCtx(t), time.Now().Add(50*time.Millisecond)); !errors.Is(err, keywait.ErrDeadline) {
+	if _, _, err := turn.Wait(testkit.Context(t, 30*time.Second), time.Now().Add(50*time.Millisecond)); !errors.Is(err, keywait.ErrDeadline) {
 		t.Fatalf("deadline: %v, want ErrDeadline", err)
 	}
 	if time.Since(start) < 50*time.Millisecond {
 		t.Fatal("returned before the deadline")
 	}
-	ctx, cancel := context.WithCancel(testCtx(t))
+	ctx, cancel := context.WithCancel(testkit.Context(t, 30*time.Second))
 	time.AfterFunc(20*time.Millisecond, cancel)
 	if _, _, err := turn.Wait(ctx, time.Time{}); !errors.Is(err, context.Canceled) {
 		t.Fatalf("cancelled: %v, want context.Canceled", err)
