@@ -151,7 +151,13 @@ func (s *Store) beginRow(ctx context.Context, conn *pgxpool.Conn, r idempotency.
 		}
 		switch {
 		case err != nil:
-			return nil, nil, s.mapError(ctx, fmt.Errorf("postgres: reserve key %q (wait bound %v): %w", r.Key.ID, r.Wait, err), true)
+			// A lock timeout of the INSERT means a holder of the key only if
+			// the key's lock was not ours: holders take the lock first. With
+			// the lock ours, it was another wait (such as the table's
+			// extension under many inserts): a conflict to retry, not a key
+			// in progress.
+			held := r.Wait > 0 || !lk.locked
+			return nil, nil, s.mapError(ctx, fmt.Errorf("postgres: reserve key %q (wait bound %v): %w", r.Key.ID, r.Wait, err), held)
 		case lk.locked && row.Valid:
 			return &txn{s: s, conn: conn, tx: &tx{inner: br.Tx()}, key: r.Key, fp: r.Fingerprint, now: now, row: row}, nil, nil
 		case row.Valid: // inserted without the lock: its holder has not written yet
