@@ -21,7 +21,6 @@ type fakeStore struct {
 	rec       *Record
 	err       error
 	purge     func(before time.Time, limit int) (int, error)
-	onFn      func() // called by Tx, as fn would
 }
 
 type fakeTxn struct{ s *fakeStore }
@@ -267,8 +266,10 @@ func TestPurgeRetriesConflicts(t *testing.T) {
 
 func TestTakeWaiterBound(t *testing.T) {
 	g := mustNew(t, &fakeStore{}, &Config{MaxWaiters: 2})
-	if !g.takeWaiter() || !g.takeWaiter() || g.takeWaiter() {
-		t.Fatal("want exactly 2 slots")
+	for i, want := range []bool{true, true, false} {
+		if got := g.takeWaiter(); got != want {
+			t.Fatalf("take %d: %v, want exactly 2 slots", i+1, got)
+		}
 	}
 	g.releaseWaiter()
 	if !g.takeWaiter() {

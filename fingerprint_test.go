@@ -65,7 +65,8 @@ func TestFingerprintParts(t *testing.T) {
 	if idempotency.Fingerprint([]byte("ab"), []byte("c")) == idempotency.Fingerprint([]byte("a"), []byte("bc")) {
 		t.Fatal("moving bytes between parts must change the fingerprint")
 	}
-	if idempotency.Fingerprint([]byte("POST"), []byte("/p")) != idempotency.Fingerprint([]byte("POST"), []byte("/p")) {
+	first := idempotency.Fingerprint([]byte("POST"), []byte("/p"))
+	if again := idempotency.Fingerprint([]byte("POST"), []byte("/p")); first != again {
 		t.Fatal("fingerprint must be deterministic")
 	}
 }

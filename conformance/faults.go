@@ -243,8 +243,7 @@ func (s *faultSuite[Tx]) attempt(t *testing.T, st faultStep, a faultproxy.Action
 	firedAt, ok := r.proxy.Fired()
 	if !ok || r.lab.labelOf(firedAt.Seq) != st.label {
 		if orig == nil {
-			o := <-done // bounded by CallTimeout plus the store's clean-up
-			orig = &o
+			<-done // bounded by CallTimeout plus the store's clean-up
 		}
 		return res, false
 	}

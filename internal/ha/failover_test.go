@@ -15,15 +15,13 @@ import (
 // call is one Do of the failover workloads: a fresh key, and what the
 // caller was told before the primary died.
 type call struct {
-	key          idempotency.Key
-	afterStall   bool // the call started once the replication link was stalled
-	acked        bool // Do answered with a response
-	body         []byte
-	err          error
-	retryBody    []byte
-	retryReplay  bool
-	retryErr     error
-	effectsAfter int
+	key         idempotency.Key
+	afterStall  bool // the call started once the replication link was stalled
+	acked       bool // Do answered with a response
+	body        []byte
+	err         error
+	retryBody   []byte
+	retryReplay bool
 }
 
 // load runs workers that each call do with fresh keys, one after the

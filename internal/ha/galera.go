@@ -42,7 +42,6 @@ type Galera struct {
 	t     testing.TB
 	dir   string
 	acct  account
-	mu    sync.Mutex
 	nodes []*proc
 }
 
