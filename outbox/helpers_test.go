@@ -2,10 +2,7 @@ package outbox_test
 
 import (
 	"context"
-	"crypto/rand"
 	"database/sql"
-	"encoding/hex"
-	"os"
 	"path/filepath"
 	"sync"
 	"testing"
@@ -15,6 +12,8 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/go-idempotency/idempotency"
+	"github.com/go-idempotency/idempotency/internal/testenv"
+	"github.com/go-idempotency/idempotency/internal/testkit"
 	"github.com/go-idempotency/idempotency/mysql"
 	"github.com/go-idempotency/idempotency/outbox"
 	"github.com/go-idempotency/idempotency/postgres"
@@ -25,24 +24,6 @@ const requireAllEnv = "IDEMPOTENCY_REQUIRE_ALL"
 
 // env returns the variable's value, or skips the test (fails it when
 // IDEMPOTENCY_REQUIRE_ALL=1) when it is unset.
-func env(t testing.TB, name string) string {
-	t.Helper()
-	v := os.Getenv(name)
-	if v == "" {
-		if os.Getenv(requireAllEnv) == "1" {
-			t.Fatalf("%s is not set, and %s=1 requires every server", name, requireAllEnv)
-		}
-		t.Skipf("%s is not set: skipping", name)
-	}
-	return v
-}
-
-func randName(prefix string) string {
-	var b [6]byte
-	_, _ = rand.Read(b[:])
-	return prefix + hex.EncodeToString(b[:])
-}
-
 func testCtx(t testing.TB, d time.Duration) context.Context {
 	ctx, cancel := context.WithTimeout(context.Background(), d)
 	t.Cleanup(cancel)
@@ -68,7 +49,7 @@ type db struct {
 }
 
 func newPostgres(t *testing.T, maxConns int32) *db {
-	dsn := env(t, "IDEMPOTENCY_POSTGRES_DSN")
+	dsn := testenv.PostgresDSN(t)
 	ctx := testCtx(t, time.Minute)
 	cfg, err := pgxpool.ParseConfig(dsn)
 	if err != nil {
@@ -80,7 +61,7 @@ func newPostgres(t *testing.T, maxConns int32) *db {
 		t.Fatal(err)
 	}
 	t.Cleanup(pool.Close)
-	table := randName("outbox_")
+	table := testkit.Name("outbox_")
 	ob, err := outbox.New(outbox.Postgres, &outbox.Config{Table: table})
 	if err != nil {
 		t.Fatal(err)
@@ -149,7 +130,7 @@ func newPostgres(t *testing.T, maxConns int32) *db {
 // newSQL builds the db of a database/sql store: mysql or sqlite.
 func newSQL(t *testing.T, dialect outbox.Dialect) *db {
 	ctx := testCtx(t, time.Minute)
-	table := randName("outbox_")
+	table := testkit.Name("outbox_")
 	var (
 		sdb   *sql.DB
 		store idempotency.KeyStore[*sql.Tx]
@@ -159,7 +140,7 @@ func newSQL(t *testing.T, dialect outbox.Dialect) *db {
 	)
 	switch dialect {
 	case outbox.MySQL:
-		sdb, err = mysql.Open(env(t, "IDEMPOTENCY_MYSQL_DSN"))
+		sdb, err = mysql.Open(testenv.MySQLDSN(t))
 		if err != nil {
 			t.Fatal(err)
 		}

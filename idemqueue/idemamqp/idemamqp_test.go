@@ -3,8 +3,6 @@ package idemamqp_test
 import (
 	"bufio"
 	"context"
-	"crypto/rand"
-	"encoding/hex"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -21,26 +19,10 @@ import (
 
 	"github.com/go-idempotency/idempotency"
 	"github.com/go-idempotency/idempotency/idemqueue/idemamqp"
+	"github.com/go-idempotency/idempotency/internal/testenv"
+	"github.com/go-idempotency/idempotency/internal/testkit"
 	"github.com/go-idempotency/idempotency/postgres"
 )
-
-func env(t testing.TB, name string) string {
-	t.Helper()
-	v := os.Getenv(name)
-	if v == "" {
-		if os.Getenv("IDEMPOTENCY_REQUIRE_ALL") == "1" {
-			t.Fatalf("%s is not set, and IDEMPOTENCY_REQUIRE_ALL=1 requires every server", name)
-		}
-		t.Skipf("%s is not set: skipping", name)
-	}
-	return v
-}
-
-func randName(prefix string) string {
-	var b [6]byte
-	_, _ = rand.Read(b[:])
-	return prefix + hex.EncodeToString(b[:])
-}
 
 type names struct{ Queue, Table string }
 
@@ -88,8 +70,8 @@ func open(ctx context.Context, amqpURL, dsn string, n names) (*fixture, error) {
 func setup(t *testing.T, args amqp.Table) *fixture {
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
-	n := names{Queue: randName("idemamqp."), Table: randName("idemamqp_")}
-	f, err := open(ctx, env(t, "IDEMPOTENCY_AMQP_URL"), env(t, "IDEMPOTENCY_POSTGRES_DSN"), n)
+	n := names{Queue: testkit.Name("idemamqp."), Table: testkit.Name("idemamqp_")}
+	f, err := open(ctx, testenv.AMQPURL(t), testenv.PostgresDSN(t), n)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -302,7 +284,7 @@ func TestCrashBetweenCommitAndAck(t *testing.T) {
 func TestPoisonMessageDeadLettered(t *testing.T) {
 	const limit = 2
 	const backoff = 200 * time.Millisecond
-	dlq := randName("idemamqp.dlq.")
+	dlq := testkit.Name("idemamqp.dlq.")
 	f0 := setup(t, nil)
 	if _, err := f0.ch.QueueDeclare(dlq, true, false, false, false, nil); err != nil {
 		t.Fatal(err)
@@ -413,7 +395,7 @@ func TestDuplicatesAndRejects(t *testing.T) {
 	runCtx, stop := context.WithCancel(ctx)
 	var conns []*amqp.Connection
 	for range 2 {
-		g, err := open(ctx, env(t, "IDEMPOTENCY_AMQP_URL"), env(t, "IDEMPOTENCY_POSTGRES_DSN"), f.names)
+		g, err := open(ctx, testenv.AMQPURL(t), testenv.PostgresDSN(t), f.names)
 		if err != nil {
 			t.Fatal(err)
 		}

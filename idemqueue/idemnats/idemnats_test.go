@@ -3,8 +3,6 @@ package idemnats_test
 import (
 	"bufio"
 	"context"
-	"crypto/rand"
-	"encoding/hex"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -22,26 +20,10 @@ import (
 
 	"github.com/go-idempotency/idempotency"
 	"github.com/go-idempotency/idempotency/idemqueue/idemnats"
+	"github.com/go-idempotency/idempotency/internal/testenv"
+	"github.com/go-idempotency/idempotency/internal/testkit"
 	"github.com/go-idempotency/idempotency/postgres"
 )
-
-func env(t testing.TB, name string) string {
-	t.Helper()
-	v := os.Getenv(name)
-	if v == "" {
-		if os.Getenv("IDEMPOTENCY_REQUIRE_ALL") == "1" {
-			t.Fatalf("%s is not set, and IDEMPOTENCY_REQUIRE_ALL=1 requires every server", name)
-		}
-		t.Skipf("%s is not set: skipping", name)
-	}
-	return v
-}
-
-func randName(prefix string) string {
-	var b [6]byte
-	_, _ = rand.Read(b[:])
-	return prefix + hex.EncodeToString(b[:])
-}
 
 // fixture is a stream with one durable consumer, and a PostgreSQL guard
 // with an effects table, all with random names, removed at cleanup.
@@ -58,7 +40,7 @@ type fixture struct {
 type names struct{ Stream, Consumer, Table string }
 
 func connect(t testing.TB, ctx context.Context, n names) *fixture {
-	nc, err := nats.Connect(env(t, "IDEMPOTENCY_NATS_URL"))
+	nc, err := nats.Connect(testenv.NATSURL(t))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -67,7 +49,7 @@ func connect(t testing.TB, ctx context.Context, n names) *fixture {
 	if err != nil {
 		t.Fatal(err)
 	}
-	pool, err := pgxpool.New(ctx, env(t, "IDEMPOTENCY_POSTGRES_DSN"))
+	pool, err := pgxpool.New(ctx, testenv.PostgresDSN(t))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -93,7 +75,7 @@ func connect(t testing.TB, ctx context.Context, n names) *fixture {
 func setup(t *testing.T, cc jetstream.ConsumerConfig) (*fixture, names) {
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
-	n := names{Stream: randName("IDEM_"), Consumer: "billing", Table: randName("idemnats_")}
+	n := names{Stream: testkit.Name("IDEM_"), Consumer: "billing", Table: testkit.Name("idemnats_")}
 	cc.Durable = n.Consumer
 	f := connect(t, ctx, names{Table: n.Table})
 	f.stream = n.Stream

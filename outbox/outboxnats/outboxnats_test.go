@@ -3,8 +3,6 @@ package outboxnats_test
 import (
 	"bufio"
 	"context"
-	"crypto/rand"
-	"encoding/hex"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -19,28 +17,12 @@ import (
 	"github.com/nats-io/nats.go/jetstream"
 
 	"github.com/go-idempotency/idempotency"
+	"github.com/go-idempotency/idempotency/internal/testenv"
+	"github.com/go-idempotency/idempotency/internal/testkit"
 	"github.com/go-idempotency/idempotency/outbox"
 	"github.com/go-idempotency/idempotency/outbox/outboxnats"
 	"github.com/go-idempotency/idempotency/postgres"
 )
-
-func env(t testing.TB, name string) string {
-	t.Helper()
-	v := os.Getenv(name)
-	if v == "" {
-		if os.Getenv("IDEMPOTENCY_REQUIRE_ALL") == "1" {
-			t.Fatalf("%s is not set, and IDEMPOTENCY_REQUIRE_ALL=1 requires every server", name)
-		}
-		t.Skipf("%s is not set: skipping", name)
-	}
-	return v
-}
-
-func randName(prefix string) string {
-	var b [6]byte
-	_, _ = rand.Read(b[:])
-	return prefix + hex.EncodeToString(b[:])
-}
 
 // helper is what the parent tells the child relay.
 type helper struct {
@@ -126,7 +108,7 @@ type fixture struct {
 }
 
 func setup(t *testing.T, ctx context.Context) *fixture {
-	nc, err := nats.Connect(env(t, "IDEMPOTENCY_NATS_URL"))
+	nc, err := nats.Connect(testenv.NATSURL(t))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -135,12 +117,12 @@ func setup(t *testing.T, ctx context.Context) *fixture {
 	if err != nil {
 		t.Fatal(err)
 	}
-	pool, err := pgxpool.New(ctx, env(t, "IDEMPOTENCY_POSTGRES_DSN"))
+	pool, err := pgxpool.New(ctx, testenv.PostgresDSN(t))
 	if err != nil {
 		t.Fatal(err)
 	}
 	t.Cleanup(pool.Close)
-	f := &fixture{js: js, pool: pool, stream: randName("OUTBOX_"), table: randName("outboxnats_")}
+	f := &fixture{js: js, pool: pool, stream: testkit.Name("OUTBOX_"), table: testkit.Name("outboxnats_")}
 	if _, err := js.CreateStream(ctx, jetstream.StreamConfig{Name: f.stream, Subjects: []string{f.stream + ".>"}, Duplicates: 2 * time.Minute}); err != nil {
 		t.Fatal(err)
 	}
