@@ -80,6 +80,23 @@ type FaultHarness[Tx any] struct {
 	Report func(FaultResult)
 }
 
+// RunFaultsWarmAndCold runs [RunFaults] twice, as the subtests "Warm" (a
+// pool that has connected: faults hit the store's statements) and "Cold"
+// (h.Cold: faults also hit the handshake and the first use of each
+// statement).
+func RunFaultsWarmAndCold[Tx any](t *testing.T, h FaultHarness[Tx]) {
+	t.Helper()
+	for _, cold := range []bool{false, true} {
+		name := "Warm"
+		if cold {
+			name = "Cold"
+		}
+		hc := h
+		hc.Cold = cold
+		t.Run(name, func(t *testing.T) { RunFaults(t, hc) })
+	}
+}
+
 // RunFaults injects a fault at every step of the store's protocol and
 // checks what a client retrying with the same key gets. It first traces one
 // call through the proxy, naming each round trip by the store call that

@@ -37,24 +37,15 @@ func TestFaults(t *testing.T) {
 	}
 	upstream := cfg.Addr
 	idle := faultIdleParam(t, cfg)
-	for _, cold := range []bool{false, true} {
-		name := "Warm"
-		if cold {
-			name = "Cold"
-		}
-		t.Run(name, func(t *testing.T) {
-			conformance.RunFaults(t, conformance.FaultHarness[*sql.Tx]{
-				Upstream: upstream,
-				NewFixture: func(t testing.TB, addr, ns string) conformance.Fixture[*sql.Tx] {
-					return faultFixture(t, cfg, addr, ns, idle, addr == upstream)
-				},
-				Cold:           cold,
-				CallTimeout:    time.Second,
-				Bound:          3 * time.Second,
-				PartitionBound: faultIdleTimeout + 1500*time.Millisecond,
-			})
-		})
-	}
+	conformance.RunFaultsWarmAndCold(t, conformance.FaultHarness[*sql.Tx]{
+		Upstream: upstream,
+		NewFixture: func(t testing.TB, addr, ns string) conformance.Fixture[*sql.Tx] {
+			return faultFixture(t, cfg, addr, ns, idle, addr == upstream)
+		},
+		CallTimeout:    time.Second,
+		Bound:          3 * time.Second,
+		PartitionBound: faultIdleTimeout + 1500*time.Millisecond,
+	})
 }
 
 // faultIdleParam returns the session variable that ends a session idle in a

@@ -35,33 +35,20 @@ const faultIdleTimeout = 1500 * time.Millisecond
 // handshake and the first use of each statement).
 func TestFaults(t *testing.T) {
 	dsn := testenv.PostgresDSN(t)
-	cfg, err := pgxpool.ParseConfig(dsn)
-	if err != nil {
-		t.Fatal(err)
-	}
-	upstream := net.JoinHostPort(cfg.ConnConfig.Host, strconv.Itoa(int(cfg.ConnConfig.Port)))
-	for _, cold := range []bool{false, true} {
-		name := "Warm"
-		if cold {
-			name = "Cold"
-		}
-		t.Run(name, func(t *testing.T) {
-			conformance.RunFaults(t, conformance.FaultHarness[pgx.Tx]{
-				Upstream: upstream,
-				NewFixture: func(t testing.TB, addr, ns string) conformance.Fixture[pgx.Tx] {
-					f := faultFixture(t, dsn, addr, ns, faultIdleTimeout, addr == upstream)
-					if os.Getenv(brokenEnv) == "1" {
-						f.Store = lyingStore{f.Store}
-					}
-					return f
-				},
-				Cold:           cold,
-				CallTimeout:    time.Second,
-				Bound:          3 * time.Second,
-				PartitionBound: faultIdleTimeout + 1500*time.Millisecond,
-			})
-		})
-	}
+	upstream := faultUpstream(t, dsn)
+	conformance.RunFaultsWarmAndCold(t, conformance.FaultHarness[pgx.Tx]{
+		Upstream: upstream,
+		NewFixture: func(t testing.TB, addr, ns string) conformance.Fixture[pgx.Tx] {
+			f := faultFixture(t, dsn, addr, ns, faultIdleTimeout, addr == upstream)
+			if os.Getenv(brokenEnv) == "1" {
+				f.Store = lyingStore{f.Store}
+			}
+			return f
+		},
+		CallTimeout:    time.Second,
+		Bound:          3 * time.Second,
+		PartitionBound: faultIdleTimeout + 1500*time.Millisecond,
+	})
 }
 
 // brokenEnv makes TestFaults run on [lyingStore], for
@@ -125,30 +112,17 @@ func (t lyingTxn) Complete(ctx context.Context, resp idempotency.Response, expir
 // transaction and the key's lock lived that long.)
 func TestFaultsWithoutIdleTimeout(t *testing.T) {
 	dsn := testenv.PostgresDSN(t)
-	cfg, err := pgxpool.ParseConfig(dsn)
-	if err != nil {
-		t.Fatal(err)
-	}
-	upstream := net.JoinHostPort(cfg.ConnConfig.Host, strconv.Itoa(int(cfg.ConnConfig.Port)))
-	for _, cold := range []bool{false, true} {
-		name := "Warm"
-		if cold {
-			name = "Cold"
-		}
-		t.Run(name, func(t *testing.T) {
-			conformance.RunFaults(t, conformance.FaultHarness[pgx.Tx]{
-				Upstream: upstream,
-				NewFixture: func(t testing.TB, addr, ns string) conformance.Fixture[pgx.Tx] {
-					return faultFixture(t, dsn, addr, ns, 0, addr == upstream)
-				},
-				Cold:        cold,
-				CallTimeout: time.Second,
-				Bound:       3 * time.Second,
-				// No partitions: without an idle timeout the server holds a
-				// partitioned session's key until TCP keepalives notice (hours).
-			})
-		})
-	}
+	upstream := faultUpstream(t, dsn)
+	conformance.RunFaultsWarmAndCold(t, conformance.FaultHarness[pgx.Tx]{
+		Upstream: upstream,
+		NewFixture: func(t testing.TB, addr, ns string) conformance.Fixture[pgx.Tx] {
+			return faultFixture(t, dsn, addr, ns, 0, addr == upstream)
+		},
+		CallTimeout: time.Second,
+		Bound:       3 * time.Second,
+		// No partitions: without an idle timeout the server holds a
+		// partitioned session's key until TCP keepalives notice (hours).
+	})
 }
 
 // faultFixture is a store on table faults_<ns> and an effects table
@@ -215,4 +189,14 @@ func faultFixture(t testing.TB, dsn, addr, ns string, idle time.Duration, owner 
 			return n, err
 		},
 	}
+}
+
+// faultUpstream is the host:port of the server dsn names.
+func faultUpstream(t *testing.T, dsn string) string {
+	t.Helper()
+	cfg, err := pgxpool.ParseConfig(dsn)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return net.JoinHostPort(cfg.ConnConfig.Host, strconv.Itoa(int(cfg.ConnConfig.Port)))
 }

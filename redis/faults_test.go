@@ -31,24 +31,15 @@ const faultLease = 4 * time.Second
 // handshake and the first use of each statement).
 func TestFaults(t *testing.T) {
 	upstream := testenv.RedisAddr(t)
-	for _, cold := range []bool{false, true} {
-		name := "Warm"
-		if cold {
-			name = "Cold"
-		}
-		t.Run(name, func(t *testing.T) {
-			conformance.RunFaults(t, conformance.FaultHarness[*redis.Tx]{
-				Upstream: upstream,
-				NewFixture: func(t testing.TB, addr, ns string) conformance.Fixture[*redis.Tx] {
-					return faultFixture(t, addr, ns, addr == upstream)
-				},
-				Cold:           cold,
-				CallTimeout:    time.Second,
-				Bound:          3 * time.Second,
-				PartitionBound: faultLease + 1500*time.Millisecond,
-			})
-		})
-	}
+	conformance.RunFaultsWarmAndCold(t, conformance.FaultHarness[*redis.Tx]{
+		Upstream: upstream,
+		NewFixture: func(t testing.TB, addr, ns string) conformance.Fixture[*redis.Tx] {
+			return faultFixture(t, addr, ns, addr == upstream)
+		},
+		CallTimeout:    time.Second,
+		Bound:          3 * time.Second,
+		PartitionBound: faultLease + 1500*time.Millisecond,
+	})
 }
 
 // faultFixture is a store under the prefix faults:<ns>: whose effects are
