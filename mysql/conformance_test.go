@@ -33,7 +33,7 @@ func harness(v variant) conformance.Harness[*sql.Tx] {
 
 // TestConformance runs the shared suite with server-side prepared
 // statements (the driver's default) and with interpolateParams=true, with
-// and without the lookup; with START TRANSACTION and COMMIT sent on their
+// the lookup as the load says (the default), always and never; with START TRANSACTION and COMMIT sent on their
 // own (as on a pool not opened by Open); and, on the test server, the path
 // the store takes on MySQL (the lock wait bound set on the session), which
 // MariaDB accepts too.
@@ -45,6 +45,7 @@ func TestConformance(t *testing.T) {
 		{"Prepared", variant{}},
 		{"Interpolated", variant{dsn: interpolate}},
 		{"Unfolded", variant{dsn: interpolate, noFold: true}},
+		{"LookupFirst", variant{dsn: interpolate, cfg: Config{LookupFirst: true}}},
 		{"SkipLookup", variant{dsn: interpolate, cfg: Config{SkipLookup: true}}},
 		{"SkipLookupPrepared", variant{cfg: Config{SkipLookup: true}}},
 		{"SessionWait", variant{dsn: interpolate, dialect: dialectMySQL}},
@@ -96,22 +97,24 @@ func BenchmarkScale(b *testing.B) {
 }
 
 // path is one of the store's code paths, which the package's own tests
-// cover one by one: lookup first (the default) or Config.SkipLookup; the
+// cover one by one: Config.LookupFirst or Config.SkipLookup (the default
+// takes one or the other by the load: TestRoundTripsFollowTheLoad); the
 // lock wait bound per statement (MariaDB) or on the session (MySQL); START
 // TRANSACTION and COMMIT folded into the store's statements or not.
 type path struct {
-	name       string
-	skipLookup bool
-	dialect    dialect
-	noFold     bool
+	name        string
+	skipLookup  bool
+	dialect     dialect
+	noFold      bool
+	lookupFirst bool
 }
 
 var paths = []path{
-	{"Lookup", false, dialectMariaDB, false},
-	{"SkipLookup", true, dialectMariaDB, false},
-	{"SessionLookup", false, dialectMySQL, false},
-	{"SessionSkipLookup", true, dialectMySQL, false},
-	{"UnfoldedLookup", false, dialectMariaDB, true},
+	{"Lookup", false, dialectMariaDB, false, true},
+	{"SkipLookup", true, dialectMariaDB, false, false},
+	{"SessionLookup", false, dialectMySQL, false, false},
+	{"SessionSkipLookup", true, dialectMySQL, false, false},
+	{"UnfoldedLookup", false, dialectMariaDB, true, true},
 }
 
 // newStore returns a store on db for table that takes path p.
@@ -123,7 +126,7 @@ func newStore(t testing.TB, db *sql.DB, table string, p path) *Store {
 // newStoreIso is newStore with Config.Isolation iso.
 func newStoreIso(t testing.TB, db *sql.DB, table string, p path, iso sql.IsolationLevel) *Store {
 	t.Helper()
-	s, err := New(db, &Config{Table: table, SkipLookup: p.skipLookup, Isolation: iso})
+	s, err := New(db, &Config{Table: table, SkipLookup: p.skipLookup, LookupFirst: p.lookupFirst, Isolation: iso})
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -13,9 +13,11 @@ import (
 
 // Reserve implements [idempotency.KeyStore], on one connection:
 //
-//  1. Unless [Config.SkipLookup], it looks the key up outside any
-//     transaction, with a consistent read; a completed, live key costs that
-//     one round trip.
+//  1. It may look the key up outside any transaction, with a consistent
+//     read; a completed, live key then costs that one round trip. It does
+//     so while most recent first tries were replays, for a caller that
+//     waited for the key, and always with [Config.LookupFirst]; never with
+//     [Config.SkipLookup]. A new key saves that read otherwise.
 //  2. It begins the transaction fn will use and inserts the key row (or
 //     takes over an expired one); on MariaDB with a pool of [Open], in one
 //     statement. A key held by another open transaction makes that
@@ -46,7 +48,7 @@ func (s *Store) Reserve(ctx context.Context, r idempotency.Reservation) (idempot
 		return s.reserveSession(ctx, conn, k, r, now, exp)
 	}
 	rw := row{}
-	if !s.skipLookup {
+	if s.lookingFirst(r) {
 		rw, err = scanRow(conn.QueryRowContext(ctx, s.readSQL, k.scope, k.id))
 		if err != nil {
 			release(ctx, conn, nil, "")
@@ -55,6 +57,9 @@ func (s *Store) Reserve(ctx context.Context, r idempotency.Reservation) (idempot
 		if rw.completed(now) {
 			release(ctx, conn, nil, "")
 			rec, err := rw.record(r.Key)
+			if err == nil {
+				s.tallyFirstTry(r, true)
+			}
 			return nil, rec, err
 		}
 	}
@@ -76,9 +81,36 @@ func (s *Store) Reserve(ctx context.Context, r idempotency.Reservation) (idempot
 	won, rec, err := s.claim(ctx, tx, k, r, statementWait(r.Wait), begin, rw.found && !rw.live(now), now, exp)
 	if err != nil || !won {
 		release(ctx, conn, tx, "")
+		if rec != nil {
+			s.tallyFirstTry(r, true)
+		}
 		return nil, rec, mapError(ctx, err, false, "mysql: reserve key %q (wait bound %v)", r.Key.ID, r.Wait)
 	}
+	s.tallyFirstTry(r, false)
 	return &txn{s: s, conn: conn, tx: tx, key: k, fold: fold}, nil, nil
+}
+
+// lookingFirst reports whether Reserve looks r's key up before reserving
+// it (MariaDB): always with [Config.LookupFirst], never with
+// [Config.SkipLookup]; otherwise for a caller that waited for the key (its
+// holder may have completed it), and while most recent first tries found
+// a completed key.
+func (s *Store) lookingFirst(r idempotency.Reservation) bool {
+	switch {
+	case s.skipLookup:
+		return false
+	case s.lookupFirst || r.Wait > 0:
+		return true
+	}
+	return s.firstTries.Replays()
+}
+
+// tallyFirstTry records whether a first try (r.Wait == 0: not a caller
+// that waited for a held key) found a completed key.
+func (s *Store) tallyFirstTry(r idempotency.Reservation, replayed bool) {
+	if r.Wait == 0 {
+		s.firstTries.Add(replayed)
+	}
 }
 
 // claim takes the key in tx: it takes over the expired row the lookup saw,

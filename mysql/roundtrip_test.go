@@ -77,6 +77,44 @@ func TestRoundTrips(t *testing.T) {
 	}
 }
 
+// TestRoundTripsFollowTheLoad: by default a MariaDB store looks a key up
+// first only while most of its recent first tries were replays, so that a
+// stream of replays costs 1 round trip each and a stream of new keys 2 (and
+// the effect's); a change of stream costs at most a few calls at the other
+// price.
+func TestRoundTripsFollowTheLoad(t *testing.T) {
+	rt := newRoundTripper(t, "", path{name: "Default", dialect: dialectMariaDB})
+	ids := map[string]string{}
+	id := func(name string) idempotency.Key {
+		if ids[name] == "" {
+			ids[name] = testkit.Name("idem_test_")
+		}
+		return idempotency.Key{ID: ids[name]}
+	}
+	steps := []struct {
+		key  string
+		want int64 // round trips, the effect's included
+	}{
+		// No look-up first yet: a new key in 2 (and the effect), replays
+		// in 3 (INSERT refused, locking read, ROLLBACK)...
+		{"a", 3}, {"a", 3}, {"a", 3},
+		// ...until replays dominate: looked up first.
+		{"a", 1}, {"a", 1},
+		// New keys pay the look-up...
+		{"b", 4}, {"c", 4}, {"d", 4},
+		// ...until they dominate.
+		{"e", 3}, {"f", 3},
+	}
+	for i, s := range steps {
+		if got := rt.measure(t, rt.do(id(s.key))); got != s.want {
+			t.Fatalf("call %d (key %s): %d round trips, want %d", i, s.key, got, s.want)
+		}
+	}
+	if n, err := rt.f.fx.Count(rt.ctx, "x"); err != nil || n != 6 {
+		t.Fatalf("effects: %d, %v; want 6 (one per key)", n, err)
+	}
+}
+
 // TestDialectDetectedOnce: a Store asks the server's version on its first
 // reservation only (one round trip), and recognises the test server.
 func TestDialectDetectedOnce(t *testing.T) {

@@ -6,6 +6,7 @@ import (
 	"sync/atomic"
 
 	"github.com/go-idempotency/idempotency"
+	"github.com/go-idempotency/idempotency/internal/firsttry"
 )
 
 // DefaultTable is the table [New] uses when [Config.Table] is empty.
@@ -36,25 +37,35 @@ type Config struct {
 	// before START TRANSACTION). Defaults to [sql.LevelDefault]: the
 	// session's level.
 	Isolation sql.IsolationLevel
-	// SkipLookup makes [Store.Reserve] begin the transaction and insert the
-	// key at once, without first looking it up outside any transaction. A
-	// new key then costs one round trip less; a replay costs several more
-	// (see "Round trips" in the package documentation) and holds a shared
-	// lock on the row meanwhile; and every caller arriving while the key is
-	// held waits in its INSERT, where a rollback of the holder answers most
-	// waiters with deadlocks (retried as [idempotency.ErrConflict]). No
-	// setting ever runs an effect twice. Defaults to false: look up first,
-	// so that a replay costs one round trip and opens no transaction.
+	// LookupFirst makes [Store.Reserve] always look the key up outside any
+	// transaction before reserving it: a replay then always costs one round
+	// trip, and a new key one more than without (see "Round trips" in the
+	// package documentation). By default the store looks up first only
+	// while most of its recent first tries were replays, and always for a
+	// caller that waited for a held key.
+	LookupFirst bool
+	// SkipLookup makes [Store.Reserve] never look the key up first: it
+	// begins the transaction and inserts the key at once. A replay then
+	// always costs several round trips (see "Round trips" in the package
+	// documentation) and holds a shared lock on the row meanwhile; and
+	// every caller arriving while the key is held waits in its INSERT,
+	// where a rollback of the holder answers most waiters with deadlocks
+	// (retried as [idempotency.ErrConflict]). No setting ever runs an
+	// effect twice. It wins over LookupFirst.
 	SkipLookup bool
 }
 
 // Store is an [idempotency.KeyStore] on a MySQL or MariaDB table (InnoDB).
 // It is safe for concurrent use; build it with [New].
 type Store struct {
-	db         *sql.DB
-	table      string // validated
-	isolation  sql.IsolationLevel
-	skipLookup bool
+	db          *sql.DB
+	table       string // validated
+	isolation   sql.IsolationLevel
+	skipLookup  bool
+	lookupFirst bool
+	// firstTries: unless lookupFirst or skipLookup, Reserve looks the key
+	// up first while most recent first tries found a completed key.
+	firstTries firsttry.Tally
 	schema     string
 	// dialect is the server's dialect, found on first use (see dialectOf).
 	dialect atomic.Int32
@@ -115,12 +126,13 @@ func New(db *sql.DB, cfg *Config) (*Store, error) {
 WHERE scope = ? AND id = ? AND state = 'pending'`
 	const cols = `fingerprint, state, status, header, body, created_at, expires_at`
 	return &Store{
-		db:         db,
-		table:      c.Table,
-		isolation:  c.Isolation,
-		skipLookup: c.SkipLookup,
-		schema:     schema,
-		readSQL:    `SELECT ` + cols + ` FROM ` + q + ` WHERE scope = ? AND id = ?`,
+		db:          db,
+		table:       c.Table,
+		isolation:   c.Isolation,
+		skipLookup:  c.SkipLookup,
+		lookupFirst: c.LookupFirst,
+		schema:      schema,
+		readSQL:     `SELECT ` + cols + ` FROM ` + q + ` WHERE scope = ? AND id = ?`,
 		lookupVarSQL: `SELECT @@SESSION.innodb_lock_wait_timeout, k.fingerprint, k.state, k.status, k.header, k.body, k.created_at, k.expires_at
 FROM (SELECT 1 AS one) AS d LEFT JOIN ` + q + ` AS k ON k.scope = ? AND k.id = ?`,
 		probeSQL: `SELECT state FROM ` + q + ` WHERE scope = ? AND id = ? FOR UPDATE NOWAIT`,

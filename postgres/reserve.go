@@ -58,7 +58,7 @@ func (s *Store) Reserve(ctx context.Context, r idempotency.Reservation) (idempot
 // that waited for a held key) found a completed key.
 func (s *Store) tallyFirstTry(r idempotency.Reservation, replayed bool) {
 	if r.Wait == 0 && !s.lookupFirst {
-		s.tally(replayed)
+		s.firstTries.Add(replayed)
 	}
 }
 

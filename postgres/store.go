@@ -10,6 +10,7 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/go-idempotency/idempotency"
+	"github.com/go-idempotency/idempotency/internal/firsttry"
 )
 
 // rollbackTimeout bounds the ROLLBACK sent when a transaction is abandoned,
@@ -61,32 +62,13 @@ type Store struct {
 	// rowMode: reserve with a pending row too (see beginRow), because the
 	// transactions are REPEATABLE READ or SERIALIZABLE.
 	rowMode atomic.Bool
-	// replays counts recent first tries that found a completed key (+1)
-	// or took the key (-1), saturating at ±replayBias; above 0, Reserve
-	// looks the key up first.
-	replays atomic.Int32
+	// firstTries: while most recent first tries found a completed key,
+	// Reserve looks the key up first.
+	firstTries firsttry.Tally
 }
-
-// replayBias bounds [Store].replays: how many outcomes of one kind in a row
-// it takes to change the store's way once the other kind dominated.
-const replayBias = 4
 
 // lookingFirst reports whether Reserve should look the key up first.
-func (s *Store) lookingFirst() bool { return s.lookupFirst || s.replays.Load() > 0 }
-
-// tally records the outcome of a first try: replayed or not.
-func (s *Store) tally(replayed bool) {
-	d := int32(-1)
-	if replayed {
-		d = 1
-	}
-	for {
-		n := s.replays.Load()
-		if m := min(max(n+d, -replayBias), replayBias); m == n || s.replays.CompareAndSwap(n, m) {
-			return
-		}
-	}
-}
+func (s *Store) lookingFirst() bool { return s.lookupFirst || s.firstTries.Replays() }
 
 // New returns a Store on pool. A nil cfg means the defaults. A bad table
 // name gives an error wrapping [idempotency.ErrInvalidConfig]; New sends no

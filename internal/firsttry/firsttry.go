@@ -1,0 +1,37 @@
+// Package firsttry lets a SQL store choose, per reservation, between looking
+// a key up before reserving it (one cheap read that answers a replay at
+// once, wasted on a new key) and reserving it straight away (a new key
+// saves the read, a replay pays a few round trips more), by following what
+// the store's recent first tries found.
+package firsttry
+
+import "sync/atomic"
+
+// Bias bounds a [Tally]: how many first tries of one kind in a row it takes
+// to change the way once the other kind dominated.
+const Bias = 4
+
+// Tally counts recent first tries (reservations of a caller that has not
+// waited for the key): +1 for each that found a completed key, -1 for each
+// that took the key, saturating at ±Bias. The zero value counts none (and
+// favours reserving straight away). It is safe for concurrent use.
+type Tally struct{ n atomic.Int32 }
+
+// Replays reports whether most recent first tries found a completed key:
+// then a look-up first pays off.
+func (t *Tally) Replays() bool { return t.n.Load() > 0 }
+
+// Add records the outcome of one first try: replayed (it found a completed
+// key) or not (it took the key).
+func (t *Tally) Add(replayed bool) {
+	d := int32(-1)
+	if replayed {
+		d = 1
+	}
+	for {
+		n := t.n.Load()
+		if m := min(max(n+d, -Bias), Bias); m == n || t.n.CompareAndSwap(n, m) {
+			return
+		}
+	}
+}

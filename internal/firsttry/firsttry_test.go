@@ -1,0 +1,45 @@
+package firsttry
+
+import (
+	"sync"
+	"testing"
+)
+
+func TestTallyFollowsTheLoad(t *testing.T) {
+	var tl Tally
+	if tl.Replays() {
+		t.Fatal("zero Tally: Replays true, want false")
+	}
+	steps := []struct {
+		replayed, want bool
+	}{
+		{true, true},                                   // +1
+		{false, false},                                 // 0
+		{false, false}, {false, false}, {false, false}, // -3
+		{false, false}, {false, false}, {false, false}, // saturated at -Bias
+		{true, false}, {true, false}, {true, false}, {true, false}, // back to 0
+		{true, true}, // +1
+	}
+	for i, s := range steps {
+		tl.Add(s.replayed)
+		if got := tl.Replays(); got != s.want {
+			t.Fatalf("step %d: Replays %v, want %v (count %d)", i, got, s.want, tl.n.Load())
+		}
+	}
+}
+
+func TestTallySaturatesUnderConcurrency(t *testing.T) {
+	var tl Tally
+	var wg sync.WaitGroup
+	for range 8 {
+		wg.Go(func() {
+			for range 1000 {
+				tl.Add(true)
+			}
+		})
+	}
+	wg.Wait()
+	if n := tl.n.Load(); n != Bias {
+		t.Fatalf("after 8000 replays: count %d, want %d", n, Bias)
+	}
+}
