@@ -374,3 +374,53 @@ func TestWaitsInStoreWhenHeldElsewhere(t *testing.T) {
 }
 
 func answer200(int) (Response, error) { return Response{Status: 200}, nil }
+
+// TestSharedWaitBound: the waiters of one call share one timer, set at the
+// first waiter's bound, yet each gives up at its own bound: a waiter whose
+// bound is later keeps waiting past the shared one, one whose bound is
+// earlier gives up first, and all of them get the answer when the call
+// ends before their bounds.
+func TestSharedWaitBound(t *testing.T) {
+	ctx := context.Background()
+	c := &call{done: make(chan struct{}), ran: make(chan struct{})}
+	start := time.Now()
+	bounds := []time.Duration{60 * time.Millisecond, 180 * time.Millisecond, 20 * time.Millisecond}
+	type result struct {
+		err     error
+		elapsed time.Duration
+	}
+	results := make([]result, len(bounds))
+	var wg sync.WaitGroup
+	for i, b := range bounds {
+		wg.Go(func() {
+			err := c.wait(ctx, nil, start.Add(b))
+			results[i] = result{err, time.Since(start)}
+		})
+		time.Sleep(5 * time.Millisecond) // the first waiter sets the shared bound
+	}
+	wg.Wait()
+	for i, r := range results {
+		if !errors.Is(r.err, ErrInProgress) || r.elapsed < bounds[i] || r.elapsed > bounds[i]+time.Second {
+			t.Errorf("waiter %d (bound %v): %v after %v; want ErrInProgress at its bound", i, bounds[i], r.err, r.elapsed)
+		}
+	}
+
+	// The call ends before any bound: every waiter returns nil at once.
+	c = &call{done: make(chan struct{}), ran: make(chan struct{})}
+	errs := make(chan error, len(bounds))
+	for _, b := range bounds {
+		go func() { errs <- c.wait(ctx, nil, time.Now().Add(b+time.Minute)) }()
+	}
+	time.Sleep(10 * time.Millisecond)
+	(&Guard[int]{calls: map[Key]*call{}}).leave(Key{ID: "k"}, c, &answer{})
+	for range bounds {
+		select {
+		case err := <-errs:
+			if err != nil {
+				t.Errorf("waiter of a call that ended: %v, want nil", err)
+			}
+		case <-time.After(5 * time.Second):
+			t.Fatal("a waiter did not return when the call ended")
+		}
+	}
+}

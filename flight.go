@@ -16,6 +16,14 @@ type call struct {
 	ran  chan struct{} // closed when the call won the key and runs fn
 	once sync.Once
 	ans  *answer // nil: the call failed, waiters compete again
+
+	// One timer serves all the waiters of the call: it closes expired at
+	// bound, the wait bound of the first waiter; waiters whose own bound is
+	// later wait the rest on their own. mu guards the three.
+	mu      sync.Mutex
+	bound   time.Time
+	expired chan struct{}
+	timer   *time.Timer
 }
 
 // answer is a committed answer handed to the waiters of a call.
@@ -46,6 +54,29 @@ func (g *Guard[Tx]) leave(key Key, c *call, ans *answer) {
 	g.mu.Unlock()
 	c.ans = ans
 	close(c.done)
+	c.mu.Lock()
+	if c.timer != nil {
+		c.timer.Stop()
+	}
+	c.mu.Unlock()
+}
+
+// expiry returns a channel closed at the call's shared wait bound, and
+// that bound, starting the shared timer at deadline if no waiter did. A
+// nil channel means the shared bound is later than deadline: the caller
+// must time its wait itself.
+func (c *call) expiry(deadline time.Time) (<-chan struct{}, time.Time) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if c.expired == nil {
+		ch := make(chan struct{})
+		c.bound, c.expired = deadline, ch
+		c.timer = time.AfterFunc(time.Until(deadline), func() { close(ch) })
+	}
+	if deadline.Before(c.bound) {
+		return nil, c.bound
+	}
+	return c.expired, c.bound
 }
 
 // follow waits for the call ahead of the caller. handed is true when it
@@ -110,16 +141,38 @@ func (c *call) wait(ctx context.Context, ran <-chan struct{}, deadline time.Time
 		return nil
 	default:
 	}
+	// Most waiters share the call's timer; one whose bound comes first,
+	// or comes after the shared one fired, times the rest itself.
+	expired, bound := c.expiry(deadline)
+	if expired != nil {
+		select {
+		case <-c.done:
+			return nil
+		case <-ran:
+			return errRunning
+		case <-expired:
+		case <-ctx.Done():
+			return ctx.Err()
+		}
+		if !bound.Before(deadline) {
+			return errHeldAtBound
+		}
+	}
 	timer := time.NewTimer(time.Until(deadline))
 	defer timer.Stop()
 	select {
 	case <-c.done:
 		return nil
 	case <-ran:
-		return fmt.Errorf("%w: another caller is running fn", ErrInProgress)
+		return errRunning
 	case <-timer.C:
-		return fmt.Errorf("%w: another caller still held the key at the wait bound", ErrInProgress)
+		return errHeldAtBound
 	case <-ctx.Done():
 		return ctx.Err()
 	}
 }
+
+var (
+	errRunning     = fmt.Errorf("%w: another caller is running fn", ErrInProgress)
+	errHeldAtBound = fmt.Errorf("%w: another caller still held the key at the wait bound", ErrInProgress)
+)

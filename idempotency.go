@@ -119,6 +119,12 @@ func (g *Guard[Tx]) Do(ctx context.Context, key Key, fingerprint string, fn func
 		resp, _, err := g.do(ctx, key, fingerprint, fn)
 		return resp, err
 	}
+	return g.observed(ctx, key, fingerprint, fn)
+}
+
+// observed is Do with [Config.Observer] set; apart from Do, so that Do's
+// own stack frame stays small (callers often run it on a fresh goroutine).
+func (g *Guard[Tx]) observed(ctx context.Context, key Key, fingerprint string, fn func(tx Tx) (Response, error)) (Response, error) {
 	start := time.Now()
 	ev := Event{Key: key, Outcome: Failed, Err: errPanicked}
 	defer func() {
