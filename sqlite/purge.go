@@ -6,19 +6,36 @@ import (
 )
 
 // Purge implements [idempotency.KeyStore]: it deletes at most limit keys
-// whose ExpiresAt <= before in one statement (its own transaction). A key
-// held by an open transaction is not visible to it. SQLite has one writer
-// at a time, so Purge queues for the Store's write turn like any of its
-// writers (while ctx lives), then for SQLite's lock against writers outside
+// whose ExpiresAt <= before, purgeChunk keys per statement, each statement
+// its own transaction. A key held by an open transaction is not visible to
+// it. SQLite has one writer at a time, so each statement queues for the
+// Store's write turn like any of its writers (while ctx lives) and gives
+// it back at once: a Do waits for one small statement of a purge, not for
+// a whole batch. Then it waits for SQLite's lock against writers outside
 // the Store, under the busy timeout of the pool's connection and ctx; a
 // database still busy then gives an error wrapping
-// [idempotency.ErrConflict]. Keys are random, so a batch of n deletions
-// touches about n pages of the primary key's index: keep batches small
-// ([idempotency.Config.PurgeBatch]) when Do must stay fast during a purge.
+// [idempotency.ErrConflict] (with the count of keys deleted so far).
 func (s *Store) Purge(ctx context.Context, before time.Time, limit int) (int, error) {
-	if limit <= 0 {
-		return 0, nil
+	deleted := 0
+	for deleted < limit {
+		chunk := min(limit-deleted, purgeChunk)
+		n, err := s.deleteExpired(ctx, before, chunk)
+		deleted += n
+		if err != nil || n < chunk {
+			return deleted, err
+		}
 	}
+	return deleted, nil
+}
+
+// purgeChunk is how many keys one statement of Purge deletes at most.
+// Keys are random, so a statement of n deletions touches about n pages of
+// the primary key's index: about 0.4 ms for 100 here, during which every
+// writer of the database waits.
+const purgeChunk = 100
+
+// deleteExpired deletes at most limit expired keys in one statement.
+func (s *Store) deleteExpired(ctx context.Context, before time.Time, limit int) (int, error) {
 	if err := s.acquire(ctx, false, time.Time{}); err != nil {
 		return 0, err
 	}
