@@ -99,10 +99,10 @@
 // process and gets its record.
 //
 //	                                    new key  replay  waiter
-//	MariaDB, pool of Open, LookupFirst        3       1       7
-//	MariaDB, pool of Open, SkipLookup         2       3       5
-//	MariaDB, other pools, LookupFirst         5       1       9
-//	MariaDB, other pools, SkipLookup          4       4       7
+//	MariaDB, pool of Open, LookupFirst        3       1       9
+//	MariaDB, pool of Open, SkipLookup         2       3       7
+//	MariaDB, other pools, LookupFirst         5       1      11
+//	MariaDB, other pools, SkipLookup          4       4       9
 //	MySQL                                     8       1  10 (8)
 //	MySQL, SkipLookup                         7       7       8
 //
@@ -150,7 +150,15 @@
 // [idempotency.Guard.Do] retries.
 //
 // No wait (r.Wait == 0): on MariaDB the INSERT itself refuses to wait
-// (innodb_lock_wait_timeout=0 for that statement). On MySQL the row is
+// (innodb_lock_wait_timeout=0 for that statement). InnoDB also makes an
+// INSERT wait for locks near the key rather than on it (a purge deleting
+// the rows next to it, a locking read of an absent key that took the
+// gap), so a refused INSERT is followed by a probe of the row (SELECT ...
+// FOR UPDATE NOWAIT, outside any transaction): only a row held elsewhere
+// is reported as [idempotency.ErrInProgress]; a refusal by a lock near the
+// key is a conflict that [idempotency.Guard.Do] retries after a short
+// backoff. (Without the probe, a purge made new keys wait as if held: in
+// BenchmarkScale's purge of 1M keys, 29 of them.) On MySQL the row is
 // first probed with SELECT ... FOR UPDATE NOWAIT outside any transaction:
 // a held key is reported at once; only when another caller takes the key
 // between that probe and the INSERT does the INSERT wait, for 1 second at

@@ -43,6 +43,13 @@ func isConflictCode(n uint16) bool {
 	return false
 }
 
+// lockRefused reports whether err is a statement's refusal to wait for a
+// lock, or its wait running out (1205, or 3572 for NOWAIT).
+func lockRefused(err error) bool {
+	var me *gomysql.MySQLError
+	return errors.As(err, &me) && (me.Number == erLockWaitTimeout || me.Number == erLockNowait)
+}
+
 // IsConflict implements [idempotency.ConflictClassifier]: a deadlock
 // (1213), a lock wait timeout (1205, or 3572 for NOWAIT) or a snapshot
 // conflict (1020) met by one of fn's own statements makes

@@ -79,6 +79,13 @@ func (s *Store) Reserve(ctx context.Context, r idempotency.Reservation) (idempot
 		begin = s.beginSQL
 	}
 	won, rec, err := s.claim(ctx, tx, k, r, statementWait(r.Wait), begin, rw.found && !rw.live(now), now, exp)
+	if r.Wait == 0 && lockRefused(err) {
+		rec, err := s.refusedAtOnce(ctx, conn, tx, k, now, err)
+		if rec != nil {
+			s.tallyFirstTry(r, true)
+		}
+		return nil, rec, err
+	}
 	if err != nil || !won {
 		release(ctx, conn, tx, "")
 		if rec != nil {
@@ -88,6 +95,33 @@ func (s *Store) Reserve(ctx context.Context, r idempotency.Reservation) (idempot
 	}
 	s.tallyFirstTry(r, false)
 	return &txn{s: s, conn: conn, tx: tx, key: k, fold: fold}, nil, nil
+}
+
+// refusedAtOnce ends a first try (r.Wait == 0) whose reservation met a
+// lock and was refused at once (err): the key's own row held by another
+// reservation, or a lock near the key that has nothing to do with it (a
+// purge deleting the rows next to it, a locking read of an absent key that
+// took the gap: InnoDB makes an INSERT wait for those too). It rolls tx
+// back and probes the key's row without waiting: a row held elsewhere
+// keeps err ([idempotency.ErrInProgress]), a row completed meanwhile is
+// returned; otherwise the refusal was a passing conflict
+// ([idempotency.ErrConflict]), which Do retries after a short backoff,
+// instead of a wait for a key nobody holds. It releases conn.
+func (s *Store) refusedAtOnce(ctx context.Context, conn *sql.Conn, tx *sql.Tx, k key, now int64, err error) (*idempotency.Record, error) {
+	if rerr := tx.Rollback(); rerr != nil && !errors.Is(rerr, sql.ErrTxDone) {
+		discard(conn)
+		return nil, mapError(ctx, err, false, "mysql: reserve key %q", k.key.ID)
+	}
+	rec, perr := s.probe(ctx, conn, k, now)
+	release(ctx, conn, nil, "")
+	switch {
+	case perr != nil:
+		return nil, perr
+	case rec != nil:
+		return rec, nil
+	}
+	// Not err itself in the chain: it says ErrInProgress.
+	return nil, fmt.Errorf("%w: mysql: reserve key %q met a lock near the key, not on it (%v)", idempotency.ErrConflict, k.key.ID, err)
 }
 
 // lookingFirst reports whether Reserve looks r's key up before reserving

@@ -30,15 +30,16 @@ func TestRoundTrips(t *testing.T) {
 	}{
 		// New key: lookup, START TRANSACTION with the INSERT, the UPDATE
 		// with COMMIT. Replay: the lookup. Waiter: lookup, START
-		// TRANSACTION with the INSERT (refused at once), ROLLBACK; then
-		// lookup, START TRANSACTION with the INSERT (waits: duplicate
-		// key), locking read, ROLLBACK.
-		{paths[0], "", trips{3, 1, 7}},
+		// TRANSACTION with the INSERT (refused at once), ROLLBACK, probe
+		// (refused: the key is held), read; then lookup, START TRANSACTION
+		// with the INSERT (waits: duplicate key), locking read, ROLLBACK.
+		{paths[0], "", trips{3, 1, 9}},
 		// New key: START TRANSACTION with the INSERT, the UPDATE with
 		// COMMIT. Replay: START TRANSACTION with the INSERT (duplicate
 		// key), locking read, ROLLBACK. Waiter: START TRANSACTION with the
-		// INSERT (refused at once), ROLLBACK; then the replay's three.
-		{paths[1], "", trips{2, 3, 5}},
+		// INSERT (refused at once), ROLLBACK, probe, read; then the
+		// replay's three.
+		{paths[1], "", trips{2, 3, 7}},
 		// MySQL's path. New key: lookup (with the session's wait), probe,
 		// SET wait, START TRANSACTION, INSERT, SET wait back, UPDATE,
 		// COMMIT. Waiter: lookup, probe (refused), read; then lookup, SET
@@ -57,9 +58,9 @@ func TestRoundTrips(t *testing.T) {
 		// MariaDB on a pool not opened by Open: START TRANSACTION and
 		// COMMIT on their own. New key: lookup, START TRANSACTION, INSERT,
 		// UPDATE, COMMIT. Waiter: lookup, START TRANSACTION, INSERT
-		// (refused), ROLLBACK; lookup, START TRANSACTION, INSERT (waits),
-		// locking read, ROLLBACK.
-		{paths[4], "", trips{5, 1, 9}},
+		// (refused), ROLLBACK, probe, read; lookup, START TRANSACTION,
+		// INSERT (waits), locking read, ROLLBACK.
+		{paths[4], "", trips{5, 1, 11}},
 	} {
 		name := c.path.name
 		if c.sessionWait != "" {

@@ -10,6 +10,8 @@ import (
 	"testing"
 	"time"
 
+	gomysql "github.com/go-sql-driver/mysql"
+
 	"github.com/go-idempotency/idempotency"
 	"github.com/go-idempotency/idempotency/internal/testkit"
 )
@@ -237,6 +239,75 @@ func TestWaiterTakesReleasedKey(t *testing.T) {
 			_, rec, err := s.Reserve(ctx, idempotency.Reservation{Key: key, Fingerprint: "fp", Now: now, ExpiresAt: now.Add(time.Hour), Wait: time.Second})
 			if err != nil || rec == nil || rec.Fingerprint != "fp2" || string(rec.Body) != "second" {
 				t.Fatalf("after the waiter completed: got %+v, %v", rec, err)
+			}
+		})
+	}
+}
+
+// TestLockNearTheKeyIsNotInProgress: a first try whose INSERT is refused
+// by a lock near the key, not on it (here a locking read of the absent key
+// by another transaction, which takes the gap; a purge deleting the rows
+// next to the key does the same), is a passing conflict that Do retries,
+// not a key in progress: even a NoWait caller gets its effect once the
+// lock is gone. A key really held still gives ErrInProgress at once.
+func TestLockNearTheKeyIsNotInProgress(t *testing.T) {
+	for _, p := range []path{paths[0], paths[1], paths[4], {name: "Default", dialect: dialectMariaDB}} {
+		t.Run(p.name, func(t *testing.T) {
+			t.Parallel()
+			ctx := testkit.Context(t, 60*time.Second)
+			db := openDB(t, testConfig(t, func(c *gomysql.Config) { c.InterpolateParams = true }), 0)
+			f := newFixture(t, db, nil)
+			s := newStore(t, db, f.table, p)
+			g, err := idempotency.New(s, &idempotency.Config{NoWait: true, RetryBackoff: 20 * time.Millisecond})
+			if err != nil {
+				t.Fatal(err)
+			}
+			key := idempotency.Key{ID: testkit.Name("near_")}
+			fn := func(tx *sql.Tx) (idempotency.Response, error) {
+				return idempotency.Response{Status: 201, Body: []byte("ok")}, f.fx.Effect(ctx, tx, "near")
+			}
+
+			// Another transaction reads the absent key with a lock (REPEATABLE
+			// READ: it locks the gap where the key would go).
+			other, err := db.BeginTx(ctx, &sql.TxOptions{Isolation: sql.LevelRepeatableRead})
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer func() { _ = other.Rollback() }()
+			rows, err := other.QueryContext(ctx, "SELECT id FROM `"+f.table+"` WHERE scope = '' AND id = ? FOR UPDATE", key.ID)
+			if err != nil {
+				t.Fatal(err)
+			}
+			_ = rows.Close()
+			// The gap lock refuses an INSERT of the key that does not wait.
+			probe, err := db.BeginTx(ctx, nil)
+			if err != nil {
+				t.Fatal(err)
+			}
+			_, err = probe.ExecContext(ctx, "SET STATEMENT innodb_lock_wait_timeout=0 FOR INSERT INTO `"+f.table+
+				"` (scope, id, fingerprint, state, status, created_at, expires_at) VALUES ('', ?, 'x', 'pending', 0, 0, 1)", key.ID)
+			_ = probe.Rollback()
+			if !errors.Is(mapError(ctx, err, true, ""), idempotency.ErrInProgress) {
+				t.Fatalf("an INSERT into the locked gap: %v, want a lock wait timeout (the test needs one)", err)
+			}
+
+			released := make(chan struct{})
+			time.AfterFunc(100*time.Millisecond, func() { _ = other.Rollback(); close(released) })
+			resp, err := g.Do(ctx, key, "fp", fn)
+			if err != nil || resp.Replayed || resp.Status != 201 {
+				t.Fatalf("Do with a lock near the key: %+v, %v; want the effect once the lock is gone", resp, err)
+			}
+			<-released
+			if n, err := f.fx.Count(ctx, "near"); err != nil || n != 1 {
+				t.Fatalf("effects: %d, %v; want 1", n, err)
+			}
+
+			// A key really held: ErrInProgress at once.
+			held := idempotency.Key{ID: testkit.Name("held_")}
+			holder := hold(t, ctx, newStore(t, openDB(t, testConfig(t, nil), 0), f.table, paths[0]), held, time.Now())
+			defer func() { _ = holder.Rollback(ctx) }()
+			if _, err := g.Do(ctx, held, "fp", fn); !errors.Is(err, idempotency.ErrInProgress) {
+				t.Fatalf("Do on a held key with NoWait: %v, want ErrInProgress", err)
 			}
 		})
 	}
