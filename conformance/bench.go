@@ -231,8 +231,13 @@ const ScaleKeys = 1_000_000
 // BenchmarkScale measures a backend with a large table ([ScaleKeys] rows,
 // written by Fixture.Fill). Sub-benchmarks:
 //
-//   - NewKeyEmpty, NewKeyFull: Do with a new key on an empty store, then
-//     with ScaleKeys live keys present (compare the two).
+//   - NewKeyFull: Do with a new key, alternately on a store with ScaleKeys
+//     live keys and on an empty one (another fixture), op by op, so that
+//     both sides meet the same machine; ns/op is the full store's. It
+//     reports the ratio of the full store's time to the empty one's
+//     (full-ratio: the median over chunks of 100 pairs of ops, with
+//     full-ratio-min and full-ratio-max) and the empty store's time
+//     (empty-ns/op).
 //   - PurgeUnderLoad: ScaleKeys expired keys; 8 goroutines call Do with new
 //     keys while Guard.Purge deletes them all in batches. It reports the
 //     p99 latency of Do before (p99-idle-ns) and during (p99-purge-ns) the
@@ -244,17 +249,6 @@ const ScaleKeys = 1_000_000
 //	go test -run '^$' -bench BenchmarkScale -benchtime 2000x ./postgres
 func BenchmarkScale[Tx any](b *testing.B, h Harness[Tx]) {
 	ctx := context.Background()
-	newKeys := func(b *testing.B, g *idempotency.Guard[Tx], f Fixture[Tx], prefix string) {
-		fn := benchFn(ctx, f, "scale")
-		b.ReportAllocs()
-		i := 0
-		for b.Loop() {
-			i++
-			if _, err := g.Do(ctx, idempotency.Key{Scope: "scale", ID: prefix + strconv.Itoa(i)}, "fp", fn); err != nil {
-				b.Fatal(err)
-			}
-		}
-	}
 	guard := func(b *testing.B, f Fixture[Tx], cfg *idempotency.Config) *idempotency.Guard[Tx] {
 		g, err := idempotency.New(f.Store, cfg)
 		if err != nil {
@@ -270,16 +264,55 @@ func BenchmarkScale[Tx any](b *testing.B, h Harness[Tx]) {
 		return f
 	}
 
-	b.Run("NewKeyEmpty", func(b *testing.B) {
-		f := fixture(b)
-		newKeys(b, guard(b, f, nil), f, benchPrefix())
-	})
 	b.Run("NewKeyFull", func(b *testing.B) {
-		f := fixture(b)
-		if err := f.Fill(ctx, ScaleKeys, time.Now().Add(time.Hour)); err != nil {
+		empty, full := fixture(b), fixture(b)
+		if err := full.Fill(ctx, ScaleKeys, time.Now().Add(time.Hour)); err != nil {
 			b.Fatal(err)
 		}
-		newKeys(b, guard(b, f, nil), f, benchPrefix())
+		ge, gf := guard(b, empty, nil), guard(b, full, nil)
+		fe, ff := benchFn(ctx, empty, "scale"), benchFn(ctx, full, "scale")
+		prefix := benchPrefix()
+		do := func(g *idempotency.Guard[Tx], fn func(Tx) (idempotency.Response, error), id string) time.Duration {
+			start := time.Now()
+			if _, err := g.Do(ctx, idempotency.Key{Scope: "scale", ID: id}, "fp", fn); err != nil {
+				b.Fatal(err)
+			}
+			return time.Since(start)
+		}
+		const chunk = 100
+		var ratios []float64
+		var onFull, onEmpty, chunkFull, chunkEmpty time.Duration
+		i := 0
+		b.ReportAllocs()
+		for b.Loop() {
+			i++
+			id := prefix + strconv.Itoa(i)
+			// Alternate which side goes first, so that neither always
+			// follows the other.
+			if i%2 == 0 {
+				chunkEmpty += do(ge, fe, id)
+				chunkFull += do(gf, ff, id)
+			} else {
+				chunkFull += do(gf, ff, id)
+				chunkEmpty += do(ge, fe, id)
+			}
+			if i%chunk == 0 {
+				ratios = append(ratios, float64(chunkFull)/float64(chunkEmpty))
+				onFull, onEmpty = onFull+chunkFull, onEmpty+chunkEmpty
+				chunkFull, chunkEmpty = 0, 0
+			}
+		}
+		b.StopTimer()
+		if len(ratios) == 0 {
+			b.Fatalf("NewKeyFull needs at least %d ops (-benchtime %dx) for one chunk", chunk, chunk)
+		}
+		slices.Sort(ratios)
+		b.ReportMetric(ratios[len(ratios)/2], "full-ratio")
+		b.ReportMetric(ratios[0], "full-ratio-min")
+		b.ReportMetric(ratios[len(ratios)-1], "full-ratio-max")
+		n := float64(chunk * len(ratios))
+		b.ReportMetric(float64(onEmpty.Nanoseconds())/n, "empty-ns/op")
+		b.ReportMetric(float64(onFull.Nanoseconds())/n, "full-ns/op")
 	})
 	b.Run("PurgeUnderLoad", func(b *testing.B) {
 		if h.Features.SelfExpiring {
