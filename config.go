@@ -102,6 +102,12 @@ type Config struct {
 	// PurgeBatch is how many keys one batch of [Guard.Purge] deletes.
 	// Defaults to 1000.
 	PurgeBatch int
+	// PurgePause is how long [Guard.Purge] pauses between two batches. Zero
+	// (the default) pauses as long as the batch before took, so that a
+	// purge keeps its connection busy at most half the time and the Do
+	// calls meanwhile stay fast, for a purge twice as long; a negative value
+	// means no pause (batches back to back).
+	PurgePause time.Duration
 	// Observer, if set, is told about every call's outcome.
 	Observer Observer
 	// Now is the clock. Defaults to time.Now.

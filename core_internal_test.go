@@ -424,3 +424,52 @@ func TestSharedWaitBound(t *testing.T) {
 		}
 	}
 }
+
+// TestPurgePause: Purge pauses after each full batch, by default as long as
+// the batch took; PurgePause sets the pause, a negative one none.
+func TestPurgePause(t *testing.T) {
+	for _, c := range []struct {
+		pause, took, want time.Duration
+	}{
+		{0, 40 * time.Millisecond, 40 * time.Millisecond},
+		{-1, 40 * time.Millisecond, 0},
+		{5 * time.Millisecond, 40 * time.Millisecond, 5 * time.Millisecond},
+	} {
+		if got := purgePause(c.pause, c.took); got != c.want {
+			t.Errorf("purgePause(%v, %v) = %v, want %v", c.pause, c.took, got, c.want)
+		}
+	}
+	const batch = 20 * time.Millisecond
+	for _, c := range []struct {
+		pause time.Duration
+		least time.Duration // 3 full batches and a short one
+	}{
+		{0, 4*batch + 3*batch},
+		{30 * time.Millisecond, 4*batch + 3*30*time.Millisecond},
+		{-1, 4 * batch},
+	} {
+		calls := 0
+		s := &fakeStore{purge: func(_ time.Time, limit int) (int, error) {
+			calls++
+			time.Sleep(batch)
+			if calls <= 3 {
+				return limit, nil
+			}
+			return 1, nil
+		}}
+		g := mustNew(t, s, &Config{PurgeBatch: 10, PurgePause: c.pause})
+		start := time.Now()
+		n, err := g.Purge(context.Background())
+		if took := time.Since(start); err != nil || n != 31 || took < c.least {
+			t.Errorf("PurgePause %v: Purge = %d, %v in %v; want 31, nil in at least %v", c.pause, n, err, took, c.least)
+		}
+	}
+	// A pause ends with ctx.
+	s := &fakeStore{purge: func(_ time.Time, limit int) (int, error) { return limit, nil }}
+	g := mustNew(t, s, &Config{PurgeBatch: 10, PurgePause: time.Hour})
+	ctx, cancel := context.WithTimeout(context.Background(), 50*time.Millisecond)
+	defer cancel()
+	if n, err := g.Purge(ctx); !errors.Is(err, context.DeadlineExceeded) || n != 10 {
+		t.Fatalf("Purge paused past ctx: %d, %v; want 10, DeadlineExceeded", n, err)
+	}
+}

@@ -341,16 +341,19 @@ func sleep(ctx context.Context, d time.Duration) error {
 }
 
 // Purge deletes expired keys in batches of [Config.PurgeBatch], each its own
-// short transaction, until a batch comes back short or ctx ends. A batch
-// that meets a store conflict ([ErrConflict]) is retried like a call of
-// [Guard.Do] (up to [Config.MaxRetries] times in a row). It returns how
-// many keys it deleted.
+// short transaction, until a batch comes back short or ctx ends, pausing
+// between batches as [Config.PurgePause] says. A batch that meets a store
+// conflict ([ErrConflict]) is retried like a call of [Guard.Do] (up to
+// [Config.MaxRetries] times in a row). It returns how many keys it
+// deleted.
 func (g *Guard[Tx]) Purge(ctx context.Context) (int, error) {
 	total := 0
 	before := g.cfg.Now()
 	conflicts := 0
 	for {
+		start := time.Now()
 		n, err := g.store.Purge(ctx, before, g.cfg.PurgeBatch)
+		took := time.Since(start)
 		total += n
 		if err != nil && errors.Is(err, ErrConflict) && conflicts < g.cfg.MaxRetries && ctx.Err() == nil {
 			conflicts++
@@ -366,8 +369,19 @@ func (g *Guard[Tx]) Purge(ctx context.Context) (int, error) {
 		if n < g.cfg.PurgeBatch {
 			return total, nil
 		}
-		if err := ctx.Err(); err != nil {
+		if err := sleep(ctx, purgePause(g.cfg.PurgePause, took)); err != nil {
 			return total, err
 		}
 	}
+}
+
+// purgePause is the pause after a full batch of Purge that took took.
+func purgePause(pause, took time.Duration) time.Duration {
+	switch {
+	case pause < 0:
+		return 0
+	case pause == 0:
+		return took
+	}
+	return pause
 }
