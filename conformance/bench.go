@@ -1,9 +1,11 @@
 package conformance
 
 import (
+	"bytes"
 	"context"
 	"crypto/rand"
 	"encoding/hex"
+	"errors"
 	"runtime"
 	"slices"
 	"strconv"
@@ -23,6 +25,10 @@ import (
 //   - Replay: Do with a completed key: the stored response, no effect.
 //   - SameKey20: 20 callers released together on one new key; one op is the
 //     time until all 20 have their answer (compare with Bare).
+//   - SameKey20Bare: the same 20 goroutines without the library: the first
+//     runs the bare effect, the 19 others wait for it on a channel and copy
+//     its response. What answering 20 callers costs on the machine at the
+//     least, next to SameKey20.
 //   - BareParallel8, Mixed8: 8 goroutines; Mixed8 does half new keys and half
 //     replays, BareParallel8 the bare effect (its baseline).
 //
@@ -112,6 +118,33 @@ func Benchmark[Tx any](b *testing.B, h Harness[Tx]) {
 			sameKey(b, call(next()))
 		}
 		checkEffects(b)
+	})
+	b.Run("SameKey20Bare", func(b *testing.B) {
+		resp := created("bare", 1)
+		call := func() func() (bool, error) {
+			var first atomic.Bool
+			done := make(chan struct{})
+			var answer idempotency.Response
+			return func() (bool, error) {
+				if first.CompareAndSwap(false, true) {
+					err := f.Bare(ctx, "bare")
+					answer = resp
+					close(done)
+					return false, err
+				}
+				<-done
+				r := answer
+				r.Header, r.Body = r.Header.Clone(), bytes.Clone(r.Body)
+				if len(r.Body) == 0 {
+					return true, errors.New("conformance: SameKey20Bare: empty answer")
+				}
+				return true, nil
+			}
+		}
+		b.ReportAllocs()
+		for b.Loop() {
+			sameKey(b, call())
+		}
 	})
 	parallel8 := func(b *testing.B, op func(i int64) error) {
 		b.ReportAllocs()

@@ -61,7 +61,7 @@ type binary struct {
 // The default -bench patterns: BenchmarkStore and the seed's BenchmarkSeed,
 // the cases that have a target, or all of them.
 const (
-	defaultBench  = "^(BenchmarkStore|BenchmarkSeed)$/^(Bare|NewKey|Replay|SameKey20)$"
+	defaultBench  = "^(BenchmarkStore|BenchmarkSeed)$/^(Bare|NewKey|Replay|SameKey20|SameKey20Bare)$"
 	parallelBench = "^(BenchmarkStore|BenchmarkSeed)$"
 )
 
