@@ -63,11 +63,19 @@ func (g *Guard[Tx]) leave(key Key, c *call, ans *answer) {
 
 // expiry returns a channel closed at the call's shared wait bound, and
 // that bound, starting the shared timer at deadline if no waiter did. A
-// nil channel means the shared bound is later than deadline: the caller
-// must time its wait itself.
+// nil channel means the shared bound is later than deadline, or the call
+// is over already: the caller must time its wait itself (or finds the call
+// over).
 func (c *call) expiry(deadline time.Time) (<-chan struct{}, time.Time) {
 	c.mu.Lock()
 	defer c.mu.Unlock()
+	select {
+	case <-c.done:
+		// Over already, and leave may have passed its Stop: start no
+		// timer that nothing would stop.
+		return nil, deadline
+	default:
+	}
 	if c.expired == nil {
 		ch := make(chan struct{})
 		c.bound, c.expired = deadline, ch
@@ -157,6 +165,11 @@ func (c *call) wait(ctx context.Context, ran <-chan struct{}, deadline time.Time
 		if !bound.Before(deadline) {
 			return errHeldAtBound
 		}
+	}
+	select {
+	case <-c.done:
+		return nil
+	default:
 	}
 	timer := time.NewTimer(time.Until(deadline))
 	defer timer.Stop()
