@@ -98,7 +98,14 @@ func TestStatementsPerWaiter(t *testing.T) {
 		}
 		waited <- err
 	}()
-	for !n.has("query lookup") { // the waiter's lookup
+	// The waiter's first try joins the holder's turn, looks the key up and
+	// reports it held; its second try joins the turn again and waits. Only
+	// then may the holder end: had it ended before, the waiter would look
+	// the key up itself (one more statement, also correct).
+	for !n.has("query lookup") || sqlitestore.JoinedTurn(f.store, key) < 2 {
+		if ctx.Err() != nil {
+			t.Fatal("the waiter never waited for the holder's turn")
+		}
 		time.Sleep(time.Millisecond)
 	}
 	close(release)

@@ -100,6 +100,18 @@ func (q *Queue[K, V]) Held() int {
 	return len(q.turns)
 }
 
+// Joined reports how many callers have joined the current turn of key to
+// wait for it (each Take that did not get the turn counts once, even if
+// that caller has stopped waiting since), for tests and metrics.
+func (q *Queue[K, V]) Joined(key K) int {
+	q.mu.Lock()
+	defer q.mu.Unlock()
+	if t, ok := q.turns[key]; ok {
+		return t.waiters
+	}
+	return 0
+}
+
 // Wait waits until t ends, deadline passes or ctx is done. It returns the
 // value the holder handed over (handed is true) or none (the holder had
 // nothing to hand, or failed: compete for the key again), [ErrDeadline],

@@ -146,3 +146,30 @@ func errString(err error) string {
 	}
 	return err.Error()
 }
+
+// TestJoined counts the callers that joined the current turn of a key, and
+// starts again at zero with the next turn.
+func TestJoined(t *testing.T) {
+	var q keywait.Queue[string, int]
+	if n := q.Joined("k"); n != 0 {
+		t.Fatalf("no turn: Joined %d, want 0", n)
+	}
+	if _, mine := q.Take("k"); !mine {
+		t.Fatal("first Take did not get the turn")
+	}
+	for want := 1; want <= 3; want++ {
+		if _, mine := q.Take("k"); mine {
+			t.Fatal("a Take got a held turn")
+		}
+		if n := q.Joined("k"); n != want {
+			t.Fatalf("Joined %d, want %d", n, want)
+		}
+	}
+	if n := q.Joined("other"); n != 0 {
+		t.Fatalf("another key: Joined %d, want 0", n)
+	}
+	q.Leave("k", nil)
+	if _, mine := q.Take("k"); !mine || q.Joined("k") != 0 {
+		t.Fatalf("next turn: mine %v, Joined %d; want true, 0", mine, q.Joined("k"))
+	}
+}
