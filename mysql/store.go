@@ -51,7 +51,8 @@ type Config struct {
 	// every caller arriving while the key is held waits in its INSERT,
 	// where a rollback of the holder answers most waiters with deadlocks
 	// (retried as [idempotency.ErrConflict]). No setting ever runs an
-	// effect twice. It wins over LookupFirst.
+	// effect twice. Setting both LookupFirst and SkipLookup is an
+	// [idempotency.ErrInvalidConfig].
 	SkipLookup bool
 }
 
@@ -106,6 +107,9 @@ func New(db *sql.DB, cfg *Config) (*Store, error) {
 	schema, err := Schema(c.Table)
 	if err != nil {
 		return nil, err
+	}
+	if c.LookupFirst && c.SkipLookup {
+		return nil, fmt.Errorf("%w: mysql: LookupFirst and SkipLookup are opposite choices; set one at most", idempotency.ErrInvalidConfig)
 	}
 	switch c.Isolation {
 	case sql.LevelDefault, sql.LevelReadCommitted, sql.LevelRepeatableRead, sql.LevelSerializable:
