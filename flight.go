@@ -69,12 +69,10 @@ func (g *Guard[Tx]) leave(key Key, c *call, ans *answer) {
 func (c *call) expiry(deadline time.Time) (<-chan struct{}, time.Time) {
 	c.mu.Lock()
 	defer c.mu.Unlock()
-	select {
-	case <-c.done:
-		// Over already, and leave may have passed its Stop: start no
-		// timer that nothing would stop.
+	if c.over() {
+		// leave may have passed its Stop: start no timer that nothing
+		// would stop.
 		return nil, deadline
-	default:
 	}
 	if c.expired == nil {
 		ch := make(chan struct{})
@@ -144,41 +142,45 @@ func cloneResponse(r Response) Response {
 // error wrapping ErrInProgress), or ctx is done (ctx's error). A call that is
 // over already wins over every other case.
 func (c *call) wait(ctx context.Context, ran <-chan struct{}, deadline time.Time) error {
-	select {
-	case <-c.done:
-		return nil
-	default:
+	if c.over() {
+		return nil // and no timer to start
 	}
 	// Most waiters share the call's timer; one whose bound comes first,
 	// or comes after the shared one fired, times the rest itself.
-	expired, bound := c.expiry(deadline)
-	if expired != nil {
-		select {
-		case <-c.done:
-			return nil
-		case <-ran:
-			return errRunning
-		case <-expired:
-		case <-ctx.Done():
-			return ctx.Err()
+	if expired, bound := c.expiry(deadline); expired != nil {
+		err := awaitCall(ctx, c, ran, expired)
+		if !errors.Is(err, errHeldAtBound) || !bound.Before(deadline) {
+			return err
 		}
-		if !bound.Before(deadline) {
-			return errHeldAtBound
-		}
-	}
-	select {
-	case <-c.done:
-		return nil
-	default:
 	}
 	timer := time.NewTimer(time.Until(deadline))
 	defer timer.Stop()
+	return awaitCall(ctx, c, ran, timer.C)
+}
+
+// over reports whether c has ended.
+func (c *call) over() bool {
+	select {
+	case <-c.done:
+		return true
+	default:
+		return false
+	}
+}
+
+// awaitCall waits until c is over (nil), ran is closed (errRunning), bound
+// fires (errHeldAtBound) or ctx is done (ctx's error). A call that is over
+// already wins over every other case.
+func awaitCall[T any](ctx context.Context, c *call, ran <-chan struct{}, bound <-chan T) error {
+	if c.over() {
+		return nil
+	}
 	select {
 	case <-c.done:
 		return nil
 	case <-ran:
 		return errRunning
-	case <-timer.C:
+	case <-bound:
 		return errHeldAtBound
 	case <-ctx.Done():
 		return ctx.Err()
