@@ -58,7 +58,7 @@ func (s *Store) Reserve(ctx context.Context, r idempotency.Reservation) (idempot
 			release(ctx, conn, nil, "")
 			rec, err := rw.record(r.Key)
 			if err == nil {
-				s.tallyFirstTry(r, true)
+				s.firstTries.Add(r, true)
 			}
 			return nil, rec, err
 		}
@@ -82,18 +82,18 @@ func (s *Store) Reserve(ctx context.Context, r idempotency.Reservation) (idempot
 	if r.Wait == 0 && lockRefused(err) {
 		rec, err := s.refusedAtOnce(ctx, conn, tx, k, now, err)
 		if rec != nil {
-			s.tallyFirstTry(r, true)
+			s.firstTries.Add(r, true)
 		}
 		return nil, rec, err
 	}
 	if err != nil || !won {
 		release(ctx, conn, tx, "")
 		if rec != nil {
-			s.tallyFirstTry(r, true)
+			s.firstTries.Add(r, true)
 		}
 		return nil, rec, mapError(ctx, err, false, "mysql: reserve key %q (wait bound %v)", r.Key.ID, r.Wait)
 	}
-	s.tallyFirstTry(r, false)
+	s.firstTries.Add(r, false)
 	return &txn{s: s, conn: conn, tx: tx, key: k, fold: fold}, nil, nil
 }
 
@@ -137,14 +137,6 @@ func (s *Store) lookingFirst(r idempotency.Reservation) bool {
 		return true
 	}
 	return s.firstTries.Replays()
-}
-
-// tallyFirstTry records whether a first try (r.Wait == 0: not a caller
-// that waited for a held key) found a completed key.
-func (s *Store) tallyFirstTry(r idempotency.Reservation, replayed bool) {
-	if r.Wait == 0 {
-		s.firstTries.Add(replayed)
-	}
 }
 
 // claim takes the key in tx: it takes over the expired row the lookup saw,

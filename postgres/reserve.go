@@ -38,7 +38,7 @@ func (s *Store) Reserve(ctx context.Context, r idempotency.Reservation) (idempot
 			if err != nil {
 				return nil, nil, s.mapError(ctx, fmt.Errorf("postgres: look up key %q: %w", r.Key.ID, err), false)
 			}
-			s.tallyFirstTry(r, true)
+			s.firstTries.Add(r, true)
 			return nil, rec, nil
 		}
 	}
@@ -46,20 +46,12 @@ func (s *Store) Reserve(ctx context.Context, r idempotency.Reservation) (idempot
 	if t == nil {
 		abandon(ctx, conn)
 		if rec != nil {
-			s.tallyFirstTry(r, true)
+			s.firstTries.Add(r, true)
 		}
 		return nil, rec, err
 	}
-	s.tallyFirstTry(r, false)
+	s.firstTries.Add(r, false)
 	return t, nil, nil
-}
-
-// tallyFirstTry records whether a first try (r.Wait == 0: not a caller
-// that waited for a held key) found a completed key.
-func (s *Store) tallyFirstTry(r idempotency.Reservation, replayed bool) {
-	if r.Wait == 0 && !s.lookupFirst {
-		s.firstTries.Add(replayed)
-	}
 }
 
 // begin sends BEGIN, the key's advisory lock and the look-up in one round

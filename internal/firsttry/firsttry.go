@@ -5,7 +5,11 @@
 // the store's recent first tries found.
 package firsttry
 
-import "sync/atomic"
+import (
+	"sync/atomic"
+
+	"github.com/go-idempotency/idempotency"
+)
 
 // Bias bounds a [Tally]: how many first tries of one kind in a row it takes
 // to change the way once the other kind dominated.
@@ -21,9 +25,14 @@ type Tally struct{ n atomic.Int32 }
 // then a look-up first pays off.
 func (t *Tally) Replays() bool { return t.n.Load() > 0 }
 
-// Add records the outcome of one first try: replayed (it found a completed
-// key) or not (it took the key).
-func (t *Tally) Add(replayed bool) {
+// Add records the outcome of r, a reservation that found a completed key
+// (replayed) or took the key, if it was a first try (r.Wait == 0); a
+// caller that waited for a held key says nothing about the traffic and is
+// not counted.
+func (t *Tally) Add(r idempotency.Reservation, replayed bool) {
+	if r.Wait != 0 {
+		return
+	}
 	d := int32(-1)
 	if replayed {
 		d = 1

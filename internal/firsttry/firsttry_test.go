@@ -3,7 +3,13 @@ package firsttry
 import (
 	"sync"
 	"testing"
+	"time"
+
+	"github.com/go-idempotency/idempotency"
 )
+
+// first is a first try; waited, a reservation of a caller that waited.
+var first, waited = idempotency.Reservation{}, idempotency.Reservation{Wait: time.Second}
 
 func TestTallyFollowsTheLoad(t *testing.T) {
 	var tl Tally
@@ -21,7 +27,7 @@ func TestTallyFollowsTheLoad(t *testing.T) {
 		{true, true}, // +1
 	}
 	for i, s := range steps {
-		tl.Add(s.replayed)
+		tl.Add(first, s.replayed)
 		if got := tl.Replays(); got != s.want {
 			t.Fatalf("step %d: Replays %v, want %v (count %d)", i, got, s.want, tl.n.Load())
 		}
@@ -34,12 +40,22 @@ func TestTallySaturatesUnderConcurrency(t *testing.T) {
 	for range 8 {
 		wg.Go(func() {
 			for range 1000 {
-				tl.Add(true)
+				tl.Add(first, true)
 			}
 		})
 	}
 	wg.Wait()
 	if n := tl.n.Load(); n != Bias {
 		t.Fatalf("after 8000 replays: count %d, want %d", n, Bias)
+	}
+}
+
+func TestTallyIgnoresWaiters(t *testing.T) {
+	var tl Tally
+	for range 2 * Bias {
+		tl.Add(waited, true)
+	}
+	if tl.Replays() || tl.n.Load() != 0 {
+		t.Fatalf("after waiters' replays only: Replays %v, count %d; want false, 0", tl.Replays(), tl.n.Load())
 	}
 }
