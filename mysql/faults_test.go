@@ -24,11 +24,9 @@ import (
 // keepalives notice.
 const faultIdleTimeout = 2 * time.Second
 
-// TestFaults runs the fault-injection suite: a cut connection, a lost
-// reply, a partition and a slow step at every round trip of a call, once
-// on a pool whose connection is warm (Warm: statements prepared) and once
-// on a pool that has not connected yet (Cold: the faults also hit the
-// handshake and the first use of each statement).
+// TestFaults runs the fault-injection suite (a cut connection, a lost
+// reply, a partition and a slow step at every round trip of a call) on a
+// warm and on a cold pool: see conformance.RunFaultsWarmAndCold.
 func TestFaults(t *testing.T) {
 	dsn := testenv.MySQLDSN(t)
 	cfg, err := gomysql.ParseDSN(dsn)

@@ -28,11 +28,9 @@ import (
 // more than two hours later.
 const faultIdleTimeout = 1500 * time.Millisecond
 
-// TestFaults runs the fault-injection suite: a cut connection, a lost
-// reply, a partition and a slow step at every round trip of a call, once
-// on a pool whose connection is warm (Warm: statements prepared) and once
-// on a pool that has not connected yet (Cold: the faults also hit the
-// handshake and the first use of each statement).
+// TestFaults runs the fault-injection suite (a cut connection, a lost
+// reply, a partition and a slow step at every round trip of a call) on a
+// warm and on a cold pool: see conformance.RunFaultsWarmAndCold.
 func TestFaults(t *testing.T) {
 	dsn := testenv.PostgresDSN(t)
 	upstream := faultUpstream(t, dsn)

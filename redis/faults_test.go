@@ -19,16 +19,12 @@ import (
 // fault, so that a key held until its lease runs out fails that bound.
 const faultLease = 4 * time.Second
 
-// TestFaults runs the fault-injection suite on a client with
-// ContextTimeoutEnabled: without it go-redis ignores the caller's context
-// deadline on the socket, and a lost reply holds Do for ReadTimeout (3s by
-// default) whatever the deadline.
-//
-// TestFaults runs the fault-injection suite: a cut connection, a lost
-// reply, a partition and a slow step at every round trip of a call, once
-// on a pool whose connection is warm (Warm: statements prepared) and once
-// on a pool that has not connected yet (Cold: the faults also hit the
-// handshake and the first use of each statement).
+// TestFaults runs the fault-injection suite (a cut connection, a lost
+// reply, a partition and a slow step at every round trip of a call) on a
+// warm and on a cold pool (see conformance.RunFaultsWarmAndCold), on a
+// client with ContextTimeoutEnabled: without it go-redis ignores the
+// caller's context deadline on the socket, and a lost reply holds Do for
+// ReadTimeout (3s by default) whatever the deadline.
 func TestFaults(t *testing.T) {
 	upstream := testenv.RedisAddr(t)
 	conformance.RunFaultsWarmAndCold(t, conformance.FaultHarness[*redis.Tx]{
