@@ -1,13 +1,10 @@
 package idemamqp_test
 
 import (
-	"bufio"
 	"context"
 	"encoding/json"
 	"errors"
 	"fmt"
-	"os"
-	"os/exec"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -32,34 +29,8 @@ func TestCrashBetweenCommitAndAck(t *testing.T) {
 	f.publish(t, ctx, f.Queue, "order-1", `{"order":1}`)
 
 	raw, _ := json.Marshal(f.names)
-	cmd := exec.CommandContext(ctx, os.Args[0], "-test.run=^$")
-	cmd.Env = append(os.Environ(), "IDEMAMQP_HELPER="+string(raw))
-	cmd.Stderr = os.Stderr
-	out, err := cmd.StdoutPipe()
-	if err != nil {
-		t.Fatal(err)
-	}
-	if err := cmd.Start(); err != nil {
-		t.Fatal(err)
-	}
-	committed := make(chan bool, 1)
-	go func() {
-		sc := bufio.NewScanner(out)
-		for sc.Scan() {
-			if sc.Text() == "committed" {
-				committed <- true
-				break
-			}
-		}
-		close(committed)
-		for sc.Scan() {
-		}
-	}()
-	ok := false
-	select {
-	case ok = <-committed:
-	case <-time.After(30 * time.Second):
-	}
+	cmd, out := testkit.StartChild(t, ctx, "IDEMAMQP_HELPER="+string(raw))
+	ok := testkit.WaitForLine(out, "committed", 30*time.Second)
 	if got := f.effectCount(t, ctx); ok && got != 1 {
 		t.Errorf("after the child's commit: %d effects, want 1", got)
 	}

@@ -6,8 +6,9 @@
 // ([WaitUntil]), an effects table on a database/sql database ([Effects]),
 // and the checks that a test counted the effects it expected
 // ([MustCount]), gave back every pooled connection ([CheckReleased]) and
-// left no goroutine behind ([Goroutines]). Its subpackage pgkit holds what
-// needs pgx.
+// left no goroutine behind ([Goroutines]), and a child process of the test
+// binary whose output a test waits on ([StartChild], [WaitForLine]). Its
+// subpackage pgkit holds what needs pgx.
 //
 // It imports only the standard library and "testing", so only _test.go
 // files may import it: a library package that depends on it fails

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"io"
 	"regexp"
 	"runtime"
 	"strings"
@@ -226,5 +227,39 @@ func TestMustCount(t *testing.T) {
 		if after != (tc.errs == "") {
 			t.Errorf("MustCount(%q, %d): test went on: %v", tc.tag, tc.want, after)
 		}
+	}
+}
+
+func TestWaitForLine(t *testing.T) {
+	if !WaitForLine(strings.NewReader("a\nready\nb\n"), "ready", time.Second) {
+		t.Error("a line that is there: not found")
+	}
+	if WaitForLine(strings.NewReader("a\nnot ready\n"), "ready", time.Second) {
+		t.Error("a reader that ends without the line: found")
+	}
+	r, w := io.Pipe()
+	defer w.Close()
+	start := time.Now()
+	if WaitForLine(r, "ready", 50*time.Millisecond) || time.Since(start) < 50*time.Millisecond {
+		t.Error("a reader that stays silent: found, or gave up before the bound")
+	}
+	// The rest is drained: a writer after the line never blocks.
+	r2, w2 := io.Pipe()
+	wrote := make(chan struct{})
+	go func() {
+		defer close(wrote)
+		_, _ = io.WriteString(w2, "ready\n")
+		for range 100 {
+			_, _ = io.WriteString(w2, "more\n")
+		}
+		_ = w2.Close()
+	}()
+	if !WaitForLine(r2, "ready", time.Second) {
+		t.Error("piped line: not found")
+	}
+	select {
+	case <-wrote:
+	case <-time.After(5 * time.Second):
+		t.Error("the writer blocked after the line: the rest was not drained")
 	}
 }

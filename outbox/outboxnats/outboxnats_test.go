@@ -1,13 +1,11 @@
 package outboxnats_test
 
 import (
-	"bufio"
 	"context"
 	"encoding/json"
 	"errors"
 	"fmt"
 	"os"
-	"os/exec"
 	"testing"
 	"time"
 
@@ -220,34 +218,8 @@ func TestRelayKilled(t *testing.T) {
 			events := f.write(t, ctx, 4)
 
 			raw, _ := json.Marshal(helper{Stream: f.stream, Table: f.table, Point: point})
-			cmd := exec.CommandContext(ctx, os.Args[0], "-test.run=^$")
-			cmd.Env = append(os.Environ(), "OUTBOXNATS_HELPER="+string(raw))
-			cmd.Stderr = os.Stderr
-			out, err := cmd.StdoutPipe()
-			if err != nil {
-				t.Fatal(err)
-			}
-			if err := cmd.Start(); err != nil {
-				t.Fatal(err)
-			}
-			sc := bufio.NewScanner(out)
-			stopped := make(chan bool, 1)
-			go func() {
-				for sc.Scan() {
-					if sc.Text() == "stopped" {
-						stopped <- true
-						break
-					}
-				}
-				close(stopped)
-				for sc.Scan() {
-				}
-			}()
-			ok := false
-			select {
-			case ok = <-stopped:
-			case <-time.After(30 * time.Second):
-			}
+			cmd, out := testkit.StartChild(t, ctx, "OUTBOXNATS_HELPER="+string(raw))
+			ok := testkit.WaitForLine(out, "stopped", 30*time.Second)
 			if err := cmd.Process.Kill(); err != nil {
 				t.Fatal(err)
 			}
