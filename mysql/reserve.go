@@ -58,7 +58,7 @@ func (s *Store) Reserve(ctx context.Context, r idempotency.Reservation) (idempot
 			release(ctx, conn, nil, "")
 			rec, err := rw.record(r.Key)
 			if err == nil {
-				s.firstTries.Add(r, true)
+				s.firstTries.Add(r.Wait, true)
 			}
 			return nil, rec, err
 		}
@@ -82,18 +82,18 @@ func (s *Store) Reserve(ctx context.Context, r idempotency.Reservation) (idempot
 	if r.Wait == 0 && lockRefused(err) {
 		rec, err := s.refusedAtOnce(ctx, conn, tx, k, now, err)
 		if rec != nil {
-			s.firstTries.Add(r, true)
+			s.firstTries.Add(r.Wait, true)
 		}
 		return nil, rec, err
 	}
 	if err != nil || !won {
 		release(ctx, conn, tx, "")
 		if rec != nil {
-			s.firstTries.Add(r, true)
+			s.firstTries.Add(r.Wait, true)
 		}
 		return nil, rec, mapError(ctx, err, false, "mysql: reserve key %q (wait bound %v)", r.Key.ID, r.Wait)
 	}
-	s.firstTries.Add(r, false)
+	s.firstTries.Add(r.Wait, false)
 	return &txn{s: s, conn: conn, tx: tx, key: k, fold: fold}, nil, nil
 }
 

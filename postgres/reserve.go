@@ -38,7 +38,7 @@ func (s *Store) Reserve(ctx context.Context, r idempotency.Reservation) (idempot
 			if err != nil {
 				return nil, nil, s.mapError(ctx, fmt.Errorf("postgres: look up key %q: %w", r.Key.ID, err), false)
 			}
-			s.firstTries.Add(r, true)
+			s.firstTries.Add(r.Wait, true)
 			return nil, rec, nil
 		}
 	}
@@ -46,11 +46,11 @@ func (s *Store) Reserve(ctx context.Context, r idempotency.Reservation) (idempot
 	if t == nil {
 		abandon(ctx, conn)
 		if rec != nil {
-			s.firstTries.Add(r, true)
+			s.firstTries.Add(r.Wait, true)
 		}
 		return nil, rec, err
 	}
-	s.firstTries.Add(r, false)
+	s.firstTries.Add(r.Wait, false)
 	return t, nil, nil
 }
 

@@ -7,8 +7,7 @@ package firsttry
 
 import (
 	"sync/atomic"
-
-	"github.com/go-idempotency/idempotency"
+	"time"
 )
 
 // Bias bounds a [Tally]: how many first tries of one kind in a row it takes
@@ -25,12 +24,14 @@ type Tally struct{ n atomic.Int32 }
 // then a look-up first pays off.
 func (t *Tally) Replays() bool { return t.n.Load() > 0 }
 
-// Add records the outcome of r, a reservation that found a completed key
-// (replayed) or took the key, if it was a first try (r.Wait == 0); a
-// caller that waited for a held key says nothing about the traffic and is
-// not counted.
-func (t *Tally) Add(r idempotency.Reservation, replayed bool) {
-	if r.Wait != 0 {
+// Add records the outcome of a reservation that found a completed key
+// (replayed) or took the key, if it was a first try: wait, the
+// reservation's Wait, is 0. A caller that waited for a held key says
+// nothing about the traffic and is not counted. (The package imports only
+// the standard library, as the module's internal helpers of its library
+// packages must.)
+func (t *Tally) Add(wait time.Duration, replayed bool) {
+	if wait != 0 {
 		return
 	}
 	d := int32(-1)

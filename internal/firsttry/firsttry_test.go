@@ -4,12 +4,10 @@ import (
 	"sync"
 	"testing"
 	"time"
-
-	"github.com/go-idempotency/idempotency"
 )
 
-// first is a first try; waited, a reservation of a caller that waited.
-var first, waited = idempotency.Reservation{}, idempotency.Reservation{Wait: time.Second}
+// first is the Wait of a first try; waited, of a caller that waited.
+const first, waited = time.Duration(0), time.Second
 
 func TestTallyFollowsTheLoad(t *testing.T) {
 	var tl Tally
