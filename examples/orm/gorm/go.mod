@@ -5,7 +5,7 @@ go 1.26.0
 replace github.com/go-idempotency/idempotency => ../../..
 
 require (
-	github.com/go-idempotency/idempotency v0.0.0-00010101000000-000000000000
+	github.com/go-idempotency/idempotency v0.1.0
 	gorm.io/driver/mysql v1.6.0
 	gorm.io/gorm v1.31.2
 )
