@@ -135,8 +135,8 @@ func lookup(t testing.TB, b Backend) string {
 // `go test` without -v discards the output of a passing package, so the
 // line goes where the person running `go test ./...` sees it: with -v, to
 // the test's output; otherwise to the go command's own standard error when
-// that is a terminal or a pipe (Linux), else to the terminal (/dev/tty),
-// else to the test's output.
+// that is a terminal, a pipe or a regular file such as a CI log (Linux),
+// else to the terminal (/dev/tty), else to the test's output.
 func Main(m *testing.M, backends ...Backend) {
 	flag.Parse()
 	name := strings.TrimSuffix(filepath.Base(os.Args[0]), ".test")
@@ -162,11 +162,21 @@ func userOutput(verbose bool) (io.Writer, func()) {
 	// output; its own stderr is the user's terminal or log. Opening it again
 	// is safe for a terminal or a pipe, not for a regular file (our offset
 	// would not be the go command's).
+	// A regular file (a CI log, `go test ./... >log 2>&1`) is written
+	// through a duplicate of the go command's own descriptor, so that the
+	// line and the go command's output share one file offset.
 	parent := fmt.Sprintf("/proc/%d/", os.Getppid())
 	if exe, err := os.Readlink(parent + "exe"); err == nil && strings.TrimSuffix(filepath.Base(exe), ".exe") == "go" {
-		if fi, err := os.Stat(parent + "fd/2"); err == nil && fi.Mode()&(os.ModeNamedPipe|os.ModeCharDevice|os.ModeSocket) != 0 {
-			if f, err := os.OpenFile(parent+"fd/2", os.O_WRONLY|os.O_APPEND, 0); err == nil {
-				return f, func() { _ = f.Close() }
+		if fi, err := os.Stat(parent + "fd/2"); err == nil {
+			switch {
+			case fi.Mode()&(os.ModeNamedPipe|os.ModeCharDevice|os.ModeSocket) != 0:
+				if f, err := os.OpenFile(parent+"fd/2", os.O_WRONLY|os.O_APPEND, 0); err == nil {
+					return f, func() { _ = f.Close() }
+				}
+			case fi.Mode().IsRegular():
+				if f, err := sharedFD(os.Getppid(), 2); err == nil {
+					return f, func() { _ = f.Close() }
+				}
 			}
 		}
 	}

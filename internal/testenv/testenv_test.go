@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"os"
 	"os/exec"
+	"path/filepath"
 	"strings"
 	"testing"
 )
@@ -106,21 +107,23 @@ func TestMainLine(t *testing.T) {
 	const line = `testenv: internal/testenv/testdata/probe: NOT RUN (skipped): Redis (set IDEMPOTENCY_REDIS_ADDR) tests; see README "Testing against real servers"`
 	for _, tc := range []struct {
 		name   string
+		toFile bool // go test's output redirected to a regular file, as CI logs are
 		args   []string
 		env    []string
 		want   []string
 		absent []string
 	}{
-		{"plain", nil, []string{RedisEnv + "="}, []string{line + "\n", "ok  \tgithub.com/go-idempotency/idempotency/internal/testenv/testdata/probe"}, []string{"--- SKIP"}},
-		{"verbose", []string{"-v"}, []string{RedisEnv + "="}, []string{line + "\n", "--- SKIP: TestRedis"}, nil},
-		{"all set", nil, []string{RedisEnv + "=127.0.0.1:1"}, []string{"ok  \t"}, []string{"testenv:"}},
+		{"plain", false, nil, []string{RedisEnv + "="}, []string{line + "\n", "ok  \tgithub.com/go-idempotency/idempotency/internal/testenv/testdata/probe"}, []string{"--- SKIP"}},
+		{"to a file", true, nil, []string{RedisEnv + "="}, []string{line + "\n", "ok  \tgithub.com/go-idempotency/idempotency/internal/testenv/testdata/probe"}, []string{"--- SKIP"}},
+		{"verbose", false, []string{"-v"}, []string{RedisEnv + "="}, []string{line + "\n", "--- SKIP: TestRedis"}, nil},
+		{"all set", false, nil, []string{RedisEnv + "=127.0.0.1:1"}, []string{"ok  \t"}, []string{"testenv:"}},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			args := append([]string{"test", "-count=1"}, tc.args...)
 			cmd := exec.CommandContext(t.Context(), "go", append(args, "./testdata/probe")...)
 			cmd.Env = append(os.Environ(), PostgresEnv+"=postgres://x", RequireAllEnv+"=")
 			cmd.Env = append(cmd.Env, tc.env...)
-			out, err := cmd.CombinedOutput()
+			out, err := run(t, cmd, tc.toFile)
 			if err != nil {
 				t.Fatalf("go test: %v\n%s", err, out)
 			}
@@ -139,4 +142,28 @@ func TestMainLine(t *testing.T) {
 			}
 		})
 	}
+}
+
+// run runs cmd with its standard output and error together, through a pipe
+// or, with toFile, into a regular file opened as a shell's `>` opens it
+// (truncated, no O_APPEND), and returns what it wrote.
+func run(t *testing.T, cmd *exec.Cmd, toFile bool) ([]byte, error) {
+	if !toFile {
+		return cmd.CombinedOutput()
+	}
+	name := filepath.Join(t.TempDir(), "log")
+	f, err := os.OpenFile(name, os.O_WRONLY|os.O_CREATE|os.O_TRUNC, 0o644)
+	if err != nil {
+		t.Fatal(err)
+	}
+	cmd.Stdout, cmd.Stderr = f, f
+	err = cmd.Run()
+	if cerr := f.Close(); cerr != nil {
+		t.Fatal(cerr)
+	}
+	out, rerr := os.ReadFile(name)
+	if rerr != nil {
+		t.Fatal(rerr)
+	}
+	return out, err
 }
