@@ -70,17 +70,36 @@ func (s *Store) Reserve(ctx context.Context, r idempotency.Reservation) (idempot
 		s.keys.Leave(r.Key, handOver(rec))
 		return nil, rec, err
 	}
-	if err := s.acquire(ctx, r.NoWait, deadline); err != nil {
+	by := lockBound(r, deadline)
+	if err := s.acquire(ctx, r.NoWait, turnWait(r, by)); err != nil {
 		s.keys.Leave(r.Key, nil)
 		return nil, nil, err
 	}
-	t, rec, err := s.reserve(ctx, st, r, deadline)
+	t, rec, err := s.reserve(ctx, st, r, by)
+	if t == nil && errors.Is(err, idempotency.ErrInProgress) {
+		// The writer outside the Store may just have completed the key.
+		if found, lerr := s.lookup(ctx, st, r); lerr == nil && found != nil {
+			rec, err = found, nil
+		}
+	}
 	if t == nil {
 		<-s.writer
 		s.keys.Leave(r.Key, handOver(rec))
 		return nil, rec, err
 	}
 	return t, nil, nil
+}
+
+// lockBound is when a reservation stops waiting for the Store's write turn
+// and for SQLite's write lock: the call's r.Deadline, or the end of r.Wait
+// (deadline) if that is later; zero when neither bounds it (a first try
+// without a Deadline waits under the connection's busy timeout).
+func lockBound(r idempotency.Reservation, deadline time.Time) time.Time {
+	by := r.Deadline
+	if r.Wait > 0 && deadline.After(by) {
+		by = deadline
+	}
+	return by
 }
 
 // handOver returns what hands a copy of rec to the waiters of a turn, or
@@ -135,31 +154,48 @@ func (s *Store) lookup(ctx context.Context, st *stmts, r idempotency.Reservation
 // nothing on the connection, but modernc.org/sqlite then watches the
 // context with a goroutine and a progress handler in every statement of
 // the transaction.)
-func (s *Store) reserve(ctx context.Context, st *stmts, r idempotency.Reservation, deadline time.Time) (*txn, *idempotency.Record, error) {
+func (s *Store) reserve(ctx context.Context, st *stmts, r idempotency.Reservation, by time.Time) (*txn, *idempotency.Record, error) {
 	conn, err := s.db.Conn(ctx)
 	if err != nil {
 		return nil, nil, mapError(ctx, "reserve: connection", err)
 	}
-	bounded := r.Wait > 0 || r.NoWait
+	bounded := !by.IsZero() || r.NoWait
+	// A first try (r.Wait == 0, bounded by the call's Deadline) assumes the
+	// busy timeout read when the statements were prepared, and reads the
+	// connection's own only when it has to lower it: a new key under a
+	// bound longer than the busy timeout costs no PRAGMA.
+	firstTry := r.Wait == 0 && !r.NoWait
 	orig := int64(busyUnknown)
-	if bounded || !st.wal {
-		if err := conn.QueryRowContext(ctx, "PRAGMA busy_timeout").Scan(&orig); err != nil {
+	read := func() error { return conn.QueryRowContext(ctx, "PRAGMA busy_timeout").Scan(&orig) }
+	if !st.wal || bounded && !firstTry {
+		if err := read(); err != nil {
 			_ = conn.Close()
 			return nil, nil, mapError(ctx, "reserve: busy_timeout", err)
 		}
 	}
 	for {
+		own := orig // the busy timeout the attempt runs with, unless lowered
+		if own == busyUnknown {
+			own = st.busy
+		}
 		cur := orig
 		// again: the attempt cannot overrun the bound with the
 		// connection's own busy timeout.
 		again := false
 		if bounded {
 			var wait int64
-			if r.Wait > 0 {
-				wait = waitMillis(time.Until(deadline))
+			if !r.NoWait {
+				wait = waitMillis(time.Until(by))
 			}
-			again = orig > 0 && wait >= orig
-			if !again && wait != orig {
+			again = own > 0 && wait >= own
+			if !again && wait != own {
+				if orig == busyUnknown {
+					if err := read(); err != nil {
+						_ = conn.Close()
+						return nil, nil, mapError(ctx, "reserve: busy_timeout", err)
+					}
+					continue
+				}
 				cur = wait
 				if _, err := conn.ExecContext(ctx, pragmaBusyTimeout(cur)); err != nil {
 					release(conn, orig, cur)
@@ -170,11 +206,11 @@ func (s *Store) reserve(ctx context.Context, st *stmts, r idempotency.Reservatio
 		attempt := time.Now()
 		tx, won, err := s.begin(ctx, conn, st, r)
 		if err != nil {
-			if again && ctx.Err() == nil && isBusy(err) && time.Since(attempt) >= time.Duration(orig)*time.Millisecond {
+			if again && ctx.Err() == nil && isBusy(err) && time.Since(attempt) >= time.Duration(own)*time.Millisecond {
 				continue // the busy timeout ran out, the bound has not
 			}
 			release(conn, orig, cur)
-			return nil, nil, waitErr(ctx, err, r, deadline)
+			return nil, nil, waitErr(ctx, err, r, by)
 		}
 		if !won {
 			rec, err := s.readLive(ctx, conn, tx, r.Key)

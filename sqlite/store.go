@@ -53,6 +53,10 @@ type stmts struct {
 	// prepared. A COMMIT in WAL mode does not wait for readers, so
 	// Complete need not know, nor raise, the connection's busy timeout.
 	wal bool
+	// busy is the busy timeout, in milliseconds, of the connection the
+	// statements were prepared with: what a first try assumes every
+	// connection has (see Store.reserve).
+	busy int64
 }
 
 func (st *stmts) close() {
@@ -149,6 +153,10 @@ func (s *Store) statements(ctx context.Context) (*stmts, error) {
 		return nil, mapError(ctx, "journal_mode", err)
 	}
 	st.wal = strings.EqualFold(mode, "wal")
+	if err := s.db.QueryRowContext(ctx, "PRAGMA busy_timeout").Scan(&st.busy); err != nil {
+		st.close()
+		return nil, mapError(ctx, "busy_timeout", err)
+	}
 	s.prepared.Store(st)
 	return st, nil
 }
