@@ -27,18 +27,21 @@ import (
 // (SQLite has one writer at a time), then a connection, and begins a
 // transaction whose first statement inserts the reservation. While a
 // caller of another key holds the write turn, a caller with r.NoWait gets
-// an error wrapping [idempotency.ErrStore] at once (the database is busy;
-// retrying later is safe); any other caller waits for the turn, up to
-// r.Wait or 5s, whichever is longer, then gets
-// [idempotency.ErrConflict].
+// an error wrapping [idempotency.ErrStore] at once (the database is busy,
+// the key is not held; retrying later is safe); any other caller waits for
+// the turn, until r.Deadline (without one: r.Wait or 5s, whichever is
+// longer), then gets [idempotency.ErrConflict].
 //
 // Writers outside the Store (another Store, another process, plain
-// transactions on db) meet it at SQLite's write lock. With r.Wait == 0 the
-// reservation waits for that lock under the connection's own busy
-// timeout, then reports [idempotency.ErrConflict]; with r.Wait > 0 it
-// waits while ctx lives and up to what remains of r.Wait, whatever the
-// busy timeout, then reports [idempotency.ErrInProgress]; with r.NoWait it
-// does not wait and reports [idempotency.ErrStore].
+// transactions on db) meet it at SQLite's write lock, and may hold the key
+// itself: their reservation is invisible until it commits. With r.Wait > 0
+// or r.Deadline set, the reservation waits for that lock while ctx lives
+// and up to the later of the two bounds, whatever the busy timeout, then
+// reports [idempotency.ErrInProgress] (the key may be held); with r.NoWait
+// it does not wait and reports ErrInProgress; with neither it waits under
+// the connection's own busy timeout, then reports
+// [idempotency.ErrConflict]. A key found completed after such a wait is
+// returned instead.
 func (s *Store) Reserve(ctx context.Context, r idempotency.Reservation) (idempotency.Txn[*sql.Tx], *idempotency.Record, error) {
 	st, err := s.statements(ctx)
 	if err != nil {
@@ -141,13 +144,15 @@ func (s *Store) lookup(ctx context.Context, st *stmts, r idempotency.Reservation
 // the pool when it returns.
 //
 // The wait for SQLite's write lock is its busy handler's, under the
-// connection's busy timeout. With r.Wait == 0 (and not r.NoWait) that busy
-// timeout is the bound, and on a database in WAL mode it is not even read.
-// Otherwise it is read first (database/sql may hand out any connection of
-// the pool): as long as what remains of the bound is at least that busy
-// timeout, an attempt cannot overrun the bound and nothing is changed;
-// after a SQLITE_BUSY that took the whole busy timeout, BEGIN is tried
-// again. The last attempt (the bound shorter than the busy timeout,
+// connection's busy timeout. With no bound (by zero, not r.NoWait) that
+// busy timeout is the bound, and on a database in WAL mode it is not even
+// read. Otherwise it is read first (database/sql may hand out any
+// connection of the pool), except on a first try (r.Wait == 0), which
+// assumes the busy timeout read when the statements were prepared and
+// reads the connection's own only when it must lower it: as long as what
+// remains of the bound is at least that busy timeout, an attempt cannot
+// overrun the bound and nothing is changed; after a SQLITE_BUSY that took
+// the whole busy timeout, BEGIN is tried again. The last attempt (the bound shorter than the busy timeout,
 // r.NoWait, or a connection without busy timeout) runs with the busy
 // timeout set to what remains of the bound, set back before the caller's
 // statements run. (A bound by a cancellable context instead would change
