@@ -49,7 +49,10 @@
 // from the start of the call (the busy timeout is lowered for the
 // reservation when it would overshoot, and set back before fn runs), then
 // returns [idempotency.ErrInProgress], unless the key was found completed
-// meanwhile; with NoWait it returns ErrInProgress at once. The guarantee
+// meanwhile; with NoWait it returns ErrInProgress at once. The callers of
+// other keys of the Store, queued for its write turn behind the one that
+// waits for the lock, get ErrInProgress at their bound too (at once with
+// NoWait): what holds them up may hold their key. The guarantee
 // does not depend on any of this: the key's row and fn's effects commit in
 // one transaction under one write lock, so whichever process wins the key
 // runs fn, and every other caller, in any process, replays its answer.

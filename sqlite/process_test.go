@@ -245,6 +245,29 @@ func TestProcessHeldKey(t *testing.T) {
 			t.Errorf("%s, key %q: %v after %v; want ErrInProgress (not ErrStore) after %v..%v", c.name, c.id, err, took, c.min, c.max)
 		}
 	}
+	// Callers of several keys at once in this process: one waits for the
+	// lock, the others for the Store's write turn; all are told the same.
+	g := guard(t, f.store, &idempotency.Config{WaitTimeout: time.Second})
+	ng := guard(t, f.store, &idempotency.Config{NoWait: true})
+	const many = 4
+	errs := make([]error, many)
+	tookMany := make([]time.Duration, many)
+	testkit.Together(many, func(i int) {
+		start := time.Now()
+		gi := g
+		if i == many-1 {
+			time.Sleep(200 * time.Millisecond) // the others are waiting by now
+			gi = ng
+		}
+		_, errs[i] = gi.Do(ctx, idempotency.Key{ID: fmt.Sprint("many", i)}, "fp", mustNotRun)
+		tookMany[i] = time.Since(start)
+	})
+	for i, err := range errs {
+		t.Logf("caller %d of %d keys: %v after %v", i, many, err, tookMany[i])
+		if !errors.Is(err, idempotency.ErrInProgress) || errors.Is(err, idempotency.ErrStore) || tookMany[i] > time.Second+margin {
+			t.Errorf("caller %d of %d keys at once: %v after %v; want ErrInProgress (not ErrStore) within %v", i, many, err, tookMany[i], time.Second+margin)
+		}
+	}
 	testkit.MustCount(t, ctx, f.fx.Count, "held", 0)
 
 	kill()

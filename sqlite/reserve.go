@@ -75,6 +75,19 @@ func (s *Store) Reserve(ctx context.Context, r idempotency.Reservation) (idempot
 	}
 	by := lockBound(r, deadline)
 	if err := s.acquire(ctx, r.NoWait, turnWait(r, by)); err != nil {
+		if errors.Is(err, idempotency.ErrConflict) || errors.Is(err, idempotency.ErrStore) {
+			// The turn's holder may be stuck behind a writer outside the
+			// Store, which may hold this key too.
+			if started := s.lockWait.Load(); started != 0 && time.Since(time.Unix(0, started)) >= outsideAfter {
+				if rec, lerr := s.lookup(ctx, st, r); lerr == nil && rec != nil {
+					s.keys.Leave(r.Key, handOver(rec))
+					return nil, rec, nil
+				}
+				// Not wrapped: the key may be held, not a conflict to retry.
+				err = fmt.Errorf("%w: sqlite: key %q may be held: the Store's writer waits for SQLite's write lock, held by another connection (%v)",
+					idempotency.ErrInProgress, r.Key.ID, err)
+			}
+		}
 		s.keys.Leave(r.Key, nil)
 		return nil, nil, err
 	}
@@ -92,6 +105,11 @@ func (s *Store) Reserve(ctx context.Context, r idempotency.Reservation) (idempot
 	}
 	return t, nil, nil
 }
+
+// outsideAfter is how long the holder of the write turn must have waited
+// for SQLite's write lock for the lock to count as held outside the Store
+// (a BEGIN that gets it takes microseconds).
+const outsideAfter = 2 * time.Millisecond
 
 // lockBound is when a reservation stops waiting for the Store's write turn
 // and for SQLite's write lock: the call's r.Deadline, or the end of r.Wait
@@ -209,7 +227,9 @@ func (s *Store) reserve(ctx context.Context, st *stmts, r idempotency.Reservatio
 			}
 		}
 		attempt := time.Now()
+		s.lockWait.Store(attempt.UnixNano())
 		tx, won, err := s.begin(ctx, conn, st, r)
+		s.lockWait.Store(0)
 		if err != nil {
 			if again && ctx.Err() == nil && isBusy(err) && time.Since(attempt) >= time.Duration(own)*time.Millisecond {
 				continue // the busy timeout ran out, the bound has not

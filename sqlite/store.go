@@ -37,6 +37,9 @@ type Store struct {
 	// handed to the waiters of a turn.
 	keys   keywait.Queue[idempotency.Key, *idempotency.Record]
 	writer chan struct{} // the Store's write turn: a token, capacity 1
+	// lockWait is when the holder of the write turn began to wait for
+	// SQLite's write lock (unix nanoseconds), 0 when it is not waiting.
+	lockWait atomic.Int64
 }
 
 // queries are the statements of one Store, with its table name quoted in.
