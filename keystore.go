@@ -28,10 +28,11 @@ import (
 //   - With r.Wait == 0, Reserve reports [ErrInProgress] only for a key that
 //     another caller holds, or may hold: a store busy with callers of other
 //     keys (one writer at a time) waits for them within its own lock
-//     timeout, and no later than r.Deadline, or reports [ErrConflict]. A
-//     lock that may be the key's but cannot be told apart without waiting
-//     (SQLite's write lock held by another process) is waited for until
-//     r.Deadline, then reported as [ErrInProgress].
+//     timeout (and, where it can bound that wait, no later than
+//     r.Deadline), or reports [ErrConflict]. A lock that may be the key's
+//     but cannot be told apart without waiting (SQLite's write lock held
+//     by another process) is waited for until r.Deadline, then reported
+//     as [ErrInProgress].
 //   - Methods return promptly, with ctx.Err() in the chain, once ctx is done.
 //   - Keys are compared byte-exact, in the ID and in the Scope: no case
 //     folding, no trimming of spaces, no Unicode normalisation.
