@@ -79,9 +79,21 @@ type Config struct {
 	// WaitTimeout bounds how long Do waits for another caller holding the
 	// same key before it returns [ErrInProgress]. Defaults to 30s. The
 	// caller's context bounds it too.
+	//
+	// It bounds the whole call until fn runs, whatever the store reports
+	// on the way: every reservation attempt, the retries of [ErrConflict]
+	// and their backoff, and the waits of a store for a lock (SQLite's one
+	// writer, held by this process's callers of other keys or by another
+	// process). When it runs out, a key held, or that the store cannot
+	// tell from held (SQLite's write lock taken by another process), gives
+	// [ErrInProgress]; a store still failing with conflicts, on a key
+	// nobody is known to hold, gives [ErrStore] with [ErrConflict]. The
+	// time fn runs is not counted: see [Guard.Do].
 	WaitTimeout time.Duration
 	// NoWait makes Do return [ErrInProgress] at once instead of waiting
-	// for a caller that is running fn with the same key.
+	// for a caller that is running fn with the same key (on SQLite, also
+	// when another process holds the database's one write lock: it may
+	// hold the key, and SQLite cannot tell without waiting).
 	NoWait bool
 	// MaxWaiters bounds how many calls of this Guard may wait inside the
 	// store at once for keys held elsewhere (by another process or
@@ -93,7 +105,8 @@ type Config struct {
 	// under the pool size. Defaults to 2; a negative value means no bound.
 	MaxWaiters int
 	// MaxRetries bounds how many times a [ErrConflict] is retried within one
-	// Do. Defaults to 10; a negative value means no retries.
+	// Do (until fn runs, within WaitTimeout too). Defaults to 10; a
+	// negative value means no retries.
 	MaxRetries int
 	// RetryBackoff is the base of the exponential backoff (full jitter)
 	// between retries, capped at 32 times the base. Defaults to 2ms; at

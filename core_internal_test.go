@@ -473,3 +473,97 @@ func TestPurgePause(t *testing.T) {
 		t.Fatalf("Purge paused past ctx: %d, %v; want 10, DeadlineExceeded", n, err)
 	}
 }
+
+// slowConflicts is a store that waits each Reserve out (as a store waits
+// for a lock it then gives up on) and reports a conflict, until heldAt: from
+// then on, when heldAt is set, it reports the key in progress instead. A
+// call of its Txn's fn meets a conflict while fnConflicts > 0.
+type slowConflicts struct {
+	fakeStore
+	wait        time.Duration
+	heldAt      bool // past r.Deadline, report ErrInProgress (the lock may be the key's)
+	succeedFrom int  // from this Reserve on (1-based, 0: never), hand out the key
+	fnConflicts int
+	deadlines   []time.Time
+}
+
+var errFnConflict = errors.New("fn met a deadlock")
+
+func (s *slowConflicts) IsConflict(err error) bool { return errors.Is(err, errFnConflict) }
+
+func (s *slowConflicts) Reserve(ctx context.Context, r Reservation) (Txn[int], *Record, error) {
+	s.mu.Lock()
+	s.deadlines = append(s.deadlines, r.Deadline)
+	n := len(s.deadlines)
+	s.mu.Unlock()
+	if s.succeedFrom > 0 && n >= s.succeedFrom {
+		return fakeTxn{&s.fakeStore}, nil, nil
+	}
+	if err := sleep(ctx, s.wait); err != nil {
+		return nil, nil, err
+	}
+	if s.heldAt && !time.Now().Before(r.Deadline) {
+		return nil, nil, fmt.Errorf("%w: the lock (maybe the key's) stayed taken", ErrInProgress)
+	}
+	return nil, nil, fmt.Errorf("%w: lock wait timeout", ErrConflict)
+}
+
+// TestWaitTimeoutBoundsConflicts: WaitTimeout bounds the whole call, the
+// retries of conflicts and their backoff included. A store that waits 300ms
+// and reports a conflict each try keeps Do about WaitTimeout (1s), not
+// (MaxRetries+1) x 300ms = 3.3s: ErrStore with ErrConflict, since it never
+// reported the key held; one that reports the key held at the bound gives
+// ErrInProgress. Each reservation carries the call's deadline.
+func TestWaitTimeoutBoundsConflicts(t *testing.T) {
+	const bound, each = time.Second, 300 * time.Millisecond
+	for _, held := range []bool{false, true} {
+		s := &slowConflicts{wait: each, heldAt: held}
+		var attempts int
+		g := mustNew(t, s, &Config{WaitTimeout: bound, Observer: func(_ context.Context, ev Event) { attempts = ev.Attempts }})
+		start := time.Now()
+		_, err := g.Do(context.Background(), Key{ID: "k"}, "fp", answer200)
+		took := time.Since(start)
+		switch {
+		case took < bound || took > bound+each+300*time.Millisecond:
+			t.Errorf("held %v: Do took %v (%d attempts); want %v..%v", held, took, attempts, bound, bound+each+300*time.Millisecond)
+		case held && (!errors.Is(err, ErrInProgress) || errors.Is(err, ErrStore)):
+			t.Errorf("held at the bound: %v; want ErrInProgress, not ErrStore", err)
+		case !held && (!errors.Is(err, ErrStore) || !errors.Is(err, ErrConflict) || errors.Is(err, ErrInProgress)):
+			t.Errorf("conflicts to the bound: %v; want ErrStore with ErrConflict", err)
+		case attempts < 3:
+			t.Errorf("held %v: %d attempts; want the conflicts retried until the bound", held, attempts)
+		}
+		for _, d := range s.deadlines {
+			if d.Sub(start) < bound || d.Sub(start) > bound+100*time.Millisecond {
+				t.Errorf("held %v: a reservation's Deadline was %v after the start, want %v", held, d.Sub(start), bound)
+			}
+		}
+	}
+}
+
+// TestConflictRetriesNotCut: callers of keys nobody holds keep their
+// retries. Fast conflicts are retried up to MaxRetries within the bound;
+// and once fn has run (its time is not waiting), a conflict it meets past
+// the bound is still retried.
+func TestConflictRetriesNotCut(t *testing.T) {
+	s := &slowConflicts{succeedFrom: 11} // 10 conflicts, then the key
+	g := mustNew(t, s, &Config{WaitTimeout: time.Second, RetryBackoff: time.Microsecond})
+	if _, err := g.Do(context.Background(), Key{ID: "k"}, "fp", answer200); err != nil || len(s.deadlines) != 11 {
+		t.Fatalf("10 fast conflicts: %v after %d reservations; want success after 11", err, len(s.deadlines))
+	}
+
+	s = &slowConflicts{succeedFrom: 1}
+	g = mustNew(t, s, &Config{WaitTimeout: 50 * time.Millisecond})
+	runs := 0
+	resp, err := g.Do(context.Background(), Key{ID: "k"}, "fp", func(int) (Response, error) {
+		runs++
+		if runs == 1 {
+			time.Sleep(100 * time.Millisecond) // past the bound
+			return Response{}, errFnConflict
+		}
+		return Response{Status: 201}, nil
+	})
+	if err != nil || resp.Status != 201 || runs != 2 {
+		t.Fatalf("fn's conflict past the bound: %+v, %v after %d runs; want 201 after 2", resp, err, runs)
+	}
+}

@@ -34,6 +34,16 @@ type answer struct {
 
 func (c *call) running() { c.once.Do(func() { close(c.ran) }) }
 
+// won reports whether an attempt of the call has won the key (fn ran).
+func (c *call) won() bool {
+	select {
+	case <-c.ran:
+		return true
+	default:
+		return false
+	}
+}
+
 // join returns the call of key in the store and whether the caller must
 // make it (lead) or wait for it.
 func (g *Guard[Tx]) join(key Key) (c *call, lead bool) {

@@ -108,7 +108,17 @@ type Guard[Tx any] struct {
 //     its answer; see [Config.MaxWaiters] for waits inside the store.
 //  5. A completed key is remembered for [Config.TTL] after it completed;
 //     then it counts as new.
-//  6. Store conflicts ([ErrConflict]) are retried with a short backoff.
+//  6. Store conflicts ([ErrConflict]) are retried with a short backoff, up
+//     to [Config.MaxRetries] times and, while fn has not run, within
+//     [Config.WaitTimeout]: the wait bound covers the whole call, every
+//     attempt, retry and backoff included, whatever the store reports on
+//     the way. A key the store reports held (or possibly held: SQLite's one
+//     write lock taken by another process) when the bound runs out gives
+//     [ErrInProgress]; conflicts still failing at the bound, on a key the
+//     store does not report held, give [ErrStore] with [ErrConflict]. Once
+//     fn has run, its conflicts (and its commit's) are retried up to
+//     MaxRetries whatever the bound, since fn's time is not waiting; the
+//     reservation of such a retry waits for nothing past the bound.
 //  7. Any other store error is returned wrapping [ErrStore]: retrying with
 //     the same key is safe. When ctx ended, ctx's error is in the chain.
 //
@@ -184,7 +194,18 @@ func (g *Guard[Tx]) lead(ctx context.Context, c *call, key Key, fp string, deadl
 		if err == nil || !errors.Is(err, ErrConflict) || attempts > g.cfg.MaxRetries {
 			break
 		}
-		if werr := sleep(ctx, backoff(g.cfg.RetryBackoff, attempts)); werr != nil {
+		pause := backoff(g.cfg.RetryBackoff, attempts)
+		if !c.won() {
+			// Still waiting for the key: the wait bound ends the retries
+			// (the last one is tried at the bound, waiting for nothing).
+			left := time.Until(deadline)
+			if left <= 0 {
+				err = fmt.Errorf("%w (the wait bound %v ran out after %d attempts)", err, g.cfg.WaitTimeout, attempts)
+				break
+			}
+			pause = min(pause, left)
+		}
+		if werr := sleep(ctx, pause); werr != nil {
 			return Response{}, attempts, fmt.Errorf("%w: %w (while retrying: %w)", ErrStore, werr, err)
 		}
 	}
@@ -252,6 +273,7 @@ func (g *Guard[Tx]) attempt(ctx context.Context, c *call, key Key, fp string, de
 		return Response{}, fmt.Errorf("%w: clock reading %v outside %v..%v", ErrInvalidConfig, now, MinClock(), MaxExpiry())
 	}
 	r := Reservation{Key: key, Fingerprint: fp, Now: now, ExpiresAt: expiry(now, g.cfg.TTL), NoWait: g.cfg.NoWait}
+	r.Deadline = deadline
 	txn, rec, err := g.store.Reserve(ctx, r)
 	if wait := time.Until(deadline); errors.Is(err, ErrInProgress) && !g.cfg.NoWait && wait > 0 {
 		if !g.takeWaiter() {

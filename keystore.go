@@ -26,9 +26,13 @@ import (
 //     [ErrInProgress]; everything else is returned as it is (wrapped with %w)
 //     and makes [Guard.Do] fail closed, with [ErrStore] added to the chain.
 //   - With r.Wait == 0, Reserve reports [ErrInProgress] only for a key that
-//     another caller holds: a store busy with callers of other keys (one
-//     writer at a time) waits for them within its own lock timeout, or
-//     reports [ErrConflict].
+//     another caller holds, or may hold: a store busy with callers of other
+//     keys (one writer at a time) waits for them within its own lock
+//     timeout (and, where it can bound that wait, no later than
+//     r.Deadline), or reports [ErrConflict]. A lock that may be the key's
+//     but cannot be told apart without waiting (SQLite's write lock held
+//     by another process) is waited for until r.Deadline, then reported
+//     as [ErrInProgress].
 //   - Methods return promptly, with ctx.Err() in the chain, once ctx is done.
 //   - Keys are compared byte-exact, in the ID and in the Scope: no case
 //     folding, no trimming of spaces, no Unicode normalisation.
@@ -175,10 +179,21 @@ type Reservation struct {
 	// NoWait is set when the caller asked not to wait at all
 	// ([Config.NoWait]). A store that serialises writers (one write
 	// transaction at a time for the whole database) then does not wait for
-	// its turn either: while a caller of another key holds the writer, it
-	// reports an error wrapping [ErrStore] at once (the truth: the store is
-	// busy; retrying the same key later is safe), never [ErrInProgress].
+	// its turn either. While a caller of another key that it knows of (in
+	// the same store value) holds the writer, it reports an error wrapping
+	// [ErrStore] at once (the truth: the store is busy, the key is not
+	// held; retrying the same key later is safe). While a writer it cannot
+	// see into holds it (SQLite: another process or connection), that
+	// writer may hold the key, which cannot be told without waiting: it
+	// reports [ErrInProgress] at once, unless the key is found completed.
 	NoWait bool
+	// Deadline is when the whole call's wait bound ([Config.WaitTimeout],
+	// counted from the start of [Guard.Do]) runs out; zero means no bound
+	// was given. A store that waits for a lock on a first try (Wait == 0),
+	// such as SQLite's one write lock held by other writers, waits no later
+	// than Deadline, and reports [ErrInProgress] there if the lock may be
+	// the key's (a writer it cannot see into holds it).
+	Deadline time.Time
 }
 
 // Record is a completed key as a store returns it.

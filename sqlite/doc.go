@@ -25,21 +25,46 @@
 // is bounded by [idempotency.Reservation.Wait] (the Guard's WaitTimeout) and
 // by ctx; past the bound [Store.Reserve] returns an error wrapping
 // [idempotency.ErrInProgress]. Waiting for the write turn, which callers of
-// other keys hold, is never "key in progress": it lasts up to the same
-// bound, or 5s if that is longer, then gives [idempotency.ErrConflict] (a
-// busy database, retried by the Guard). With [idempotency.Config.NoWait] a
-// caller does not wait for the write turn either: while a caller of another
-// key holds it, Do fails at once with an error wrapping
-// [idempotency.ErrStore] (the database is busy; retrying the same key later
-// is safe), and a caller of a held key gets ErrInProgress at once.
+// other keys hold, is never "key in progress": it lasts until the call's
+// wait bound ([idempotency.Reservation.Deadline]; without one, r.Wait or 5s,
+// whichever is longer), then gives [idempotency.ErrConflict] (a busy
+// database; at the bound the Guard reports it with
+// [idempotency.ErrStore]). With [idempotency.Config.NoWait] a caller does
+// not wait for the write turn either: while a caller of another key holds
+// it, Do fails at once with an error wrapping [idempotency.ErrStore] (the
+// database is busy and the key is not held; retrying the same key later is
+// safe), and a caller of a held key gets ErrInProgress at once.
 //
-// Writers outside the Store (another Store on the same database, another
-// process) meet it at SQLite's write lock, whose busy handler polls on a
-// schedule of its own. A reservation waits for that lock under the
-// connection's busy timeout when it has no wait bound, under its wait bound
-// when it has one (whatever the busy timeout: the busy timeout is lowered
-// for the reservation and set back before fn runs), and not at all with
-// NoWait.
+// # Several processes on one file
+//
+// Writers outside the Store (another process, another Store on the same
+// database, plain transactions on db) meet it at SQLite's write lock, whose
+// busy handler polls on a schedule of its own. Such a writer may hold the
+// very key being reserved: its reservation is a row that no other
+// connection sees until it commits, so SQLite cannot tell "the other
+// process holds this key" from "it writes another key" without waiting.
+// The Store therefore treats the write lock held outside it as a key that
+// may be held, and a caller sees what it sees for a key held in its own
+// process: Do waits for the lock until the Guard's WaitTimeout, counted
+// from the start of the call (the busy timeout is lowered for the
+// reservation when it would overshoot, and set back before fn runs), then
+// returns [idempotency.ErrInProgress], unless the key was found completed
+// meanwhile; with NoWait it returns ErrInProgress at once. The callers of
+// other keys of the Store, queued for its write turn behind the one that
+// waits for the lock, get ErrInProgress at their bound too (at once with
+// NoWait): what holds them up may hold their key. The guarantee
+// does not depend on any of this: the key's row and fn's effects commit in
+// one transaction under one write lock, so whichever process wins the key
+// runs fn, and every other caller, in any process, replays its answer.
+//
+// A reservation made without the Guard (Reserve called directly) with
+// r.Wait == 0 and no Deadline waits for that lock under the connection's
+// busy timeout, then reports [idempotency.ErrConflict].
+//
+// [Open] and [Store.Migrate] are safe to race from several processes on a
+// fresh file: switching it to WAL and creating the table can meet
+// SQLITE_BUSY without the busy handler being called, and both retry it
+// for up to 30s while ctx lives.
 //
 // A database opened without any DSN option (rollback journal, no busy
 // timeout, deferred transactions) works too: the reservation is the first
@@ -65,7 +90,10 @@
 //     the effect's (BEGIN IMMEDIATE, COMMIT), one fsync.
 //
 // A reservation with a wait bound or NoWait also reads the connection's
-// busy timeout, and sets it (and back) when the bound is shorter. A
+// busy timeout, and sets it (and back) when the bound is shorter; so does
+// a first try whose call has less of its WaitTimeout left than the busy
+// timeout read when the statements were prepared (5s with Open): with a
+// WaitTimeout of 5s or more, a new key costs no PRAGMA. A
 // database not in WAL mode also gets the busy timeout read, and two PRAGMAs
 // around the commit if it is below 5s.
 //

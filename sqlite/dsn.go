@@ -4,7 +4,9 @@ import (
 	"context"
 	"database/sql"
 	"fmt"
+	"math/rand/v2"
 	"strings"
+	"time"
 
 	"github.com/go-idempotency/idempotency"
 )
@@ -47,9 +49,38 @@ func Open(ctx context.Context, path string) (*sql.DB, error) {
 	if err != nil {
 		return nil, fmt.Errorf("sqlite: open %s: %w", path, err)
 	}
-	if err := db.PingContext(ctx); err != nil {
+	// The first connection switches a fresh file to WAL, which takes
+	// SQLite's exclusive lock: a process doing the same at the same
+	// instant makes it fail with SQLITE_BUSY without waiting (the busy
+	// handler is not called where waiting could deadlock).
+	if err := retryBusy(ctx, func() error { return db.PingContext(ctx) }); err != nil {
 		_ = db.Close()
 		return nil, fmt.Errorf("sqlite: open %s: %w", path, err)
 	}
 	return db, nil
+}
+
+// startWait bounds how long [Open] and [Store.Migrate] retry SQLITE_BUSY
+// (processes opening and migrating one file at the same instant), besides
+// ctx.
+const startWait = 30 * time.Second
+
+// retryBusy runs f until it returns anything but SQLITE_BUSY or
+// SQLITE_LOCKED, sleeping a few random milliseconds between tries, while
+// ctx lives and for at most startWait.
+func retryBusy(ctx context.Context, f func() error) error {
+	start := time.Now()
+	for {
+		err := f()
+		if err == nil || !isBusy(err) || ctx.Err() != nil || time.Since(start) > startWait {
+			return err
+		}
+		t := time.NewTimer(time.Millisecond + rand.N(10*time.Millisecond))
+		select {
+		case <-ctx.Done():
+			t.Stop()
+			return fmt.Errorf("%w (while retrying: %w)", ctx.Err(), err)
+		case <-t.C:
+		}
+	}
 }

@@ -36,7 +36,7 @@ const purgeChunk = 100
 
 // deleteExpired deletes at most limit expired keys in one statement.
 func (s *Store) deleteExpired(ctx context.Context, before time.Time, limit int) (int, error) {
-	if err := s.acquire(ctx, false, time.Time{}); err != nil {
+	if err := s.acquire(ctx, false, forever); err != nil {
 		return 0, err
 	}
 	res, err := s.db.ExecContext(ctx, s.q.purge, before.UnixNano(), limit)

@@ -27,18 +27,21 @@ import (
 // (SQLite has one writer at a time), then a connection, and begins a
 // transaction whose first statement inserts the reservation. While a
 // caller of another key holds the write turn, a caller with r.NoWait gets
-// an error wrapping [idempotency.ErrStore] at once (the database is busy;
-// retrying later is safe); any other caller waits for the turn, up to
-// r.Wait or 5s, whichever is longer, then gets
-// [idempotency.ErrConflict].
+// an error wrapping [idempotency.ErrStore] at once (the database is busy,
+// the key is not held; retrying later is safe); any other caller waits for
+// the turn, until r.Deadline (without one: r.Wait or 5s, whichever is
+// longer), then gets [idempotency.ErrConflict].
 //
 // Writers outside the Store (another Store, another process, plain
-// transactions on db) meet it at SQLite's write lock. With r.Wait == 0 the
-// reservation waits for that lock under the connection's own busy
-// timeout, then reports [idempotency.ErrConflict]; with r.Wait > 0 it
-// waits while ctx lives and up to what remains of r.Wait, whatever the
-// busy timeout, then reports [idempotency.ErrInProgress]; with r.NoWait it
-// does not wait and reports [idempotency.ErrStore].
+// transactions on db) meet it at SQLite's write lock, and may hold the key
+// itself: their reservation is invisible until it commits. With r.Wait > 0
+// or r.Deadline set, the reservation waits for that lock while ctx lives
+// and up to the later of the two bounds, whatever the busy timeout, then
+// reports [idempotency.ErrInProgress] (the key may be held); with r.NoWait
+// it does not wait and reports ErrInProgress; with neither it waits under
+// the connection's own busy timeout, then reports
+// [idempotency.ErrConflict]. A key found completed after such a wait is
+// returned instead.
 func (s *Store) Reserve(ctx context.Context, r idempotency.Reservation) (idempotency.Txn[*sql.Tx], *idempotency.Record, error) {
 	st, err := s.statements(ctx)
 	if err != nil {
@@ -70,17 +73,54 @@ func (s *Store) Reserve(ctx context.Context, r idempotency.Reservation) (idempot
 		s.keys.Leave(r.Key, handOver(rec))
 		return nil, rec, err
 	}
-	if err := s.acquire(ctx, r.NoWait, deadline); err != nil {
+	by := lockBound(r, deadline)
+	if err := s.acquire(ctx, r.NoWait, turnWait(r, by)); err != nil {
+		if errors.Is(err, idempotency.ErrConflict) || errors.Is(err, idempotency.ErrStore) {
+			// The turn's holder may be stuck behind a writer outside the
+			// Store, which may hold this key too.
+			if started := s.lockWait.Load(); started != 0 && time.Since(time.Unix(0, started)) >= outsideAfter {
+				if rec, lerr := s.lookup(ctx, st, r); lerr == nil && rec != nil {
+					s.keys.Leave(r.Key, handOver(rec))
+					return nil, rec, nil
+				}
+				// Not wrapped: the key may be held, not a conflict to retry.
+				err = fmt.Errorf("%w: sqlite: key %q may be held: the Store's writer waits for SQLite's write lock, held by another connection (%v)",
+					idempotency.ErrInProgress, r.Key.ID, err)
+			}
+		}
 		s.keys.Leave(r.Key, nil)
 		return nil, nil, err
 	}
-	t, rec, err := s.reserve(ctx, st, r, deadline)
+	t, rec, err := s.reserve(ctx, st, r, by)
+	if t == nil && errors.Is(err, idempotency.ErrInProgress) {
+		// The writer outside the Store may just have completed the key.
+		if found, lerr := s.lookup(ctx, st, r); lerr == nil && found != nil {
+			rec, err = found, nil
+		}
+	}
 	if t == nil {
 		<-s.writer
 		s.keys.Leave(r.Key, handOver(rec))
 		return nil, rec, err
 	}
 	return t, nil, nil
+}
+
+// outsideAfter is how long the holder of the write turn must have waited
+// for SQLite's write lock for the lock to count as held outside the Store
+// (a BEGIN that gets it takes microseconds).
+const outsideAfter = 2 * time.Millisecond
+
+// lockBound is when a reservation stops waiting for the Store's write turn
+// and for SQLite's write lock: the call's r.Deadline, or the end of r.Wait
+// (deadline) if that is later; zero when neither bounds it (a first try
+// without a Deadline waits under the connection's busy timeout).
+func lockBound(r idempotency.Reservation, deadline time.Time) time.Time {
+	by := r.Deadline
+	if r.Wait > 0 && deadline.After(by) {
+		by = deadline
+	}
+	return by
 }
 
 // handOver returns what hands a copy of rec to the waiters of a turn, or
@@ -122,44 +162,63 @@ func (s *Store) lookup(ctx context.Context, st *stmts, r idempotency.Reservation
 // the pool when it returns.
 //
 // The wait for SQLite's write lock is its busy handler's, under the
-// connection's busy timeout. With r.Wait == 0 (and not r.NoWait) that busy
-// timeout is the bound, and on a database in WAL mode it is not even read.
-// Otherwise it is read first (database/sql may hand out any connection of
-// the pool): as long as what remains of the bound is at least that busy
-// timeout, an attempt cannot overrun the bound and nothing is changed;
-// after a SQLITE_BUSY that took the whole busy timeout, BEGIN is tried
-// again. The last attempt (the bound shorter than the busy timeout,
+// connection's busy timeout. With no bound (by zero, not r.NoWait) that
+// busy timeout is the bound, and on a database in WAL mode it is not even
+// read. Otherwise it is read first (database/sql may hand out any
+// connection of the pool), except on a first try (r.Wait == 0), which
+// assumes the busy timeout read when the statements were prepared and
+// reads the connection's own only when it must lower it: as long as what
+// remains of the bound is at least that busy timeout, an attempt cannot
+// overrun the bound and nothing is changed; after a SQLITE_BUSY that took
+// the whole busy timeout, BEGIN is tried again. The last attempt (the bound shorter than the busy timeout,
 // r.NoWait, or a connection without busy timeout) runs with the busy
 // timeout set to what remains of the bound, set back before the caller's
 // statements run. (A bound by a cancellable context instead would change
 // nothing on the connection, but modernc.org/sqlite then watches the
 // context with a goroutine and a progress handler in every statement of
 // the transaction.)
-func (s *Store) reserve(ctx context.Context, st *stmts, r idempotency.Reservation, deadline time.Time) (*txn, *idempotency.Record, error) {
+func (s *Store) reserve(ctx context.Context, st *stmts, r idempotency.Reservation, by time.Time) (*txn, *idempotency.Record, error) {
 	conn, err := s.db.Conn(ctx)
 	if err != nil {
 		return nil, nil, mapError(ctx, "reserve: connection", err)
 	}
-	bounded := r.Wait > 0 || r.NoWait
+	bounded := !by.IsZero() || r.NoWait
+	// A first try (r.Wait == 0, bounded by the call's Deadline) assumes the
+	// busy timeout read when the statements were prepared, and reads the
+	// connection's own only when it has to lower it: a new key under a
+	// bound longer than the busy timeout costs no PRAGMA.
+	firstTry := r.Wait == 0 && !r.NoWait
 	orig := int64(busyUnknown)
-	if bounded || !st.wal {
-		if err := conn.QueryRowContext(ctx, "PRAGMA busy_timeout").Scan(&orig); err != nil {
+	read := func() error { return conn.QueryRowContext(ctx, "PRAGMA busy_timeout").Scan(&orig) }
+	if !st.wal || bounded && !firstTry {
+		if err := read(); err != nil {
 			_ = conn.Close()
 			return nil, nil, mapError(ctx, "reserve: busy_timeout", err)
 		}
 	}
 	for {
+		own := orig // the busy timeout the attempt runs with, unless lowered
+		if own == busyUnknown {
+			own = st.busy
+		}
 		cur := orig
 		// again: the attempt cannot overrun the bound with the
 		// connection's own busy timeout.
 		again := false
 		if bounded {
 			var wait int64
-			if r.Wait > 0 {
-				wait = waitMillis(time.Until(deadline))
+			if !r.NoWait {
+				wait = waitMillis(time.Until(by))
 			}
-			again = orig > 0 && wait >= orig
-			if !again && wait != orig {
+			again = own > 0 && wait >= own
+			if !again && wait != own {
+				if orig == busyUnknown {
+					if err := read(); err != nil {
+						_ = conn.Close()
+						return nil, nil, mapError(ctx, "reserve: busy_timeout", err)
+					}
+					continue
+				}
 				cur = wait
 				if _, err := conn.ExecContext(ctx, pragmaBusyTimeout(cur)); err != nil {
 					release(conn, orig, cur)
@@ -168,13 +227,15 @@ func (s *Store) reserve(ctx context.Context, st *stmts, r idempotency.Reservatio
 			}
 		}
 		attempt := time.Now()
+		s.lockWait.Store(attempt.UnixNano())
 		tx, won, err := s.begin(ctx, conn, st, r)
+		s.lockWait.Store(0)
 		if err != nil {
-			if again && ctx.Err() == nil && isBusy(err) && time.Since(attempt) >= time.Duration(orig)*time.Millisecond {
+			if again && ctx.Err() == nil && isBusy(err) && time.Since(attempt) >= time.Duration(own)*time.Millisecond {
 				continue // the busy timeout ran out, the bound has not
 			}
 			release(conn, orig, cur)
-			return nil, nil, waitErr(ctx, err, r, deadline)
+			return nil, nil, waitErr(ctx, err, r, by)
 		}
 		if !won {
 			rec, err := s.readLive(ctx, conn, tx, r.Key)

@@ -3,6 +3,7 @@ package sqlite
 import (
 	"context"
 	_ "embed"
+	"errors"
 	"fmt"
 	"strings"
 
@@ -43,9 +44,34 @@ func validTable(name string) error {
 func (s *Store) Schema() string { return s.schema }
 
 // Migrate creates the Store's table and index if they do not exist. It is
-// idempotent.
+// idempotent, and safe to run from several processes at once on one file:
+// it runs the DDL in a transaction that takes the write lock at BEGIN
+// (BEGIN IMMEDIATE), so the check "does the table exist" and the CREATE see
+// the same schema, and it retries SQLITE_BUSY for a while (up to 30s, while
+// ctx lives), whatever the database's busy timeout.
 func (s *Store) Migrate(ctx context.Context) error {
-	if _, err := s.db.ExecContext(ctx, s.schema); err != nil {
+	conn, err := s.db.Conn(ctx)
+	if err != nil {
+		return mapError(ctx, "migrate: connection", err)
+	}
+	defer conn.Close()
+	err = retryBusy(ctx, func() error {
+		if _, err := conn.ExecContext(ctx, "BEGIN IMMEDIATE"); err != nil {
+			return err
+		}
+		_, err := conn.ExecContext(ctx, s.schema)
+		if err == nil {
+			_, err = conn.ExecContext(ctx, "COMMIT")
+		}
+		if err != nil {
+			if _, rerr := conn.ExecContext(context.WithoutCancel(ctx), "ROLLBACK"); rerr != nil && !strings.Contains(rerr.Error(), "no transaction is active") {
+				discard(conn)
+				return errors.Join(err, rerr)
+			}
+		}
+		return err
+	})
+	if err != nil {
 		return mapError(ctx, "migrate", err)
 	}
 	return nil

@@ -37,6 +37,9 @@ type Store struct {
 	// handed to the waiters of a turn.
 	keys   keywait.Queue[idempotency.Key, *idempotency.Record]
 	writer chan struct{} // the Store's write turn: a token, capacity 1
+	// lockWait is when the holder of the write turn began to wait for
+	// SQLite's write lock (unix nanoseconds), 0 when it is not waiting.
+	lockWait atomic.Int64
 }
 
 // queries are the statements of one Store, with its table name quoted in.
@@ -53,6 +56,10 @@ type stmts struct {
 	// prepared. A COMMIT in WAL mode does not wait for readers, so
 	// Complete need not know, nor raise, the connection's busy timeout.
 	wal bool
+	// busy is the busy timeout, in milliseconds, of the connection the
+	// statements were prepared with: what a first try assumes every
+	// connection has (see Store.reserve).
+	busy int64
 }
 
 func (st *stmts) close() {
@@ -149,6 +156,10 @@ func (s *Store) statements(ctx context.Context) (*stmts, error) {
 		return nil, mapError(ctx, "journal_mode", err)
 	}
 	st.wal = strings.EqualFold(mode, "wal")
+	if err := s.db.QueryRowContext(ctx, "PRAGMA busy_timeout").Scan(&st.busy); err != nil {
+		st.close()
+		return nil, mapError(ctx, "busy_timeout", err)
+	}
 	s.prepared.Store(st)
 	return st, nil
 }

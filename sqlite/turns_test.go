@@ -49,9 +49,11 @@ func TestNoWaitReplaysTogether(t *testing.T) {
 
 // TestExternalWriterBound: a write transaction outside the Store (another
 // process, or code that writes without the Store) holds SQLite's write
-// lock. A reservation with a wait bound waits for it under that bound,
-// not under the connection's busy timeout (5s with Open, 70ms, none); one
-// without waits under that busy timeout; one with NoWait does not wait.
+// lock. A reservation with a wait bound, or a first try with the call's
+// Deadline, waits for it under that bound, not under the connection's busy
+// timeout (5s with Open, 70ms, none), then reports the key in progress
+// (the writer may hold it); one without either waits under that busy
+// timeout; one with NoWait does not wait, and reports the key in progress.
 // Each leaves that busy timeout as it was.
 func TestExternalWriterBound(t *testing.T) {
 	for _, c := range []struct {
@@ -85,20 +87,28 @@ func TestExternalWriterBound(t *testing.T) {
 			for _, c := range []struct {
 				name        string
 				wait        time.Duration
+				deadline    time.Duration // the call's Deadline, from now; 0: none
 				noWait      bool
 				want        error
 				least, most time.Duration
 			}{
 				// No wait bound: the connection's own busy timeout bounds
 				// the wait, then a busy database, a conflict to retry.
-				{"Wait0", 0, false, idempotency.ErrConflict, busy, busy + 2*time.Second},
+				{"Wait0", 0, 0, false, idempotency.ErrConflict, busy, busy + 2*time.Second},
 				// A wait bound: up to it, whatever the busy timeout.
-				{"Wait300ms", 300 * time.Millisecond, false, idempotency.ErrInProgress, 300 * time.Millisecond, 300*time.Millisecond + 2*time.Second},
-				// NoWait: a busy store, at once.
-				{"NoWait", 0, true, idempotency.ErrStore, 0, 2 * time.Second},
+				{"Wait300ms", 300 * time.Millisecond, 0, false, idempotency.ErrInProgress, 300 * time.Millisecond, 300*time.Millisecond + 2*time.Second},
+				// A first try of a call whose bound ends in 300ms: up to
+				// it too, then the key may be held (the writer outside
+				// may hold it).
+				{"Wait0Deadline300ms", 0, 300 * time.Millisecond, false, idempotency.ErrInProgress, 300 * time.Millisecond, 300*time.Millisecond + 2*time.Second},
+				// NoWait: at once, and the key may be held.
+				{"NoWait", 0, 0, true, idempotency.ErrInProgress, 0, 2 * time.Second},
 			} {
 				r := reservation(idempotency.Key{ID: "k"}, time.Now(), c.wait)
 				r.NoWait = c.noWait
+				if c.deadline > 0 {
+					r.Deadline = time.Now().Add(c.deadline)
+				}
 				start := time.Now()
 				_, _, err := f.store.Reserve(ctx, r)
 				took := time.Since(start)

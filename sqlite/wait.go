@@ -38,10 +38,9 @@ const busyUnknown = -1
 // The turn is held by callers of other keys (the key itself is this
 // caller's: see Store.keys), so not getting it is a busy database, never
 // "key in progress". With noWait it reports that at once, wrapping
-// [idempotency.ErrStore]. Otherwise it waits until deadline, or for
-// writeTurnWait if that is later (no bound if deadline is zero), while
-// ctx lives, then reports [idempotency.ErrConflict].
-func (s *Store) acquire(ctx context.Context, noWait bool, deadline time.Time) error {
+// [idempotency.ErrStore]. Otherwise it waits up to d (forever: no bound)
+// while ctx lives, then reports [idempotency.ErrConflict].
+func (s *Store) acquire(ctx context.Context, noWait bool, d time.Duration) error {
 	select {
 	case s.writer <- struct{}{}:
 		return nil
@@ -52,8 +51,7 @@ func (s *Store) acquire(ctx context.Context, noWait bool, deadline time.Time) er
 			idempotency.ErrStore)
 	}
 	var bound <-chan time.Time
-	d := max(time.Until(deadline), writeTurnWait)
-	if !deadline.IsZero() {
+	if d != forever {
 		timer := time.NewTimer(d)
 		defer timer.Stop()
 		bound = timer.C
@@ -65,27 +63,46 @@ func (s *Store) acquire(ctx context.Context, noWait bool, deadline time.Time) er
 		return fmt.Errorf("sqlite: waiting for the write turn: %w", ctx.Err())
 	case <-bound:
 		return fmt.Errorf("%w: sqlite: the database's one writer stayed busy with other keys for %v",
-			idempotency.ErrConflict, d)
+			idempotency.ErrConflict, max(d, 0).Round(time.Millisecond))
 	}
+}
+
+// forever is the bound of a wait for the write turn that only ctx ends.
+const forever = time.Duration(math.MaxInt64)
+
+// turnWait is how long a reservation waits for the Store's write turn: up
+// to by, the call's wait bound, when the call gave a Deadline; otherwise
+// for r.Wait or writeTurnWait, whichever is longer.
+func turnWait(r idempotency.Reservation, by time.Time) time.Duration {
+	if r.Deadline.IsZero() {
+		return max(r.Wait, writeTurnWait)
+	}
+	return time.Until(by)
 }
 
 // waitErr reports a reservation that did not get SQLite's write lock: the
 // error as mapError maps it (ctx's error once ctx is done), unless that is
-// a busy database ([idempotency.ErrConflict]), which is reported, with
-// r.NoWait, as a busy store (wrapping [idempotency.ErrStore]) and, with
-// r.Wait > 0 run out, as [idempotency.ErrInProgress]. An SQLITE_BUSY
-// before the bound, such as a deadlock SQLite refuses to wait for, stays a
-// conflict to retry.
-func waitErr(ctx context.Context, err error, r idempotency.Reservation, deadline time.Time) error {
+// a busy database ([idempotency.ErrConflict]) at the bound. The write lock
+// is then held by a writer outside the Store (the Store's own writers
+// queue for its write turn before they reach the lock), which may hold
+// this very key: SQLite cannot tell without waiting, since a pending
+// reservation is invisible until its commit. So with r.NoWait, and with
+// the bound by run out, it is reported as [idempotency.ErrInProgress],
+// the answer a caller of a held key gets: ask again later with the same
+// key. An SQLITE_BUSY before the bound, such as a deadlock SQLite refuses
+// to wait for, stays a conflict to retry.
+func waitErr(ctx context.Context, err error, r idempotency.Reservation, by time.Time) error {
 	werr := mapError(ctx, "reserve: waiting for the write lock", err)
 	if !errors.Is(werr, idempotency.ErrConflict) {
 		return werr
 	}
 	switch {
 	case r.NoWait:
-		return fmt.Errorf("%w: sqlite: the database's write lock is held by another writer; retry later: %w", idempotency.ErrStore, err)
-	case r.Wait > 0 && !time.Now().Add(time.Millisecond).Before(deadline):
-		return fmt.Errorf("%w: sqlite: the write lock stayed taken for %v: %w", idempotency.ErrInProgress, r.Wait, err)
+		return fmt.Errorf("%w: sqlite: key %q may be held: the database's write lock is held by another connection, which SQLite cannot see into without waiting: %w",
+			idempotency.ErrInProgress, r.Key.ID, err)
+	case !by.IsZero() && !time.Now().Add(time.Millisecond).Before(by):
+		return fmt.Errorf("%w: sqlite: key %q may be held: the database's write lock stayed held by another connection until the wait bound: %w",
+			idempotency.ErrInProgress, r.Key.ID, err)
 	}
 	return werr
 }
