@@ -72,16 +72,6 @@ func (h *handler[Tx]) fail(w http.ResponseWriter, r *http.Request, ev *Event, er
 		h.problem(w, r, ev, &Problem{Type: ProblemInProgress, Title: "A request with this " + h.c.header + " is in progress", Status: http.StatusConflict,
 			Detail: "Retry later with the same key to get its response.", Header: retryAfterHeader()})
 		return
-	case errors.Is(err, ErrWriterBypassed):
-		// The client already has the handler's answer: write nothing more.
-		ev.Outcome = OutcomeHandlerError
-		if wr, ok := w.(interface{ Status() int }); ok {
-			ev.Status = wr.Status()
-		}
-		if h.c.onError != nil {
-			h.c.onError(r, err)
-		}
-		return
 	}
 	canceled := errors.Is(err, context.Canceled) && r.Context().Err() != nil
 	if h.c.onError != nil && !canceled {

@@ -24,12 +24,18 @@ var (
 	// returns its error for echo to write later, fiber's adaptor): use the
 	// idemgin, idemecho and idemfiber packages.
 	ErrNoResponse = errors.New("idemhttp: the handler wrote no response")
-	// ErrWriterBypassed: the handler wrote its response to the
-	// ResponseWriter the middleware was given, not to the one it passed to
-	// the handler (detected when that writer has a Written() bool method,
-	// as gin's has). The response had already reached the client when the
-	// middleware saw it; the handler's writes were rolled back and nothing
-	// was stored. Use the idemgin package.
+	// ErrWriterBypassed: the handler wrote to the ResponseWriter the
+	// middleware was given instead of the one the middleware passed to it,
+	// as gin's handlers do under the usual adapter (c.Request = r;
+	// c.Next()). Detected when that writer changed while the handler ran:
+	// it reports Written() or another Status() (gin's does), or its header
+	// fields changed. The handler's writes are rolled back and nothing is
+	// stored; an answer the writer says it sent has reached the client and
+	// cannot be taken back, any other is replaced by 500 [ProblemInternal].
+	// From then on the same [Middleware] refuses every guarded request
+	// before running the handler ([ErrBypassRefused]). The error, in
+	// [Event].Err and once in [Options].OnError, says what to mount
+	// instead (idemgin, idemecho, idemfiber).
 	ErrWriterBypassed = errors.New("idemhttp: the handler wrote around the middleware's ResponseWriter")
 	// ErrResponseTooLarge: the handler's response body went past
 	// [Options].MaxResponseBody; rolled back, answered 500
@@ -53,14 +59,16 @@ var (
 // handler never runs unprotected.
 func Middleware[Tx any](g *idempotency.Guard[Tx], opts *Options) func(http.Handler) http.Handler {
 	c := newConfig(opts)
+	st := &mountState{}
 	return func(next http.Handler) http.Handler {
-		return &handler[Tx]{g: g, c: c, next: next}
+		return &handler[Tx]{g: g, c: c, st: st, next: next}
 	}
 }
 
 type handler[Tx any] struct {
 	g    *idempotency.Guard[Tx]
 	c    *config
+	st   *mountState
 	next http.Handler
 }
 
@@ -92,10 +100,6 @@ func (f *handlerFailure) Error() string {
 	return fmt.Sprintf("idemhttp: handler answered %d; rolled back, not stored", f.c.status)
 }
 
-// written is implemented by framework writers that know whether they sent
-// a response (gin.ResponseWriter).
-type written interface{ Written() bool }
-
 func (h *handler[Tx]) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	if !h.c.methods[r.Method] {
 		h.next.ServeHTTP(w, r)
@@ -126,6 +130,10 @@ func (h *handler[Tx]) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 }
 
 func (h *handler[Tx]) serve(w http.ResponseWriter, r *http.Request, values []string, ev *Event) {
+	if h.st.bypassed.Load() {
+		h.refuseBypassed(w, r, ev)
+		return
+	}
 	switch {
 	case len(values) == 0:
 		h.reject(w, r, ev, &Problem{Type: ProblemMissingKey, Title: h.c.header + " is missing", Status: http.StatusBadRequest,
@@ -184,8 +192,7 @@ func (h *handler[Tx]) serve(w http.ResponseWriter, r *http.Request, values []str
 	}
 
 	var first *capture
-	outerWritten := func() bool { ww, ok := w.(written); return ok && ww.Written() }
-	before := outerWritten()
+	outer := probeOuter(w)
 	resp, err := h.g.Do(r.Context(), key, fp, func(tx Tx) (idempotency.Response, error) {
 		// fn runs again after a retryable store conflict: every run gets a
 		// fresh writer and a fresh body.
@@ -197,10 +204,10 @@ func (h *handler[Tx]) serve(w http.ResponseWriter, r *http.Request, values []str
 		req.GetBody = func() (io.ReadCloser, error) { return io.NopCloser(bytes.NewReader(body)), nil }
 		req.ContentLength = int64(len(body))
 		h.next.ServeHTTP(cw, req)
+		if outer.touched() { // the handler wrote around cw: whatever cw holds is not what the client got
+			return idempotency.Response{}, h.newBypass(outer)
+		}
 		if cw.status == 0 { // nothing written: never store an answer the handler did not give
-			if !before && outerWritten() {
-				return idempotency.Response{}, ErrWriterBypassed
-			}
 			return idempotency.Response{}, ErrNoResponse
 		}
 		cw.finish()
@@ -220,6 +227,10 @@ func (h *handler[Tx]) serve(w http.ResponseWriter, r *http.Request, values []str
 		ev.Outcome, ev.Status = OutcomeExecuted, first.status
 		writeResponse(w, first.status, first.sent, first.body.Bytes(), false)
 	default:
+		if be, ok := errors.AsType[*bypassError](err); ok {
+			h.answerBypass(w, r, ev, outer, be)
+			return
+		}
 		h.fail(w, r, ev, err)
 	}
 }
