@@ -60,6 +60,9 @@ func (h *handler[Tx]) fail(w http.ResponseWriter, r *http.Request, ev *Event, er
 		return
 	}
 	switch {
+	case errors.Is(err, ErrBypassRefused):
+		h.refuseBypassed(w, r, ev)
+		return
 	case errors.Is(err, idempotency.ErrMismatch):
 		ev.Outcome = OutcomeMismatch
 		h.problem(w, r, ev, &Problem{Type: ProblemKeyReused, Title: h.c.header + " is already used", Status: http.StatusUnprocessableEntity,

@@ -12,8 +12,9 @@ import (
 // ErrBypassRefused: the request was refused with 500 [ProblemInternal]
 // before the handler ran, because an earlier request through the same
 // [Middleware] wrote its answer around the middleware ([ErrWriterBypassed]).
-// Nothing ran, nothing was stored. Reported in [Event].Err; [Options].OnError
-// hears about the bypass once, not about each refusal.
+// Nothing ran, nothing was stored; a key whose answer was stored before
+// is still replayed. Reported in [Event].Err; [Options].OnError hears
+// about the bypass once, not about each refusal.
 var ErrBypassRefused = errors.New("idemhttp: refused without running the handler: an earlier request wrote around this middleware's ResponseWriter")
 
 // mountState is shared by every handler one [Middleware] call wraps: an
@@ -108,24 +109,29 @@ func headerEqual(a, b http.Header) bool {
 // middleware; it matches [ErrWriterBypassed]. Its text is the loud report:
 // what happened to this request and what to mount instead.
 type bypassError struct {
-	status int  // the status the writer holds, 0 if it cannot tell
-	sent   bool // the writer says the answer went out
-	known  bool // the writer can tell whether it sent
-	hint   string
+	status  int  // the status the writer holds, 0 if it cannot tell
+	sent    bool // the writer says the answer went out
+	known   bool // the writer can tell whether it sent
+	partial bool // the handler also wrote to the capture, judged as usual
+	hint    string
 }
 
 func (e *bypassError) Error() string {
 	what := "the client may have received it unstored"
 	switch {
 	case e.sent && e.status != 0:
-		what = fmt.Sprintf("its status %d had already reached the client, unstored", e.status)
+		what = fmt.Sprintf("its status %d had already reached the client", e.status)
 	case e.sent:
-		what = "it had already reached the client, unstored"
+		what = "it had already reached the client"
 	case e.known:
 		what = "it had not been sent; the client got 500 instead"
 	}
+	done := "the handler's writes were rolled back and nothing was stored"
+	if e.partial {
+		done = "the part it wrote to the middleware's writer was stored and committed, or rolled back, as usual"
+	}
 	return "idemhttp: MISCONFIGURED: the handler wrote its answer to the ResponseWriter the middleware was given, " +
-		"around the one the middleware passed to it (" + what + "); the handler's writes were rolled back and nothing was stored. " +
+		"around the one the middleware passed to it (" + what + "); " + done + ". " +
 		e.hint + ". From now on this middleware answers every guarded request 500 without running the handler."
 }
 
@@ -160,9 +166,9 @@ func mountHint(w http.ResponseWriter) string {
 
 // newBypass records the bypass (every later request is refused) and
 // describes it.
-func (h *handler[Tx]) newBypass(p *outerProbe) *bypassError {
+func (h *handler[Tx]) newBypass(p *outerProbe, partial bool) *bypassError {
 	h.st.bypassed.Store(true)
-	e := &bypassError{hint: mountHint(p.w)}
+	e := &bypassError{hint: mountHint(p.w), partial: partial}
 	e.sent, e.known = p.sent()
 	if ws, ok := p.w.(statusReporter); ok && e.sent {
 		e.status = ws.Status()
@@ -189,7 +195,8 @@ func (h *handler[Tx]) answerBypass(w http.ResponseWriter, r *http.Request, ev *E
 		Detail: "The idempotency middleware is mounted so that it cannot see the handler's answer; the operation was rolled back."})
 }
 
-// refuseBypassed answers a request after a bypass, before anything runs.
+// refuseBypassed answers a request refused after a bypass: the handler
+// did not run, the key was released.
 func (h *handler[Tx]) refuseBypassed(w http.ResponseWriter, r *http.Request, ev *Event) {
 	ev.Outcome, ev.Err = OutcomeInternal, ErrBypassRefused
 	h.problem(w, r, ev, &Problem{Type: ProblemInternal, Title: "Idempotency middleware failed", Status: http.StatusInternalServerError,
@@ -214,3 +221,11 @@ func (h *handler[Tx]) warn(r *http.Request, err error) {
 	}
 	log.Print(err)
 }
+
+// discard is the writer of an answer that must not be written: the
+// handler's own, around the middleware, already went out.
+type discard struct{}
+
+func (discard) Header() http.Header         { return http.Header{} }
+func (discard) WriteHeader(int)             {}
+func (discard) Write(p []byte) (int, error) { return len(p), nil }

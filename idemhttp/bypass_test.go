@@ -92,6 +92,20 @@ func startBypass[Tx any](t *testing.T, e env[Tx], opts *idemhttp.Options, errorL
 	s := &bypassServer[Tx]{env: e}
 	mw := idemhttp.Middleware(e.newGuard(nil), opts)
 	adapter := http.HandlerFunc(func(outer http.ResponseWriter, r *http.Request) {
+		if r.URL.Path == "/ok" { // the same middleware, its writer used as intended
+			mw(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+				s.runs.Add(1)
+				tx, _ := idemhttp.TxFrom[Tx](r.Context())
+				key, _ := idemhttp.KeyFrom(r.Context())
+				if err := e.effect(r.Context(), tx, key.Scope+"/"+key.ID); err != nil {
+					http.Error(w, err.Error(), http.StatusInternalServerError)
+					return
+				}
+				w.WriteHeader(http.StatusCreated)
+				fmt.Fprintf(w, "ok %d", s.runs.Load())
+			})).ServeHTTP(outer, r)
+			return
+		}
 		mw(http.HandlerFunc(func(_ http.ResponseWriter, r *http.Request) {
 			s.runs.Add(1)
 			tx, ok := idemhttp.TxFrom[Tx](r.Context())
@@ -140,6 +154,9 @@ func (s *bypassServer[Tx]) effects(t *testing.T, key string) int {
 func testBypassRefusedAfter[Tx any](t *testing.T, e env[Tx]) {
 	var rp reports
 	s := startBypass(t, e, rp.options(), nil)
+	srv := &server[Tx]{Server: s.Server, env: e}
+	stored := srv.send(t, http.MethodPost, "/ok", "application/json", `{}`, "ok-1")
+	wantStatus(t, stored, http.StatusCreated)
 
 	first := s.post(t, "pay-1")
 	if first.status != http.StatusCreated {
@@ -158,9 +175,16 @@ func testBypassRefusedAfter[Tx any](t *testing.T, e env[Tx]) {
 			t.Errorf("request %d: detail %q; want it to say the request was not processed", i+2, p.Detail)
 		}
 	}
-	if n := s.runs.Load(); n != 1 {
-		t.Errorf("handler ran %d times, want 1 (the later requests are refused before it runs)", n)
+	// A key stored before the bypass is still replayed; a new key on the
+	// route mounted correctly is refused too: the state is the
+	// middleware's, whichever handler it wraps.
+	wantReplay(t, stored, srv.send(t, http.MethodPost, "/ok", "application/json", `{}`, "ok-1"))
+	wantProblem(t, srv.send(t, http.MethodPost, "/ok", "application/json", `{}`, "ok-2"), http.StatusInternalServerError, idemhttp.ProblemInternal)
+	if n := s.runs.Load(); n != 2 {
+		t.Errorf("handler ran %d times, want 2 (ok-1, then the bypass; the later requests are refused before it runs)", n)
 	}
+	srv.wantEffects(t, "/ok-1", 1)
+	srv.wantEffects(t, "/ok-2", 0)
 	for _, key := range []string{"pay-1", "pay-2"} {
 		if n := s.effects(t, key); n != 0 {
 			t.Errorf("%s: %d effects committed, want 0", key, n)
@@ -175,14 +199,18 @@ func testBypassRefusedAfter[Tx any](t *testing.T, e env[Tx]) {
 			t.Errorf("OnError's report %q does not say %q", errs[0], want)
 		}
 	}
-	if len(events) != 4 {
-		t.Fatalf("%d events, want 4", len(events))
+	if len(events) != 7 {
+		t.Fatalf("%d events, want 7", len(events))
 	}
+	if events[0].Outcome != idemhttp.OutcomeExecuted || events[5].Outcome != idemhttp.OutcomeReplayed {
+		t.Errorf("events %+v; want ok-1 executed, then replayed", events)
+	}
+	events = append(events[1:5], events[6])
 	if ev := events[0]; ev.Outcome != idemhttp.OutcomeInternal || !errors.Is(ev.Err, idemhttp.ErrWriterBypassed) || ev.Key.ID != "pay-1" {
 		t.Errorf("first event %+v; want outcome internal, ErrWriterBypassed, key pay-1", ev)
 	}
 	for _, ev := range events[1:] {
-		if ev.Outcome != idemhttp.OutcomeInternal || ev.Status != 500 || !errors.Is(ev.Err, idemhttp.ErrBypassRefused) || errors.Is(ev.Err, idemhttp.ErrWriterBypassed) {
+		if ev.Outcome != idemhttp.OutcomeInternal || ev.Status != 500 || ev.Key.ID == "" || !errors.Is(ev.Err, idemhttp.ErrBypassRefused) || errors.Is(ev.Err, idemhttp.ErrWriterBypassed) {
 			t.Errorf("later event %+v; want outcome internal, 500, ErrBypassRefused", ev)
 		}
 	}

@@ -29,9 +29,13 @@ var (
 	// as gin's handlers do under the usual adapter (c.Request = r;
 	// c.Next()). Detected when that writer changed while the handler ran:
 	// it reports Written() or another Status() (gin's does), or its header
-	// fields changed. The handler's writes are rolled back and nothing is
-	// stored; an answer the writer says it sent has reached the client and
-	// cannot be taken back, any other is replaced by 500 [ProblemInternal].
+	// fields changed. When the handler wrote nothing to the middleware's
+	// writer, its writes are rolled back and nothing is stored; an answer
+	// the writer says it sent has reached the client and cannot be taken
+	// back, any other is replaced by 500 [ProblemInternal]. When it wrote
+	// to both (an adapter that routes only some of gin's writer methods to
+	// c.Writer), the part the middleware saw is stored or rolled back as
+	// usual, and nothing more is written to a writer that says it sent.
 	// From then on the same [Middleware] refuses every guarded request
 	// before running the handler ([ErrBypassRefused]). The error, in
 	// [Event].Err and once in [Options].OnError, says what to mount
@@ -130,10 +134,6 @@ func (h *handler[Tx]) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 }
 
 func (h *handler[Tx]) serve(w http.ResponseWriter, r *http.Request, values []string, ev *Event) {
-	if h.st.bypassed.Load() {
-		h.refuseBypassed(w, r, ev)
-		return
-	}
 	switch {
 	case len(values) == 0:
 		h.reject(w, r, ev, &Problem{Type: ProblemMissingKey, Title: h.c.header + " is missing", Status: http.StatusBadRequest,
@@ -192,23 +192,37 @@ func (h *handler[Tx]) serve(w http.ResponseWriter, r *http.Request, values []str
 	}
 
 	var first *capture
+	var partial *bypassError // the handler wrote to both writers
 	outer := probeOuter(w)
 	resp, err := h.g.Do(r.Context(), key, fp, func(tx Tx) (idempotency.Response, error) {
 		// fn runs again after a retryable store conflict: every run gets a
 		// fresh writer and a fresh body.
+		if h.st.bypassed.Load() {
+			// An earlier request wrote around this middleware: running the
+			// handler could tell the client an answer that is rolled back.
+			// Stored answers are still replayed (fn does not run for them).
+			return idempotency.Response{}, ErrBypassRefused
+		}
 		cw := newCapture(w, h.c.maxResp)
-		first = cw
+		first, partial = cw, nil
 		ctx := context.WithValue(context.WithValue(r.Context(), txKey{}, tx), keyKey{}, key)
 		req := r.WithContext(ctx)
 		req.Body = io.NopCloser(bytes.NewReader(body))
 		req.GetBody = func() (io.ReadCloser, error) { return io.NopCloser(bytes.NewReader(body)), nil }
 		req.ContentLength = int64(len(body))
 		h.next.ServeHTTP(cw, req)
-		if outer.touched() { // the handler wrote around cw: whatever cw holds is not what the client got
-			return idempotency.Response{}, h.newBypass(outer)
-		}
+		touched := outer.touched()
 		if cw.status == 0 { // nothing written: never store an answer the handler did not give
+			if touched { // it went around cw, to the client
+				return idempotency.Response{}, h.newBypass(outer, false)
+			}
 			return idempotency.Response{}, ErrNoResponse
+		}
+		if touched {
+			// Part of the answer went around cw (an adapter that routes
+			// some of gin's writer methods to c.Writer): cw's answer is
+			// judged as usual, and later requests are refused.
+			partial = h.newBypass(outer, true)
 		}
 		cw.finish()
 		switch {
@@ -219,6 +233,22 @@ func (h *handler[Tx]) serve(w http.ResponseWriter, r *http.Request, values []str
 		}
 		return idempotency.Response{Status: cw.status, Header: h.c.storedHeader(cw.sent), Body: cw.body.Bytes()}, nil
 	})
+	if be, ok := errors.AsType[*bypassError](err); ok {
+		h.answerBypass(w, r, ev, outer, be)
+		return
+	}
+	if partial != nil {
+		h.warn(r, partial)
+		if partial.sent {
+			w = discard{} // what went out cannot be taken back or added to
+		}
+		defer func() {
+			ev.Err = partial
+			if partial.sent {
+				ev.Status = partial.status
+			}
+		}()
+	}
 	switch {
 	case err == nil && resp.Replayed:
 		ev.Outcome, ev.Status = OutcomeReplayed, resp.Status
@@ -227,10 +257,6 @@ func (h *handler[Tx]) serve(w http.ResponseWriter, r *http.Request, values []str
 		ev.Outcome, ev.Status = OutcomeExecuted, first.status
 		writeResponse(w, first.status, first.sent, first.body.Bytes(), false)
 	default:
-		if be, ok := errors.AsType[*bypassError](err); ok {
-			h.answerBypass(w, r, ev, outer, be)
-			return
-		}
 		h.fail(w, r, ev, err)
 	}
 }
