@@ -47,7 +47,10 @@ type outerProbe struct {
 }
 
 func probeOuter(w http.ResponseWriter) *outerProbe {
-	p := &outerProbe{w: w, header: w.Header().Clone()}
+	p := &outerProbe{w: w}
+	if h := w.Header(); len(h) > 0 { // usually empty: no copy
+		p.header = h.Clone()
+	}
 	if ww, ok := w.(written); ok {
 		p.written = ww.Written()
 	}
