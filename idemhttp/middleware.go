@@ -194,13 +194,15 @@ func (h *handler[Tx]) serve(w http.ResponseWriter, r *http.Request, values []str
 	var first *capture
 	var partial *bypassError // the handler wrote to both writers
 	outer := probeOuter(w)
+	runs := 0
 	resp, err := h.g.Do(r.Context(), key, fp, func(tx Tx) (idempotency.Response, error) {
 		// fn runs again after a retryable store conflict: every run gets a
 		// fresh writer and a fresh body.
-		if h.st.bypassed.Load() {
+		if runs++; runs == 1 && h.st.bypassed.Load() {
 			// An earlier request wrote around this middleware: running the
 			// handler could tell the client an answer that is rolled back.
 			// Stored answers are still replayed (fn does not run for them).
+			// A request already running finishes its retries.
 			return idempotency.Response{}, ErrBypassRefused
 		}
 		cw := newCapture(w, h.c.maxResp)

@@ -362,7 +362,7 @@ func TestSplitAdapter(t *testing.T) {
 		t.Errorf("abort again: %d %v; want the stored 202, replayed", again.Status, again.Header)
 	}
 	for _, route := range []string{"/abort", "/json"} {
-		wantInternal(t, route+" new key", frameworktest.Post(t, srv.URL+route, "n-1", `{}`))
+		wantInternal(t, route+" new key", frameworktest.Post(t, srv.URL+route, "n"+route, `{}`))
 	}
 	if n := runs.Load(); n != 2 {
 		t.Errorf("handler ran %d times, want 2 (j-1, a-1)", n)
