@@ -119,8 +119,9 @@ type bypassError struct {
 	hint    string
 }
 
+// Error is the report: what happened, what to mount instead.
 func (e *bypassError) Error() string {
-	what := "the client may have received it unstored"
+	what := "the writer cannot tell whether it went out; the middleware's 500 was written after it"
 	switch {
 	case e.sent && e.status != 0:
 		what = fmt.Sprintf("its status %d had already reached the client", e.status)
@@ -135,9 +136,11 @@ func (e *bypassError) Error() string {
 	}
 	return "idemhttp: MISCONFIGURED: the handler wrote its answer to the ResponseWriter the middleware was given, " +
 		"around the one the middleware passed to it (" + what + "); " + done + ". " +
-		e.hint + ". From now on this middleware answers every guarded request 500 without running the handler."
+		e.hint + ". From now on this middleware answers every guarded request 500 without running the handler " +
+		"(answers stored before are still replayed)."
 }
 
+// Unwrap returns [ErrWriterBypassed].
 func (e *bypassError) Unwrap() error { return ErrWriterBypassed }
 
 // ginWriter has the methods only gin's ResponseWriter has.
