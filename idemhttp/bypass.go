@@ -39,11 +39,17 @@ type statusReporter interface{ Status() int }
 // status, other header fields), the handler reached it around the
 // middleware: gin's c.Writer under the usual adapter (c.Request = r;
 // c.Next()). The middleware cannot intercept that writer, only notice.
+// An echo response says nothing afterwards, but calls its Before hooks
+// when it is written: the probe registers one that notes a write while
+// the handler runs.
 type outerProbe struct {
-	w       http.ResponseWriter
-	header  http.Header
-	written bool
-	status  int
+	w        http.ResponseWriter
+	header   http.Header
+	written  bool
+	status   int
+	hooked   bool        // w runs Before hooks: hookSent says whether it was written
+	running  atomic.Bool // the handler is running
+	hookSent atomic.Bool // w was written while the handler ran
 }
 
 func probeOuter(w http.ResponseWriter) *outerProbe {
@@ -57,12 +63,30 @@ func probeOuter(w http.ResponseWriter) *outerProbe {
 	if ws, ok := w.(statusReporter); ok {
 		p.status = ws.Status()
 	}
+	if ew, ok := w.(echoWriter); ok {
+		p.hooked = true
+		ew.Before(func() {
+			if p.running.Load() {
+				p.hookSent.Store(true)
+			}
+		})
+	}
 	return p
+}
+
+// serve runs the handler, watching the writer.
+func (p *outerProbe) serve(next http.Handler, w http.ResponseWriter, r *http.Request) {
+	p.running.Store(true)
+	defer p.running.Store(false)
+	next.ServeHTTP(w, r)
 }
 
 // touched reports whether the writer changed since the probe was taken.
 func (p *outerProbe) touched() bool {
 	if ww, ok := p.w.(written); ok && !p.written && ww.Written() {
+		return true
+	}
+	if p.hookSent.Load() {
 		return true
 	}
 	if ws, ok := p.w.(statusReporter); ok && ws.Status() != p.status {
@@ -72,8 +96,11 @@ func (p *outerProbe) touched() bool {
 }
 
 // sent reports whether the writer says it has sent a response: known is
-// false for a writer that cannot tell (no Written method).
+// false for a writer that cannot tell (no Written method, no Before hook).
 func (p *outerProbe) sent() (sent, known bool) {
+	if p.hooked {
+		return p.hookSent.Load(), true
+	}
 	ww, ok := p.w.(written)
 	if !ok {
 		return false, false

@@ -28,8 +28,9 @@ var (
 	// middleware was given instead of the one the middleware passed to it,
 	// as gin's handlers do under the usual adapter (c.Request = r;
 	// c.Next()). Detected when that writer changed while the handler ran:
-	// it reports Written() or another Status() (gin's does), or its header
-	// fields changed. When the handler wrote nothing to the middleware's
+	// it reports Written() or another Status() (gin's does), it ran its
+	// Before hooks (echo's does), or its header fields changed. When the
+	// handler wrote nothing to the middleware's
 	// writer, its writes are rolled back and nothing is stored; an answer
 	// the writer says it sent has reached the client and cannot be taken
 	// back, any other is replaced by 500 [ProblemInternal]. When it wrote
@@ -212,7 +213,7 @@ func (h *handler[Tx]) serve(w http.ResponseWriter, r *http.Request, values []str
 		req.Body = io.NopCloser(bytes.NewReader(body))
 		req.GetBody = func() (io.ReadCloser, error) { return io.NopCloser(bytes.NewReader(body)), nil }
 		req.ContentLength = int64(len(body))
-		h.next.ServeHTTP(cw, req)
+		outer.serve(h.next, cw, req)
 		touched := outer.touched()
 		if cw.status == 0 { // nothing written: never store an answer the handler did not give
 			if touched { // it went around cw, to the client
