@@ -60,6 +60,9 @@ func (h *handler[Tx]) fail(w http.ResponseWriter, r *http.Request, ev *Event, er
 		return
 	}
 	switch {
+	case errors.Is(err, ErrBypassRefused):
+		h.refuseBypassed(w, r, ev)
+		return
 	case errors.Is(err, idempotency.ErrMismatch):
 		ev.Outcome = OutcomeMismatch
 		h.problem(w, r, ev, &Problem{Type: ProblemKeyReused, Title: h.c.header + " is already used", Status: http.StatusUnprocessableEntity,
@@ -71,16 +74,6 @@ func (h *handler[Tx]) fail(w http.ResponseWriter, r *http.Request, ev *Event, er
 		ev.Outcome = OutcomeInProgress
 		h.problem(w, r, ev, &Problem{Type: ProblemInProgress, Title: "A request with this " + h.c.header + " is in progress", Status: http.StatusConflict,
 			Detail: "Retry later with the same key to get its response.", Header: retryAfterHeader()})
-		return
-	case errors.Is(err, ErrWriterBypassed):
-		// The client already has the handler's answer: write nothing more.
-		ev.Outcome = OutcomeHandlerError
-		if wr, ok := w.(interface{ Status() int }); ok {
-			ev.Status = wr.Status()
-		}
-		if h.c.onError != nil {
-			h.c.onError(r, err)
-		}
 		return
 	}
 	canceled := errors.Is(err, context.Canceled) && r.Context().Err() != nil

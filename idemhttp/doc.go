@@ -37,6 +37,13 @@
 //     a framework adapter that bypasses the middleware's writer produces;
 //     gin, echo and fiber have their own packages (idemgin, idemecho,
 //     idemfiber, nested modules); chi and http.ServeMux need none;
+//   - a handler that wrote to the ResponseWriter the middleware was given,
+//     around the one it passed (gin's c.Writer under the usual adapter
+//     c.Request = r; c.Next()), is rolled back, stored nothing, and is
+//     reported loudly once ([ErrWriterBypassed]); an answer that already
+//     went out cannot be taken back, so from then on that [Middleware]
+//     answers every guarded request 500 [ProblemInternal] without running
+//     the handler ([ErrBypassRefused]);
 //   - a panic rolls back and is re-raised, for net/http to recover.
 //
 // The buffering writer supports http.ResponseController's read and write
@@ -76,7 +83,8 @@
 //	422     ProblemKeyReused         the key was used with another request (method, route or body)
 //	500     ProblemResponseTooLarge  the handler's response body exceeded Options.MaxResponseBody; its writes were rolled back
 //	500     ProblemNoResponse        the handler wrote nothing; its writes were rolled back
-//	500     ProblemInternal          misconfiguration (nil guard, failing Scope, invalid scope, invalid status)
+//	500     ProblemInternal          misconfiguration (nil guard, failing Scope, invalid scope, invalid status, the handler
+//	                                 wrote around the middleware: then every later request, before the handler runs)
 //	503     ProblemStoreUnavailable  the key store failed (idempotency.ErrStore: cut connection, timeout, database
 //	                                 busy with another writer); the handler did not run or was rolled back (sent with Retry-After)
 //

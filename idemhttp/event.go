@@ -39,7 +39,10 @@ const (
 	// before an answer; nothing was stored.
 	OutcomeCanceled Outcome = "canceled"
 	// OutcomeInternal: the middleware is misconfigured (500): nil guard,
-	// failing Scope, invalid scope or status.
+	// failing Scope, invalid scope or status; a handler that wrote around
+	// the middleware ([ErrWriterBypassed]: rolled back, and Status is the
+	// handler's own when its answer had already gone out) and every
+	// request refused after it ([ErrBypassRefused]).
 	OutcomeInternal Outcome = "internal"
 )
 
@@ -53,13 +56,16 @@ type Event struct {
 	Method, Route string
 	// Outcome says how the request ended.
 	Outcome Outcome
-	// Status is the status sent to the client (0 after a panic).
+	// Status is the status sent to the client (0 after a panic, or after
+	// a handler that wrote around the middleware to a writer that does not
+	// report its status).
 	Status int
 	// Duration is the time from the middleware's start to the answer.
 	Duration time.Duration
 	// Err is the cause of an error outcome: the store's error (wrapping
 	// idempotency.ErrStore), the handler's failure, the reason of a
 	// refusal (a refused key header wraps idempotency.ErrInvalidKey). Nil
-	// for executed, replayed and not_stored.
+	// for executed, replayed and not_stored, except when the handler also
+	// wrote around the middleware: then it wraps [ErrWriterBypassed].
 	Err error
 }

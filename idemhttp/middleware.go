@@ -24,12 +24,23 @@ var (
 	// returns its error for echo to write later, fiber's adaptor): use the
 	// idemgin, idemecho and idemfiber packages.
 	ErrNoResponse = errors.New("idemhttp: the handler wrote no response")
-	// ErrWriterBypassed: the handler wrote its response to the
-	// ResponseWriter the middleware was given, not to the one it passed to
-	// the handler (detected when that writer has a Written() bool method,
-	// as gin's has). The response had already reached the client when the
-	// middleware saw it; the handler's writes were rolled back and nothing
-	// was stored. Use the idemgin package.
+	// ErrWriterBypassed: the handler wrote to the ResponseWriter the
+	// middleware was given instead of the one the middleware passed to it,
+	// as gin's handlers do under the usual adapter (c.Request = r;
+	// c.Next()). Detected when that writer changed while the handler ran:
+	// it reports Written() or another Status() (gin's does), it ran its
+	// Before hooks (echo's does), or its header fields changed. When the
+	// handler wrote nothing to the middleware's
+	// writer, its writes are rolled back and nothing is stored; an answer
+	// the writer says it sent has reached the client and cannot be taken
+	// back, any other is replaced by 500 [ProblemInternal]. When it wrote
+	// to both (an adapter that routes only some of gin's writer methods to
+	// c.Writer), the part the middleware saw is stored or rolled back as
+	// usual, and nothing more is written to a writer that says it sent.
+	// From then on the same [Middleware] refuses every guarded request
+	// before running the handler ([ErrBypassRefused]). The error, in
+	// [Event].Err and once in [Options].OnError, says what to mount
+	// instead (idemgin, idemecho, idemfiber).
 	ErrWriterBypassed = errors.New("idemhttp: the handler wrote around the middleware's ResponseWriter")
 	// ErrResponseTooLarge: the handler's response body went past
 	// [Options].MaxResponseBody; rolled back, answered 500
@@ -53,14 +64,16 @@ var (
 // handler never runs unprotected.
 func Middleware[Tx any](g *idempotency.Guard[Tx], opts *Options) func(http.Handler) http.Handler {
 	c := newConfig(opts)
+	st := &mountState{}
 	return func(next http.Handler) http.Handler {
-		return &handler[Tx]{g: g, c: c, next: next}
+		return &handler[Tx]{g: g, c: c, st: st, next: next}
 	}
 }
 
 type handler[Tx any] struct {
 	g    *idempotency.Guard[Tx]
 	c    *config
+	st   *mountState
 	next http.Handler
 }
 
@@ -91,10 +104,6 @@ type handlerFailure struct{ c *capture }
 func (f *handlerFailure) Error() string {
 	return fmt.Sprintf("idemhttp: handler answered %d; rolled back, not stored", f.c.status)
 }
-
-// written is implemented by framework writers that know whether they sent
-// a response (gin.ResponseWriter).
-type written interface{ Written() bool }
 
 func (h *handler[Tx]) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	if !h.c.methods[r.Method] {
@@ -184,24 +193,39 @@ func (h *handler[Tx]) serve(w http.ResponseWriter, r *http.Request, values []str
 	}
 
 	var first *capture
-	outerWritten := func() bool { ww, ok := w.(written); return ok && ww.Written() }
-	before := outerWritten()
+	var partial *bypassError // the handler wrote to both writers
+	outer := probeOuter(w)
+	runs := 0
 	resp, err := h.g.Do(r.Context(), key, fp, func(tx Tx) (idempotency.Response, error) {
 		// fn runs again after a retryable store conflict: every run gets a
 		// fresh writer and a fresh body.
+		if runs++; runs == 1 && h.st.bypassed.Load() {
+			// An earlier request wrote around this middleware: running the
+			// handler could tell the client an answer that is rolled back.
+			// Stored answers are still replayed (fn does not run for them).
+			// A request already running finishes its retries.
+			return idempotency.Response{}, ErrBypassRefused
+		}
 		cw := newCapture(w, h.c.maxResp)
-		first = cw
+		first, partial = cw, nil
 		ctx := context.WithValue(context.WithValue(r.Context(), txKey{}, tx), keyKey{}, key)
 		req := r.WithContext(ctx)
 		req.Body = io.NopCloser(bytes.NewReader(body))
 		req.GetBody = func() (io.ReadCloser, error) { return io.NopCloser(bytes.NewReader(body)), nil }
 		req.ContentLength = int64(len(body))
-		h.next.ServeHTTP(cw, req)
+		outer.serve(h.next, cw, req)
+		touched := outer.touched()
 		if cw.status == 0 { // nothing written: never store an answer the handler did not give
-			if !before && outerWritten() {
-				return idempotency.Response{}, ErrWriterBypassed
+			if touched { // it went around cw, to the client
+				return idempotency.Response{}, h.newBypass(outer, false)
 			}
 			return idempotency.Response{}, ErrNoResponse
+		}
+		if touched {
+			// Part of the answer went around cw (an adapter that routes
+			// some of gin's writer methods to c.Writer): cw's answer is
+			// judged as usual, and later requests are refused.
+			partial = h.newBypass(outer, true)
 		}
 		cw.finish()
 		switch {
@@ -212,6 +236,22 @@ func (h *handler[Tx]) serve(w http.ResponseWriter, r *http.Request, values []str
 		}
 		return idempotency.Response{Status: cw.status, Header: h.c.storedHeader(cw.sent), Body: cw.body.Bytes()}, nil
 	})
+	if be, ok := errors.AsType[*bypassError](err); ok {
+		h.answerBypass(w, r, ev, outer, be)
+		return
+	}
+	if partial != nil {
+		h.warn(r, partial)
+		if partial.sent {
+			w = discard{} // what went out cannot be taken back or added to
+		}
+		defer func() {
+			ev.Err = partial
+			if partial.sent {
+				ev.Status = partial.status
+			}
+		}()
+	}
 	switch {
 	case err == nil && resp.Replayed:
 		ev.Outcome, ev.Status = OutcomeReplayed, resp.Status

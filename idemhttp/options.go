@@ -178,6 +178,11 @@ type Options struct {
 	// OnError, if set, is called with the cause of every 500 and 503 the
 	// middleware answers itself (store failures included), for logging;
 	// not when the client went away (its request context was cancelled).
+	// A handler that wrote around the middleware ([ErrWriterBypassed]) is
+	// reported once per [Middleware], with what to mount instead, and the
+	// refusals that follow are not (they are in [Event].Err); without
+	// OnError that one report goes to the http.Server's ErrorLog (or, as
+	// net/http does, to the log package's standard logger).
 	OnError func(r *http.Request, err error)
 
 	// Observer, if set, is told about every guarded request once it is

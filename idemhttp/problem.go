@@ -46,7 +46,9 @@ const (
 	ProblemNoResponse = problemBase + "ProblemNoResponse"
 	// ProblemInternal (500): the middleware is misconfigured (nil guard,
 	// Scope failed or returned an invalid scope, the handler wrote an
-	// invalid status). The handler's writes, if any, were rolled back.
+	// invalid status, or it is mounted so that the handler writes around
+	// it: [ErrWriterBypassed], then [ErrBypassRefused] for every later
+	// request). The handler's writes, if any, were rolled back.
 	ProblemInternal = problemBase + "ProblemInternal"
 	// ProblemStoreUnavailable (503): the key store failed
 	// ([idempotency.ErrStore]: connection cut, timeout, a database busy

@@ -1,10 +1,16 @@
 package idemecho_test
 
 import (
+	"bytes"
+	"context"
 	"database/sql"
+	"errors"
 	"net/http"
 	"net/http/httptest"
 	"strconv"
+	"strings"
+	"sync"
+	"sync/atomic"
 	"testing"
 
 	"github.com/jackc/pgx/v5"
@@ -107,5 +113,118 @@ func TestWrapMiddlewareNotStored(t *testing.T) {
 	}
 	if env.Runs() != 2 || env.Count(t, "", "wrap-1") != 0 {
 		t.Errorf("%d runs, %d effects; want 2 runs (nothing stored) and 0 effects (rolled back)", env.Runs(), env.Count(t, "", "wrap-1"))
+	}
+}
+
+// TestWrapMiddlewareWritesThrough: echo.WrapMiddleware hands the handler
+// an echo response over the middleware's writer, so a c.JSON(201) is
+// stored and replayed; it is not taken for a bypass. Only a returned error
+// (written by echo after the middleware, TestWrapMiddlewareNotStored) is
+// lost.
+func TestWrapMiddlewareWritesThrough(t *testing.T) {
+	t.Parallel()
+	env := frameworktest.SQLite(t)
+	var bypass atomic.Int64
+	opts := &idemhttp.Options{Observer: func(_ context.Context, ev idemhttp.Event) {
+		if errors.Is(ev.Err, idemhttp.ErrWriterBypassed) || errors.Is(ev.Err, idemhttp.ErrBypassRefused) {
+			bypass.Add(1)
+		}
+	}}
+	e := echo.New()
+	e.HideBanner, e.HidePort = true, true
+	e.POST("/pay", func(c echo.Context) error {
+		env.Handlers.Run()
+		if err := env.Handlers.Effect(c.Request().Context()); err != nil {
+			return err
+		}
+		return c.JSON(http.StatusCreated, map[string]string{"status": "approved"})
+	}, echo.WrapMiddleware(idemhttp.Middleware(env.Guard(t, nil), opts)))
+	srv := httptest.NewServer(e)
+	t.Cleanup(srv.Close)
+	for _, key := range []string{"w-1", "w-2"} {
+		first := frameworktest.Post(t, srv.URL+"/pay", key, `{}`)
+		replay := frameworktest.Post(t, srv.URL+"/pay", key, `{}`)
+		if first.Status != http.StatusCreated || replay.Status != http.StatusCreated || !bytes.Equal(first.Body, replay.Body) ||
+			replay.Header.Get(idemhttp.HeaderReplayed) != "true" {
+			t.Fatalf("%s: %d %q, then %d %q; want 201, then its replay", key, first.Status, first.Body, replay.Status, replay.Body)
+		}
+		if n := env.Count(t, "", key); n != 1 {
+			t.Errorf("%s: %d effects, want 1", key, n)
+		}
+	}
+	if env.Runs() != 2 || bypass.Load() != 0 {
+		t.Errorf("%d runs, %d bypass events; want 2 runs, none", env.Runs(), bypass.Load())
+	}
+}
+
+// TestHandRolledAdapterBypass: an echo adapter written like gin's usual
+// one (c.SetRequest, but c.Response() left on echo's writer) lets the
+// handler write around the middleware: the client got 201 while the
+// payment was rolled back, on every retry. The middleware notices (echo's
+// writer ran its Before hooks while the handler ran), writes nothing after
+// the 201 that went out, reports it once naming idemecho, and refuses
+// every later request with 500 before the handler runs.
+func TestHandRolledAdapterBypass(t *testing.T) {
+	t.Parallel()
+	answers := map[string]struct {
+		answer func(echo.Context) error
+		body   string
+	}{
+		"JSON":      {func(c echo.Context) error { return c.JSON(http.StatusCreated, map[string]string{"status": "approved"}) }, `{"status":"approved"}` + "\n"},
+		"NoContent": {func(c echo.Context) error { return c.NoContent(http.StatusCreated) }, ""}, // no header field changes
+	}
+	for name, a := range answers {
+		t.Run(name, func(t *testing.T) {
+			t.Parallel()
+			env := frameworktest.SQLite(t)
+			var reports []error
+			var mu sync.Mutex
+			mw := idemhttp.Middleware(env.Guard(t, nil), &idemhttp.Options{OnError: func(_ *http.Request, err error) {
+				mu.Lock()
+				defer mu.Unlock()
+				reports = append(reports, err)
+			}})
+			adapter := func(next echo.HandlerFunc) echo.HandlerFunc {
+				return func(c echo.Context) (err error) {
+					mw(http.HandlerFunc(func(_ http.ResponseWriter, r *http.Request) {
+						c.SetRequest(r)
+						err = next(c)
+					})).ServeHTTP(c.Response(), c.Request())
+					return err
+				}
+			}
+			e := echo.New()
+			e.HideBanner, e.HidePort = true, true
+			e.POST("/pay", func(c echo.Context) error {
+				env.Handlers.Run()
+				if err := env.Handlers.Effect(c.Request().Context()); err != nil {
+					return err
+				}
+				return a.answer(c)
+			}, adapter)
+			srv := httptest.NewServer(e)
+			t.Cleanup(srv.Close)
+			first := frameworktest.Post(t, srv.URL+"/pay", "h-1", `{}`)
+			if first.Status != http.StatusCreated || string(first.Body) != a.body {
+				t.Fatalf("first: %d %q; want the 201 %q that went out around the middleware, and nothing after it", first.Status, first.Body, a.body)
+			}
+			for _, key := range []string{"h-1", "h-2"} {
+				res := frameworktest.Post(t, srv.URL+"/pay", key, `{}`)
+				if res.Status != http.StatusInternalServerError || !strings.Contains(string(res.Body), idemhttp.ProblemInternal) {
+					t.Errorf("%s: %d %q; want 500 %s", key, res.Status, res.Body, idemhttp.ProblemInternal)
+				}
+				if n := env.Count(t, "", key); n != 0 {
+					t.Errorf("%s: %d effects, want 0", key, n)
+				}
+			}
+			if env.Runs() != 1 {
+				t.Errorf("handler ran %d times, want 1", env.Runs())
+			}
+			mu.Lock()
+			defer mu.Unlock()
+			if len(reports) != 1 || !errors.Is(reports[0], idemhttp.ErrWriterBypassed) || !strings.Contains(reports[0].Error(), "idemecho.Middleware") {
+				t.Errorf("OnError got %v; want one ErrWriterBypassed naming idemecho.Middleware", reports)
+			}
+		})
 	}
 }

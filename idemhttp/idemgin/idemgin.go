@@ -4,9 +4,14 @@
 // that sets c.Request and calls c.Next() from inside the middleware's
 // handler) is wrong for idemhttp: gin's handlers write to c.Writer, which
 // is not the buffering writer the middleware gave its handler, so the
-// answer reaches the client before the transaction commits and the
-// middleware sees no answer at all (idemhttp now refuses to store that,
-// rolls back, and reports [idemhttp.ErrWriterBypassed]). [Middleware]
+// answer (201 "approved") reaches the client while the middleware, seeing
+// none, rolls the handler's writes back. idemhttp cannot intercept
+// c.Writer; it notices afterwards ([idemhttp.ErrWriterBypassed], reported
+// once to Options.OnError), and from then on that middleware answers every
+// guarded request 500 without running the handler in a transaction
+// ([idemhttp.ErrBypassRefused]). An adapter that does not c.Abort() when
+// the middleware answered lets gin run the handler anyway, after it and
+// outside any transaction: TxFrom reports false there. [Middleware]
 // replaces c.Writer for the rest of the chain, so that gin's handlers, and
 // the middleware after this one, write into the middleware's buffer:
 //
