@@ -32,7 +32,7 @@ func (s *Store) Reserve(ctx context.Context, r idempotency.Reservation) (idempot
 		return nil, nil, s.mapError(ctx, fmt.Errorf("postgres: acquire: %w", err), false)
 	}
 	if s.lookingFirst() {
-		rec, _, err := scanKey(conn.QueryRow(ctx, s.sql.lookup, r.Key.Scope, r.Key.ID, now), r.Key, now)
+		rec, _, err := scanKey(conn.QueryRow(ctx, s.sql.lookup, execMode, r.Key.Scope, r.Key.ID, now), r.Key, now)
 		if err != nil || rec != nil {
 			abandon(ctx, conn)
 			if err != nil {
@@ -71,7 +71,7 @@ func (s *Store) begin(ctx context.Context, conn *pgxpool.Conn, r idempotency.Res
 	b.BeginTx(s.txOptions)
 	s.queueLock(ctx, b, r)
 	b.Queue(s.sql.lookup, r.Key.Scope, r.Key.ID, now)
-	br := conn.SendBatch(ctx, b)
+	br := s.sendBatch(ctx, conn.Conn(), b)
 	var (
 		lk      lockResult
 		rec     *idempotency.Record
@@ -124,7 +124,7 @@ func (s *Store) beginRow(ctx context.Context, conn *pgxpool.Conn, r idempotency.
 		b.BeginTx(s.txOptions)
 		s.queueLock(ctx, b, r)
 		b.Queue(stmt, r.Key.Scope, r.Key.ID, r.Fingerprint, now, r.ExpiresAt.Truncate(time.Microsecond), lockTimeout(ctx, r.Wait))
-		br := conn.SendBatch(ctx, b)
+		br := s.sendBatch(ctx, conn.Conn(), b)
 		var (
 			lk  lockResult
 			row pgtype.TID
@@ -164,7 +164,7 @@ func (s *Store) beginRow(ctx context.Context, conn *pgxpool.Conn, r idempotency.
 		b = &pgx.Batch{}
 		b.Queue("rollback")
 		b.Queue(s.sql.lookup, r.Key.Scope, r.Key.ID, now)
-		br = conn.SendBatch(ctx, b)
+		br = s.sendBatch(ctx, conn.Conn(), b)
 		_, err = br.Exec()
 		if err == nil {
 			rec, expired, err = scanKey(br.QueryRow(), r.Key, now)
@@ -208,7 +208,7 @@ func (lk lockResult) readCommitted() bool {
 }
 
 // scanLock reads the result of the statement queueLock queued.
-func scanLock(br pgx.BatchResults, waited bool) (lockResult, error) {
+func scanLock(br *storeBatch, waited bool) (lockResult, error) {
 	var lk lockResult
 	if waited {
 		return lk, br.QueryRow().Scan(&lk.locked, &lk.isolation, nil)
