@@ -509,3 +509,29 @@ func viaBouncer(t testing.TB, dsn string, mode pgx.QueryExecMode) func(*pgxpool.
 		c.ConnConfig.DefaultQueryExecMode = mode
 	}
 }
+
+// TestPgBouncerFaults runs the fault suite (warm and cold) with its proxy
+// between the client and a PgBouncer in transaction mode whose server
+// connections last 1s: the faults hit what the store's client sees, and
+// PgBouncer must pass each on to the server (a client that is gone ends
+// its server connection's transaction, which frees the key). A partition
+// hides the client's end from PgBouncer as it would from the server: the
+// server connections run with idle_in_transaction_session_timeout (set by
+// PgBouncer's connect_query, since PgBouncer refuses it as a startup
+// parameter), which ends the stalled transaction. fn's statements run in
+// the exec mode docs/deployments.md names for them.
+func TestPgBouncerFaults(t *testing.T) {
+	dsn := startPgBouncer(t, bouncerOptions{poolSize: 10, lifetime: 1,
+		connectQuery: fmt.Sprintf("SET idle_in_transaction_session_timeout = %d", faultIdleTimeout.Milliseconds())})
+	dsn += "&default_query_exec_mode=exec"
+	upstream := faultUpstream(t, dsn)
+	conformance.RunFaultsWarmAndCold(t, conformance.FaultHarness[pgx.Tx]{
+		Upstream: upstream,
+		NewFixture: func(t testing.TB, addr, ns string) conformance.Fixture[pgx.Tx] {
+			return faultFixture(t, dsn, addr, ns, 0, addr == upstream)
+		},
+		CallTimeout:    time.Second,
+		Bound:          3 * time.Second,
+		PartitionBound: faultIdleTimeout + 1500*time.Millisecond,
+	})
+}
