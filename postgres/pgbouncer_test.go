@@ -18,6 +18,7 @@ import (
 	"time"
 
 	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/go-idempotency/idempotency"
@@ -534,4 +535,41 @@ func TestPgBouncerFaults(t *testing.T) {
 		Bound:          3 * time.Second,
 		PartitionBound: faultIdleTimeout + 1500*time.Millisecond,
 	})
+}
+
+// TestPgBouncerStatementCacheHint: fn's statements in pgx's default exec
+// mode behind a transaction pooler fail, and the error names the setting
+// to change. With one server connection, a second client's first use of a
+// statement the first client's cache prepared there is refused (42P05).
+func TestPgBouncerStatementCacheHint(t *testing.T) {
+	dsn := startPgBouncer(t, bouncerOptions{poolSize: 1, lifetime: 60})
+	ctx := testkit.Context(t, 30*time.Second)
+	f := newFixture(t, newPool(t, 2), postgres.Config{})
+	var errs []error
+	for i := range 2 {
+		s, err := postgres.New(bouncerPool(t, dsn, 1), &postgres.Config{Table: f.table})
+		if err != nil {
+			t.Fatal(err)
+		}
+		g, err := idempotency.New(s, nil)
+		if err != nil {
+			t.Fatal(err)
+		}
+		id := fmt.Sprintf("hint-%d-%s", i, testkit.Name(""))
+		_, err = g.Do(ctx, idempotency.Key{ID: id}, "fp", func(tx pgx.Tx) (idempotency.Response, error) {
+			_, err := tx.Exec(ctx, "INSERT INTO "+f.effects+" (tag) VALUES ($1)", "hint")
+			return idempotency.Response{Status: 201}, err
+		})
+		errs = append(errs, err)
+	}
+	var pgErr *pgconn.PgError
+	switch {
+	case errs[0] != nil:
+		t.Fatalf("first client: %v", errs[0])
+	case !errors.Is(errs[1], postgres.ErrStatementCacheBehindPooler) || !errors.As(errs[1], &pgErr) || pgErr.Code != "42P05":
+		t.Fatalf("second client: %v; want ErrStatementCacheBehindPooler and SQLSTATE 42P05", errs[1])
+	case !strings.Contains(errs[1].Error(), "default_query_exec_mode=exec"):
+		t.Fatalf("second client: %v; want the setting named", errs[1])
+	}
+	testkit.MustCount(t, ctx, f.count, "hint", 1)
 }
