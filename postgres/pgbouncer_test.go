@@ -273,7 +273,9 @@ func TestPgBouncerReplicas(t *testing.T) {
 				if err := tx.QueryRow(ctx, "SELECT md5(random()::text)", pgx.QueryExecModeExec).Scan(&token); err != nil {
 					return idempotency.Response{}, err
 				}
-				time.Sleep(50 * time.Millisecond)
+				// Long enough for the 10 keys to outlast a server
+				// connection's lifetime.
+				time.Sleep(150 * time.Millisecond)
 				return idempotency.Response{Status: 201, Body: []byte(token)}, nil
 			})
 			bodies[i], errs[i] = resp.Body, err
@@ -295,6 +297,9 @@ func TestPgBouncerReplicas(t *testing.T) {
 		testkit.MustCount(t, ctx, f.count, key.ID, 1)
 	}
 	t.Logf("%d calls in %v, %d failed", 2*callers*keys, time.Since(start).Round(time.Millisecond), len(failed))
+	for _, pool := range pools {
+		checkBackends(t, ctx, pool, "pooled")
+	}
 	if len(failed) > 0 {
 		t.Fatalf("%d of %d calls failed; the first:\n%s", len(failed), 2*callers*keys, strings.Join(failed[:min(len(failed), 5)], "\n"))
 	}
@@ -572,4 +577,47 @@ func TestPgBouncerStatementCacheHint(t *testing.T) {
 		t.Fatalf("second client: %v; want the setting named", errs[1])
 	}
 	testkit.MustCount(t, ctx, f.count, "hint", 1)
+}
+
+// checkBackends fails t unless every idle connection of pool that the store
+// used is judged want.
+func checkBackends(t testing.TB, ctx context.Context, pool *pgxpool.Pool, want string) {
+	t.Helper()
+	conns := pool.AcquireAllIdle(ctx)
+	defer func() {
+		for _, c := range conns {
+			c.Release()
+		}
+	}()
+	judged := 0
+	for _, c := range conns {
+		switch got := postgres.Backend(c.Conn()); got {
+		case want:
+			judged++
+		case "":
+		default:
+			t.Errorf("a connection of the pool was judged %q; want %q", got, want)
+		}
+	}
+	if judged == 0 {
+		t.Errorf("no connection of the pool judged %q (of %d idle)", want, len(conns))
+	}
+}
+
+// TestBackendJudgedDirect: on a connection to the server itself, the store
+// finds its own process id and sends its statements in the pool's mode
+// from then on (see TestRoundTrips for their count).
+func TestBackendJudgedDirect(t *testing.T) {
+	ctx := testkit.Context(t, testTimeout)
+	f := newFixture(t, newPool(t, 1), postgres.Config{})
+	g := f.guard(t, nil)
+	for range 2 {
+		if _, err := g.Do(ctx, idempotency.Key{ID: testkit.Name("direct-")}, "fp", func(tx pgx.Tx) (idempotency.Response, error) {
+			return idempotency.Response{Status: 201}, f.effect(ctx, tx, "direct")
+		}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	checkBackends(t, ctx, f.pool, "direct")
+	testkit.MustCount(t, ctx, f.count, "direct", 2)
 }

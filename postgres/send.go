@@ -13,22 +13,80 @@ import (
 
 // The store's own statements never depend on session state that a
 // transaction pooler (PgBouncer, PgCat, RDS Proxy in transaction mode) may
-// not carry from one transaction to the next: a batch of them is sent by
-// sendBatch as unnamed statements of the extended protocol, with their
-// parameters' types named and their values encoded here, in one round trip
-// and whatever the pool's DefaultQueryExecMode. (pgx sends a batch in the
-// connection's default mode, and its default, QueryExecModeCacheStatement,
-// prepares named statements once per client connection: behind a pooler
-// the next transaction may run on a server connection that does not have
-// them, or that another client already prepared them on.) A single
-// statement goes through pgx with [pgx.QueryExecModeExec], or without
-// arguments, which pgx sends with the simple protocol.
+// not carry from one transaction to the next. pgx sends a batch in the
+// connection's default exec mode, and its default,
+// QueryExecModeCacheStatement, prepares named statements once per client
+// connection: behind a pooler, the next transaction may run on a server
+// connection that does not have them, or that another client already
+// prepared them on. So until a connection is known to reach one server
+// session (see noteBackend), a batch of the store is sent by sendBatch as
+// unnamed statements of the extended protocol, with their parameters'
+// types named and their values encoded here, in one round trip, and a
+// single statement goes through pgx with [pgx.QueryExecModeExec] (or
+// without arguments, which pgx sends with the simple protocol). On a
+// connection known to be direct, pgx sends them in the pool's own mode,
+// which saves the server parsing and planning them again.
 
-// execMode is the pgx exec mode of the store's single statements.
+// execMode is the pgx exec mode of the store's single statements on a
+// connection not known to be direct.
 const execMode = pgx.QueryExecModeExec
 
-// sendBatch sends b on conn in one round trip (see above) and returns its
-// results, which the caller must Close before it uses conn again. The
+// backendKey is the key, in a connection's pgconn CustomData, of what the
+// store learnt about it: backendDirect or backendPooled.
+const backendKey = "github.com/go-idempotency/idempotency/postgres.backend"
+
+const (
+	backendDirect = 1 + iota
+	backendPooled
+)
+
+// noteBackend records, once per connection, whether conn reaches its
+// server session directly: whether pid, the process id the server reported
+// in a transaction, is the one the connection's start-up gave. A pooler
+// that shares server connections among clients answers their cancel
+// requests itself and gives them an id of its own (PgBouncer does), so the
+// two differ behind one; a TCP proxy, which keeps one client on one
+// session, passes the server's through. The first judgement stands for
+// the connection's life.
+func noteBackend(conn *pgx.Conn, pid uint32) {
+	data := conn.PgConn().CustomData()
+	if _, ok := data[backendKey]; ok {
+		return
+	}
+	if pid != 0 && pid == conn.PgConn().PID() {
+		data[backendKey] = backendDirect
+	} else {
+		data[backendKey] = backendPooled
+	}
+}
+
+// direct reports whether conn is known to reach one server session.
+func direct(conn *pgx.Conn) bool {
+	k, _ := conn.PgConn().CustomData()[backendKey].(int)
+	return k == backendDirect
+}
+
+// storeResults are the results of send, read in order.
+type storeResults interface {
+	Exec() (pgconn.CommandTag, error)
+	QueryRow() pgx.Row
+	Close() error
+	// Tx is the transaction the batch began (Batch.BeginTx with the
+	// store's TxOptions), for a batch that began one and succeeded.
+	Tx() pgx.Tx
+}
+
+// send sends b on conn in one round trip: through pgx on a connection
+// known to be direct, else with sendBatch.
+func (s *Store) send(ctx context.Context, conn *pgx.Conn, b *pgx.Batch) storeResults {
+	if direct(conn) {
+		return conn.SendBatch(ctx, b)
+	}
+	return s.sendBatch(ctx, conn, b)
+}
+
+// sendBatch sends b on conn in one round trip, as unnamed statements (see
+// above), and returns its results, which the caller must Close before it uses conn again. The
 // pool's tracer, if it traces batches, sees the batch as pgx would show it.
 // If b begins a transaction (b.BeginTx with s's TxOptions), the results'
 // Tx is that transaction.
