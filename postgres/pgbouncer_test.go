@@ -306,7 +306,8 @@ func TestPgBouncerReplicas(t *testing.T) {
 }
 
 // TestPgBouncerNoLeak runs every path of the store (a new key, a replay, fn
-// failing, a caller waiting for a key another replica holds, a take-over
+// failing, a caller waiting for a key another replica holds and then
+// replaying it or, its holder failing, running fn itself, a take-over
 // of an expired key, LookupFirst, SERIALIZABLE's pending row, Purge)
 // through a PgBouncer of two server connections, then checks, as a new
 // client of each of those server connections, that the store left nothing
@@ -384,6 +385,22 @@ func TestPgBouncerNoLeak(t *testing.T) {
 	})
 	if results[0] != nil || results[1] != nil || replayed[0] || !replayed[1] {
 		t.Fatalf("holder and waiter: %v, %v; replayed %v", results[0], results[1], replayed)
+	}
+	testkit.MustCount(t, ctx, f.count, held, 1)
+	// The same, but the holder fails: the waiter then runs fn and commits
+	// the transaction its wait began.
+	held = testkit.Name("held-")
+	testkit.Together(2, func(i int) {
+		fail := errFail
+		if i == 1 {
+			time.Sleep(100 * time.Millisecond)
+			fail = nil
+		}
+		r, err := call(guards[i], held, 400*time.Millisecond, fail)
+		results[i], replayed[i] = err, r.Replayed
+	})
+	if !errors.Is(results[0], errFail) || results[1] != nil || replayed[1] {
+		t.Fatalf("failing holder and waiter: %v, %v; replayed %v", results[0], results[1], replayed)
 	}
 	testkit.MustCount(t, ctx, f.count, held, 1)
 	// Expired: each store takes a key over, then purges.
