@@ -98,6 +98,7 @@ func (s *Store) sendBatch(ctx context.Context, conn *pgx.Conn, b *pgx.Batch) *st
 	}
 	pb := &pgconn.Batch{}
 	m := conn.TypeMap()
+	binary := []int16{pgtype.BinaryFormatCode} // every parameter and column
 	for _, q := range b.QueuedQueries {
 		values, oids, err := encodeParams(m, q.Arguments)
 		if err != nil {
@@ -111,9 +112,6 @@ func (s *Store) sendBatch(ctx context.Context, conn *pgx.Conn, b *pgx.Batch) *st
 	br.results, br.err = conn.PgConn().ExecBatch(ctx, pb).ReadAll()
 	return br
 }
-
-// binary is the format of every parameter and result column of sendBatch.
-var binary = []int16{pgtype.BinaryFormatCode}
 
 // adoptTx returns the pgx transaction of conn for the transaction that a
 // batch of sendBatch begins, without sending anything: pgx hands out a
