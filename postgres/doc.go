@@ -113,6 +113,21 @@
 // must not end the transaction with SQL of its own (COMMIT through Exec or
 // through Conn): the key would then not be held.
 //
+// # Behind a transaction pooler
+//
+// The store's own statements depend on no session state (see
+// docs/deployments.md in the repository): no SET but set_config(..., true)
+// inside a statement, transaction-scoped advisory locks only, and no named
+// prepared statement on a connection behind a pooler (PgBouncer in
+// transaction mode, PgCat, RDS Proxy), which the store recognises at the
+// connection's first reservation, without a round trip of its own: the
+// server's process id differs from the one the connection's start-up
+// reported. There it sends its batches as unnamed statements, whatever the
+// pool's default exec mode. fn's statements use the pool's mode: behind
+// such a pooler, add default_query_exec_mode=exec to the DSN. A statement
+// of fn that lost a prepared statement of pgx's cache there fails with
+// [ErrStatementCacheBehindPooler] in its chain.
+//
 // # Purge
 //
 // [Store.Purge] deletes the oldest expired rows, found through the

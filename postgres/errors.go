@@ -4,14 +4,29 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"strings"
 
 	"github.com/jackc/pgx/v5/pgconn"
 
 	"github.com/go-idempotency/idempotency"
 )
 
+// ErrStatementCacheBehindPooler is in the chain of the error of a statement
+// of fn that failed because pgx's statement cache (the pool's default,
+// [pgx.QueryExecModeCacheStatement]) prepared it on another server
+// connection: behind a transaction pooler (PgBouncer, PgCat, RDS Proxy in
+// transaction mode) each transaction may run on another server connection.
+// The server's error (SQLSTATE 26000 or 42P05) stays in the chain. The
+// transaction was rolled back, so retrying with the same key is safe, but
+// the pool needs default_query_exec_mode=exec (or cache_describe) in its
+// DSN, or PgBouncer 1.21 or later with max_prepared_statements set.
+var ErrStatementCacheBehindPooler = errors.New("postgres: a statement of fn lost the prepared statement pgx's cache made for it on another server connection (behind a transaction pooler?): " +
+	"add default_query_exec_mode=exec (or cache_describe) to the pool's DSN, or set max_prepared_statements in PgBouncer 1.21 or later")
+
 // SQLSTATE codes the store maps to the root sentinels.
 const (
+	codeInvalidStatementName = "26000" // invalid_sql_statement_name: no such prepared statement
+	codeDuplicateStatement   = "42P05" // duplicate_prepared_statement
 	codeUniqueViolation      = "23505" // unique_violation
 	codeSerializationFailure = "40001" // serialization_failure
 	codeDeadlockDetected     = "40P01" // deadlock_detected
@@ -25,6 +40,18 @@ const (
 func (s *Store) IsConflict(err error) bool {
 	var pgErr *pgconn.PgError
 	return errors.As(err, &pgErr) && (pgErr.Code == codeSerializationFailure || pgErr.Code == codeDeadlockDetected)
+}
+
+// poolerHint adds [ErrStatementCacheBehindPooler] to the chain of err if it
+// says a statement of pgx's cache (named stmtcache_...) is missing or
+// already there.
+func poolerHint(err error) error {
+	var pgErr *pgconn.PgError
+	if errors.As(err, &pgErr) && (pgErr.Code == codeInvalidStatementName || pgErr.Code == codeDuplicateStatement) &&
+		strings.Contains(pgErr.Message, `"stmtcache_`) && !errors.Is(err, ErrStatementCacheBehindPooler) {
+		return fmt.Errorf("%w: %w", ErrStatementCacheBehindPooler, err)
+	}
+	return err
 }
 
 // mapError maps an error of one of the store's own statements to the root

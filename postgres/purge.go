@@ -13,7 +13,7 @@ func (s *Store) Purge(ctx context.Context, before time.Time, limit int) (int, er
 	if limit <= 0 {
 		return 0, nil
 	}
-	tag, err := s.pool.Exec(ctx, s.sql.purge, before.Truncate(time.Microsecond), limit)
+	tag, err := s.pool.Exec(ctx, s.sql.purge, execMode, before.Truncate(time.Microsecond), limit)
 	if err != nil {
 		return 0, s.mapError(ctx, fmt.Errorf("postgres: purge: %w", err), false)
 	}

@@ -32,7 +32,11 @@ func (s *Store) Reserve(ctx context.Context, r idempotency.Reservation) (idempot
 		return nil, nil, s.mapError(ctx, fmt.Errorf("postgres: acquire: %w", err), false)
 	}
 	if s.lookingFirst() {
-		rec, _, err := scanKey(conn.QueryRow(ctx, s.sql.lookup, r.Key.Scope, r.Key.ID, now), r.Key, now)
+		args := []any{execMode, r.Key.Scope, r.Key.ID, now}
+		if direct(conn.Conn()) {
+			args = args[1:] // the pool's own exec mode is safe
+		}
+		rec, _, err := scanKey(conn.QueryRow(ctx, s.sql.lookup, args...), r.Key, now)
 		if err != nil || rec != nil {
 			abandon(ctx, conn)
 			if err != nil {
@@ -71,7 +75,7 @@ func (s *Store) begin(ctx context.Context, conn *pgxpool.Conn, r idempotency.Res
 	b.BeginTx(s.txOptions)
 	s.queueLock(ctx, b, r)
 	b.Queue(s.sql.lookup, r.Key.Scope, r.Key.ID, now)
-	br := conn.SendBatch(ctx, b)
+	br := s.send(ctx, conn.Conn(), b)
 	var (
 		lk      lockResult
 		rec     *idempotency.Record
@@ -82,6 +86,7 @@ func (s *Store) begin(ctx context.Context, conn *pgxpool.Conn, r idempotency.Res
 		lk, err = scanLock(br, r.Wait > 0)
 	}
 	if err == nil {
+		noteBackend(conn.Conn(), lk.pid)
 		rec, expired, err = scanKey(br.QueryRow(), r.Key, now)
 	}
 	if cerr := br.Close(); err == nil {
@@ -124,7 +129,7 @@ func (s *Store) beginRow(ctx context.Context, conn *pgxpool.Conn, r idempotency.
 		b.BeginTx(s.txOptions)
 		s.queueLock(ctx, b, r)
 		b.Queue(stmt, r.Key.Scope, r.Key.ID, r.Fingerprint, now, r.ExpiresAt.Truncate(time.Microsecond), lockTimeout(ctx, r.Wait))
-		br := conn.SendBatch(ctx, b)
+		br := s.send(ctx, conn.Conn(), b)
 		var (
 			lk  lockResult
 			row pgtype.TID
@@ -134,6 +139,7 @@ func (s *Store) beginRow(ctx context.Context, conn *pgxpool.Conn, r idempotency.
 			lk, err = scanLock(br, r.Wait > 0)
 		}
 		if err == nil {
+			noteBackend(conn.Conn(), lk.pid)
 			if err = br.QueryRow().Scan(&row, nil); errors.Is(err, pgx.ErrNoRows) {
 				err = nil
 			}
@@ -164,7 +170,7 @@ func (s *Store) beginRow(ctx context.Context, conn *pgxpool.Conn, r idempotency.
 		b = &pgx.Batch{}
 		b.Queue("rollback")
 		b.Queue(s.sql.lookup, r.Key.Scope, r.Key.ID, now)
-		br = conn.SendBatch(ctx, b)
+		br = s.send(ctx, conn.Conn(), b)
 		_, err = br.Exec()
 		if err == nil {
 			rec, expired, err = scanKey(br.QueryRow(), r.Key, now)
@@ -201,6 +207,7 @@ func (s *Store) queueLock(ctx context.Context, b *pgx.Batch, r idempotency.Reser
 type lockResult struct {
 	locked    bool
 	isolation string // the transaction's isolation level
+	pid       uint32 // the server's process id (pg_backend_pid)
 }
 
 func (lk lockResult) readCommitted() bool {
@@ -208,12 +215,19 @@ func (lk lockResult) readCommitted() bool {
 }
 
 // scanLock reads the result of the statement queueLock queued.
-func scanLock(br pgx.BatchResults, waited bool) (lockResult, error) {
-	var lk lockResult
+func scanLock(br storeResults, waited bool) (lockResult, error) {
+	var (
+		lk  lockResult
+		pid int32
+		err error
+	)
 	if waited {
-		return lk, br.QueryRow().Scan(&lk.locked, &lk.isolation, nil)
+		err = br.QueryRow().Scan(&lk.locked, &lk.isolation, nil, &pid)
+	} else {
+		err = br.QueryRow().Scan(&lk.locked, &lk.isolation, &pid)
 	}
-	return lk, br.QueryRow().Scan(&lk.locked, &lk.isolation)
+	lk.pid = uint32(pid)
+	return lk, err
 }
 
 // lockTimeout renders a wait bound as a lock_timeout: whole milliseconds,

@@ -14,12 +14,13 @@ type statements struct {
 
 	// tryLock takes the key's advisory lock if it is free ($1, the key's
 	// lock id) and reports whether it did, with the transaction's
-	// isolation level.
+	// isolation level and the server's process id (see noteBackend).
 	tryLock string
 	// waitLock waits for the key's advisory lock ($1) under a lock_timeout
 	// local to the statement ($2, see lockTimeout): it saves the session's
 	// lock_timeout, sets the bound, waits, then restores the saved value,
-	// so that fn's statements run under the session's own setting.
+	// so that fn's statements run under the session's own setting; it
+	// reports what tryLock does.
 	waitLock string
 	// lookup reads the key's row if it is completed or expired ($3 is now).
 	lookup string
@@ -45,11 +46,11 @@ func newStatements(table, q string) statements {
 	h := fnv.New64a()
 	h.Write([]byte("idempotency/postgres " + q))
 	st.migrate = fmt.Sprintf("SELECT pg_advisory_xact_lock(%d);\n%s", int64(h.Sum64()), schemaSQL(table, q))
-	st.tryLock = `SELECT pg_try_advisory_xact_lock($1::int8), current_setting('transaction_isolation')`
+	st.tryLock = `SELECT pg_try_advisory_xact_lock($1::int8), current_setting('transaction_isolation'), pg_backend_pid()`
 	// Each OFFSET 0 keeps a subquery apart, so that its target list is
 	// evaluated before the outer one: save, bound, wait, restore.
 	st.waitLock = `SELECT true, current_setting('transaction_isolation'),
-	set_config('lock_timeout', current_setting('idempotency.saved_lock_timeout'), true)
+	set_config('lock_timeout', current_setting('idempotency.saved_lock_timeout'), true), pg_backend_pid()
 FROM (SELECT pg_advisory_xact_lock($1::int8) FROM (SELECT set_config('lock_timeout', $2::text, true)
 	FROM (SELECT set_config('idempotency.saved_lock_timeout', current_setting('lock_timeout'), true) OFFSET 0) saved
 	OFFSET 0) bound OFFSET 0) locked`

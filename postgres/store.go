@@ -59,6 +59,7 @@ type Store struct {
 	commitSQL   string
 	schema      string
 	sql         statements
+	tracer      pgx.QueryTracer // the pool's, for the batches of sendBatch
 	// rowMode: reserve with a pending row too (see beginRow), because the
 	// transactions are REPEATABLE READ or SERIALIZABLE.
 	rowMode atomic.Bool
@@ -101,6 +102,7 @@ func New(pool *pgxpool.Pool, cfg *Config) (*Store, error) {
 		commitSQL:   "commit",
 		schema:      schemaSQL(c.Table, q),
 		sql:         newStatements(c.Table, q),
+		tracer:      pool.Config().ConnConfig.Tracer,
 	}
 	if i := strings.IndexByte(c.Table, '.'); i >= 0 {
 		s.schemaName, s.tableName = c.Table[:i], c.Table[i+1:]

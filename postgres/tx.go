@@ -132,11 +132,14 @@ func (r errRows) TypeMap() *pgtype.Map                         { return nil }
 // server): the store failed, not fn's logic, and retrying the call with
 // the same key is safe. An error after ctx ended is left as it is. Either
 // way, a connection the driver gave up on has its socket closed at once
-// (see dropIfBroken), so that the key is free while fn still runs.
+// (see dropIfBroken), so that the key is free while fn still runs. A
+// statement of pgx's cache lost behind a transaction pooler gets
+// [ErrStatementCacheBehindPooler].
 func (t *tx) storeErr(ctx context.Context, err error) error {
 	if err == nil {
 		return nil
 	}
+	err = poolerHint(err)
 	pg := t.inner.Conn().PgConn()
 	dropIfBroken(pg)
 	if ctx.Err() != nil || errors.Is(err, idempotency.ErrStore) || !pg.IsClosed() {

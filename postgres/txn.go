@@ -62,7 +62,7 @@ func (t *txn) Complete(ctx context.Context, resp idempotency.Response, expiresAt
 		b.Queue(t.s.sql.insert, t.key.Scope, t.key.ID, t.fp, resp.Status, header, resp.Body, t.now, exp)
 	}
 	b.Queue(t.s.commitSQL)
-	br := t.conn.SendBatch(ctx, b)
+	br := t.s.send(ctx, t.conn.Conn(), b)
 	var written, committed pgconn.CommandTag
 	for range b.Len() - 1 {
 		if written, err = br.Exec(); err != nil {
