@@ -516,9 +516,6 @@ func consume(dir string, env []string, r release, pkgs []string) error {
 	if _, err := run("go", "get", r.Path+"@"+r.Version); err != nil {
 		return err
 	}
-	if _, err := run("go", "mod", "tidy"); err != nil {
-		return err
-	}
 	f, err := readMod(filepath.Join(dir, "go.mod"))
 	if err != nil {
 		return err
