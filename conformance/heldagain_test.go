@@ -41,7 +41,7 @@ func (s *conflictOnceStore) Reserve(ctx context.Context, r idempotency.Reservati
 
 type conflictTxn struct{ idempotency.Txn[*sql.Tx] }
 
-func (t conflictTxn) Complete(ctx context.Context, _ idempotency.Response, _ time.Time) error {
+func (t conflictTxn) Complete(ctx context.Context, _ idempotency.Response) error {
 	if err := t.Rollback(ctx); err != nil {
 		return err
 	}
