@@ -47,8 +47,8 @@ func (s *spread) Reserve(ctx context.Context, r idempotency.Reservation) (idempo
 	return s.stores[i].Reserve(ctx, r)
 }
 
-func (s *spread) Purge(ctx context.Context, before time.Time, limit int) (int, error) {
-	return s.stores[s.node()].Purge(ctx, before, limit)
+func (s *spread) Purge(ctx context.Context, limit int) (int, error) {
+	return s.stores[s.node()].Purge(ctx, limit)
 }
 
 // IsConflict is the mysql store's: 1213 (a certification failure, or a
