@@ -58,7 +58,7 @@ func TestHeldAgainInner(t *testing.T) {
 	}
 	conformance.Run(t, conformance.Harness[*sql.Tx]{
 		NewFixture: func(t testing.TB, opts conformance.Options) conformance.Fixture[*sql.Tx] {
-			f := newFixture(t, opts.MaxConns)
+			f := newFixture(t, opts)
 			f.Store = &conflictOnceStore{KeyStore: f.Store, seen: map[idempotency.Key]bool{}}
 			return f
 		},

@@ -58,6 +58,10 @@ func (s *leaseStore) Reserve(ctx context.Context, r idempotency.Reservation) (id
 		s.mu.Lock()
 		cur := s.recs[r.Key]
 		now, clk := time.Now(), s.now()
+		if err := idempotency.CheckClock(clk); err != nil {
+			s.mu.Unlock()
+			return nil, nil, err
+		}
 		switch {
 		case cur != nil && !cur.pending && cur.rec.ExpiresAt.After(clk):
 			rec := cur.rec
