@@ -14,7 +14,7 @@ import (
 // with [ErrInvalidConfig].
 func MaxExpiry() time.Time { return time.Unix(0, math.MaxInt64).UTC() }
 
-// MinClock is the earliest clock reading [Guard.Do] accepts (1677-09-21,
+// MinClock is the earliest clock reading a store accepts (1677-09-21,
 // the earliest instant of a signed 64-bit count of Unix nanoseconds); an
 // earlier reading is refused with [ErrInvalidConfig]. Only a store's test
 // clock can be out of range; see [CheckClock].

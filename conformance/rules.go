@@ -63,7 +63,7 @@ var (
 	ruleMaxExpiry = rule{"config.go",
 		"The store's clock plus the TTL is clamped to it, so a TTL such as math.MaxInt64 means \"never expire\" on every store. A clock reading at or after it is refused with [ErrInvalidConfig]."}
 	ruleMinClock = rule{"config.go",
-		"MinClock is the earliest clock reading [Guard.Do] accepts (1677-09-21, the earliest instant of a signed 64-bit count of Unix nanoseconds); an earlier reading is refused with [ErrInvalidConfig]."}
+		"MinClock is the earliest clock reading a store accepts (1677-09-21, the earliest instant of a signed 64-bit count of Unix nanoseconds); an earlier reading is refused with [ErrInvalidConfig]."}
 	ruleMemWait = rule{"config.go",
 		"Callers of the same key in this Guard never count: they wait in memory for the one that is in the store."}
 	ruleMaxWaiters = rule{"config.go",
