@@ -75,7 +75,7 @@ type galeraFixture struct {
 	fx             testkit.Effects // on the effects table, counted through count
 }
 
-func newGaleraFixture(t testing.TB, g *Galera, maxConns int, dsnExtra string) *galeraFixture {
+func newGaleraFixture(t testing.TB, g *Galera, maxConns int, dsnExtra string, clock func() time.Time) *galeraFixture {
 	t.Helper()
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
@@ -91,7 +91,7 @@ func newGaleraFixture(t testing.TB, g *Galera, maxConns int, dsnExtra string) *g
 		}
 		db.SetMaxIdleConns(max(maxConns, 16))
 		t.Cleanup(func() { _ = db.Close() })
-		s, err := mysql.New(db, &mysql.Config{Table: f.table})
+		s, err := mysql.New(db, &mysql.Config{Table: f.table, Clock: clock})
 		if err != nil {
 			t.Fatal(err)
 		}
