@@ -8,15 +8,16 @@ import (
 )
 
 // MaxExpiry is the latest expiry a record can have: the latest instant a
-// signed 64-bit count of Unix nanoseconds can hold (2262-04-11). Now plus
-// the TTL is clamped to it, so a TTL such as math.MaxInt64 means "never
-// expire" on every store. A clock reading at or after it is refused with
-// [ErrInvalidConfig].
+// signed 64-bit count of Unix nanoseconds can hold (2262-04-11). The store's
+// clock plus the TTL is clamped to it, so a TTL such as math.MaxInt64 means
+// "never expire" on every store. A clock reading at or after it is refused
+// with [ErrInvalidConfig].
 func MaxExpiry() time.Time { return time.Unix(0, math.MaxInt64).UTC() }
 
-// MinClock is the earliest clock reading [Guard.Do] accepts (1677-09-21,
+// MinClock is the earliest clock reading a store accepts (1677-09-21,
 // the earliest instant of a signed 64-bit count of Unix nanoseconds); an
-// earlier reading is refused with [ErrInvalidConfig].
+// earlier reading is refused with [ErrInvalidConfig]. Only a store's test
+// clock can be out of range; see [CheckClock].
 func MinClock() time.Time { return time.Unix(0, math.MinInt64).UTC() }
 
 // Outcome says how a call of [Guard.Do] ended; see [Event].
@@ -71,9 +72,10 @@ type Observer func(ctx context.Context, ev Event)
 
 // Config tunes a [Guard]. The zero value (or nil) means the defaults.
 type Config struct {
-	// TTL is how long a completed key is remembered, counted from the
-	// moment its answer was committed (however long fn ran); after it the
-	// key counts as new. Expiries are clamped to [MaxExpiry], so
+	// TTL is how long a completed key is remembered, counted by the store's
+	// clock from the moment its answer was committed (however long fn
+	// ran); after it the key counts as new. The application's clock never
+	// judges expiry (see [KeyStore]). Expiries are clamped to [MaxExpiry], so
 	// math.MaxInt64 means "never". Defaults to 24h.
 	TTL time.Duration
 	// WaitTimeout bounds how long Do waits for another caller holding the
@@ -123,8 +125,6 @@ type Config struct {
 	PurgePause time.Duration
 	// Observer, if set, is told about every call's outcome.
 	Observer Observer
-	// Now is the clock. Defaults to time.Now.
-	Now func() time.Time
 }
 
 // Defaults of [Config].
@@ -179,9 +179,6 @@ func New[Tx any](store KeyStore[Tx], cfg *Config) (*Guard[Tx], error) {
 	}
 	if c.PurgeBatch == 0 {
 		c.PurgeBatch = DefaultPurgeBatch
-	}
-	if c.Now == nil {
-		c.Now = time.Now
 	}
 	var waiters chan struct{} // nil: no bound
 	switch {

@@ -16,11 +16,11 @@ import (
 type fakeStore struct {
 	mu        sync.Mutex
 	reserved  []Reservation
-	completed []time.Time // expiresAt of each Complete
+	completed int // calls of Complete
 	rolled    int
 	rec       *Record
 	err       error
-	purge     func(before time.Time, limit int) (int, error)
+	purge     func(limit int) (int, error)
 }
 
 type fakeTxn struct{ s *fakeStore }
@@ -38,16 +38,16 @@ func (s *fakeStore) Reserve(_ context.Context, r Reservation) (Txn[int], *Record
 	return fakeTxn{s}, nil, nil
 }
 
-func (s *fakeStore) Purge(_ context.Context, before time.Time, limit int) (int, error) {
-	return s.purge(before, limit)
+func (s *fakeStore) Purge(_ context.Context, limit int) (int, error) {
+	return s.purge(limit)
 }
 
 func (t fakeTxn) Tx() int { return 0 }
 
-func (t fakeTxn) Complete(_ context.Context, _ Response, expiresAt time.Time) error {
+func (t fakeTxn) Complete(_ context.Context, _ Response) error {
 	t.s.mu.Lock()
 	defer t.s.mu.Unlock()
-	t.s.completed = append(t.s.completed, expiresAt)
+	t.s.completed++
 	return nil
 }
 
@@ -72,7 +72,7 @@ func TestNewDefaults(t *testing.T) {
 	c := g.cfg
 	if c.TTL != DefaultTTL || c.WaitTimeout != DefaultWaitTimeout || c.MaxRetries != DefaultMaxRetries ||
 		c.RetryBackoff != DefaultRetryBackoff || c.PurgeBatch != DefaultPurgeBatch || c.MaxWaiters != DefaultMaxWaiters ||
-		c.Now == nil || cap(g.waiters) != DefaultMaxWaiters {
+		cap(g.waiters) != DefaultMaxWaiters {
 		t.Fatalf("defaults: got %+v (waiter slots %d)", c, cap(g.waiters))
 	}
 	if DefaultTTL != 24*time.Hour || DefaultWaitTimeout != 30*time.Second || DefaultMaxRetries != 10 ||
@@ -122,8 +122,8 @@ func TestExpiryClamp(t *testing.T) {
 		{room + 1, MaxExpiry()},
 		{math.MaxInt64, MaxExpiry()},
 	} {
-		if got := expiry(now, c.ttl); !got.Equal(c.want) {
-			t.Errorf("expiry(now, %v) = %v, want %v", c.ttl, got, c.want)
+		if got := Expiry(now, c.ttl); !got.Equal(c.want) {
+			t.Errorf("Expiry(now, %v) = %v, want %v", c.ttl, got, c.want)
 		}
 	}
 	if !MaxExpiry().Equal(time.Unix(0, math.MaxInt64)) || !MinClock().Equal(time.Unix(0, math.MinInt64)) {
@@ -159,12 +159,14 @@ func TestStatusRange(t *testing.T) {
 		if valid != (err == nil) || (!valid && !errors.Is(err, ErrInvalidResponse)) {
 			t.Errorf("status %d: err %v, want valid=%v", status, err, valid)
 		}
-		if valid != (len(s.completed) == 1) || valid == (s.rolled == 1) {
-			t.Errorf("status %d: %d completes, %d rollbacks", status, len(s.completed), s.rolled)
+		if valid != (s.completed == 1) || valid == (s.rolled == 1) {
+			t.Errorf("status %d: %d completes, %d rollbacks", status, s.completed, s.rolled)
 		}
 	}
 }
 
+// TestClockRange: the readings a store's test clock may give, and the
+// clamp of an expiry to MaxExpiry.
 func TestClockRange(t *testing.T) {
 	for _, c := range []struct {
 		now   time.Time
@@ -175,37 +177,48 @@ func TestClockRange(t *testing.T) {
 		{MaxExpiry().Add(-1), true},
 		{MaxExpiry(), false},
 	} {
-		s := &fakeStore{}
-		g := mustNew(t, s, &Config{Now: func() time.Time { return c.now }})
-		_, err := g.Do(context.Background(), Key{ID: "k"}, "fp", func(int) (Response, error) { return Response{Status: 200}, nil })
-		if c.valid != (err == nil) || (!c.valid && (!errors.Is(err, ErrInvalidConfig) || len(s.reserved) != 0)) {
-			t.Errorf("clock %v: err %v, %d reservations; want valid=%v, nothing asked of the store when invalid",
-				c.now, err, len(s.reserved), c.valid)
+		err := CheckClock(c.now)
+		if c.valid != (err == nil) || (!c.valid && !errors.Is(err, ErrInvalidConfig)) {
+			t.Errorf("CheckClock(%v) = %v; want valid=%v", c.now, err, c.valid)
+		}
+	}
+	now := time.Date(2026, 12, 1, 0, 0, 0, 0, time.UTC)
+	for _, c := range []struct {
+		now  time.Time
+		ttl  time.Duration
+		want time.Time
+	}{
+		{now, time.Hour, now.Add(time.Hour)},
+		{now, math.MaxInt64, MaxExpiry()},
+		{MaxExpiry().Add(-time.Second), time.Hour, MaxExpiry()},
+		{MinClock(), math.MaxInt64, MinClock().Add(math.MaxInt64)},
+		{now, -1, now},
+	} {
+		if got := Expiry(c.now, c.ttl); !got.Equal(c.want) {
+			t.Errorf("Expiry(%v, %v) = %v, want %v", c.now, c.ttl, got, c.want)
 		}
 	}
 }
 
-// TestReservationFields: what the core tells the store, and the expiry it
-// completes with (counted from completion, not from the reservation).
+// TestReservationFields: what the core tells the store: the TTL, never a
+// clock reading (the store's clock judges expiry), and the call's wait
+// deadline.
 func TestReservationFields(t *testing.T) {
-	start := time.Date(2026, 12, 1, 0, 0, 0, 0, time.UTC)
-	now := start
 	s := &fakeStore{}
-	g := mustNew(t, s, &Config{TTL: time.Hour, NoWait: true, Now: func() time.Time { return now }})
+	g := mustNew(t, s, &Config{TTL: time.Hour, NoWait: true})
 	_, err := g.Do(context.Background(), Key{Scope: "s", ID: "k"}, "fp", func(int) (Response, error) {
-		now = now.Add(3 * time.Hour) // fn slower than the TTL
 		return Response{Status: 201}, nil
 	})
 	if err != nil {
 		t.Fatal(err)
 	}
 	r := s.reserved[0]
-	if r.Key != (Key{Scope: "s", ID: "k"}) || r.Fingerprint != "fp" || !r.Now.Equal(start) ||
-		!r.ExpiresAt.Equal(start.Add(time.Hour)) || r.Wait != 0 || !r.NoWait {
-		t.Fatalf("reservation %+v", r)
+	if left := time.Until(r.Deadline); left <= 0 || left > g.cfg.WaitTimeout {
+		t.Fatalf("reservation's Deadline %v: want within WaitTimeout (%v) from now", r.Deadline, g.cfg.WaitTimeout)
 	}
-	if want := start.Add(4 * time.Hour); len(s.completed) != 1 || !s.completed[0].Equal(want) {
-		t.Fatalf("completed with %v, want %v (completion + TTL)", s.completed, want)
+	r.Deadline = time.Time{} // a monotonic reading, checked above
+	if want := (Reservation{Key: Key{Scope: "s", ID: "k"}, Fingerprint: "fp", TTL: time.Hour, NoWait: true}); r != want || s.completed != 1 {
+		t.Fatalf("reservation %+v, %d completions; want %+v, 1", r, s.completed, want)
 	}
 }
 
@@ -241,7 +254,7 @@ func TestStoreErrorsGetErrStore(t *testing.T) {
 
 func TestPurgeRetriesConflicts(t *testing.T) {
 	calls := 0
-	s := &fakeStore{purge: func(_ time.Time, limit int) (int, error) {
+	s := &fakeStore{purge: func(limit int) (int, error) {
 		calls++
 		switch calls {
 		case 1:
@@ -257,7 +270,7 @@ func TestPurgeRetriesConflicts(t *testing.T) {
 		t.Fatalf("Purge = %d, %v after %d batches; want 11, nil after 4", n, err, calls)
 	}
 	calls = 0
-	s.purge = func(time.Time, int) (int, error) { calls++; return 0, fmt.Errorf("%w: busy", ErrConflict) }
+	s.purge = func(int) (int, error) { calls++; return 0, fmt.Errorf("%w: busy", ErrConflict) }
 	g = mustNew(t, s, &Config{MaxRetries: 2, RetryBackoff: time.Microsecond})
 	if _, err := g.Purge(context.Background()); !errors.Is(err, ErrConflict) || calls != 3 {
 		t.Fatalf("Purge = %v after %d batches; want ErrConflict after 3", err, calls)
@@ -449,7 +462,7 @@ func TestPurgePause(t *testing.T) {
 		{-1, 4 * batch},
 	} {
 		calls := 0
-		s := &fakeStore{purge: func(_ time.Time, limit int) (int, error) {
+		s := &fakeStore{purge: func(limit int) (int, error) {
 			calls++
 			time.Sleep(batch)
 			if calls <= 3 {
@@ -465,7 +478,7 @@ func TestPurgePause(t *testing.T) {
 		}
 	}
 	// A pause ends with ctx.
-	s := &fakeStore{purge: func(_ time.Time, limit int) (int, error) { return limit, nil }}
+	s := &fakeStore{purge: func(limit int) (int, error) { return limit, nil }}
 	g := mustNew(t, s, &Config{PurgeBatch: 10, PurgePause: time.Hour})
 	ctx, cancel := context.WithTimeout(context.Background(), 50*time.Millisecond)
 	defer cancel()

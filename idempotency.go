@@ -106,8 +106,8 @@ type Guard[Tx any] struct {
 //     ctx bounds the wait too. Callers of one key in this Guard wait in
 //     memory for the one among them that is in the store, and are handed
 //     its answer; see [Config.MaxWaiters] for waits inside the store.
-//  5. A completed key is remembered for [Config.TTL] after it completed;
-//     then it counts as new.
+//  5. A completed key is remembered for [Config.TTL] after it completed,
+//     by the store's clock; then it counts as new.
 //  6. Store conflicts ([ErrConflict]) are retried with a short backoff, up
 //     to [Config.MaxRetries] times and, while fn has not run, within
 //     [Config.WaitTimeout]: the wait bound covers the whole call, every
@@ -268,12 +268,7 @@ func (g *Guard[Tx]) attempt(ctx context.Context, c *call, key Key, fp string, de
 	if err := ctx.Err(); err != nil {
 		return Response{}, err
 	}
-	now := g.cfg.Now()
-	if now.Before(MinClock()) || !now.Before(MaxExpiry()) {
-		return Response{}, fmt.Errorf("%w: clock reading %v outside %v..%v", ErrInvalidConfig, now, MinClock(), MaxExpiry())
-	}
-	r := Reservation{Key: key, Fingerprint: fp, Now: now, ExpiresAt: expiry(now, g.cfg.TTL), NoWait: g.cfg.NoWait}
-	r.Deadline = deadline
+	r := Reservation{Key: key, Fingerprint: fp, TTL: g.cfg.TTL, NoWait: g.cfg.NoWait, Deadline: deadline}
 	txn, rec, err := g.store.Reserve(ctx, r)
 	if wait := time.Until(deadline); errors.Is(err, ErrInProgress) && !g.cfg.NoWait && wait > 0 {
 		if !g.takeWaiter() {
@@ -309,11 +304,6 @@ func (g *Guard[Tx]) attempt(ctx context.Context, c *call, key Key, fp string, de
 	return resp, err
 }
 
-// expiry is now plus ttl, clamped to [MaxExpiry].
-func expiry(now time.Time, ttl time.Duration) time.Time {
-	return now.Add(min(ttl, MaxExpiry().Sub(now)))
-}
-
 // run calls fn on a won reservation and ends the transaction: Complete on
 // success, Rollback on an error or a panic (re-raised). An error of fn comes
 // back as an fnError.
@@ -338,7 +328,7 @@ func (g *Guard[Tx]) run(ctx context.Context, txn Txn[Tx], fn func(Tx) (Response,
 		return Response{}, fnError{err, err}
 	}
 	resp.Replayed = false
-	if err := txn.Complete(ctx, resp, expiry(g.cfg.Now(), g.cfg.TTL)); err != nil {
+	if err := txn.Complete(ctx, resp); err != nil {
 		return Response{}, err
 	}
 	return resp, nil
@@ -362,7 +352,7 @@ func sleep(ctx context.Context, d time.Duration) error {
 	}
 }
 
-// Purge deletes expired keys in batches of [Config.PurgeBatch], each its own
+// Purge deletes the keys expired by the store's clock in batches of [Config.PurgeBatch], each its own
 // short transaction, until a batch comes back short or ctx ends, pausing
 // between batches as [Config.PurgePause] says. A batch that meets a store
 // conflict ([ErrConflict]) is retried like a call of [Guard.Do] (up to
@@ -370,11 +360,10 @@ func sleep(ctx context.Context, d time.Duration) error {
 // deleted.
 func (g *Guard[Tx]) Purge(ctx context.Context) (int, error) {
 	total := 0
-	before := g.cfg.Now()
 	conflicts := 0
 	for {
 		start := time.Now()
-		n, err := g.store.Purge(ctx, before, g.cfg.PurgeBatch)
+		n, err := g.store.Purge(ctx, g.cfg.PurgeBatch)
 		took := time.Since(start)
 		total += n
 		if err != nil && errors.Is(err, ErrConflict) && conflicts < g.cfg.MaxRetries && ctx.Err() == nil {

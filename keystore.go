@@ -2,6 +2,7 @@ package idempotency
 
 import (
 	"context"
+	"fmt"
 	"net/http"
 	"time"
 )
@@ -11,8 +12,20 @@ import (
 // runs on the very transaction that holds the key.
 //
 // The core owns the protocol: validation, fingerprint comparison, retries of
-// [ErrConflict], TTL arithmetic, the observer. A backend owns only its
-// transaction type and these storage primitives.
+// [ErrConflict], the observer. A backend owns its transaction type, these
+// storage primitives and the clock that judges expiry.
+//
+// Which clock decides: the store's own. Every expiry is judged by one clock
+// that every instance of a service shares, the store's (the database
+// server's or Redis's), never by the application's: "expired" means
+// expires_at <= the store's clock now, a completed record expires the TTL
+// after the store's clock at completion, and Purge deletes what the store's
+// clock says has expired. A lease (Redis PX/PEXPIRE) is judged by the store
+// too, so instances whose clocks disagree by hours still agree on every
+// record and every lease. A store may offer a clock for tests in its
+// configuration (a func() time.Time it reads instead of its own, sent with
+// each statement); it is never for production, where every instance would
+// need the very same one.
 //
 // Rules every implementation follows:
 //
@@ -47,7 +60,10 @@ import (
 //   - Times are kept to at least millisecond precision, rounding down, for
 //     every clock reading the core accepts, from [MinClock]() to
 //     [MaxExpiry]: a record never outlives its expiry, and a record that
-//     expires at MaxExpiry() never expires.
+//     expires at MaxExpiry() never expires. A store given a test clock
+//     refuses a reading outside that range with [ErrInvalidConfig] before
+//     it writes anything ([CheckClock]), and clamps every expiry to
+//     MaxExpiry ([Expiry]).
 //   - A store that holds keys by lease (a reservation that can run out while
 //     fn runs, as on Redis) refuses Complete from an owner whose lease ran
 //     out and was taken over: it returns [ErrLeaseLost] and applies nothing
@@ -76,7 +92,7 @@ type KeyStore[Tx any] interface {
 	// It has exactly three successful outcomes:
 	//
 	//   - (txn, nil, nil): no live record existed (none at all, or only one
-	//     whose ExpiresAt <= r.Now); a record for r.Key with r.Fingerprint is
+	//     whose ExpiresAt <= the store's clock now); a record for r.Key with r.Fingerprint is
 	//     now held by txn's open transaction, which the caller ends with
 	//     Complete or Rollback. Other callers of the same key cannot take it
 	//     until then. On the SQL stores the reservation is a row inserted under
@@ -104,14 +120,14 @@ type KeyStore[Tx any] interface {
 	// reservation: it is returned, never taken over.
 	Reserve(ctx context.Context, r Reservation) (Txn[Tx], *Record, error)
 
-	// Purge deletes at most limit records whose ExpiresAt <= before, in one
-	// short transaction of its own (one connection), and reports how many it
-	// deleted. Records held by an open transaction are never deleted, and
+	// Purge deletes at most limit records whose ExpiresAt <= the store's
+	// clock now, in one short transaction of its own (one connection), and
+	// reports how many it deleted. Records held by an open transaction are never deleted, and
 	// never waited for, except on a store with one writer at a time for the
 	// whole database (SQLite), where Purge queues for the write lock like
 	// every writer, while ctx lives. A backend whose records expire by
 	// themselves may return 0.
-	Purge(ctx context.Context, before time.Time, limit int) (int, error)
+	Purge(ctx context.Context, limit int) (int, error)
 }
 
 // Txn is a reservation held in an open transaction, returned by
@@ -125,7 +141,8 @@ type Txn[Tx any] interface {
 	// without its effect nor a second run: after fn's rollback, Complete
 	// fails and the key is free; after fn's commit, the key holds fn's
 	// answer or stays held (Reserve reports [ErrInProgress]) until the
-	// reservation's provisional expiry, [Reservation].ExpiresAt. A store may
+	// reservation's provisional expiry, the store's clock at the reservation
+	// plus [Reservation].TTL. A store may
 	// instead refuse fn's Commit and Rollback, as package postgres refuses
 	// Commit.
 	Tx() Tx
@@ -142,17 +159,17 @@ type Txn[Tx any] interface {
 	// it either commits nothing and returns an error with ctx.Err() in its
 	// chain, or commits everything and returns nil.
 	//
-	// expiresAt is the completed record's expiry, to be stored in place of
-	// the reservation's: the core's clock at completion plus the TTL, so a
-	// slow call is remembered for the whole TTL after it answered. It is
-	// never after [MaxExpiry]. A store keeps it to at least millisecond
+	// The completed record's expiry, stored in place of the reservation's,
+	// is the store's clock at completion plus [Reservation].TTL, clamped to
+	// [MaxExpiry] (see [Expiry]), so a slow call is remembered for the whole
+	// TTL after it answered. A store keeps it to at least millisecond
 	// precision, rounding down. After it returns, whatever the error, the
 	// transaction is over for the caller and the connection released (the
 	// server may still finish a COMMIT whose reply was lost: a retry of the
 	// key waits for it, then replays). A commit that fails with a retryable conflict
 	// wraps [ErrConflict]; a backend that can tell that it lost the key
 	// (an expired lease taken over) returns [ErrLeaseLost].
-	Complete(ctx context.Context, resp Response, expiresAt time.Time) error
+	Complete(ctx context.Context, resp Response) error
 
 	// Rollback abandons the transaction: the reservation and every effect
 	// done through Tx are discarded and the key is free again. It releases
@@ -166,13 +183,12 @@ type Txn[Tx any] interface {
 type Reservation struct {
 	Key         Key
 	Fingerprint string
-	// Now is the core's clock reading for this attempt; records whose
-	// ExpiresAt <= Now count as absent.
-	Now time.Time
-	// ExpiresAt is Now plus the TTL (at most [MaxExpiry]): a provisional
-	// expiry a store may keep with the pending reservation. The completed
-	// record's expiry is the one given to [Txn.Complete].
-	ExpiresAt time.Time
+	// TTL is how long the completed record is remembered, counted by the
+	// store's clock from its completion ([Txn.Complete]); records whose
+	// ExpiresAt <= the store's clock now count as absent. A store may keep
+	// the store's clock now plus TTL (clamped with [Expiry]) as the pending
+	// reservation's provisional expiry. At least 1ms.
+	TTL time.Duration
 	// Wait bounds how long Reserve may wait for a key another caller holds;
 	// zero means do not wait.
 	Wait time.Duration
@@ -203,8 +219,31 @@ type Record struct {
 	Status      int
 	Header      http.Header
 	Body        []byte
-	CreatedAt   time.Time
-	ExpiresAt   time.Time
+	// CreatedAt is the store's clock when the key was reserved (at least
+	// to the millisecond, rounding down).
+	CreatedAt time.Time
+	// ExpiresAt is the store's clock at completion plus the TTL, clamped
+	// to [MaxExpiry]: the record is absent once the store's clock reaches
+	// it.
+	ExpiresAt time.Time
+}
+
+// Expiry is now plus ttl, clamped to [MaxExpiry]: the expiry a store
+// gives a record completed at now (its own clock) with [Reservation].TTL.
+// A negative ttl counts as zero.
+func Expiry(now time.Time, ttl time.Duration) time.Time {
+	return now.Add(max(0, min(ttl, MaxExpiry().Sub(now))))
+}
+
+// CheckClock returns an error wrapping [ErrInvalidConfig] unless now is a
+// clock reading the contract covers, from [MinClock]() to just before
+// [MaxExpiry](). A store that reads a test clock calls it on every reading
+// before it writes anything.
+func CheckClock(now time.Time) error {
+	if now.Before(MinClock()) || !now.Before(MaxExpiry()) {
+		return fmt.Errorf("%w: clock reading %v outside %v..%v", ErrInvalidConfig, now, MinClock(), MaxExpiry())
+	}
+	return nil
 }
 
 // Response builds the replayed [Response] held by rec.

@@ -9,9 +9,9 @@ import (
 )
 
 func (s *suite[Tx]) purge(t *testing.T) {
-	e := s.setup(t, Options{})
 	clk := newClock()
-	g := e.guard(&idempotency.Config{TTL: time.Hour, Now: clk.Now, PurgeBatch: 7})
+	e := s.setupClock(t, Options{}, clk)
+	g := e.guard(&idempotency.Config{TTL: time.Hour, PurgeBatch: 7})
 	old := make([]idempotency.Key, 25)
 	for i := range old {
 		old[i] = idempotency.Key{ID: uniq("old")}
@@ -63,9 +63,9 @@ func (s *suite[Tx]) purge(t *testing.T) {
 // an expired record, whose provisional expiries are past; Purge neither
 // deletes them nor (except on SerialWriters stores) waits for them.
 func (s *suite[Tx]) purgeSkipsHeld(t *testing.T) {
-	e := s.setup(t, Options{})
 	clk := newClock()
-	g := e.guard(&idempotency.Config{TTL: time.Hour, Now: clk.Now})
+	e := s.setupClock(t, Options{}, clk)
+	g := e.guard(&idempotency.Config{TTL: time.Hour})
 	old := idempotency.Key{ID: uniq("old")}
 	e.executes(g, old, "old", "first call")
 	gone := make([]idempotency.Key, 3) // expired and not held: Purge deletes them

@@ -79,8 +79,7 @@ func (s *suite[Tx]) invalidResponse(t *testing.T) {
 
 // reservation is what the core would ask Reserve for a new key now.
 func reservation(key idempotency.Key, wait time.Duration) idempotency.Reservation {
-	now := time.Now()
-	return idempotency.Reservation{Key: key, Fingerprint: "fp", Now: now, ExpiresAt: now.Add(time.Hour), Wait: wait}
+	return idempotency.Reservation{Key: key, Fingerprint: "fp", TTL: time.Hour, Wait: wait}
 }
 
 // freeBound is how long a key may stay held after its holder ended: none
@@ -150,7 +149,7 @@ func (s *suite[Tx]) completeCancelled(t *testing.T) {
 	cancel()
 	resp := created(tag, 1)
 	var cerr error
-	within(t, 10*time.Second, "Complete with a cancelled ctx", func() { cerr = txn.Complete(ctx, resp, r.ExpiresAt) })
+	within(t, 10*time.Second, "Complete with a cancelled ctx", func() { cerr = txn.Complete(ctx, resp) })
 	n := e.counted(tag)
 	if cerr == nil {
 		if n != 1 {

@@ -11,9 +11,9 @@ import (
 )
 
 func (s *suite[Tx]) ttlExpiry(t *testing.T) {
-	e := s.setup(t, Options{})
 	clk := newClock()
-	g := e.guard(&idempotency.Config{TTL: time.Hour, Now: clk.Now})
+	e := s.setupClock(t, Options{}, clk)
+	g := e.guard(&idempotency.Config{TTL: time.Hour})
 	key := idempotency.Key{ID: uniq("k")}
 	var calls atomic.Int64
 	fn := e.effectFn("payment", &calls)
@@ -138,13 +138,13 @@ func (s *suite[Tx]) ttlFromCompletion(t *testing.T) {
 	}
 }
 
-// ttlFromCompletionClock is the same on the injected clock.
+// ttlFromCompletionClock is the same on the store's test clock.
 func (s *suite[Tx]) ttlFromCompletionClock(t *testing.T) {
-	e := s.setup(t, Options{})
 	const ttl = time.Second
 	clk := newClock()
+	e := s.setupClock(t, Options{}, clk)
 	start := clk.Now()
-	cfg := &idempotency.Config{TTL: ttl, Now: clk.Now}
+	cfg := &idempotency.Config{TTL: ttl}
 	g := e.guard(cfg)
 	key, tag := idempotency.Key{ID: uniq("k")}, uniq("slow")
 	release := make(chan struct{})
@@ -194,7 +194,8 @@ func (s *suite[Tx]) ttlExtremes(t *testing.T) {
 	}
 	t.Run("Never", func(t *testing.T) {
 		clk := newClock()
-		g := e.guard(&idempotency.Config{TTL: math.MaxInt64, Now: clk.Now})
+		e := s.setupClock(t, Options{}, clk)
+		g := e.guard(&idempotency.Config{TTL: math.MaxInt64})
 		key, tag := idempotency.Key{ID: uniq("never")}, uniq("never")
 		resp := e.executes(g, key, tag, "TTL math.MaxInt64, first call")
 		e.replays(g, key, resp, "TTL math.MaxInt64, at once")
@@ -206,7 +207,8 @@ func (s *suite[Tx]) ttlExtremes(t *testing.T) {
 	})
 	t.Run("OneMillisecond", func(t *testing.T) {
 		clk := newClock()
-		g := e.guard(&idempotency.Config{TTL: time.Millisecond, Now: clk.Now})
+		e := s.setupClock(t, Options{}, clk)
+		g := e.guard(&idempotency.Config{TTL: time.Millisecond})
 		key, tag := idempotency.Key{ID: uniq("ms")}, uniq("ms")
 		resp := e.executes(g, key, tag, "TTL 1ms, first call")
 		e.replays(g, key, resp, "TTL 1ms, same instant")
@@ -217,8 +219,9 @@ func (s *suite[Tx]) ttlExtremes(t *testing.T) {
 }
 
 func (s *suite[Tx]) clockExtremes(t *testing.T) {
-	e := s.setup(t, Options{})
-	spy := newSpy(e.f.Store)
+	clk := newClock()
+	e := s.setupClock(t, Options{}, clk)
+	out := idempotency.Key{ID: uniq("out")}
 	for _, c := range []struct {
 		name string
 		now  time.Time
@@ -227,20 +230,23 @@ func (s *suite[Tx]) clockExtremes(t *testing.T) {
 		{"AfterMaxExpiry", idempotency.MaxExpiry().Add(time.Hour)},
 		{"BeforeMinClock", idempotency.MinClock().Add(-time.Nanosecond)},
 	} {
-		clk := &clock{now: c.now}
-		g := e.guardOn(spy, &idempotency.Config{Now: clk.Now})
-		if _, err := g.Do(e.ctx, idempotency.Key{ID: uniq("out")}, "fp", e.effectFn("out", new(atomic.Int64))); !errors.Is(err, idempotency.ErrInvalidConfig) {
-			t.Fatalf("clock at %s (%v): got %v, want ErrInvalidConfig", c.name, c.now, err)
+		clk.Set(c.now)
+		g := e.guard(nil)
+		if _, err := g.Do(e.ctx, out, "fp", e.effectFn("out", new(atomic.Int64))); !errors.Is(err, idempotency.ErrInvalidConfig) {
+			t.Fatalf("store's clock at %s (%v): got %v, want ErrInvalidConfig", c.name, c.now, err)
 		}
 	}
-	if n := spy.reserves.Load(); n != 0 {
-		t.Fatalf("a clock out of range reached the store %d times, want 0", n)
-	}
 	e.count("out", 0, "a clock out of range writes nothing")
+	// Nor did it leave the key held or completed: it runs as a new key.
+	clk.Set(time.Now().Truncate(time.Millisecond))
+	within(t, 20*time.Second, "the key a clock out of range was refused for", func() {
+		e.executes(e.guard(&idempotency.Config{NoWait: true}), out, "out", "after the clock came back in range")
+	})
 
 	// The latest readings: the expiry is clamped to MaxExpiry.
-	hi := &clock{now: idempotency.MaxExpiry().Truncate(time.Second).Add(-time.Second)}
-	g := e.guard(&idempotency.Config{TTL: time.Hour, Now: hi.Now})
+	hi := clk
+	hi.Set(idempotency.MaxExpiry().Truncate(time.Second).Add(-time.Second))
+	g := e.guard(&idempotency.Config{TTL: time.Hour})
 	key, tag := idempotency.Key{ID: uniq("hi")}, uniq("hi")
 	resp := e.executes(g, key, tag, "clock 1s before MaxExpiry")
 	e.replays(g, key, resp, "clock 1s before MaxExpiry, again")
@@ -249,8 +255,9 @@ func (s *suite[Tx]) clockExtremes(t *testing.T) {
 	e.count(tag, 1, "near MaxExpiry")
 
 	// The earliest readings.
-	lo := &clock{now: idempotency.MinClock().Truncate(time.Second).Add(time.Second)}
-	g = e.guard(&idempotency.Config{TTL: time.Hour, Now: lo.Now})
+	lo := clk
+	lo.Set(idempotency.MinClock().Truncate(time.Second).Add(time.Second))
+	g = e.guard(&idempotency.Config{TTL: time.Hour})
 	key, tag = idempotency.Key{ID: uniq("lo")}, uniq("lo")
 	resp = e.executes(g, key, tag, "clock 1s after MinClock")
 	lo.Add(time.Hour - time.Millisecond)
@@ -263,10 +270,10 @@ func (s *suite[Tx]) clockExtremes(t *testing.T) {
 // subMillisecond: a clock off the millisecond grid; a record is live 1ms
 // before its expiry and absent at it, whatever the store's precision.
 func (s *suite[Tx]) subMillisecond(t *testing.T) {
-	e := s.setup(t, Options{})
 	clk := &clock{now: time.Now().Truncate(time.Millisecond).Add(700*time.Microsecond + 300)}
+	e := s.setupClock(t, Options{}, clk)
 	start := clk.Now()
-	g := e.guard(&idempotency.Config{TTL: time.Hour, Now: clk.Now})
+	g := e.guard(&idempotency.Config{TTL: time.Hour})
 	key, tag := idempotency.Key{ID: uniq("k")}, uniq("sub")
 	resp := e.executes(g, key, tag, "first call")
 	clk.Set(start.Add(time.Hour - time.Millisecond))

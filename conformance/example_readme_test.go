@@ -20,9 +20,10 @@ import (
 func TestConformance(t *testing.T) {
 	conformance.Run(t, conformance.Harness[*sql.Tx]{
 		NewFixture: func(t testing.TB, opts conformance.Options) conformance.Fixture[*sql.Tx] {
-			// a fresh store on its own table, capped at opts.MaxConns connections, plus
-			// Effect (insert one row tagged tag through tx) and Count (count them)
-			return newFixture(t, opts.MaxConns)
+			// a fresh store on its own table, capped at opts.MaxConns connections and
+			// reading the test clock opts.Clock if set, plus Effect (insert one row
+			// tagged tag through tx) and Count (count them)
+			return newFixture(t, opts)
 		},
 		Features: conformance.Features{SerialWriters: true}, // true for SQLite: one writer at a time
 	})
@@ -32,7 +33,7 @@ func TestConformance(t *testing.T) {
 
 // newFixture opens a SQLite database of its own for one case, with a keys
 // table and an effects table.
-func newFixture(t testing.TB, maxConns int) conformance.Fixture[*sql.Tx] {
+func newFixture(t testing.TB, opts conformance.Options) conformance.Fixture[*sql.Tx] {
 	t.Helper()
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
@@ -41,11 +42,11 @@ func newFixture(t testing.TB, maxConns int) conformance.Fixture[*sql.Tx] {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { db.Close() })
-	if maxConns > 0 {
-		db.SetMaxOpenConns(maxConns)
+	if opts.MaxConns > 0 {
+		db.SetMaxOpenConns(opts.MaxConns)
 	}
 	table := "keys_" + strings.ToLower(rand.Text()[:8])
-	store, err := sqlite.New(db, &sqlite.Config{Table: table})
+	store, err := sqlite.New(db, &sqlite.Config{Table: table, Clock: opts.Clock})
 	if err != nil {
 		t.Fatal(err)
 	}

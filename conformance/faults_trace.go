@@ -6,7 +6,6 @@ import (
 	"strconv"
 	"strings"
 	"sync"
-	"time"
 
 	"github.com/go-idempotency/idempotency"
 	"github.com/go-idempotency/idempotency/conformance/faultproxy"
@@ -114,8 +113,8 @@ func (s *phasedStore[Tx]) Reserve(ctx context.Context, r idempotency.Reservation
 	return txn, rec, err
 }
 
-func (s *phasedStore[Tx]) Purge(ctx context.Context, before time.Time, limit int) (int, error) {
-	return s.inner.Purge(ctx, before, limit)
+func (s *phasedStore[Tx]) Purge(ctx context.Context, limit int) (int, error) {
+	return s.inner.Purge(ctx, limit)
 }
 
 // IsConflict passes the wrapped store's classification on.
@@ -131,10 +130,10 @@ type phasedTxn[Tx any] struct {
 
 func (t *phasedTxn[Tx]) Tx() Tx { return t.inner.Tx() }
 
-func (t *phasedTxn[Tx]) Complete(ctx context.Context, resp idempotency.Response, expiresAt time.Time) error {
+func (t *phasedTxn[Tx]) Complete(ctx context.Context, resp idempotency.Response) error {
 	t.lab.set(phaseComplete)
 	defer t.lab.set("")
-	return t.inner.Complete(ctx, resp, expiresAt)
+	return t.inner.Complete(ctx, resp)
 }
 
 func (t *phasedTxn[Tx]) Rollback(ctx context.Context) error {

@@ -67,6 +67,14 @@ type Options struct {
 	// renewal), so that fn can outlive it. Only the cases that need it set
 	// it, and only when [Features].Leases is true.
 	Lease time.Duration
+	// Clock, when non-nil, is the test clock the fixture passes to its
+	// store, which then reads it instead of its own clock wherever it
+	// judges or stores a time (expiry, creation, Purge). The time cases
+	// (TTLs counted from completion, TTL and clock extremes, sub-millisecond
+	// expiries, Purge) drive time through it; a fixture whose store cannot
+	// take a test clock sets [Features].NoClock, and those cases are
+	// skipped, naming that flag. Nil: the store's own clock.
+	Clock func() time.Time
 }
 
 // Features says, honestly, what a backend guarantees. The suite adapts the
@@ -87,6 +95,11 @@ type Features struct {
 	// [Options].Lease. A store that holds keys in a database transaction
 	// leaves it false.
 	Leases bool
+	// NoClock is true when the fixture cannot honour [Options].Clock (its
+	// store judges expiry by its own clock only). The cases that drive
+	// time through a test clock are then skipped, naming this flag: such a
+	// store is not checked for TTL arithmetic, clock extremes or Purge.
+	NoClock bool
 }
 
 // Harness tells [Run] how to build fixtures for a backend.

@@ -41,7 +41,7 @@ func (s *conflictOnceStore) Reserve(ctx context.Context, r idempotency.Reservati
 
 type conflictTxn struct{ idempotency.Txn[*sql.Tx] }
 
-func (t conflictTxn) Complete(ctx context.Context, _ idempotency.Response, _ time.Time) error {
+func (t conflictTxn) Complete(ctx context.Context, _ idempotency.Response) error {
 	if err := t.Rollback(ctx); err != nil {
 		return err
 	}
@@ -58,7 +58,7 @@ func TestHeldAgainInner(t *testing.T) {
 	}
 	conformance.Run(t, conformance.Harness[*sql.Tx]{
 		NewFixture: func(t testing.TB, opts conformance.Options) conformance.Fixture[*sql.Tx] {
-			f := newFixture(t, opts.MaxConns)
+			f := newFixture(t, opts)
 			f.Store = &conflictOnceStore{KeyStore: f.Store, seen: map[idempotency.Key]bool{}}
 			return f
 		},

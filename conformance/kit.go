@@ -290,10 +290,10 @@ type spyTxn[Tx any] struct {
 	ctx func(context.Context) (context.Context, context.CancelFunc)
 }
 
-func (t *spyTxn[Tx]) Complete(ctx context.Context, resp idempotency.Response, expiresAt time.Time) error {
+func (t *spyTxn[Tx]) Complete(ctx context.Context, resp idempotency.Response) error {
 	cctx, cancel := t.ctx(ctx)
 	defer cancel()
-	return t.Txn.Complete(cctx, resp, expiresAt)
+	return t.Txn.Complete(cctx, resp)
 }
 
 // closer returns a function that closes ch the first time it is called and

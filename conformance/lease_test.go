@@ -20,6 +20,7 @@ import (
 // applies after the new owner's, two effects for one key).
 type leaseStore struct {
 	lease      time.Duration
+	now        func() time.Time // the store's clock, for expiries (leases run on time.Now)
 	checkOwner bool
 
 	mu     sync.Mutex
@@ -34,6 +35,7 @@ type leaseRec struct {
 	token    uint64
 	leaseEnd time.Time
 	rec      idempotency.Record
+	ttl      time.Duration
 }
 
 // leaseTx buffers the effects of one reservation, applied on Complete.
@@ -55,9 +57,13 @@ func (s *leaseStore) Reserve(ctx context.Context, r idempotency.Reservation) (id
 	for {
 		s.mu.Lock()
 		cur := s.recs[r.Key]
-		now := time.Now()
+		now, clk := time.Now(), s.now()
+		if err := idempotency.CheckClock(clk); err != nil {
+			s.mu.Unlock()
+			return nil, nil, err
+		}
 		switch {
-		case cur != nil && !cur.pending && cur.rec.ExpiresAt.After(r.Now):
+		case cur != nil && !cur.pending && cur.rec.ExpiresAt.After(clk):
 			rec := cur.rec
 			rec.Header, rec.Body = rec.Header.Clone(), bytes.Clone(rec.Body)
 			s.mu.Unlock()
@@ -66,7 +72,7 @@ func (s *leaseStore) Reserve(ctx context.Context, r idempotency.Reservation) (id
 			s.token++
 			token := s.token
 			s.recs[r.Key] = &leaseRec{pending: true, token: token, leaseEnd: now.Add(s.lease),
-				rec: idempotency.Record{Key: r.Key, Fingerprint: r.Fingerprint, CreatedAt: r.Now, ExpiresAt: r.ExpiresAt}}
+				rec: idempotency.Record{Key: r.Key, Fingerprint: r.Fingerprint, CreatedAt: clk, ExpiresAt: idempotency.Expiry(clk, r.TTL)}, ttl: r.TTL}
 			s.mu.Unlock()
 			return &leaseTxn{s: s, key: r.Key, token: token, tx: &leaseTx{}}, nil, nil
 		}
@@ -87,7 +93,8 @@ func (s *leaseStore) Reserve(ctx context.Context, r idempotency.Reservation) (id
 	}
 }
 
-func (s *leaseStore) Purge(_ context.Context, before time.Time, limit int) (int, error) {
+func (s *leaseStore) Purge(_ context.Context, limit int) (int, error) {
+	before := s.now()
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	n := 0
@@ -115,7 +122,7 @@ type leaseTxn struct {
 
 func (t *leaseTxn) Tx() *leaseTx { return t.tx }
 
-func (t *leaseTxn) Complete(ctx context.Context, resp idempotency.Response, expiresAt time.Time) error {
+func (t *leaseTxn) Complete(ctx context.Context, resp idempotency.Response) error {
 	s := t.s
 	s.mu.Lock()
 	defer s.mu.Unlock()
@@ -134,9 +141,10 @@ func (t *leaseTxn) Complete(ctx context.Context, resp idempotency.Response, expi
 	for _, tag := range t.tx.effects {
 		s.counts[tag]++
 	}
-	rec := idempotency.Record{Key: t.key, Status: resp.Status, Header: resp.Header.Clone(), Body: bytes.Clone(resp.Body), ExpiresAt: expiresAt}
+	rec := idempotency.Record{Key: t.key, Status: resp.Status, Header: resp.Header.Clone(), Body: bytes.Clone(resp.Body)}
 	if cur != nil {
 		rec.Fingerprint, rec.CreatedAt = cur.rec.Fingerprint, cur.rec.CreatedAt
+		rec.ExpiresAt = idempotency.Expiry(s.now(), cur.ttl)
 	}
 	s.recs[t.key] = &leaseRec{rec: rec}
 	s.changed()
@@ -163,6 +171,7 @@ func leaseHarness(checkOwner bool) conformance.Harness[*leaseTx] {
 				lease = opts.Lease
 			}
 			s := newLeaseStore(lease, checkOwner)
+			s.now = clockOr(opts.Clock)
 			return conformance.Fixture[*leaseTx]{
 				Store: s,
 				Effect: func(_ context.Context, tx *leaseTx, tag string) error {
@@ -180,4 +189,13 @@ func leaseHarness(checkOwner bool) conformance.Harness[*leaseTx] {
 // a stale owner passes the whole suite, LeaseRunsOut included.
 func TestLeaseStoreConformance(t *testing.T) {
 	conformance.Run(t, leaseHarness(true))
+}
+
+// clockOr is the store's clock of a test store: the fixture's test clock,
+// or time.Now.
+func clockOr(clk func() time.Time) func() time.Time {
+	if clk != nil {
+		return clk
+	}
+	return time.Now
 }

@@ -38,11 +38,11 @@ var (
 	ruleCompletedWhileWaiting = rule{"keystore.go",
 		"A record completed while Reserve waited for its holder is judged by the expiry it was completed with, never by the provisional one of the reservation: it is returned, never taken over."}
 	rulePurgeDeletes = rule{"keystore.go",
-		"Purge deletes at most limit records whose ExpiresAt <= before, in one short transaction of its own (one connection), and reports how many it deleted."}
+		"Purge deletes at most limit records whose ExpiresAt <= the store's clock now, in one short transaction of its own (one connection), and reports how many it deleted."}
 	rulePurgeHeld = rule{"keystore.go",
 		"Records held by an open transaction are never deleted, and never waited for, except on a store with one writer at a time for the whole database (SQLite), where Purge queues for the write lock like every writer, while ctx lives."}
 	ruleFnEndsTx = rule{"keystore.go",
-		"fn must not commit or roll back Tx itself. A store whose handle lets fn do so anyway (a *sql.Tx) keeps the guarantee, never an answer without its effect nor a second run: after fn's rollback, Complete fails and the key is free; after fn's commit, the key holds fn's answer or stays held (Reserve reports [ErrInProgress]) until the reservation's provisional expiry, [Reservation].ExpiresAt."}
+		"fn must not commit or roll back Tx itself. A store whose handle lets fn do so anyway (a *sql.Tx) keeps the guarantee, never an answer without its effect nor a second run: after fn's rollback, Complete fails and the key is free; after fn's commit, the key holds fn's answer or stays held (Reserve reports [ErrInProgress]) until the reservation's provisional expiry, the store's clock at the reservation plus [Reservation].TTL."}
 	ruleComplete = rule{"keystore.go",
 		"Complete stores resp (status, header, body byte-exact) as the key's record, marks it completed and commits the transaction with it: the effect, the key and the response become visible together or not at all."}
 	ruleAtomic = rule{"keystore.go",
@@ -54,16 +54,16 @@ var (
 	ruleRollbackDone = rule{"keystore.go",
 		"It must work with an already cancelled ctx (the caller may be unwinding after a cancel)."}
 	ruleExpiredAbsent = rule{"keystore.go",
-		"Now is the core's clock reading for this attempt; records whose ExpiresAt <= Now count as absent."}
+		"TTL is how long the completed record is remembered, counted by the store's clock from its completion ([Txn.Complete]); records whose ExpiresAt <= the store's clock now count as absent."}
 	ruleMigrate = rule{"keystore.go",
 		"It is idempotent: running it again, or from several callers at once, changes nothing and returns nil."}
 
 	ruleTTL = rule{"config.go",
-		"TTL is how long a completed key is remembered, counted from the moment its answer was committed (however long fn ran); after it the key counts as new."}
+		"TTL is how long a completed key is remembered, counted by the store's clock from the moment its answer was committed (however long fn ran); after it the key counts as new."}
 	ruleMaxExpiry = rule{"config.go",
-		"Now plus the TTL is clamped to it, so a TTL such as math.MaxInt64 means \"never expire\" on every store. A clock reading at or after it is refused with [ErrInvalidConfig]."}
+		"The store's clock plus the TTL is clamped to it, so a TTL such as math.MaxInt64 means \"never expire\" on every store. A clock reading at or after it is refused with [ErrInvalidConfig]."}
 	ruleMinClock = rule{"config.go",
-		"MinClock is the earliest clock reading [Guard.Do] accepts (1677-09-21, the earliest instant of a signed 64-bit count of Unix nanoseconds); an earlier reading is refused with [ErrInvalidConfig]."}
+		"MinClock is the earliest clock reading a store accepts (1677-09-21, the earliest instant of a signed 64-bit count of Unix nanoseconds); an earlier reading is refused with [ErrInvalidConfig]."}
 	ruleMemWait = rule{"config.go",
 		"Callers of the same key in this Guard never count: they wait in memory for the one that is in the store."}
 	ruleMaxWaiters = rule{"config.go",

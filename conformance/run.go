@@ -108,6 +108,17 @@ func (s *suite[Tx]) setup(t *testing.T, opts Options) *env[Tx] {
 	return &env[Tx]{t: t, ctx: ctx, f: f}
 }
 
+// setupClock is setup with a fixture whose store reads clk instead of its
+// own clock; it skips the case for a fixture that cannot take a test clock.
+func (s *suite[Tx]) setupClock(t *testing.T, opts Options, clk *clock) *env[Tx] {
+	t.Helper()
+	if s.h.Features.NoClock {
+		t.Skip("conformance: this case drives time through Options.Clock, which the fixture does not honour (Features.NoClock)")
+	}
+	opts.Clock = clk.Now
+	return s.setup(t, opts)
+}
+
 func (e *env[Tx]) guard(cfg *idempotency.Config) *idempotency.Guard[Tx] {
 	e.t.Helper()
 	return e.guardOn(e.f.Store, cfg)

@@ -26,6 +26,7 @@ import (
 type twoTxStore struct {
 	db    *sql.DB
 	table string
+	now   func() time.Time // the store's clock
 }
 
 func (s *twoTxStore) Reserve(ctx context.Context, r idempotency.Reservation) (idempotency.Txn[*sql.Tx], *idempotency.Record, error) {
@@ -33,11 +34,12 @@ func (s *twoTxStore) Reserve(ctx context.Context, r idempotency.Reservation) (id
 	for {
 		// 1. The reservation: its own committed statement, taking over an
 		// expired row.
+		now := s.now()
 		res, err := s.db.ExecContext(ctx, `INSERT INTO `+s.table+` (scope, id, fp, state, created, expires)
 VALUES (?, ?, ?, 'pending', ?, ?)
 ON CONFLICT (scope, id) DO UPDATE SET fp = excluded.fp, state = 'pending', status = NULL, header = NULL, body = NULL,
 	created = excluded.created, expires = excluded.expires
-WHERE expires <= ?`, r.Key.Scope, r.Key.ID, r.Fingerprint, r.Now.UnixNano(), r.ExpiresAt.UnixNano(), r.Now.UnixNano())
+WHERE expires <= ?`, r.Key.Scope, r.Key.ID, r.Fingerprint, now.UnixNano(), idempotency.Expiry(now, r.TTL).UnixNano(), now.UnixNano())
 		if err != nil {
 			return nil, nil, busy(err)
 		}
@@ -94,7 +96,8 @@ func (s *twoTxStore) release(ctx context.Context, key idempotency.Key) {
 	_, _ = s.db.ExecContext(context.WithoutCancel(ctx), `DELETE FROM `+s.table+` WHERE scope = ? AND id = ? AND state = 'pending'`, key.Scope, key.ID)
 }
 
-func (s *twoTxStore) Purge(ctx context.Context, before time.Time, limit int) (int, error) {
+func (s *twoTxStore) Purge(ctx context.Context, limit int) (int, error) {
+	before := s.now()
 	res, err := s.db.ExecContext(ctx, `DELETE FROM `+s.table+` WHERE rowid IN (SELECT rowid FROM `+s.table+
 		` WHERE state = 'completed' AND expires <= ? LIMIT ?)`, before.UnixNano(), limit)
 	if err != nil {
@@ -112,7 +115,8 @@ type twoTxTxn struct {
 
 func (t *twoTxTxn) Tx() *sql.Tx { return t.tx }
 
-func (t *twoTxTxn) Complete(ctx context.Context, resp idempotency.Response, expiresAt time.Time) error {
+func (t *twoTxTxn) Complete(ctx context.Context, resp idempotency.Response) error {
+	expiresAt := idempotency.Expiry(t.s.now(), t.r.TTL)
 	// A careful author: a Complete called with a done ctx commits nothing
 	// (so the store passes CompleteWithCancelledContext).
 	if err := ctx.Err(); err != nil {
@@ -173,7 +177,7 @@ PRIMARY KEY (scope, id)); CREATE TABLE effects (tag TEXT NOT NULL)`); err != nil
 				t.Fatal(err)
 			}
 			fx := testkit.Effects{DB: db, Table: "effects"}
-			return conformance.Fixture[*sql.Tx]{Store: &twoTxStore{db: db, table: table}, Effect: fx.Effect, Count: fx.Count}
+			return conformance.Fixture[*sql.Tx]{Store: &twoTxStore{db: db, table: table, now: clockOr(opts.Clock)}, Effect: fx.Effect, Count: fx.Count}
 		},
 		Features: conformance.Features{SerialWriters: true},
 	}

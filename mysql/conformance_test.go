@@ -23,7 +23,9 @@ func harness(v variant) conformance.Harness[*sql.Tx] {
 	return conformance.Harness[*sql.Tx]{
 		NewFixture: func(t testing.TB, opts conformance.Options) conformance.Fixture[*sql.Tx] {
 			db := openDB(t, testConfig(t, v.dsn), opts.MaxConns)
-			f := newFixture(t, db, &v.cfg)
+			cfg := v.cfg
+			cfg.Clock = opts.Clock
+			f := newFixture(t, db, &cfg)
 			f.store.dialect.Store(int32(v.dialect))
 			f.store.noFold = v.noFold
 			return conformance.Fixture[*sql.Tx]{Store: f.store, Effect: f.fx.Effect, Count: f.fx.Count, Bare: f.fx.Bare, Fill: f.fill}

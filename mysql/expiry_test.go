@@ -17,11 +17,11 @@ import (
 // effect once.
 func TestExpiredTakeoverConcurrent(t *testing.T) {
 	ctx := testkit.Context(t, 60*time.Second)
-	f := newFixture(t, openDB(t, testConfig(t, nil), 0), nil)
 	var mu sync.Mutex
 	clock := time.Now()
 	now := func() time.Time { mu.Lock(); defer mu.Unlock(); return clock }
-	g, err := idempotency.New(f.store, &idempotency.Config{TTL: time.Minute, Now: now})
+	f := newFixture(t, openDB(t, testConfig(t, nil), 0), &Config{Clock: now})
+	g, err := idempotency.New(f.store, &idempotency.Config{TTL: time.Minute})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -67,15 +67,17 @@ func TestExpiredTakeoverConcurrent(t *testing.T) {
 // reservation and a takeover of an expired row.
 func TestPurgeSkipsHeldRows(t *testing.T) {
 	ctx := testkit.Context(t, 60*time.Second)
-	f := newFixture(t, openDB(t, testConfig(t, nil), 0), nil)
+	clk := &testClock{}
+	f := newFixture(t, openDB(t, testConfig(t, nil), 0), &Config{Clock: clk.Now})
 	t0 := time.Now().Add(-24 * time.Hour)
 	complete := func(id string, now time.Time) {
 		t.Helper()
-		txn, _, err := f.store.Reserve(ctx, idempotency.Reservation{Key: idempotency.Key{ID: id}, Fingerprint: "fp", Now: now, ExpiresAt: now.Add(time.Hour), Wait: time.Second})
+		clk.Set(now)
+		txn, _, err := f.store.Reserve(ctx, idempotency.Reservation{Key: idempotency.Key{ID: id}, Fingerprint: "fp", TTL: time.Hour, Wait: time.Second})
 		if err != nil || txn == nil {
 			t.Fatalf("reserve %s: %v", id, err)
 		}
-		if err := txn.Complete(ctx, idempotency.Response{Status: 200}, now.Add(time.Hour)); err != nil {
+		if err := txn.Complete(ctx, idempotency.Response{Status: 200}); err != nil {
 			t.Fatal(err)
 		}
 	}
@@ -86,8 +88,10 @@ func TestPurgeSkipsHeldRows(t *testing.T) {
 	complete("live", time.Now())
 	// Held: "taken" is being taken over, "pending" is a new reservation
 	// whose expiry has passed already.
-	hold(t, ctx, f.store, idempotency.Key{ID: "taken"}, t0.Add(2*time.Hour))
-	pendingTxn := hold(t, ctx, f.store, idempotency.Key{ID: "pending"}, t0)
+	clk.Set(t0.Add(2 * time.Hour))
+	hold(t, ctx, f.store, idempotency.Key{ID: "taken"})
+	clk.Set(t0)
+	pendingTxn := hold(t, ctx, f.store, idempotency.Key{ID: "pending"})
 
 	rows := func() int {
 		var n int
@@ -96,16 +100,16 @@ func TestPurgeSkipsHeldRows(t *testing.T) {
 		}
 		return n
 	}
-	before := time.Now()
+	clk.Set(time.Now())
 	pctx, cancel := context.WithTimeout(ctx, 10*time.Second) // never waits for a held row
 	defer cancel()
-	if n, err := f.store.Purge(pctx, before, 3); err != nil || n != 3 {
+	if n, err := f.store.Purge(pctx, 3); err != nil || n != 3 {
 		t.Fatalf("Purge(limit 3): got %d, %v; want 3", n, err)
 	}
-	if n, err := f.store.Purge(pctx, before, 100); err != nil || n != 4 {
+	if n, err := f.store.Purge(pctx, 100); err != nil || n != 4 {
 		t.Fatalf("Purge(limit 100): got %d, %v; want the 4 other unheld expired rows", n, err)
 	}
-	if n, err := f.store.Purge(pctx, before, 0); err != nil || n != 0 {
+	if n, err := f.store.Purge(pctx, 0); err != nil || n != 0 {
 		t.Fatalf("Purge(limit 0): got %d, %v", n, err)
 	}
 	if n := rows(); n != 2 { // "taken" and "live"; "pending" is not committed
@@ -114,7 +118,7 @@ func TestPurgeSkipsHeldRows(t *testing.T) {
 	if err := pendingTxn.Rollback(ctx); err != nil {
 		t.Fatal(err)
 	}
-	if n, err := f.store.Purge(pctx, before, 100); err != nil || n != 0 {
+	if n, err := f.store.Purge(pctx, 100); err != nil || n != 0 {
 		t.Fatalf("Purge while \"taken\" is held: got %d, %v; want 0", n, err)
 	}
 }
@@ -132,14 +136,34 @@ func TestPurgeManyRows(t *testing.T) {
 		t.Fatal(err)
 	}
 	// A takeover of one of the expired rows holds it.
-	hold(t, ctx, f.store, idempotency.Key{Scope: "fill", ID: fmt.Sprintf("fill-%010d", purgeChunk+7)}, time.Now())
+	hold(t, ctx, f.store, idempotency.Key{Scope: "fill", ID: fmt.Sprintf("fill-%010d", purgeChunk+7)})
 	pctx, cancel := context.WithTimeout(ctx, 10*time.Second) // never waits for a held row
 	defer cancel()
-	if n, err := f.store.Purge(pctx, time.Now(), 1000); err != nil || n != rows-1 {
+	if n, err := f.store.Purge(pctx, 1000); err != nil || n != rows-1 {
 		t.Fatalf("Purge(limit 1000): got %d, %v; want %d", n, err, rows-1)
 	}
 	var left int
 	if err := f.db.QueryRowContext(ctx, "SELECT COUNT(*) FROM `"+f.table+"`").Scan(&left); err != nil || left != 1 {
 		t.Fatalf("rows left: got %d, %v; want the held one", left, err)
 	}
+}
+
+// testClock is a settable clock for Config.Clock.
+type testClock struct {
+	mu  sync.Mutex
+	now time.Time
+}
+
+// Now reads the clock.
+func (c *testClock) Now() time.Time {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return c.now
+}
+
+// Set sets the clock.
+func (c *testClock) Set(t time.Time) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	c.now = t
 }

@@ -95,8 +95,7 @@ func TestCompleteCutLeavesNoTransaction(t *testing.T) {
 			cut := 0
 			for i := range 40 {
 				key := idempotency.Key{ID: testkit.Name("idem_test_")}
-				now := time.Now()
-				r := idempotency.Reservation{Key: key, Fingerprint: "fp", Now: now, ExpiresAt: now.Add(time.Hour)}
+				r := idempotency.Reservation{Key: key, Fingerprint: "fp", TTL: time.Hour}
 				txn, _, err := s.Reserve(ctx, r)
 				if err != nil || txn == nil {
 					t.Fatalf("cut %d: reserve: %v", i, err)
@@ -106,7 +105,7 @@ func TestCompleteCutLeavesNoTransaction(t *testing.T) {
 				}
 				cctx, cancel := context.WithCancel(ctx)
 				timer := time.AfterFunc(time.Duration(i)*50*time.Microsecond, cancel)
-				cerr := txn.Complete(cctx, idempotency.Response{Status: 201, Body: []byte(key.ID)}, now.Add(time.Hour))
+				cerr := txn.Complete(cctx, idempotency.Response{Status: 201, Body: []byte(key.ID)})
 				timer.Stop()
 				cancel()
 				var inTx int

@@ -156,6 +156,8 @@ func (f *fixture) fill(ctx context.Context, n int, expiresAt time.Time) error {
 type countingConnector struct {
 	driver.Connector
 	n *atomic.Int64
+	// seen, if set, is shown every statement and its arguments.
+	seen func(query string, args []driver.NamedValue)
 }
 
 func (c countingConnector) Connect(ctx context.Context) (driver.Conn, error) {
@@ -163,12 +165,19 @@ func (c countingConnector) Connect(ctx context.Context) (driver.Conn, error) {
 	if err != nil {
 		return nil, err
 	}
-	return &countingConn{inner: conn, n: c.n}, nil
+	return &countingConn{inner: conn, n: c.n, seen: c.seen}, nil
 }
 
 type countingConn struct {
 	inner driver.Conn
 	n     *atomic.Int64
+	seen  func(string, []driver.NamedValue)
+}
+
+func (c *countingConn) see(query string, args []driver.NamedValue) {
+	if c.seen != nil {
+		c.seen(query, args)
+	}
 }
 
 func (c *countingConn) Prepare(query string) (driver.Stmt, error) {
@@ -181,7 +190,7 @@ func (c *countingConn) PrepareContext(ctx context.Context, query string) (driver
 	if err != nil {
 		return nil, err
 	}
-	return &countingStmt{inner: st, n: c.n}, nil
+	return &countingStmt{inner: st, n: c.n, query: query, seen: c.see}, nil
 }
 
 func (c *countingConn) Close() error { return c.inner.Close() }
@@ -203,6 +212,7 @@ func (c *countingConn) BeginTx(ctx context.Context, opts driver.TxOptions) (driv
 }
 
 func (c *countingConn) ExecContext(ctx context.Context, query string, args []driver.NamedValue) (driver.Result, error) {
+	c.see(query, args)
 	res, err := c.inner.(driver.ExecerContext).ExecContext(ctx, query, args)
 	if !errors.Is(err, driver.ErrSkip) {
 		c.n.Add(1)
@@ -211,6 +221,7 @@ func (c *countingConn) ExecContext(ctx context.Context, query string, args []dri
 }
 
 func (c *countingConn) QueryContext(ctx context.Context, query string, args []driver.NamedValue) (driver.Rows, error) {
+	c.see(query, args)
 	rows, err := c.inner.(driver.QueryerContext).QueryContext(ctx, query, args)
 	if !errors.Is(err, driver.ErrSkip) {
 		c.n.Add(1)
@@ -236,6 +247,8 @@ func (c *countingConn) CheckNamedValue(nv *driver.NamedValue) error {
 type countingStmt struct {
 	inner driver.Stmt
 	n     *atomic.Int64
+	query string
+	seen  func(string, []driver.NamedValue)
 }
 
 func (s *countingStmt) Close() error  { return s.inner.Close() }
@@ -255,11 +268,13 @@ func (s *countingStmt) Query(args []driver.Value) (driver.Rows, error) {
 
 func (s *countingStmt) ExecContext(ctx context.Context, args []driver.NamedValue) (driver.Result, error) {
 	s.n.Add(1)
+	s.seen(s.query, args)
 	return s.inner.(driver.StmtExecContext).ExecContext(ctx, args)
 }
 
 func (s *countingStmt) QueryContext(ctx context.Context, args []driver.NamedValue) (driver.Rows, error) {
 	s.n.Add(1)
+	s.seen(s.query, args)
 	return s.inner.(driver.StmtQueryContext).QueryContext(ctx, args)
 }
 

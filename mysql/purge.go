@@ -4,18 +4,21 @@ import (
 	"context"
 	"database/sql"
 	"encoding/hex"
-	"time"
 )
 
 // Purge implements [idempotency.KeyStore]: in one READ COMMITTED
 // transaction it locks up to limit expired rows with FOR UPDATE SKIP LOCKED
 // (rows held by open transactions are skipped, never waited for), deletes
-// them by primary key, purgeChunk rows per statement, and commits.
-func (s *Store) Purge(ctx context.Context, before time.Time, limit int) (int, error) {
+// them by primary key, purgeChunk rows per statement, and commits. Expired
+// means expires_at <= the server's clock (or the test clock, Config.Clock).
+func (s *Store) Purge(ctx context.Context, limit int) (int, error) {
 	if limit <= 0 {
 		return 0, nil
 	}
-	b := nanos(before)
+	b, err := s.testNow()
+	if err != nil {
+		return 0, err
+	}
 	tx, err := s.db.BeginTx(ctx, &sql.TxOptions{Isolation: sql.LevelReadCommitted})
 	if err != nil {
 		return 0, mapError(ctx, err, false, "mysql: purge %s", s.table)

@@ -30,9 +30,12 @@ import (
 // innodb_lock_wait_timeout set and restored around it (see the package
 // documentation).
 func (s *Store) Reserve(ctx context.Context, r idempotency.Reservation) (idempotency.Txn[*sql.Tx], *idempotency.Record, error) {
-	now, exp := nanos(r.Now), nanos(r.ExpiresAt)
-	if exp <= now {
-		return nil, nil, fmt.Errorf("mysql: key %q: reservation expires at %v, not after now %v", r.Key.ID, r.ExpiresAt, r.Now)
+	if r.TTL <= 0 {
+		return nil, nil, fmt.Errorf("%w: mysql: key %q: reservation TTL %v", idempotency.ErrInvalidConfig, r.Key.ID, r.TTL)
+	}
+	now, err := s.testNow()
+	if err != nil {
+		return nil, nil, err
 	}
 	k := keyOf(r.Key)
 	conn, err := s.db.Conn(ctx)
@@ -45,16 +48,16 @@ func (s *Store) Reserve(ctx context.Context, r idempotency.Reservation) (idempot
 		return nil, nil, mapError(ctx, err, false, "mysql: server version")
 	}
 	if d == dialectMySQL {
-		return s.reserveSession(ctx, conn, k, r, now, exp)
+		return s.reserveSession(ctx, conn, k, r, now)
 	}
 	rw := row{}
 	if s.lookingFirst(r) {
-		rw, err = scanRow(conn.QueryRowContext(ctx, s.readSQL, k.scope, k.id))
+		rw, err = scanRow(conn.QueryRowContext(ctx, s.readSQL, k.scope, k.id), now)
 		if err != nil {
 			release(ctx, conn, nil, "")
 			return nil, nil, mapError(ctx, err, false, "mysql: look up key %q", r.Key.ID)
 		}
-		if rw.completed(now) {
+		if rw.completed() {
 			release(ctx, conn, nil, "")
 			rec, err := rw.record(r.Key)
 			if err == nil {
@@ -78,7 +81,7 @@ func (s *Store) Reserve(ctx context.Context, r idempotency.Reservation) (idempot
 	if fold {
 		begin = s.beginSQL
 	}
-	won, rec, err := s.claim(ctx, tx, k, r, statementWait(r.Wait), begin, rw.found && !rw.live(now), now, exp)
+	won, rec, err := s.claim(ctx, tx, k, r, statementWait(r.Wait), begin, rw.found && !rw.live(), now)
 	if r.Wait == 0 && lockRefused(err) {
 		rec, err := s.refusedAtOnce(ctx, conn, tx, k, now, err)
 		if rec != nil {
@@ -94,7 +97,7 @@ func (s *Store) Reserve(ctx context.Context, r idempotency.Reservation) (idempot
 		return nil, rec, mapError(ctx, err, false, "mysql: reserve key %q (wait bound %v)", r.Key.ID, r.Wait)
 	}
 	s.firstTries.Add(r.Wait, false)
-	return &txn{s: s, conn: conn, tx: tx, key: k, fold: fold}, nil, nil
+	return &txn{s: s, conn: conn, tx: tx, key: k, ttl: r.TTL, fold: fold}, nil, nil
 }
 
 // refusedAtOnce ends a first try (r.Wait == 0) whose reservation met a
@@ -107,7 +110,7 @@ func (s *Store) Reserve(ctx context.Context, r idempotency.Reservation) (idempot
 // returned; otherwise the refusal was a passing conflict
 // ([idempotency.ErrConflict]), which Do retries after a short backoff,
 // instead of a wait for a key nobody holds. It releases conn.
-func (s *Store) refusedAtOnce(ctx context.Context, conn *sql.Conn, tx *sql.Tx, k key, now int64, err error) (*idempotency.Record, error) {
+func (s *Store) refusedAtOnce(ctx context.Context, conn *sql.Conn, tx *sql.Tx, k key, now any, err error) (*idempotency.Record, error) {
 	if rerr := tx.Rollback(); rerr != nil && !errors.Is(rerr, sql.ErrTxDone) {
 		discard(conn)
 		return nil, mapError(ctx, err, false, "mysql: reserve key %q", k.key.ID)
@@ -146,8 +149,10 @@ func (s *Store) lookingFirst(r idempotency.Reservation) bool {
 // (expired) or returns it (completed). bound prefixes the statements that
 // may wait for the key (statementWait), or is empty when the session bounds
 // them. A non-empty begin (Store.beginSQL) says that tx's BeginTx was
-// deferred: the first statement begins the transaction.
-func (s *Store) claim(ctx context.Context, tx *sql.Tx, k key, r idempotency.Reservation, bound, begin string, sawExpired bool, now, exp int64) (bool, *idempotency.Record, error) {
+// deferred: the first statement begins the transaction. now is the test
+// clock's reading, nil for the server's clock.
+func (s *Store) claim(ctx context.Context, tx *sql.Tx, k key, r idempotency.Reservation, bound, begin string, sawExpired bool, now any) (bool, *idempotency.Record, error) {
+	left, ttl := ttlArgs(r.TTL)
 	fp := []byte(r.Fingerprint)
 	insert := bound + s.insertSQL
 	if begin != "" && sawExpired {
@@ -160,7 +165,7 @@ func (s *Store) claim(ctx context.Context, tx *sql.Tx, k key, r idempotency.Rese
 	}
 	if sawExpired {
 		// Waits, bounded, if another caller is taking the row over.
-		n, err := takeOver(ctx, tx, bound+s.takeoverSQL, k, fp, now, exp)
+		n, err := takeOver(ctx, tx, bound+s.takeoverSQL, k, fp, now, r.TTL)
 		if err != nil {
 			return false, nil, mapError(ctx, err, true, "")
 		}
@@ -169,7 +174,7 @@ func (s *Store) claim(ctx context.Context, tx *sql.Tx, k key, r idempotency.Rese
 		}
 		// Taken over and completed, or purged, meanwhile: insert.
 	}
-	_, err := tx.ExecContext(ctx, insert, k.scope, k.id, fp, now, exp)
+	_, err := tx.ExecContext(ctx, insert, k.scope, k.id, fp, now, now, left, ttl)
 	if err == nil {
 		return true, nil, nil
 	}
@@ -178,16 +183,16 @@ func (s *Store) claim(ctx context.Context, tx *sql.Tx, k key, r idempotency.Rese
 	}
 	// The duplicate-key error left a shared lock on the committed row: it
 	// cannot change until this transaction ends.
-	rw, err := scanRow(tx.QueryRowContext(ctx, s.lockedReadSQL, k.scope, k.id))
+	rw, err := scanRow(tx.QueryRowContext(ctx, s.lockedReadSQL, k.scope, k.id), now)
 	switch {
 	case err != nil:
 		return false, nil, mapError(ctx, err, false, "")
 	case !rw.found:
 		return false, nil, fmt.Errorf("%w: the row of key %q vanished while it was read", idempotency.ErrConflict, r.Key.ID)
-	case !rw.live(now):
+	case !rw.live():
 		// Another reader holding a shared lock on the row makes this upgrade
 		// a deadlock or a wait: both are conflicts worth a retry.
-		n, err := takeOver(ctx, tx, bound+s.takeoverSQL, k, fp, now, exp)
+		n, err := takeOver(ctx, tx, bound+s.takeoverSQL, k, fp, now, r.TTL)
 		if err != nil {
 			return false, nil, mapError(ctx, err, false, "")
 		}
@@ -206,9 +211,11 @@ func (s *Store) claim(ctx context.Context, tx *sql.Tx, k key, r idempotency.Rese
 // takeOver resets k's expired row to a pending reservation with
 // fingerprint fp, with the statement query (see Store.takeoverSQL), and
 // reports how many rows it changed. The value is the same with or without
-// the DSN's clientFoundRows, because expires_at always changes.
-func takeOver(ctx context.Context, tx *sql.Tx, query string, k key, fp []byte, now, exp int64) (int64, error) {
-	res, err := tx.ExecContext(ctx, query, fp, now, exp, k.scope, k.id, now)
+// the DSN's clientFoundRows, because expires_at always changes. now is the
+// test clock's reading, nil for the server's clock.
+func takeOver(ctx context.Context, tx *sql.Tx, query string, k key, fp []byte, now any, ttl time.Duration) (int64, error) {
+	left, n := ttlArgs(ttl)
+	res, err := tx.ExecContext(ctx, query, fp, now, now, left, n, k.scope, k.id, now)
 	if err != nil {
 		return 0, err
 	}

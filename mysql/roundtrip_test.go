@@ -202,12 +202,12 @@ func (rt *roundTripper) measureAll(t *testing.T) (int64, trips) {
 	got.replay = rt.measure(t, rt.do(key))
 
 	held := idempotency.Key{ID: testkit.Name("idem_test_")}
-	holder := hold(t, rt.ctx, rt.holders, held, time.Now())
+	holder := hold(t, rt.ctx, rt.holders, held)
 	go func() {
 		if err := waitForLockWaits(rt.ctx, rt.holders.db, rt.f.table, 1); err != nil {
 			t.Errorf("the waiter never waited: %v", err)
 		}
-		if err := holder.Complete(rt.ctx, idempotency.Response{Status: 200}, time.Now().Add(time.Hour)); err != nil {
+		if err := holder.Complete(rt.ctx, idempotency.Response{Status: 200}); err != nil {
 			t.Errorf("holder: %v", err)
 		}
 	}()

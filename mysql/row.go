@@ -29,22 +29,38 @@ type row struct {
 	status           int
 	header, body     []byte
 	created, expires int64
+	// now is the clock the row is judged by: the server's when the
+	// statement read it, or the test clock's (Config.Clock).
+	now int64
 }
 
-func scanRow(sc interface{ Scan(...any) error }) (row, error) {
+// scanRow scans a row of the store's reads (cols). tnow, the test clock's
+// reading (nil for the server's), replaces the server's clock the row
+// came with.
+func scanRow(sc interface{ Scan(...any) error }, tnow any) (row, error) {
 	rw := row{found: true}
-	err := sc.Scan(&rw.fingerprint, &rw.state, &rw.status, &rw.header, &rw.body, &rw.created, &rw.expires)
+	err := sc.Scan(&rw.fingerprint, &rw.state, &rw.status, &rw.header, &rw.body, &rw.created, &rw.expires, &rw.now)
 	if errors.Is(err, sql.ErrNoRows) {
 		return row{}, nil
 	}
+	rw.judgeBy(tnow)
 	return rw, err
 }
 
-// live reports whether the row exists and has not expired at now.
-func (rw row) live(now int64) bool { return rw.found && rw.expires > now }
+// judgeBy makes the test clock's reading tnow, if not nil, the clock the
+// row is judged by.
+func (rw *row) judgeBy(tnow any) {
+	if n, ok := tnow.(int64); ok {
+		rw.now = n
+	}
+}
 
-// completed reports whether the row is a completed record, live at now.
-func (rw row) completed(now int64) bool { return rw.live(now) && rw.state == stateCompleted }
+// live reports whether the row exists and has not expired by its clock.
+func (rw row) live() bool { return rw.found && rw.expires > rw.now }
+
+// completed reports whether the row is a completed record, live by its
+// clock.
+func (rw row) completed() bool { return rw.live() && rw.state == stateCompleted }
 
 func (rw row) record(k idempotency.Key) (*idempotency.Record, error) {
 	h, err := idempotency.UnmarshalHeader(rw.header)

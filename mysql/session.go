@@ -19,18 +19,18 @@ import (
 //  3. The session's innodb_lock_wait_timeout is set to the wait bound
 //     before START TRANSACTION (unless it has that value already) and
 //     restored before fn runs.
-func (s *Store) reserveSession(ctx context.Context, conn *sql.Conn, k key, r idempotency.Reservation, now, exp int64) (idempotency.Txn[*sql.Tx], *idempotency.Record, error) {
+func (s *Store) reserveSession(ctx context.Context, conn *sql.Conn, k key, r idempotency.Reservation, now any) (idempotency.Txn[*sql.Tx], *idempotency.Record, error) {
 	// lockWait is the session's innodb_lock_wait_timeout when the lookup
 	// read it, else -1.
 	lockWait, rw := int64(-1), row{}
 	if !s.skipLookup {
 		var err error
-		lockWait, rw, err = s.lookupWithLockWait(ctx, conn, k)
+		lockWait, rw, err = s.lookupWithLockWait(ctx, conn, k, now)
 		if err != nil {
 			release(ctx, conn, nil, "")
 			return nil, nil, mapError(ctx, err, false, "mysql: look up key %q", r.Key.ID)
 		}
-		if rw.completed(now) {
+		if rw.completed() {
 			release(ctx, conn, nil, "")
 			rec, err := rw.record(r.Key)
 			return nil, rec, err
@@ -60,7 +60,7 @@ func (s *Store) reserveSession(ctx context.Context, conn *sql.Conn, k key, r ide
 		release(ctx, conn, nil, restore)
 		return nil, nil, mapError(ctx, err, false, "mysql: begin for key %q", r.Key.ID)
 	}
-	won, rec, err := s.claim(ctx, tx, k, r, "", "", rw.found && !rw.live(now), now, exp)
+	won, rec, err := s.claim(ctx, tx, k, r, "", "", rw.found && !rw.live(), now)
 	if err != nil || !won {
 		release(ctx, conn, tx, restore)
 		return nil, rec, mapError(ctx, err, false, "mysql: reserve key %q (wait bound %v)", r.Key.ID, r.Wait)
@@ -73,7 +73,7 @@ func (s *Store) reserveSession(ctx context.Context, conn *sql.Conn, k key, r ide
 			return nil, nil, mapError(ctx, err, false, "mysql: restore innodb_lock_wait_timeout")
 		}
 	}
-	return &txn{s: s, conn: conn, tx: tx, key: k}, nil, nil
+	return &txn{s: s, conn: conn, tx: tx, key: k, ttl: r.TTL}, nil, nil
 }
 
 // probe serves r.Wait == 0 on MySQL: a locking read that refuses to wait,
@@ -81,7 +81,7 @@ func (s *Store) reserveSession(ctx context.Context, conn *sql.Conn, k key, r ide
 // open transaction holds the row. A held row is read again, because a
 // reader of a key completed just now may hold it for a moment: that key is
 // returned, any other gives ErrInProgress. (nil, nil) means not held.
-func (s *Store) probe(ctx context.Context, conn *sql.Conn, k key, now int64) (*idempotency.Record, error) {
+func (s *Store) probe(ctx context.Context, conn *sql.Conn, k key, now any) (*idempotency.Record, error) {
 	var state string
 	err := conn.QueryRowContext(ctx, s.probeSQL, k.scope, k.id).Scan(&state)
 	if err == nil || errors.Is(err, sql.ErrNoRows) {
@@ -90,11 +90,11 @@ func (s *Store) probe(ctx context.Context, conn *sql.Conn, k key, now int64) (*i
 	if err = mapError(ctx, err, true, ""); !errors.Is(err, idempotency.ErrInProgress) {
 		return nil, mapError(ctx, err, false, "mysql: probe key %q", k.key.ID)
 	}
-	rw, rerr := scanRow(conn.QueryRowContext(ctx, s.readSQL, k.scope, k.id))
+	rw, rerr := scanRow(conn.QueryRowContext(ctx, s.readSQL, k.scope, k.id), now)
 	if rerr != nil {
 		return nil, mapError(ctx, rerr, false, "mysql: look up key %q", k.key.ID)
 	}
-	if rw.completed(now) {
+	if rw.completed() {
 		return rw.record(k.key)
 	}
 	return nil, fmt.Errorf("mysql: key %q (no wait): %w", k.key.ID, err)
@@ -103,7 +103,7 @@ func (s *Store) probe(ctx context.Context, conn *sql.Conn, k key, now int64) (*i
 // lookupWithLockWait reads the key's row outside any transaction, with a
 // consistent read that also reads the session's innodb_lock_wait_timeout,
 // which reserveSession changes and restores.
-func (s *Store) lookupWithLockWait(ctx context.Context, conn *sql.Conn, k key) (int64, row, error) {
+func (s *Store) lookupWithLockWait(ctx context.Context, conn *sql.Conn, k key, now any) (int64, row, error) {
 	var (
 		lockWait int64
 		rw       row
@@ -113,11 +113,12 @@ func (s *Store) lookupWithLockWait(ctx context.Context, conn *sql.Conn, k key) (
 		expires  sql.NullInt64
 	)
 	err := conn.QueryRowContext(ctx, s.lookupVarSQL, k.scope, k.id).Scan(
-		&lockWait, &rw.fingerprint, &state, &status, &rw.header, &rw.body, &created, &expires)
+		&lockWait, &rw.fingerprint, &state, &status, &rw.header, &rw.body, &created, &expires, &rw.now)
 	if err != nil {
 		return 0, row{}, err
 	}
 	rw.found = expires.Valid
 	rw.state, rw.status, rw.created, rw.expires = state.String, int(status.Int64), created.Int64, expires.Int64
+	rw.judgeBy(now)
 	return lockWait, rw, nil
 }

@@ -3,7 +3,9 @@ package mysql
 import (
 	"database/sql"
 	"fmt"
+	"math"
 	"sync/atomic"
+	"time"
 
 	"github.com/go-idempotency/idempotency"
 	"github.com/go-idempotency/idempotency/internal/firsttry"
@@ -54,6 +56,38 @@ type Config struct {
 	// effect twice. Setting both LookupFirst and SkipLookup is an
 	// [idempotency.ErrInvalidConfig].
 	SkipLookup bool
+	// Clock is for tests only: when set, the store reads it instead of the
+	// server's clock wherever it judges or stores a time (a record's
+	// expiry, its creation, Purge), and sends the reading with each
+	// statement that writes. Nil, the default and the only setting for a
+	// service with several instances, uses the server's own clock
+	// (UTC_TIMESTAMP(6), whatever the session's time zone), which every
+	// instance shares: no time of the application is ever sent. A test
+	// clock must never differ between instances; a reading outside
+	// [idempotency.MinClock] .. [idempotency.MaxExpiry] is refused with
+	// [idempotency.ErrInvalidConfig] before anything is written.
+	Clock func() time.Time
+}
+
+// nowSQL is the server's clock in Unix nanoseconds (microsecond
+// precision), the unit of the table's times: UTC_TIMESTAMP is independent
+// of the session's time zone (no DST fold), and constant within one
+// statement.
+const nowSQL = "CAST(TIMESTAMPDIFF(MICROSECOND, '1970-01-01 00:00:00', UTC_TIMESTAMP(6)) AS SIGNED) * 1000"
+
+// clockSQL is the clock of a statement: the parameter (a test clock's
+// reading) or, when it is NULL, the server's clock.
+const clockSQL = "COALESCE(?, " + nowSQL + ")"
+
+// expirySQL is clockSQL plus a TTL, clamped to [idempotency.MaxExpiry]
+// without overflow: LEAST(clock, MaxInt64 - ttl) + ttl, with both taken as
+// parameters (see ttlArgs).
+const expirySQL = "LEAST(" + clockSQL + ", ?) + ?"
+
+// ttlArgs are the two parameters of expirySQL after its clock: MaxInt64
+// minus ttl, and ttl, in nanoseconds.
+func ttlArgs(ttl time.Duration) (int64, int64) {
+	return math.MaxInt64 - int64(ttl), int64(ttl)
 }
 
 // Store is an [idempotency.KeyStore] on a MySQL or MariaDB table (InnoDB).
@@ -64,6 +98,7 @@ type Store struct {
 	isolation   sql.IsolationLevel
 	skipLookup  bool
 	lookupFirst bool
+	clock       func() time.Time // Config.Clock: nil for the server's
 	// firstTries: unless lookupFirst or skipLookup, Reserve looks the key
 	// up first while most recent first tries found a completed key.
 	firstTries firsttry.Tally
@@ -126,28 +161,45 @@ func New(db *sql.DB, cfg *Config) (*Store, error) {
 		begin = "SET TRANSACTION ISOLATION LEVEL SERIALIZABLE; " + begin
 	}
 	q := "`" + c.Table + "`"
-	completeSQL := `UPDATE ` + q + ` SET state = 'completed', status = ?, header = ?, body = ?, expires_at = ?
+	completeSQL := `UPDATE ` + q + ` SET state = 'completed', status = ?, header = ?, body = ?, expires_at = ` + expirySQL + `
 WHERE scope = ? AND id = ? AND state = 'pending'`
-	const cols = `fingerprint, state, status, header, body, created_at, expires_at`
+	// Every read also reports the server's clock, by which the store
+	// judges the row it read.
+	const cols = `fingerprint, state, status, header, body, created_at, expires_at, ` + nowSQL
 	return &Store{
 		db:          db,
 		table:       c.Table,
 		isolation:   c.Isolation,
 		skipLookup:  c.SkipLookup,
 		lookupFirst: c.LookupFirst,
+		clock:       c.Clock,
 		schema:      schema,
 		readSQL:     `SELECT ` + cols + ` FROM ` + q + ` WHERE scope = ? AND id = ?`,
-		lookupVarSQL: `SELECT @@SESSION.innodb_lock_wait_timeout, k.fingerprint, k.state, k.status, k.header, k.body, k.created_at, k.expires_at
+		lookupVarSQL: `SELECT @@SESSION.innodb_lock_wait_timeout, k.fingerprint, k.state, k.status, k.header, k.body, k.created_at, k.expires_at, ` + nowSQL + `
 FROM (SELECT 1 AS one) AS d LEFT JOIN ` + q + ` AS k ON k.scope = ? AND k.id = ?`,
 		probeSQL: `SELECT state FROM ` + q + ` WHERE scope = ? AND id = ? FOR UPDATE NOWAIT`,
 		insertSQL: `INSERT INTO ` + q + ` (scope, id, fingerprint, state, status, header, body, created_at, expires_at)
-VALUES (?, ?, ?, 'pending', 0, NULL, NULL, ?, ?)`,
+VALUES (?, ?, ?, 'pending', 0, NULL, NULL, ` + clockSQL + `, ` + expirySQL + `)`,
 		takeoverSQL: `UPDATE ` + q + ` SET fingerprint = ?, state = 'pending', status = 0, header = NULL, body = NULL,
-created_at = ?, expires_at = ? WHERE scope = ? AND id = ? AND expires_at <= ?`,
+created_at = ` + clockSQL + `, expires_at = ` + expirySQL + ` WHERE scope = ? AND id = ? AND expires_at <= ` + clockSQL,
 		lockedReadSQL:   `SELECT ` + cols + ` FROM ` + q + ` WHERE scope = ? AND id = ? LOCK IN SHARE MODE`,
 		completeSQL:     completeSQL,
-		purgeSelect:     `SELECT scope, id FROM ` + q + ` WHERE expires_at <= ? ORDER BY expires_at LIMIT ? FOR UPDATE SKIP LOCKED`,
+		purgeSelect:     `SELECT scope, id FROM ` + q + ` WHERE expires_at <= ` + clockSQL + ` ORDER BY expires_at LIMIT ? FOR UPDATE SKIP LOCKED`,
 		beginSQL:        begin,
 		completeFoldSQL: "BEGIN NOT ATOMIC " + completeSQL + ";\nIF ROW_COUNT() <> 1 THEN SIGNAL SQLSTATE '45000' SET MESSAGE_TEXT = '" + pendingGone + "'; END IF;\nCOMMIT; END",
 	}, nil
+}
+
+// testNow is the clock parameter of the store's statements: nil, which
+// makes them read the server's clock, or the reading of the test clock
+// ([Config.Clock]) in Unix nanoseconds.
+func (s *Store) testNow() (any, error) {
+	if s.clock == nil {
+		return nil, nil
+	}
+	now := s.clock()
+	if err := idempotency.CheckClock(now); err != nil {
+		return nil, fmt.Errorf("mysql: Config.Clock: %w", err)
+	}
+	return now.UnixNano(), nil
 }

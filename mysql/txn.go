@@ -17,6 +17,7 @@ type txn struct {
 	conn *sql.Conn
 	tx   *sql.Tx
 	key  key
+	ttl  time.Duration // the completed record's, counted from completion
 	done bool
 	// fold: the transaction's BeginTx was deferred (see foldConn), so
 	// Complete can store the response and commit in one statement.
@@ -29,16 +30,25 @@ var errEnded = errors.New("mysql: the reservation's transaction has already ende
 func (t *txn) Tx() *sql.Tx { return t.tx }
 
 // Complete stores resp on the key's row, marks it completed and commits.
-func (t *txn) Complete(ctx context.Context, resp idempotency.Response, expiresAt time.Time) error {
+func (t *txn) Complete(ctx context.Context, resp idempotency.Response) error {
 	if t.done {
 		return errEnded
 	}
 	t.done = true
+	// The expiry: the clock at completion (the server's unless a test
+	// clock is set) plus the TTL.
+	now, err := t.s.testNow()
+	if err != nil {
+		t.end()
+		return err
+	}
+	left, ttl := ttlArgs(t.ttl)
 	header := idempotency.MarshalHeader(resp.Header) // nil: NULL
 	if t.fold {
 		args := []driver.NamedValue{
 			{Ordinal: 1, Value: int64(resp.Status)}, {Ordinal: 2, Value: header}, {Ordinal: 3, Value: resp.Body},
-			{Ordinal: 4, Value: nanos(expiresAt)}, {Ordinal: 5, Value: t.key.scope}, {Ordinal: 6, Value: t.key.id},
+			{Ordinal: 4, Value: now}, {Ordinal: 5, Value: left}, {Ordinal: 6, Value: ttl},
+			{Ordinal: 7, Value: t.key.scope}, {Ordinal: 8, Value: t.key.id},
 		}
 		err := execCommitting(ctx, t.conn, t.s.completeFoldSQL, args)
 		if !errors.Is(err, driver.ErrSkip) {
@@ -46,7 +56,7 @@ func (t *txn) Complete(ctx context.Context, resp idempotency.Response, expiresAt
 		}
 		// Too large to interpolate: UPDATE, then COMMIT.
 	}
-	res, err := t.tx.ExecContext(ctx, t.s.completeSQL, resp.Status, header, resp.Body, nanos(expiresAt), t.key.scope, t.key.id)
+	res, err := t.tx.ExecContext(ctx, t.s.completeSQL, resp.Status, header, resp.Body, now, left, ttl, t.key.scope, t.key.id)
 	var n int64
 	if err == nil {
 		n, err = res.RowsAffected()

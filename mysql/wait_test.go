@@ -50,12 +50,11 @@ func waitBoundRestored(t *testing.T, p path) {
 		}
 	}
 
-	now := time.Now()
 	key := idempotency.Key{ID: testkit.Name("idem_test_")}
-	holder := hold(t, ctx, f.store, key, now)
+	holder := hold(t, ctx, f.store, key)
 	for _, wait := range []time.Duration{0, 300 * time.Millisecond, 1500 * time.Millisecond} {
 		start := time.Now()
-		_, _, err := s.Reserve(ctx, idempotency.Reservation{Key: key, Fingerprint: "fp", Now: now, ExpiresAt: now.Add(time.Hour), Wait: wait})
+		_, _, err := s.Reserve(ctx, idempotency.Reservation{Key: key, Fingerprint: "fp", TTL: time.Hour, Wait: wait})
 		if !errors.Is(err, idempotency.ErrInProgress) {
 			t.Fatalf("Wait %v on a held key: got %v, want ErrInProgress", wait, err)
 		}
@@ -66,7 +65,7 @@ func waitBoundRestored(t *testing.T, p path) {
 	// A waiter that gets the record restores the session too.
 	done := make(chan error, 1)
 	go func() {
-		_, rec, err := s.Reserve(ctx, idempotency.Reservation{Key: key, Fingerprint: "fp", Now: now, ExpiresAt: now.Add(time.Hour), Wait: 20 * time.Second})
+		_, rec, err := s.Reserve(ctx, idempotency.Reservation{Key: key, Fingerprint: "fp", TTL: time.Hour, Wait: 20 * time.Second})
 		if err == nil && (rec == nil || string(rec.Body) != "held") {
 			err = fmt.Errorf("got record %+v, want the holder's", rec)
 		}
@@ -75,7 +74,7 @@ func waitBoundRestored(t *testing.T, p path) {
 	if err := waitForLockWaits(ctx, openDB(t, cfg, 1), f.table, 1); err != nil {
 		t.Fatal(err)
 	}
-	if err := holder.Complete(ctx, idempotency.Response{Status: 200, Body: []byte("held")}, now.Add(time.Hour)); err != nil {
+	if err := holder.Complete(ctx, idempotency.Response{Status: 200, Body: []byte("held")}); err != nil {
 		t.Fatal(err)
 	}
 	if err := <-done; err != nil {
@@ -122,14 +121,13 @@ func cancelWhileWaiting(t *testing.T, p path) {
 	f := newFixture(t, openDB(t, cfg, 0), nil)
 	db := openDB(t, cfg, 1)
 	s := newStore(t, db, f.table, p)
-	now := time.Now()
 	key := idempotency.Key{ID: testkit.Name("idem_test_")}
-	holder := hold(t, ctx, f.store, key, now)
+	holder := hold(t, ctx, f.store, key)
 
 	cctx, cancel := context.WithCancel(ctx)
 	time.AfterFunc(300*time.Millisecond, cancel)
 	start := time.Now()
-	_, _, err := s.Reserve(cctx, idempotency.Reservation{Key: key, Fingerprint: "fp", Now: now, ExpiresAt: now.Add(time.Hour), Wait: 30 * time.Second})
+	_, _, err := s.Reserve(cctx, idempotency.Reservation{Key: key, Fingerprint: "fp", TTL: time.Hour, Wait: 30 * time.Second})
 	if !errors.Is(err, context.Canceled) {
 		t.Fatalf("cancelled while waiting: got %v, want context.Canceled", err)
 	}
@@ -145,10 +143,10 @@ func cancelWhileWaiting(t *testing.T, p path) {
 	if inUse := db.Stats().InUse; inUse != 0 {
 		t.Fatalf("connections in use after the cancelled Reserve: %d", inUse)
 	}
-	if err := holder.Complete(ctx, idempotency.Response{Status: 200, Body: []byte("held")}, now.Add(time.Hour)); err != nil {
+	if err := holder.Complete(ctx, idempotency.Response{Status: 200, Body: []byte("held")}); err != nil {
 		t.Fatal(err)
 	}
-	_, rec, err := s.Reserve(ctx, idempotency.Reservation{Key: key, Fingerprint: "fp", Now: now, ExpiresAt: now.Add(time.Hour), Wait: time.Second})
+	_, rec, err := s.Reserve(ctx, idempotency.Reservation{Key: key, Fingerprint: "fp", TTL: time.Hour, Wait: time.Second})
 	if err != nil || rec == nil || string(rec.Body) != "held" {
 		t.Fatalf("after the holder completed: got %+v, %v", rec, err)
 	}
@@ -167,12 +165,11 @@ func TestWaiterSeesCommitUnderRepeatableRead(t *testing.T) {
 				db := openDB(t, cfg, 0)
 				f := newFixture(t, db, &Config{Isolation: iso})
 				s := newStoreIso(t, db, f.table, p, iso)
-				now := time.Now()
 				key := idempotency.Key{ID: testkit.Name("idem_test_")}
-				holder := hold(t, ctx, f.store, key, now)
+				holder := hold(t, ctx, f.store, key)
 				done := make(chan *idempotency.Record, 1)
 				go func() {
-					_, rec, err := s.Reserve(ctx, idempotency.Reservation{Key: key, Fingerprint: "fp", Now: now, ExpiresAt: now.Add(time.Hour), Wait: 20 * time.Second})
+					_, rec, err := s.Reserve(ctx, idempotency.Reservation{Key: key, Fingerprint: "fp", TTL: time.Hour, Wait: 20 * time.Second})
 					if err != nil {
 						t.Errorf("waiter: %v", err)
 					}
@@ -182,7 +179,7 @@ func TestWaiterSeesCommitUnderRepeatableRead(t *testing.T) {
 					t.Fatal(err)
 				}
 				want := idempotency.Response{Status: 202, Header: http.Header{"A": {"b"}}, Body: []byte("committed")}
-				if err := holder.Complete(ctx, want, now.Add(time.Hour)); err != nil {
+				if err := holder.Complete(ctx, want); err != nil {
 					t.Fatal(err)
 				}
 				rec := <-done
@@ -206,9 +203,8 @@ func TestWaiterTakesReleasedKey(t *testing.T) {
 			db := openDB(t, cfg, 0)
 			f := newFixture(t, db, nil)
 			s := newStore(t, db, f.table, p)
-			now := time.Now()
 			key := idempotency.Key{ID: testkit.Name("idem_test_")}
-			holder := hold(t, ctx, f.store, key, now)
+			holder := hold(t, ctx, f.store, key)
 			type result struct {
 				txn idempotency.Txn[*sql.Tx]
 				rec *idempotency.Record
@@ -216,7 +212,7 @@ func TestWaiterTakesReleasedKey(t *testing.T) {
 			}
 			done := make(chan result, 1)
 			go func() {
-				txn, rec, err := s.Reserve(ctx, idempotency.Reservation{Key: key, Fingerprint: "fp2", Now: now, ExpiresAt: now.Add(time.Hour), Wait: 20 * time.Second})
+				txn, rec, err := s.Reserve(ctx, idempotency.Reservation{Key: key, Fingerprint: "fp2", TTL: time.Hour, Wait: 20 * time.Second})
 				done <- result{txn, rec, err}
 			}()
 			if err := waitForLockWaits(ctx, openDB(t, cfg, 1), f.table, 1); err != nil {
@@ -232,11 +228,11 @@ func TestWaiterTakesReleasedKey(t *testing.T) {
 			if err := f.fx.Effect(ctx, r.txn.Tx(), "payment"); err != nil {
 				t.Fatal(err)
 			}
-			if err := r.txn.Complete(ctx, idempotency.Response{Status: 201, Body: []byte("second")}, now.Add(time.Hour)); err != nil {
+			if err := r.txn.Complete(ctx, idempotency.Response{Status: 201, Body: []byte("second")}); err != nil {
 				t.Fatal(err)
 			}
 			testkit.MustCount(t, ctx, f.fx.Count, "payment", 1)
-			_, rec, err := s.Reserve(ctx, idempotency.Reservation{Key: key, Fingerprint: "fp", Now: now, ExpiresAt: now.Add(time.Hour), Wait: time.Second})
+			_, rec, err := s.Reserve(ctx, idempotency.Reservation{Key: key, Fingerprint: "fp", TTL: time.Hour, Wait: time.Second})
 			if err != nil || rec == nil || rec.Fingerprint != "fp2" || string(rec.Body) != "second" {
 				t.Fatalf("after the waiter completed: got %+v, %v", rec, err)
 			}
@@ -304,7 +300,7 @@ func TestLockNearTheKeyIsNotInProgress(t *testing.T) {
 
 			// A key really held: ErrInProgress at once.
 			held := idempotency.Key{ID: testkit.Name("held_")}
-			holder := hold(t, ctx, newStore(t, openDB(t, testConfig(t, nil), 0), f.table, paths[0]), held, time.Now())
+			holder := hold(t, ctx, newStore(t, openDB(t, testConfig(t, nil), 0), f.table, paths[0]), held)
 			defer func() { _ = holder.Rollback(ctx) }()
 			if _, err := g.Do(ctx, held, "fp", fn); !errors.Is(err, idempotency.ErrInProgress) {
 				t.Fatalf("Do on a held key with NoWait: %v, want ErrInProgress", err)

@@ -146,9 +146,9 @@ WHERE trx_state = 'LOCK WAIT' AND trx_query LIKE ?`, "%`"+table+"`%").Scan(&n)
 }
 
 // hold reserves key on s directly and returns its open Txn.
-func hold(t *testing.T, ctx context.Context, s *Store, key idempotency.Key, now time.Time) idempotency.Txn[*sql.Tx] {
+func hold(t *testing.T, ctx context.Context, s *Store, key idempotency.Key) idempotency.Txn[*sql.Tx] {
 	t.Helper()
-	txn, rec, err := s.Reserve(ctx, idempotency.Reservation{Key: key, Fingerprint: "fp", Now: now, ExpiresAt: now.Add(time.Hour), Wait: time.Second})
+	txn, rec, err := s.Reserve(ctx, idempotency.Reservation{Key: key, Fingerprint: "fp", TTL: time.Hour, Wait: time.Second})
 	if err != nil || txn == nil {
 		t.Fatalf("hold %q: got %v, %v", key.ID, rec, err)
 	}

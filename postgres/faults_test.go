@@ -95,8 +95,8 @@ func (s lyingStore) Reserve(ctx context.Context, r idempotency.Reservation) (ide
 
 type lyingTxn struct{ idempotency.Txn[pgx.Tx] }
 
-func (t lyingTxn) Complete(ctx context.Context, resp idempotency.Response, expiresAt time.Time) error {
-	_ = t.Txn.Complete(ctx, resp, expiresAt)
+func (t lyingTxn) Complete(ctx context.Context, resp idempotency.Response) error {
+	_ = t.Txn.Complete(ctx, resp)
 	return nil
 }
 

@@ -117,7 +117,9 @@ func (f *fixture) guard(t testing.TB, cfg *idempotency.Config) *idempotency.Guar
 func harness(cfg postgres.Config, configure ...func(*pgxpool.Config)) conformance.Harness[pgx.Tx] {
 	return conformance.Harness[pgx.Tx]{
 		NewFixture: func(t testing.TB, opts conformance.Options) conformance.Fixture[pgx.Tx] {
-			f := newFixture(t, newPool(t, opts.MaxConns, configure...), cfg)
+			c := cfg
+			c.Clock = opts.Clock
+			f := newFixture(t, newPool(t, opts.MaxConns, configure...), c)
 			return conformance.Fixture[pgx.Tx]{Store: f.store, Effect: f.effect, Count: f.count, Bare: f.bare, Fill: f.fill}
 		},
 	}

@@ -323,16 +323,16 @@ func TestPgBouncerNoLeak(t *testing.T) {
 	var guards []*idempotency.Guard[pgx.Tx]
 	var stores []*postgres.Store
 	for i, cfg := range []postgres.Config{
-		{Table: f.table},
-		{Table: f.table},
-		{Table: f.table, LookupFirst: true},
-		{Table: f.table, TxOptions: pgx.TxOptions{IsoLevel: pgx.Serializable}},
+		{Table: f.table, Clock: clock},
+		{Table: f.table, Clock: clock},
+		{Table: f.table, Clock: clock, LookupFirst: true},
+		{Table: f.table, Clock: clock, TxOptions: pgx.TxOptions{IsoLevel: pgx.Serializable}},
 	} {
 		s, err := postgres.New(pools[i%2], &cfg)
 		if err != nil {
 			t.Fatal(err)
 		}
-		g, err := idempotency.New(s, &idempotency.Config{TTL: time.Hour, Now: clock})
+		g, err := idempotency.New(s, &idempotency.Config{TTL: time.Hour})
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -422,8 +422,9 @@ func TestPgBouncerNoLeak(t *testing.T) {
 			t.Fatalf("store %d, expired key taken over: %+v, %v", i, r, err)
 		}
 	}
+	now = now.Add(time.Hour)
 	for i, s := range stores {
-		if _, err := s.Purge(ctx, now.Add(time.Hour), 1000); err != nil {
+		if _, err := s.Purge(ctx, 1000); err != nil {
 			t.Fatalf("store %d, Purge: %v", i, err)
 		}
 	}

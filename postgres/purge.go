@@ -3,17 +3,21 @@ package postgres
 import (
 	"context"
 	"fmt"
-	"time"
 )
 
 // Purge implements [idempotency.KeyStore]: one DELETE (its own implicit
-// transaction) of at most limit rows whose expires_at <= before, skipping
-// rows locked by open transactions.
-func (s *Store) Purge(ctx context.Context, before time.Time, limit int) (int, error) {
+// transaction) of at most limit rows whose expires_at <= the server's
+// clock_timestamp() (or the test clock, [Config.Clock]), skipping rows
+// locked by open transactions.
+func (s *Store) Purge(ctx context.Context, limit int) (int, error) {
 	if limit <= 0 {
 		return 0, nil
 	}
-	tag, err := s.pool.Exec(ctx, s.sql.purge, execMode, before.Truncate(time.Microsecond), limit)
+	now, err := s.now()
+	if err != nil {
+		return 0, err
+	}
+	tag, err := s.pool.Exec(ctx, s.sql.purge, execMode, now, limit)
 	if err != nil {
 		return 0, s.mapError(ctx, fmt.Errorf("postgres: purge: %w", err), false)
 	}

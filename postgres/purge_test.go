@@ -36,11 +36,12 @@ func TestPurgeSkipsHeldRows(t *testing.T) {
 	} {
 		t.Run(c.name, func(t *testing.T) {
 			ctx := testkit.Context(t, testTimeout)
-			f := newFixture(t, newPool(t, 3), c.cfg)
 			var now atomic.Pointer[time.Time]
 			start := time.Now()
 			now.Store(&start)
-			g := f.guard(t, &idempotency.Config{TTL: time.Hour, Now: func() time.Time { return *now.Load() }})
+			c.cfg.Clock = func() time.Time { return *now.Load() }
+			f := newFixture(t, newPool(t, 3), c.cfg)
+			g := f.guard(t, &idempotency.Config{TTL: time.Hour})
 			fn := func(tx pgx.Tx) (idempotency.Response, error) {
 				return idempotency.Response{Status: 200}, f.effect(ctx, tx, "p")
 			}
@@ -76,7 +77,7 @@ func TestPurgeSkipsHeldRows(t *testing.T) {
 				t.Fatalf("takeover of the expired key: %v", err)
 			}
 			pctx, cancel := context.WithTimeout(ctx, 5*time.Second)
-			n, err := f.store.Purge(pctx, later, 100)
+			n, err := f.store.Purge(pctx, 100)
 			cancel()
 			release.Open()
 			if err != nil || n != c.want {
@@ -90,7 +91,7 @@ func TestPurgeSkipsHeldRows(t *testing.T) {
 				t.Fatalf("taken-over key after Purge: got %+v, %v; want replayed", r, err)
 			}
 			_ = locker.Rollback(ctx)
-			if n, err := f.store.Purge(ctx, later, 100); err != nil || n != 1 {
+			if n, err := f.store.Purge(ctx, 100); err != nil || n != 1 {
 				t.Fatalf("Purge once the lock is gone: got %d, %v; want 1 (the row that was locked)", n, err)
 			}
 			testkit.MustCount(t, ctx, f.count, "p", 6)

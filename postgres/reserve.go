@@ -26,7 +26,10 @@ import (
 // transaction holds the key. A plain look-up comes first with
 // [Config.LookupFirst], or while most recent first tries were replays.
 func (s *Store) Reserve(ctx context.Context, r idempotency.Reservation) (idempotency.Txn[pgx.Tx], *idempotency.Record, error) {
-	now := r.Now.Truncate(time.Microsecond)
+	now, err := s.now()
+	if err != nil {
+		return nil, nil, err
+	}
 	conn, err := s.pool.Acquire(ctx)
 	if err != nil {
 		return nil, nil, s.mapError(ctx, fmt.Errorf("postgres: acquire: %w", err), false)
@@ -36,7 +39,7 @@ func (s *Store) Reserve(ctx context.Context, r idempotency.Reservation) (idempot
 		if direct(conn.Conn()) {
 			args = args[1:] // the pool's own exec mode is safe
 		}
-		rec, _, err := scanKey(conn.QueryRow(ctx, s.sql.lookup, args...), r.Key, now)
+		rec, _, err := scanKey(conn.QueryRow(ctx, s.sql.lookup, args...), r.Key)
 		if err != nil || rec != nil {
 			abandon(ctx, conn)
 			if err != nil {
@@ -67,7 +70,7 @@ func (s *Store) Reserve(ctx context.Context, r idempotency.Reservation) (idempot
 // transaction, from a snapshot possibly older than the lock: the first
 // transaction that reports such a level switches the store to beginRow
 // for good.
-func (s *Store) begin(ctx context.Context, conn *pgxpool.Conn, r idempotency.Reservation, now time.Time) (*txn, *idempotency.Record, error) {
+func (s *Store) begin(ctx context.Context, conn *pgxpool.Conn, r idempotency.Reservation, now any) (*txn, *idempotency.Record, error) {
 	if s.rowMode.Load() {
 		return s.beginRow(ctx, conn, r, now)
 	}
@@ -87,7 +90,7 @@ func (s *Store) begin(ctx context.Context, conn *pgxpool.Conn, r idempotency.Res
 	}
 	if err == nil {
 		noteBackend(conn.Conn(), lk.pid)
-		rec, expired, err = scanKey(br.QueryRow(), r.Key, now)
+		rec, expired, err = scanKey(br.QueryRow(), r.Key)
 	}
 	if cerr := br.Close(); err == nil {
 		err = cerr
@@ -109,7 +112,7 @@ func (s *Store) begin(ctx context.Context, conn *pgxpool.Conn, r idempotency.Res
 		}
 		return s.beginRow(ctx, conn, r, now)
 	}
-	return &txn{s: s, conn: conn, tx: &tx{inner: br.Tx()}, key: r.Key, fp: r.Fingerprint, now: now, expired: expired}, nil, nil
+	return &txn{s: s, conn: conn, tx: &tx{inner: br.Tx()}, key: r.Key, fp: r.Fingerprint, now: now, ttl: r.TTL, expired: expired}, nil, nil
 }
 
 // beginRow reserves the key with its advisory lock and a pending row, for
@@ -122,13 +125,13 @@ func (s *Store) begin(ctx context.Context, conn *pgxpool.Conn, r idempotency.Res
 // way, one more round trip ends the transaction and reads it: a live
 // completed row is returned, an expired one taken over (one more round
 // trip). The caller releases conn unless a reservation is returned.
-func (s *Store) beginRow(ctx context.Context, conn *pgxpool.Conn, r idempotency.Reservation, now time.Time) (*txn, *idempotency.Record, error) {
+func (s *Store) beginRow(ctx context.Context, conn *pgxpool.Conn, r idempotency.Reservation, now any) (*txn, *idempotency.Record, error) {
 	stmt := s.sql.insertPending
 	for range 2 {
 		b := &pgx.Batch{}
 		b.BeginTx(s.txOptions)
 		s.queueLock(ctx, b, r)
-		b.Queue(stmt, r.Key.Scope, r.Key.ID, r.Fingerprint, now, r.ExpiresAt.Truncate(time.Microsecond), lockTimeout(ctx, r.Wait))
+		b.Queue(stmt, r.Key.Scope, r.Key.ID, r.Fingerprint, now, r.TTL, lockTimeout(ctx, r.Wait))
 		br := s.send(ctx, conn.Conn(), b)
 		var (
 			lk  lockResult
@@ -157,7 +160,7 @@ func (s *Store) beginRow(ctx context.Context, conn *pgxpool.Conn, r idempotency.
 			held := r.Wait > 0 || !lk.locked
 			return nil, nil, s.mapError(ctx, fmt.Errorf("postgres: reserve key %q (wait bound %v): %w", r.Key.ID, r.Wait, err), held)
 		case lk.locked && row.Valid:
-			return &txn{s: s, conn: conn, tx: &tx{inner: br.Tx()}, key: r.Key, fp: r.Fingerprint, now: now, row: row}, nil, nil
+			return &txn{s: s, conn: conn, tx: &tx{inner: br.Tx()}, key: r.Key, fp: r.Fingerprint, now: now, ttl: r.TTL, row: row}, nil, nil
 		case row.Valid: // inserted without the lock: its holder has not written yet
 			return nil, nil, fmt.Errorf("postgres: key %q: %w", r.Key.ID, idempotency.ErrInProgress)
 		}
@@ -173,7 +176,7 @@ func (s *Store) beginRow(ctx context.Context, conn *pgxpool.Conn, r idempotency.
 		br = s.send(ctx, conn.Conn(), b)
 		_, err = br.Exec()
 		if err == nil {
-			rec, expired, err = scanKey(br.QueryRow(), r.Key, now)
+			rec, expired, err = scanKey(br.QueryRow(), r.Key)
 		}
 		if cerr := br.Close(); err == nil {
 			err = cerr
@@ -245,21 +248,21 @@ func lockTimeout(ctx context.Context, wait time.Duration) string {
 }
 
 // scanKey scans a row of the look-up: a live completed record, or expired
-// true for an expired row (neither for no row).
-func scanKey(row pgx.Row, key idempotency.Key, now time.Time) (rec *idempotency.Record, expired bool, err error) {
+// true for a row expired by the statement's clock (neither for no row).
+func scanKey(row pgx.Row, key idempotency.Key) (rec *idempotency.Record, expired bool, err error) {
 	var (
 		fp                 string
 		status             *int
 		header, body       []byte
 		created, expiresAt time.Time
 	)
-	err = row.Scan(&fp, &status, &header, &body, &created, &expiresAt)
+	err = row.Scan(&fp, &status, &header, &body, &created, &expiresAt, &expired)
 	switch {
 	case errors.Is(err, pgx.ErrNoRows):
 		return nil, false, nil
 	case err != nil:
 		return nil, false, err
-	case !expiresAt.After(now):
+	case expired:
 		return nil, true, nil
 	case status == nil:
 		return nil, false, fmt.Errorf("postgres: completed key %q has no status", key.ID)

@@ -132,6 +132,10 @@ func encodeParams(m *pgtype.Map, args []any) ([][]byte, []uint32, error) {
 	for i, a := range args {
 		var oid uint32
 		switch a.(type) {
+		case nil: // NULL, its type named by the statement's cast
+			continue
+		case time.Duration:
+			oid = pgtype.IntervalOID
 		case string:
 			oid = pgtype.TextOID
 		case int64, int:

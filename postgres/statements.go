@@ -22,7 +22,8 @@ type statements struct {
 	// so that fn's statements run under the session's own setting; it
 	// reports what tryLock does.
 	waitLock string
-	// lookup reads the key's row if it is completed or expired ($3 is now).
+	// lookup reads the key's row if it is completed or expired ($3 is the
+	// clock parameter, see clockSQL), and whether it has expired.
 	lookup string
 
 	// insert writes the completed key row, with the response, as the
@@ -54,28 +55,54 @@ func newStatements(table, q string) statements {
 FROM (SELECT pg_advisory_xact_lock($1::int8) FROM (SELECT set_config('lock_timeout', $2::text, true)
 	FROM (SELECT set_config('idempotency.saved_lock_timeout', current_setting('lock_timeout'), true) OFFSET 0) saved
 	OFFSET 0) bound OFFSET 0) locked`
-	st.lookup = `SELECT fingerprint, status, header, body, created_at, expires_at FROM ` + q +
-		` WHERE scope = $1 AND id = $2 AND (state = 'completed' OR expires_at <= $3)`
+	st.lookup = `SELECT k.fingerprint, k.status, k.header, k.body, k.created_at, k.expires_at, k.expires_at <= n.now
+FROM ` + nowFrom(3) + `, ` + q + ` AS k
+WHERE k.scope = $1 AND k.id = $2 AND (k.state = 'completed' OR k.expires_at <= n.now)`
+	// created_at: the transaction's start (the reservation's BEGIN) on the
+	// server's clock; expires_at: the server's clock at completion plus
+	// the TTL ($9).
 	st.insert = `INSERT INTO ` + q + ` (scope, id, fingerprint, state, status, header, body, created_at, expires_at)
-VALUES ($1, $2, $3, 'completed', $4, $5, $6, $7, $8)`
-	st.deleteExpired = `DELETE FROM ` + q + ` WHERE scope = $1 AND id = $2 AND expires_at <= $3`
+VALUES ($1, $2, $3, 'completed', $4, $5, $6, COALESCE($7::timestamptz, now()), ` + expirySQL(`COALESCE($8::timestamptz, clock_timestamp())`, 9) + `)`
+	st.deleteExpired = `DELETE FROM ` + q + ` WHERE scope = $1 AND id = $2 AND expires_at <= COALESCE($3::timestamptz, clock_timestamp())`
 	st.insertPending, st.takeOver = reservationSQL(q)
 	// The key row is found by the ctid the reservation returned (stable:
 	// the transaction holds the row); the other conditions only check it.
-	st.complete = `UPDATE ` + q + ` SET state = 'completed', status = $4, header = $5, body = $6, expires_at = $7
+	st.complete = `UPDATE ` + q + ` SET state = 'completed', status = $4, header = $5, body = $6,
+	expires_at = ` + expirySQL(`COALESCE($7::timestamptz, clock_timestamp())`, 8) + `
 WHERE ctid = $1 AND scope = $2 AND id = $3 AND state = 'pending'`
 	// The oldest expired rows, found through the expires_at index (a scan
 	// of the table would walk over the rows earlier batches deleted, which
-	// stay until VACUUM), locked, then deleted by ctid.
+	// stay until VACUUM), locked, then deleted by ctid. The clock is read
+	// once, in an InitPlan, so the index condition can use it.
 	st.purge = `DELETE FROM ` + q + ` WHERE ctid = ANY (ARRAY(SELECT ctid FROM ` + q +
-		` WHERE expires_at <= $1 ORDER BY expires_at LIMIT $2 FOR UPDATE SKIP LOCKED))`
+		` WHERE expires_at <= (SELECT COALESCE($1::timestamptz, clock_timestamp())) ORDER BY expires_at LIMIT $2 FOR UPDATE SKIP LOCKED))`
 	return st
+}
+
+// maxExpirySQL is [idempotency.MaxExpiry] in microseconds, rounded down.
+const maxExpirySQL = `'2262-04-11 23:47:16.854775+00'::timestamptz`
+
+// expirySQL is the expiry of a record whose clock reading is the SQL
+// expression now and whose TTL is parameter $ttl (an interval, sent as a
+// time.Duration: whole microseconds): now plus the TTL, clamped to
+// [idempotency.MaxExpiry].
+func expirySQL(now string, ttl int) string {
+	return fmt.Sprintf(`LEAST(%s + $%d::interval, %s)`, now, ttl, maxExpirySQL)
+}
+
+// nowFrom is a one-row subquery "n" whose column now is the clock reading
+// of a statement: parameter $param (a test clock's reading), or when it is
+// NULL the server's clock_timestamp(), read once for the whole statement.
+func nowFrom(param int) string {
+	return fmt.Sprintf(`(SELECT COALESCE($%d::timestamptz, clock_timestamp()) AS now OFFSET 0) AS n`, param)
 }
 
 // reservationSQL returns the two statements that reserve a key with a
 // pending row on the quoted table q: insertSQL inserts it, takeOverSQL turns
 // an expired row into it. Their parameters: scope $1, id $2, fingerprint
-// $3, now $4, expires_at $5 and the wait bound $6 (a lock_timeout value);
+// $3, the clock $4 (NULL: the server's, see nowFrom), the TTL $5 (the
+// provisional expiry is the clock plus the TTL) and the wait bound $6 (a
+// lock_timeout value);
 // every one is cast, so that the simple protocol works too. Each returns
 // the ctid of the row it reserved, or no row.
 //
@@ -91,13 +118,13 @@ func reservationSQL(q string) (insertSQL, takeOverSQL string) {
 	OFFSET 0) bound`
 	const restore = `set_config('lock_timeout', current_setting('idempotency.saved_lock_timeout'), true)`
 	insertSQL = `INSERT INTO ` + q + ` (scope, id, fingerprint, state, created_at, expires_at)
-SELECT $1::text, $2::text, $3::text, 'pending', $4::timestamptz, $5::timestamptz FROM ` + bound + `
+SELECT $1::text, $2::text, $3::text, 'pending', n.now, ` + expirySQL("n.now", 5) + ` FROM ` + bound + `, ` + nowFrom(4) + `
 ON CONFLICT (scope, id) DO NOTHING
 RETURNING ctid, ` + restore
 	takeOverSQL = `UPDATE ` + q + ` AS k SET fingerprint = $3::text, state = 'pending', status = NULL, header = NULL, body = NULL,
-	created_at = $4::timestamptz, expires_at = $5::timestamptz
-FROM ` + bound + `
-WHERE k.scope = $1::text AND k.id = $2::text AND k.expires_at <= $4::timestamptz
+	created_at = n.now, expires_at = ` + expirySQL("n.now", 5) + `
+FROM ` + bound + `, ` + nowFrom(4) + `
+WHERE k.scope = $1::text AND k.id = $2::text AND k.expires_at <= n.now
 RETURNING k.ctid, ` + restore
 	return insertSQL, takeOverSQL
 }

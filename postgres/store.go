@@ -44,6 +44,17 @@ type Config struct {
 	// Deprecated: the look-up travels with BEGIN by default now; see
 	// LookupFirst for the opposite trade.
 	SkipLookup bool
+	// Clock is for tests only: when set, the store reads it instead of the
+	// server's clock wherever it judges or stores a time (a record's
+	// expiry, its creation, Purge), and sends the reading with each
+	// statement. Nil, the default and the only setting for a service with
+	// several instances, uses PostgreSQL's own clock (clock_timestamp(),
+	// and now() for the creation time), which every instance shares: no
+	// time of the application is ever sent. A test clock must never differ
+	// between instances; a reading outside [idempotency.MinClock] ..
+	// [idempotency.MaxExpiry] is refused with
+	// [idempotency.ErrInvalidConfig] before anything is written.
+	Clock func() time.Time
 }
 
 // Store is an [idempotency.KeyStore] on a PostgreSQL table. It is safe for
@@ -56,6 +67,7 @@ type Store struct {
 	schemaName  string // the table's schema, "" if not qualified
 	txOptions   pgx.TxOptions
 	lookupFirst bool
+	clock       func() time.Time // Config.Clock: nil for the server's
 	commitSQL   string
 	schema      string
 	sql         statements
@@ -99,6 +111,7 @@ func New(pool *pgxpool.Pool, cfg *Config) (*Store, error) {
 		tableName:   c.Table,
 		txOptions:   c.TxOptions,
 		lookupFirst: c.LookupFirst,
+		clock:       c.Clock,
 		commitSQL:   "commit",
 		schema:      schemaSQL(c.Table, q),
 		sql:         newStatements(c.Table, q),
@@ -115,4 +128,18 @@ func New(pool *pgxpool.Pool, cfg *Config) (*Store, error) {
 		s.commitSQL = c.TxOptions.CommitQuery
 	}
 	return s, nil
+}
+
+// now is the value of the statements' clock parameter: nil, which makes
+// them read the server's clock, or the reading of the test clock
+// ([Config.Clock]), in microseconds, rounded down.
+func (s *Store) now() (any, error) {
+	if s.clock == nil {
+		return nil, nil
+	}
+	now := s.clock()
+	if err := idempotency.CheckClock(now); err != nil {
+		return nil, fmt.Errorf("postgres: Config.Clock: %w", err)
+	}
+	return now.Truncate(time.Microsecond), nil
 }

@@ -100,9 +100,9 @@ func (tr *tracer) check(t testing.TB) {
 func TestOneConnection(t *testing.T) {
 	tr := &tracer{}
 	pool := newPool(t, 1, func(c *pgxpool.Config) { c.ConnConfig.Tracer = tr })
-	f := newFixture(t, pool, postgres.Config{})
 	now := time.Now()
-	g := f.guard(t, &idempotency.Config{TTL: time.Hour, Now: func() time.Time { return now }})
+	f := newFixture(t, pool, postgres.Config{Clock: func() time.Time { return now }})
+	g := f.guard(t, &idempotency.Config{TTL: time.Hour})
 	ctx := context.WithValue(testkit.Context(t, testTimeout), callerKey{}, 1)
 	call := func(fp string, fail bool) (idempotency.Response, error) {
 		cctx, cancel := context.WithTimeout(ctx, 5*time.Second)
@@ -140,7 +140,8 @@ func TestOneConnection(t *testing.T) {
 	if r, err := call("fp", false); err != nil || r.Replayed {
 		t.Fatalf("expired key: got %+v, %v; want executed", r, err)
 	}
-	if n, err := f.store.Purge(ctx, now.Add(2*time.Hour), 10); err != nil || n != 1 {
+	now = now.Add(2 * time.Hour)
+	if n, err := f.store.Purge(ctx, 10); err != nil || n != 1 {
 		t.Fatalf("Purge: got %d, %v; want 1", n, err)
 	}
 	tr.check(t)

@@ -23,9 +23,10 @@ type txn struct {
 	tx      *tx
 	key     idempotency.Key
 	fp      string
-	now     time.Time  // the reservation's clock reading, the row's created_at
-	expired bool       // the look-up found an expired row of the key
-	row     pgtype.TID // the pending row, if reserveRow wrote one
+	now     any           // the reservation's test clock reading, nil for the server's clock
+	ttl     time.Duration // the completed record's, counted from completion
+	expired bool          // the look-up found an expired row of the key
+	row     pgtype.TID    // the pending row, if reserveRow wrote one
 	done    bool
 }
 
@@ -33,7 +34,7 @@ func (t *txn) Tx() pgx.Tx { return t.tx }
 
 // Complete writes the completed key row (or completes the pending one) and
 // commits, in one round trip.
-func (t *txn) Complete(ctx context.Context, resp idempotency.Response, expiresAt time.Time) (err error) {
+func (t *txn) Complete(ctx context.Context, resp idempotency.Response) (err error) {
 	if t.done {
 		return fmt.Errorf("postgres: key %q: %w", t.key.ID, pgx.ErrTxClosed)
 	}
@@ -50,16 +51,22 @@ func (t *txn) Complete(ctx context.Context, resp idempotency.Response, expiresAt
 	default:
 		return fmt.Errorf("postgres: key %q: the transaction was ended inside fn: %w", t.key.ID, pgx.ErrTxClosed)
 	}
-	header, exp := idempotency.MarshalHeader(resp.Header), expiresAt.Truncate(time.Microsecond)
+	// The expiry is the clock at completion (the server's unless a test
+	// clock is set) plus the TTL.
+	now, err := t.s.now()
+	if err != nil {
+		return err
+	}
+	header := idempotency.MarshalHeader(resp.Header)
 	b := &pgx.Batch{}
 	switch {
 	case t.row.Valid:
-		b.Queue(t.s.sql.complete, t.row, t.key.Scope, t.key.ID, resp.Status, header, resp.Body, exp)
+		b.Queue(t.s.sql.complete, t.row, t.key.Scope, t.key.ID, resp.Status, header, resp.Body, now, t.ttl)
 	case t.expired:
 		b.Queue(t.s.sql.deleteExpired, t.key.Scope, t.key.ID, t.now)
 		fallthrough
 	default:
-		b.Queue(t.s.sql.insert, t.key.Scope, t.key.ID, t.fp, resp.Status, header, resp.Body, t.now, exp)
+		b.Queue(t.s.sql.insert, t.key.Scope, t.key.ID, t.fp, resp.Status, header, resp.Body, t.now, now, t.ttl)
 	}
 	b.Queue(t.s.commitSQL)
 	br := t.s.send(ctx, t.conn.Conn(), b)

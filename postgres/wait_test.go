@@ -155,13 +155,13 @@ func TestLockTimeoutScopedToReservation(t *testing.T) {
 	for _, c := range cases {
 		t.Run(c.name, func(t *testing.T) {
 			pool := newPool(t, 1, c.configure...)
-			f := newFixture(t, pool, postgres.Config{})
+			now := time.Now()
+			f := newFixture(t, pool, postgres.Config{Clock: func() time.Time { return now }})
 			cfg := idempotency.Config{TTL: time.Hour}
 			if c.cfg != nil {
 				cfg = *c.cfg
 			}
-			now := time.Now()
-			cfg.TTL, cfg.Now = time.Hour, func() time.Time { return now }
+			cfg.TTL = time.Hour
 			g := f.guard(t, &cfg)
 			// A new key (the INSERT), then the same key once expired (the
 			// takeover UPDATE): each sets and restores the bound.

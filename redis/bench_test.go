@@ -95,7 +95,7 @@ func benchWake(b *testing.B, f *fixture, waitersStore *Store, waiting func(holde
 		waiting(holder.(*txn), waiters)
 		_ = f.effect(ctx, holder.Tx(), "wake")
 		start := time.Now()
-		if err := holder.Complete(ctx, idempotency.Response{Status: 201, Body: []byte("done")}, time.Now().Add(time.Hour)); err != nil {
+		if err := holder.Complete(ctx, idempotency.Response{Status: 201, Body: []byte("done")}); err != nil {
 			b.Fatal(err)
 		}
 		end := time.Now()

@@ -139,7 +139,7 @@ func TestCluster(t *testing.T) {
 				t.Fatalf("reserve %d: %v", i, err)
 			}
 			incr := txn.Tx().Incr(ctx, txn.Tx().Key("n"))
-			if err := txn.Complete(ctx, resp201(i), time.Now().Add(time.Hour)); err != nil {
+			if err := txn.Complete(ctx, resp201(i)); err != nil {
 				t.Fatalf("complete %d: %v", i, err)
 			}
 			if incr.Val() != 1 {

@@ -159,7 +159,7 @@ func TestWatchRace(t *testing.T) {
 				t.Fatal(err)
 			}
 			_ = f.effect(ctx, txn.Tx(), "race")
-			err = txn.Complete(ctx, idempotency.Response{Status: 201}, time.Now().Add(time.Hour))
+			err = txn.Complete(ctx, idempotency.Response{Status: 201})
 			if !errors.Is(err, tc.wantErr) || (tc.wantErr == nil && err != nil) {
 				t.Fatalf("Complete: got %v, want %v", err, tc.wantErr)
 			}

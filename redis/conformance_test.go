@@ -14,10 +14,7 @@ import (
 func harness(newClient func(t testing.TB) func(int) goredis.UniversalClient) conformance.Harness[*Tx] {
 	return conformance.Harness[*Tx]{
 		NewFixture: func(t testing.TB, opts conformance.Options) conformance.Fixture[*Tx] {
-			var cfg *Config
-			if opts.Lease > 0 {
-				cfg = &Config{Lease: opts.Lease}
-			}
+			cfg := &Config{Lease: opts.Lease, Clock: opts.Clock}
 			f := newFixture(t, newClient(t), opts.MaxConns, cfg)
 			f.store.noRenew = opts.Lease > 0
 			return conformance.Fixture[*Tx]{Store: f.store, Effect: f.effect, Count: f.count, Bare: f.bare, Fill: f.fill}

@@ -40,11 +40,12 @@
 // completed record, its expiry and a wake-up PUBLISH in one MULTI/EXEC. If
 // the lease was lost (expired and taken over), nothing is applied and
 // Complete returns an error wrapping [idempotency.ErrLeaseLost]. A
-// completed record keeps the expiry given to Complete, on the core's clock,
-// and every read checks it; Redis deletes the record that long after its
-// completion (at least a minute), so [Store.Purge] always returns 0. A
-// completed record whose expiry is not after the core's clock counts as
-// absent and is taken over atomically.
+// completed record expires the TTL after its completion by Redis's own
+// clock (TIME, read inside the scripts; [Config.Clock] replaces it in
+// tests), and every read checks it; Redis deletes the record that long
+// after its completion (at least a minute), so [Store.Purge] always
+// returns 0. A completed record whose expiry is not after Redis's clock
+// counts as absent and is taken over atomically.
 //
 // Callers of one key in one [Store] that arrive while another of them runs
 // the reservation script wait for its answer instead of sending their own.

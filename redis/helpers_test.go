@@ -148,8 +148,7 @@ func singleClient(t testing.TB) func(int) goredis.UniversalClient {
 }
 
 func reservation(key idempotency.Key, fp string, wait time.Duration) idempotency.Reservation {
-	now := time.Now()
-	return idempotency.Reservation{Key: key, Fingerprint: fp, Now: now, ExpiresAt: now.Add(time.Hour), Wait: wait}
+	return idempotency.Reservation{Key: key, Fingerprint: fp, TTL: time.Hour, Wait: wait}
 }
 
 // crash simulates the death of a reservation's holder: it stops renewing

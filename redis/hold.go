@@ -3,6 +3,7 @@ package redis
 import (
 	"context"
 	"sync/atomic"
+	"time"
 
 	"github.com/go-idempotency/idempotency"
 )
@@ -25,8 +26,11 @@ type hold struct {
 	joined *lookResult
 	seq    uint64
 	// Set before done is closed when Complete succeeded and someone
-	// waited: the stored record, as the reservation script would return it.
-	rec *idempotency.Record
+	// waited: the stored record, as the reservation script would return it,
+	// and the monotonic instant it expires (by Redis's clock when it was
+	// written).
+	rec   *idempotency.Record
+	until time.Time
 }
 
 func (s *Store) addHold(token string) *hold {
@@ -138,7 +142,7 @@ func (s *Store) look(ctx context.Context, k keys, r idempotency.Reservation, own
 	case out.reserved:
 		return tryResult{pttl: -1, owner: j.leader}, nil
 	case out.rec != nil:
-		if out.rec.Key == r.Key && out.rec.ExpiresAt.UnixMilli() > r.Now.UnixMilli() {
+		if out.rec.Key == r.Key && s.liveInMemory(out.rec, out.until) {
 			return tryResult{rec: cloneRecord(out.rec)}, nil
 		}
 	default:

@@ -94,11 +94,11 @@ func TestStaleOwnerCompleteRefused(t *testing.T) {
 	_ = f.effect(ctx, b.Tx(), "stale")
 
 	// A wakes up while B holds the key, and again after B completed.
-	err = a.Complete(ctx, idempotency.Response{Status: 200, Body: []byte("A")}, time.Now().Add(time.Hour))
+	err = a.Complete(ctx, idempotency.Response{Status: 200, Body: []byte("A")})
 	if !errors.Is(err, idempotency.ErrLeaseLost) {
 		t.Fatalf("stale A completes while B holds the key: got %v, want ErrLeaseLost", err)
 	}
-	if err := b.Complete(ctx, idempotency.Response{Status: 201, Body: []byte("B")}, time.Now().Add(time.Hour)); err != nil {
+	if err := b.Complete(ctx, idempotency.Response{Status: 201, Body: []byte("B")}); err != nil {
 		t.Fatalf("B completes: %v", err)
 	}
 	a2, _, err := f.store.Reserve(ctx, reservation(key, "fp", 0))
@@ -119,10 +119,10 @@ func TestStaleOwnerCompleteRefused(t *testing.T) {
 		t.Fatal(err)
 	}
 	_ = f.effect(ctx, d.Tx(), "stale2")
-	if err := d.Complete(ctx, idempotency.Response{Status: 201, Body: []byte("D")}, time.Now().Add(time.Hour)); err != nil {
+	if err := d.Complete(ctx, idempotency.Response{Status: 201, Body: []byte("D")}); err != nil {
 		t.Fatal(err)
 	}
-	if err := c.Complete(ctx, idempotency.Response{Status: 200, Body: []byte("C")}, time.Now().Add(time.Hour)); !errors.Is(err, idempotency.ErrLeaseLost) {
+	if err := c.Complete(ctx, idempotency.Response{Status: 200, Body: []byte("C")}); !errors.Is(err, idempotency.ErrLeaseLost) {
 		t.Fatalf("stale C completes after D completed: got %v, want ErrLeaseLost", err)
 	}
 

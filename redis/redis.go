@@ -7,6 +7,7 @@ import (
 	"encoding/binary"
 	"encoding/hex"
 	"fmt"
+	"strconv"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -50,6 +51,18 @@ type Config struct {
 	// ReplicaTimeout bounds that wait: at least 1ms. Defaults to
 	// [DefaultReplicaTimeout].
 	ReplicaTimeout time.Duration
+	// Clock is for tests only: when set, the store reads it instead of
+	// Redis's clock wherever it judges or stores a record's time (its
+	// expiry, its creation), and sends the reading to its scripts. Nil, the
+	// default and the only setting for a service with several instances,
+	// uses Redis's own clock (TIME inside the scripts), which every
+	// instance shares: no time of the application is ever sent. Leases and
+	// the records' own Redis expiry (PX, PEXPIRE: durations the server
+	// counts) are Redis's in either case. A test clock must never differ
+	// between instances; a reading outside [idempotency.MinClock] ..
+	// [idempotency.MaxExpiry] is refused with
+	// [idempotency.ErrInvalidConfig] before anything is written.
+	Clock func() time.Time
 }
 
 // Store is an [idempotency.KeyStore] on Redis. It is safe for concurrent use.
@@ -61,6 +74,7 @@ type Store struct {
 	lease      time.Duration
 	renewEvery time.Duration
 	poll       time.Duration
+	clock      func() time.Time // Config.Clock: nil for Redis's
 
 	reserveScript *goredis.Script
 	renewScript   *goredis.Script
@@ -147,6 +161,7 @@ func New(client goredis.UniversalClient, cfg *Config) (*Store, error) {
 		lease:         c.Lease,
 		renewEvery:    c.Lease / 3,
 		poll:          min(max(c.Lease/10, 50*time.Millisecond), time.Second),
+		clock:         c.Clock,
 		reserveScript: goredis.NewScript(reserveLua),
 		renewScript:   goredis.NewScript(renewLua),
 		releaseScript: goredis.NewScript(releaseLua),
@@ -205,6 +220,32 @@ func (k keys) deadKey(token string) string {
 
 // Purge implements [idempotency.KeyStore]. Completed records carry a Redis
 // expiry and vanish by themselves, so Purge deletes nothing and returns 0.
-func (s *Store) Purge(ctx context.Context, before time.Time, limit int) (int, error) {
+func (s *Store) Purge(ctx context.Context, limit int) (int, error) {
 	return 0, ctx.Err()
+}
+
+// testNow is the clock argument of the store's scripts: "" for Redis's
+// own clock, or the reading of the test clock ([Config.Clock]) in Unix
+// milliseconds, rounded down.
+func (s *Store) testNow() (string, error) {
+	if s.clock == nil {
+		return "", nil
+	}
+	now := s.clock()
+	if err := idempotency.CheckClock(now); err != nil {
+		return "", fmt.Errorf("redis: Config.Clock: %w", err)
+	}
+	return strconv.FormatInt(now.UnixMilli(), 10), nil
+}
+
+// liveInMemory reports whether rec, a record this Store's callers hand one
+// another in memory (completed by a holder of this Store, or found by a
+// reservation script a caller joined), is still live: by the test clock,
+// or else by the monotonic deadline until, taken when Redis judged or
+// wrote it.
+func (s *Store) liveInMemory(rec *idempotency.Record, until time.Time) bool {
+	if s.clock != nil {
+		return rec.ExpiresAt.UnixMilli() > s.clock().UnixMilli()
+	}
+	return time.Now().Before(until)
 }

@@ -89,7 +89,7 @@ func (s *Store) Reserve(ctx context.Context, r idempotency.Reservation) (idempot
 		if err != nil {
 			return nil, nil, fmt.Errorf("%w: waiting for key %q: %w", idempotency.ErrInProgress, r.Key.ID, err)
 		}
-		if rec != nil && rec.Key == r.Key && rec.ExpiresAt.UnixMilli() > r.Now.UnixMilli() {
+		if rec != nil && rec.Key == r.Key && s.liveInMemory(rec, h.until) {
 			s.seen.add(k.id)
 			return nil, rec, nil
 		}
@@ -101,16 +101,22 @@ type tryResult struct {
 	reserved bool
 	rec      *idempotency.Record
 	pttl     time.Duration // pending: time left on the holder's lease, < 0 if unknown
+	until    time.Time     // completed: the monotonic instant rec expires, by Redis's clock when it was read
 	owner    string        // pending: the holder's token
 	// reserved on a connection of its own, with WATCH armed on the record
 	// (see tryWatched); nil otherwise, and never handed to joined callers.
 	conn *pinned
 }
 
-// reserveArgs are the reservation script's ARGV.
-func (s *Store) reserveArgs(r idempotency.Reservation, token, dead string) []any {
+// reserveArgs are the reservation script's ARGV: the clock is Redis's
+// (TIME in the script) unless a test clock is set.
+func (s *Store) reserveArgs(r idempotency.Reservation, token, dead string) ([]any, error) {
+	now, err := s.testNow()
+	if err != nil {
+		return nil, err
+	}
 	return []any{token, r.Key.Scope, r.Key.ID, r.Fingerprint,
-		r.Now.UnixMilli(), r.ExpiresAt.UnixMilli(), s.lease.Milliseconds(), dead}
+		now, r.TTL.Milliseconds(), s.lease.Milliseconds(), dead}, nil
 }
 
 // try runs the reservation script once under token, taking the key over
@@ -121,19 +127,23 @@ func (s *Store) try(ctx context.Context, k keys, r idempotency.Reservation, toke
 	if s.single != nil && r.Wait == 0 && dead == "" && !s.seen.has(k.id) {
 		return s.tryWatched(ctx, k, r, token)
 	}
-	vals, err := s.reserveScript.Run(ctx, s.client, []string{k.rec, k.deadKey(token)},
-		s.reserveArgs(r, token, dead)...).Slice()
+	args, err := s.reserveArgs(r, token, dead)
+	if err != nil {
+		return tryResult{}, err
+	}
+	sent := time.Now()
+	vals, err := s.reserveScript.Run(ctx, s.client, []string{k.rec, k.deadKey(token)}, args...).Slice()
 	if err != nil {
 		if outcomeUnknown(err) {
 			s.abandon(ctx, k, token)
 		}
 		return tryResult{}, mapError("reserve", err)
 	}
-	return s.parseReserve(k, r, vals)
+	return s.parseReserve(k, r, vals, sent)
 }
 
-// parseReserve reads the reply of the reservation script.
-func (s *Store) parseReserve(k keys, r idempotency.Reservation, vals []any) (tryResult, error) {
+// parseReserve reads the reply of the reservation script, sent at sent.
+func (s *Store) parseReserve(k keys, r idempotency.Reservation, vals []any, sent time.Time) (tryResult, error) {
 	str := func(i int) string {
 		if i < len(vals) {
 			if v, ok := vals[i].(string); ok {
@@ -161,7 +171,14 @@ func (s *Store) parseReserve(k keys, r idempotency.Reservation, vals []any) (try
 		if rec.Key != r.Key {
 			return tryResult{}, fmt.Errorf("redis: record %s holds key %q/%q, not %q/%q", k.rec, rec.Key.Scope, rec.Key.ID, r.Key.Scope, r.Key.ID)
 		}
-		return tryResult{rec: rec}, nil
+		// Live for what Redis's clock left it when the script ran, counted
+		// from before it was sent: never longer than by Redis's clock.
+		now, err := strconv.ParseInt(str(9), 10, 64)
+		if err != nil {
+			return tryResult{}, fmt.Errorf("redis: record %s: bad clock %q", k.rec, str(9))
+		}
+		left := time.Duration(rec.ExpiresAt.UnixMilli()-now) * time.Millisecond
+		return tryResult{rec: rec, until: sent.Add(left)}, nil
 	}
 	return tryResult{}, fmt.Errorf("redis: unexpected reply %v from the reservation script", vals)
 }

@@ -127,7 +127,7 @@ func TestRoundTrips(t *testing.T) {
 		}()
 		testkit.WaitUntil(t, 10*time.Second, "the waiter to wait", func() bool { return s.waiting.Load() == 1 })
 		_ = f.effect(ctx, held.Tx(), "rt")
-		if err := held.Complete(ctx, idempotency.Response{Status: 201}, time.Now().Add(time.Hour)); err != nil {
+		if err := held.Complete(ctx, idempotency.Response{Status: 201}); err != nil {
 			t.Fatal(err)
 		}
 		if err := <-done; err != nil {

@@ -1,5 +1,7 @@
 package redis
 
+import "fmt"
+
 // Record fields and states.
 const (
 	statePending   = "pending"
@@ -15,22 +17,41 @@ const (
 	replyAbandoned = "abandoned"
 )
 
+// nowLua sets local now to the clock of a script, in Unix milliseconds:
+// the test clock's reading in the ARGV it names, or, when that is "",
+// Redis's own clock (TIME; Redis 7 replicates a script's effects, so
+// reading it is allowed). Lua numbers are doubles: every millisecond up to
+// MaxExpiry (9.2e12) is exact.
+func nowLua(argv int) string {
+	return fmt.Sprintf(`local now = tonumber(ARGV[%d])
+if not now then
+  local t = redis.call('TIME')
+  now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+end
+`, argv)
+}
+
+// maxExpiryMs is [idempotency.MaxExpiry] in Unix milliseconds, rounded
+// down: the latest expiry a record gets.
+const maxExpiryMs = "9223372036854"
+
 // reserveLua takes the key unless a live record holds it.
 // KEYS[1] record, KEYS[2] the abandon marker of the caller's token.
-// ARGV: token, scope, id, fingerprint, now ms, expires ms, lease ms, and a
-// token of this Store whose reservation is over ("" if none): a record
-// pending under it is taken over. Returns {"reserved"}, {"abandoned"} (the
-// caller already gave this token up), {"pending", pttl ms, owner} or
-// {"completed", fingerprint, status, header, body, created, expires, scope,
-// id}.
-const reserveLua = `
+// ARGV: token, scope, id, fingerprint, the clock (a test clock's reading in
+// ms, or "" for Redis's, see nowLua), TTL ms (the provisional expiry is
+// the clock plus it), lease ms, and a token of this Store whose
+// reservation is over ("" if none): a record pending under it is taken
+// over. Returns {"reserved"}, {"abandoned"} (the caller already gave this
+// token up), {"pending", pttl ms, owner} or {"completed", fingerprint,
+// status, header, body, created, expires, scope, id, the clock}.
+var reserveLua = `
 if redis.call('EXISTS', KEYS[2]) == 1 then
   return {'abandoned'}
 end
-local r = redis.call('HMGET', KEYS[1], 'state', 'owner', 'fp', 'status', 'hdr', 'body', 'created', 'expires', 'scope', 'id')
+` + nowLua(5) + `local r = redis.call('HMGET', KEYS[1], 'state', 'owner', 'fp', 'status', 'hdr', 'body', 'created', 'expires', 'scope', 'id')
 if r[1] == 'completed' then
-  if tonumber(r[8]) > tonumber(ARGV[5]) then
-    return {'completed', r[3], r[4], r[5], r[6], r[7], r[8], r[9], r[10]}
+  if tonumber(r[8]) > now then
+    return {'completed', r[3], r[4], r[5], r[6], r[7], r[8], r[9], r[10], string.format('%.0f', now)}
   end
 elseif r[1] == 'pending' then
   if r[2] == ARGV[1] then
@@ -44,9 +65,26 @@ elseif r[1] then
 end
 redis.call('DEL', KEYS[1])
 redis.call('HSET', KEYS[1], 'state', 'pending', 'owner', ARGV[1], 'scope', ARGV[2], 'id', ARGV[3],
-  'fp', ARGV[4], 'created', ARGV[5], 'expires', ARGV[6])
+  'fp', ARGV[4], 'created', string.format('%.0f', now),
+  'expires', string.format('%.0f', math.min(now + tonumber(ARGV[6]), ` + maxExpiryMs + `)))
 redis.call('PEXPIRE', KEYS[1], ARGV[7])
 return {'reserved'}
+`
+
+// completeLua writes the completed record in Complete's MULTI (as EVAL,
+// never EVALSHA: a script unknown to the server would fail at EXEC, after
+// fn's commands applied). Its expiry is the clock at completion plus the
+// TTL, clamped to MaxExpiry; its creation time is the reservation's.
+// KEYS[1] record. ARGV: scope, id, fingerprint, status, header, body, the
+// clock (see nowLua), TTL ms, Redis expiry ms. Returns {fields written,
+// created, expires, now}, times in Unix ms.
+var completeLua = nowLua(7) + `local created = redis.call('HGET', KEYS[1], 'created') or string.format('%.0f', now)
+local expires = string.format('%.0f', math.min(now + tonumber(ARGV[8]), ` + maxExpiryMs + `))
+redis.call('DEL', KEYS[1])
+local n = redis.call('HSET', KEYS[1], 'state', 'completed', 'scope', ARGV[1], 'id', ARGV[2], 'fp', ARGV[3],
+  'status', ARGV[4], 'hdr', ARGV[5], 'body', ARGV[6], 'created', created, 'expires', expires)
+redis.call('PEXPIRE', KEYS[1], ARGV[9])
+return {n, created, expires, string.format('%.0f', now)}
 `
 
 // renewLua extends the lease if the caller still owns the record.

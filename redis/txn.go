@@ -118,14 +118,14 @@ var errEnded = errors.New("redis: reservation already completed or rolled back")
 // reservation itself (one round trip), or else by a check just before
 // (two, three on Cluster; see the package doc). On any failure the
 // reservation is released if the caller still owns it.
-func (t *txn) Complete(ctx context.Context, resp idempotency.Response, expiresAt time.Time) error {
+func (t *txn) Complete(ctx context.Context, resp idempotency.Response) error {
 	if t.ended {
 		return errEnded
 	}
 	t.ended = true
 	t.stop()
 	defer t.end()
-	err := t.commit(ctx, resp, expiresAt)
+	err := t.commit(ctx, resp)
 	if err != nil && !errors.Is(err, idempotency.ErrLeaseLost) {
 		_ = t.release(ctx)
 	}
@@ -143,21 +143,30 @@ type execConn interface {
 	Wait(ctx context.Context, numReplicas int, timeout time.Duration) *goredis.IntCmd
 }
 
-func (t *txn) commit(ctx context.Context, resp idempotency.Response, expiresAt time.Time) error {
+func (t *txn) commit(ctx context.Context, resp idempotency.Response) error {
+	now, err := t.s.testNow()
+	if err != nil { // a test clock out of range: nothing is sent
+		if cn := t.conn; cn != nil {
+			t.conn = nil
+			t.s.unwatch(ctx, cn)
+		}
+		return err
+	}
 	hdr := idempotency.MarshalHeader(resp.Header)
 	body := resp.Body
 	if body == nil {
 		body = []byte{}
 	}
-	// The record's logical expiry is expiresAt on the core's clock (checked
-	// by every read); Redis deletes it expiresAt - r.Now from now, which on
-	// a real clock is never earlier (the core read its clock for expiresAt
-	// after r.Now), and not before minRecordTTL, for clocks that do not
-	// follow real time (an injected one).
-	ttl := max(expiresAt.Sub(t.r.Now), minRecordTTL)
+	// The record's logical expiry is the clock at completion (Redis's, in
+	// completeLua, unless a test clock is set) plus the TTL, checked by
+	// every read; Redis deletes the record itself the TTL after the EXEC
+	// (by its own clock), and not before minRecordTTL, for test clocks
+	// that do not follow real time.
+	ttlMs, expireMs := t.r.TTL.Milliseconds(), max(t.r.TTL, minRecordTTL).Milliseconds()
 	cmds := slices.Clone(t.tx.Cmds())
 	t.tx.Discard()
-	var hset *goredis.IntCmd
+	var done *goredis.Cmd // the completed record's script
+	var start time.Time   // when the last EXEC was sent
 	// exec sends fn's commands and the completed record in one MULTI/EXEC
 	// on c, whose WATCH on the record is armed and whose check found the
 	// record ours.
@@ -169,18 +178,9 @@ func (t *txn) commit(ctx context.Context, resp idempotency.Response, expiresAt t
 			if err := p.BatchProcess(ctx, cmds...); err != nil {
 				return err
 			}
-			p.Del(ctx, t.k.rec)
-			hset = p.HSet(ctx, t.k.rec,
-				"state", stateCompleted,
-				"scope", t.r.Key.Scope,
-				"id", t.r.Key.ID,
-				"fp", t.r.Fingerprint,
-				"status", strconv.Itoa(resp.Status),
-				"hdr", hdr,
-				"body", body,
-				"created", strconv.FormatInt(t.r.Now.UnixMilli(), 10),
-				"expires", strconv.FormatInt(expiresAt.UnixMilli(), 10))
-			p.PExpire(ctx, t.k.rec, ttl)
+			start = time.Now()
+			done = p.Eval(ctx, completeLua, []string{t.k.rec}, t.r.Key.Scope, t.r.Key.ID, t.r.Fingerprint,
+				strconv.Itoa(resp.Status), hdr, body, now, ttlMs, expireMs)
 			p.Publish(ctx, t.k.wake, msgCompleted)
 			return nil
 		})
@@ -191,13 +191,13 @@ func (t *txn) commit(ctx context.Context, resp idempotency.Response, expiresAt t
 	}
 	const attempts = 3
 	for attempt := 1; ; attempt++ {
-		hset = nil
+		done = nil
 		var err error
 		if cn := t.conn; cn != nil {
 			// WATCH armed since the reservation: one round trip.
 			t.conn = nil
 			err = exec(cn.tx)
-			if err == nil || errors.Is(err, goredis.TxFailedErr) || hset != nil && hset.Err() == nil {
+			if err == nil || errors.Is(err, goredis.TxFailedErr) || done != nil && done.Err() == nil {
 				cn.release() // EXEC ran: nothing is watched any more
 			} else {
 				t.s.unwatch(ctx, cn)
@@ -211,17 +211,19 @@ func (t *txn) commit(ctx context.Context, resp idempotency.Response, expiresAt t
 			if t.hold.waiters.Load() > 0 {
 				// This Store's waiters take the record from here, as
 				// decodeRecord would give it.
+				created, expires, clock, ok := completedTimes(done)
 				rec := &idempotency.Record{
 					Key:         t.r.Key,
 					Fingerprint: t.r.Fingerprint,
 					Status:      resp.Status,
 					Body:        bytes.Clone(body),
-					CreatedAt:   time.UnixMilli(t.r.Now.UnixMilli()),
-					ExpiresAt:   time.UnixMilli(expiresAt.UnixMilli()),
+					CreatedAt:   time.UnixMilli(created),
+					ExpiresAt:   time.UnixMilli(expires),
 				}
-				if h, err := idempotency.UnmarshalHeader(hdr); err == nil {
+				if h, err := idempotency.UnmarshalHeader(hdr); err == nil && ok {
 					rec.Header = h
 					t.hold.rec = rec
+					t.hold.until = start.Add(time.Duration(expires-clock) * time.Millisecond)
 				}
 			}
 			return nil
@@ -229,7 +231,7 @@ func (t *txn) commit(ctx context.Context, resp idempotency.Response, expiresAt t
 			return fmt.Errorf("%w: key %q", idempotency.ErrLeaseLost, t.r.Key.ID)
 		case errors.Is(err, ErrNotReplicated):
 			return err
-		case hset != nil && hset.Err() == nil && hset.Val() > 0:
+		case done != nil && done.Err() == nil:
 			// EXEC ran: the record is completed, but a command of fn
 			// failed at run time (Redis does not roll back).
 			return fmt.Errorf("redis: key %q completed, but a queued command failed: %w", t.r.Key.ID, err)
@@ -318,4 +320,24 @@ func (t *txn) release(ctx context.Context) error {
 	defer cancel()
 	err := t.s.releaseScript.Run(ctx, t.s.client, []string{t.k.rec}, t.token, t.k.wake).Err()
 	return mapError("release", err)
+}
+
+// completedTimes reads the reply of completeLua: the record's creation and
+// expiry and the clock it was completed by, in Unix milliseconds.
+func completedTimes(c *goredis.Cmd) (created, expires, clock int64, ok bool) {
+	v, err := c.Slice()
+	if err != nil || len(v) != 4 {
+		return 0, 0, 0, false
+	}
+	var n [3]int64
+	for i := range n {
+		str, isStr := v[i+1].(string)
+		if !isStr {
+			return 0, 0, 0, false
+		}
+		if n[i], err = strconv.ParseInt(str, 10, 64); err != nil {
+			return 0, 0, 0, false
+		}
+	}
+	return n[0], n[1], n[2], true
 }

@@ -71,7 +71,7 @@ func TestWaitersWokenPromptly(t *testing.T) {
 			_ = f.effect(ctx, holder.Tx(), "wake")
 			hdr := http.Header{"X-A": {"1", "2"}, "x-raw": {""}, "Empty": {}}
 			before := time.Now()
-			if err := holder.Complete(ctx, idempotency.Response{Status: 201, Header: hdr, Body: []byte("done")}, time.Now().Add(time.Hour)); err != nil {
+			if err := holder.Complete(ctx, idempotency.Response{Status: 201, Header: hdr, Body: []byte("done")}); err != nil {
 				t.Fatal(err)
 			}
 			after := time.Now()
@@ -358,7 +358,7 @@ func TestWokenWaiterLooksAfresh(t *testing.T) {
 	h.armed.Store(true)
 	go func() { r, err := gs[1].Do(ctx, key, "fp", fn); second <- result{r, err} }()
 	<-h.held // the second caller's script ran (pending); its reply waits
-	if err := holder.Complete(ctx, idempotency.Response{Status: 201, Body: []byte("done")}, time.Now().Add(time.Hour)); err != nil {
+	if err := holder.Complete(ctx, idempotency.Response{Status: 201, Body: []byte("done")}); err != nil {
 		t.Fatal(err)
 	}
 	select {

@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"strings"
 	"sync/atomic"
+	"time"
 
 	goredis "github.com/redis/go-redis/v9"
 
@@ -94,7 +95,12 @@ func (s *Store) tryWatched(ctx context.Context, k keys, r idempotency.Reservatio
 		return tryResult{}, err
 	}
 	keys := []string{k.rec, k.deadKey(token)}
-	args := s.reserveArgs(r, token, "")
+	args, err := s.reserveArgs(r, token, "")
+	if err != nil {
+		cn.release()
+		return tryResult{}, err
+	}
+	sent := time.Now()
 	var run *goredis.Cmd
 	var owner *goredis.StringCmd
 	send := func(eval bool) error {
@@ -133,7 +139,7 @@ func (s *Store) tryWatched(ctx context.Context, k keys, r idempotency.Reservatio
 		s.unwatch(ctx, cn)
 		return tryResult{}, mapError("reserve", err)
 	}
-	out, err := s.parseReserve(k, r, vals)
+	out, err := s.parseReserve(k, r, vals, sent)
 	if err == nil && out.reserved && owner.Err() == nil && owner.Val() == token {
 		out.conn = cn
 		return out, nil

@@ -126,14 +126,14 @@ func TestCompleteCancelledBeforeCommit(t *testing.T) {
 		t.Fatal(err)
 	}
 	n.setHook(func(name string) {
-		if name == "exec complete done" {
+		if name == "query complete done" { // the UPDATE ... RETURNING ran
 			cancel()
 			// Let database/sql's watcher of ctx mark the transaction done;
 			// it then waits for the UPDATE to return before rolling back.
 			time.Sleep(50 * time.Millisecond)
 		}
 	})
-	err = txn.Complete(cctx, idempotency.Response{Status: 200}, time.Now().Add(time.Hour))
+	err = txn.Complete(cctx, idempotency.Response{Status: 200})
 	n.setHook(nil)
 	if !errors.Is(err, context.Canceled) {
 		t.Fatalf("Complete cancelled before its COMMIT: got %v, want context.Canceled in the chain", err)

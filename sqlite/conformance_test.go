@@ -20,7 +20,7 @@ func TestConformance(t *testing.T) { conformance.Run(t, harness()) }
 func harness() conformance.Harness[*sql.Tx] {
 	return conformance.Harness[*sql.Tx]{
 		NewFixture: func(t testing.TB, opts conformance.Options) conformance.Fixture[*sql.Tx] {
-			return openFixture(t, opts.MaxConns).conformance()
+			return openFixture(t, opts.MaxConns).clocked(t, opts.Clock).conformance()
 		},
 		Features: conformance.Features{SerialWriters: true},
 	}
@@ -41,7 +41,7 @@ func BenchmarkScale(b *testing.B) { conformance.BenchmarkScale(b, harness()) }
 func TestConformanceBareDSN(t *testing.T) {
 	conformance.Run(t, conformance.Harness[*sql.Tx]{
 		NewFixture: func(t testing.TB, opts conformance.Options) conformance.Fixture[*sql.Tx] {
-			return newFixture(t, openBare(t, filepath.Join(t.TempDir(), "bare.db")), opts.MaxConns).conformance()
+			return newFixture(t, openBare(t, filepath.Join(t.TempDir(), "bare.db")), opts.MaxConns).clocked(t, opts.Clock).conformance()
 		},
 		Features: conformance.Features{SerialWriters: true},
 	})

@@ -75,6 +75,21 @@ func openFixture(t testing.TB, maxConns int) *fixture {
 	return newFixture(t, db, maxConns)
 }
 
+// clocked replaces the fixture's store with one on the same table that
+// reads clock instead of SQLite's (Config.Clock); nil keeps SQLite's.
+func (f *fixture) clocked(t testing.TB, clock func() time.Time) *fixture {
+	t.Helper()
+	if clock == nil {
+		return f
+	}
+	store, err := sqlite.New(f.db, &sqlite.Config{Table: f.table, Clock: clock})
+	if err != nil {
+		t.Fatal(err)
+	}
+	f.store = store
+	return f
+}
+
 func (f *fixture) conformance() conformance.Fixture[*sql.Tx] {
 	// Bare, the baseline of the benchmarks, is the same one-row insert as
 	// Effect in a plain transaction of the same *sql.DB (same file, same DSN
@@ -102,7 +117,7 @@ func guard(t testing.TB, s *sqlite.Store, cfg *idempotency.Config) *idempotency.
 }
 
 func reservation(key idempotency.Key, now time.Time, wait time.Duration) idempotency.Reservation {
-	return idempotency.Reservation{Key: key, Fingerprint: "fp", Now: now, ExpiresAt: now.Add(time.Hour), Wait: wait}
+	return idempotency.Reservation{Key: key, Fingerprint: "fp", TTL: time.Hour, Wait: wait}
 }
 
 // hold reserves key through the store and keeps it until the returned
@@ -117,7 +132,7 @@ func hold(t *testing.T, f *fixture, key idempotency.Key) (release func()) {
 	var once sync.Once
 	release = func() {
 		once.Do(func() {
-			if err := txn.Complete(ctx, idempotency.Response{Status: 200, Body: []byte("held")}, time.Now().Add(time.Hour)); err != nil {
+			if err := txn.Complete(ctx, idempotency.Response{Status: 200, Body: []byte("held")}); err != nil {
 				t.Errorf("holder Complete: %v", err)
 			}
 		})

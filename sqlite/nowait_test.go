@@ -65,7 +65,7 @@ func TestNoWaitOtherKeyBusy(t *testing.T) {
 		if err != nil || txn == nil {
 			t.Fatalf("caller %d after the holder is done: %v", i, err)
 		}
-		if err := txn.Complete(ctx, idempotency.Response{Status: 200}, time.Now().Add(time.Hour)); err != nil {
+		if err := txn.Complete(ctx, idempotency.Response{Status: 200}); err != nil {
 			t.Fatal(err)
 		}
 	}

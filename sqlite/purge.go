@@ -2,11 +2,11 @@ package sqlite
 
 import (
 	"context"
-	"time"
 )
 
 // Purge implements [idempotency.KeyStore]: it deletes at most limit keys
-// whose ExpiresAt <= before, purgeChunk keys per statement, each statement
+// whose ExpiresAt <= SQLite's clock (or the test clock, Config.Clock, read
+// once), purgeChunk keys per statement, each statement
 // its own transaction. A key held by an open transaction is not visible to
 // it. SQLite has one writer at a time, so each statement queues for the
 // Store's write turn like any of its writers (while ctx lives) and gives
@@ -15,7 +15,11 @@ import (
 // the Store, under the busy timeout of the pool's connection and ctx; a
 // database still busy then gives an error wrapping
 // [idempotency.ErrConflict] (with the count of keys deleted so far).
-func (s *Store) Purge(ctx context.Context, before time.Time, limit int) (int, error) {
+func (s *Store) Purge(ctx context.Context, limit int) (int, error) {
+	before, err := s.testNow()
+	if err != nil {
+		return 0, err
+	}
 	deleted := 0
 	for deleted < limit {
 		chunk := min(limit-deleted, purgeChunk)
@@ -35,11 +39,11 @@ func (s *Store) Purge(ctx context.Context, before time.Time, limit int) (int, er
 const purgeChunk = 100
 
 // deleteExpired deletes at most limit expired keys in one statement.
-func (s *Store) deleteExpired(ctx context.Context, before time.Time, limit int) (int, error) {
+func (s *Store) deleteExpired(ctx context.Context, before any, limit int) (int, error) {
 	if err := s.acquire(ctx, false, forever); err != nil {
 		return 0, err
 	}
-	res, err := s.db.ExecContext(ctx, s.q.purge, before.UnixNano(), limit)
+	res, err := s.db.ExecContext(ctx, s.q.purge, before, limit)
 	<-s.writer
 	if err != nil {
 		return 0, mapError(ctx, "purge", err)

@@ -43,6 +43,13 @@ import (
 // [idempotency.ErrConflict]. A key found completed after such a wait is
 // returned instead.
 func (s *Store) Reserve(ctx context.Context, r idempotency.Reservation) (idempotency.Txn[*sql.Tx], *idempotency.Record, error) {
+	if r.TTL <= 0 {
+		return nil, nil, fmt.Errorf("%w: sqlite: key %q: reservation TTL %v", idempotency.ErrInvalidConfig, r.Key.ID, r.TTL)
+	}
+	now, err := s.testNow()
+	if err != nil {
+		return nil, nil, err
+	}
 	st, err := s.statements(ctx)
 	if err != nil {
 		return nil, nil, err
@@ -57,18 +64,18 @@ func (s *Store) Reserve(ctx context.Context, r idempotency.Reservation) (idempot
 		switch {
 		case errors.Is(err, keywait.ErrDeadline):
 			// The caller ahead may only be looking the key up: look too.
-			if rec, err := s.lookup(ctx, st, r); err != nil || rec != nil {
+			if rec, err := s.lookup(ctx, st, r, now); err != nil || rec != nil {
 				return nil, rec, err
 			}
 			return nil, nil, fmt.Errorf("%w: sqlite: key %q is held by another caller past the wait bound %v",
 				idempotency.ErrInProgress, r.Key.ID, r.Wait)
 		case err != nil:
 			return nil, nil, fmt.Errorf("sqlite: reserve: waiting for key %q: %w", r.Key.ID, err)
-		case handed && rec.ExpiresAt.UnixNano() > r.Now.UnixNano():
+		case handed && rec.ExpiresAt.After(s.hostNow()):
 			return nil, copyRecord(rec), nil
 		}
 	}
-	rec, err := s.lookup(ctx, st, r)
+	rec, err := s.lookup(ctx, st, r, now)
 	if err != nil || rec != nil {
 		s.keys.Leave(r.Key, handOver(rec))
 		return nil, rec, err
@@ -79,7 +86,7 @@ func (s *Store) Reserve(ctx context.Context, r idempotency.Reservation) (idempot
 			// The turn's holder may be stuck behind a writer outside the
 			// Store, which may hold this key too.
 			if started := s.lockWait.Load(); started != 0 && time.Since(time.Unix(0, started)) >= outsideAfter {
-				if rec, lerr := s.lookup(ctx, st, r); lerr == nil && rec != nil {
+				if rec, lerr := s.lookup(ctx, st, r, now); lerr == nil && rec != nil {
 					s.keys.Leave(r.Key, handOver(rec))
 					return nil, rec, nil
 				}
@@ -91,10 +98,10 @@ func (s *Store) Reserve(ctx context.Context, r idempotency.Reservation) (idempot
 		s.keys.Leave(r.Key, nil)
 		return nil, nil, err
 	}
-	t, rec, err := s.reserve(ctx, st, r, by)
+	t, rec, err := s.reserve(ctx, st, r, now, by)
 	if t == nil && errors.Is(err, idempotency.ErrInProgress) {
 		// The writer outside the Store may just have completed the key.
-		if found, lerr := s.lookup(ctx, st, r); lerr == nil && found != nil {
+		if found, lerr := s.lookup(ctx, st, r, now); lerr == nil && found != nil {
 			rec, err = found, nil
 		}
 	}
@@ -134,8 +141,9 @@ func handOver(rec *idempotency.Record) func() (*idempotency.Record, bool) {
 
 // lookup returns the key if it is completed and live. A lookup that finds
 // the database busy (a database not in WAL mode, during a commit) is
-// skipped: the reservation then waits for the lock properly.
-func (s *Store) lookup(ctx context.Context, st *stmts, r idempotency.Reservation) (*idempotency.Record, error) {
+// skipped: the reservation then waits for the lock properly. now is the
+// test clock's reading, nil for SQLite's clock.
+func (s *Store) lookup(ctx context.Context, st *stmts, r idempotency.Reservation, now any) (*idempotency.Record, error) {
 	var (
 		fp               string
 		status           int64
@@ -143,7 +151,7 @@ func (s *Store) lookup(ctx context.Context, st *stmts, r idempotency.Reservation
 		bodyNull         bool
 		created, expires int64
 	)
-	err := st.lookup.QueryRowContext(ctx, r.Key.Scope, r.Key.ID, r.Now.UnixNano()).
+	err := st.lookup.QueryRowContext(ctx, r.Key.Scope, r.Key.ID, now).
 		Scan(&fp, &status, &header, &body, &bodyNull, &created, &expires)
 	switch {
 	case errors.Is(err, sql.ErrNoRows):
@@ -177,7 +185,7 @@ func (s *Store) lookup(ctx context.Context, st *stmts, r idempotency.Reservation
 // nothing on the connection, but modernc.org/sqlite then watches the
 // context with a goroutine and a progress handler in every statement of
 // the transaction.)
-func (s *Store) reserve(ctx context.Context, st *stmts, r idempotency.Reservation, by time.Time) (*txn, *idempotency.Record, error) {
+func (s *Store) reserve(ctx context.Context, st *stmts, r idempotency.Reservation, now any, by time.Time) (*txn, *idempotency.Record, error) {
 	conn, err := s.db.Conn(ctx)
 	if err != nil {
 		return nil, nil, mapError(ctx, "reserve: connection", err)
@@ -228,7 +236,7 @@ func (s *Store) reserve(ctx context.Context, st *stmts, r idempotency.Reservatio
 		}
 		attempt := time.Now()
 		s.lockWait.Store(attempt.UnixNano())
-		tx, won, err := s.begin(ctx, conn, st, r)
+		tx, created, won, err := s.begin(ctx, conn, st, r, now)
 		s.lockWait.Store(0)
 		if err != nil {
 			if again && ctx.Err() == nil && isBusy(err) && time.Since(attempt) >= time.Duration(own)*time.Millisecond {
@@ -256,7 +264,7 @@ func (s *Store) reserve(ctx context.Context, st *stmts, r idempotency.Reservatio
 		}
 		return &txn{
 			s: s, conn: conn, tx: tx, complete: st.complete,
-			key: r.Key, fp: r.Fingerprint, created: r.Now.UnixNano(), expires: r.ExpiresAt.UnixNano(),
+			key: r.Key, fp: r.Fingerprint, created: created, ttl: r.TTL,
 			busyTimeout: orig, commitBusyTimeout: commit,
 		}, nil, nil
 	}
@@ -271,21 +279,21 @@ func (s *Store) reserve(ctx context.Context, st *stmts, r idempotency.Reservatio
 // INSERT does. Either way no snapshot is read before the lock is taken, so
 // the wait is the busy handler's and the row read after it is the latest
 // committed one.
-func (s *Store) begin(ctx context.Context, conn *sql.Conn, st *stmts, r idempotency.Reservation) (*sql.Tx, bool, error) {
+func (s *Store) begin(ctx context.Context, conn *sql.Conn, st *stmts, r idempotency.Reservation, now any) (*sql.Tx, int64, bool, error) {
 	tx, err := conn.BeginTx(ctx, nil)
 	if err != nil {
-		return nil, false, err
+		return nil, 0, false, err
 	}
-	res, err := tx.StmtContext(ctx, st.reserve).ExecContext(ctx, r.Key.Scope, r.Key.ID, r.Fingerprint, r.Now.UnixNano(), r.ExpiresAt.UnixNano())
-	var n int64
-	if err == nil {
-		n, err = res.RowsAffected()
+	var created int64
+	err = tx.StmtContext(ctx, st.reserve).QueryRowContext(ctx, r.Key.Scope, r.Key.ID, r.Fingerprint, now, int64(r.TTL)).Scan(&created)
+	if errors.Is(err, sql.ErrNoRows) {
+		return tx, 0, false, nil // a live row is in the way
 	}
 	if err != nil {
 		rollback(conn, tx)
-		return nil, false, err
+		return nil, 0, false, err
 	}
-	return tx, n == 1, nil
+	return tx, created, true, nil
 }
 
 // readLive reads the live row that another caller committed (the write

@@ -53,11 +53,11 @@ func TestStatementsPerCall(t *testing.T) {
 		id   string
 		want []string
 	}{
-		{"NewKey", g, "new", []string{"query lookup", "begin", "exec reserve", "exec effect", "exec complete", "commit"}},
+		{"NewKey", g, "new", []string{"query lookup", "begin", "query reserve", "exec effect", "query complete", "commit"}},
 		{"Replay", g, "new", []string{"query lookup"}},
 		{"NewKeyNoWait", gNoWait, "new-nowait", []string{
-			"query lookup", "query PRAGMA busy_timeout", "exec PRAGMA busy_timeout = 0", "begin", "exec reserve",
-			"exec PRAGMA busy_timeout = 5000", "exec effect", "exec complete", "commit"}},
+			"query lookup", "query PRAGMA busy_timeout", "exec PRAGMA busy_timeout = 0", "begin", "query reserve",
+			"exec PRAGMA busy_timeout = 5000", "exec effect", "query complete", "commit"}},
 	} {
 		if got := do(c.g, c.id); strings.Join(got, "; ") != strings.Join(c.want, "; ") {
 			t.Errorf("%s: sent %d:\n  %s\nwant %d:\n  %s", c.name, len(got), strings.Join(got, "\n  "), len(c.want), strings.Join(c.want, "\n  "))
@@ -122,7 +122,7 @@ func TestStatementsPerWaiter(t *testing.T) {
 		}
 	}
 	// The holder's end (effect, complete, commit) is counted too.
-	want := []string{"query lookup", "exec effect", "exec complete", "commit"}
+	want := []string{"query lookup", "exec effect", "query complete", "commit"}
 	if strings.Join(got, "; ") != strings.Join(want, "; ") {
 		t.Errorf("waiter (with the holder's end): sent %q, want %q", got, want)
 	}
@@ -134,6 +134,18 @@ type counter struct {
 	on   bool
 	sent []string
 	hook func(name string) // called before each statement runs, and with " done" appended after, if set
+	// args, if set, is shown every statement run and its arguments.
+	args func(query string, args []driver.NamedValue)
+}
+
+// see shows query and args to c.args, if set.
+func (c *counter) see(query string, args []driver.NamedValue) {
+	c.mu.Lock()
+	f := c.args
+	c.mu.Unlock()
+	if f != nil {
+		f(query, args)
+	}
 }
 
 // setHook sets (or, with nil, removes) the function called with the name
@@ -260,11 +272,13 @@ func (c *conn) BeginTx(ctx context.Context, opts driver.TxOptions) (driver.Tx, e
 
 func (c *conn) ExecContext(ctx context.Context, query string, args []driver.NamedValue) (driver.Result, error) {
 	c.n.add("exec", query)
+	c.n.see(query, args)
 	return c.Conn.(driver.ExecerContext).ExecContext(ctx, query, args)
 }
 
 func (c *conn) QueryContext(ctx context.Context, query string, args []driver.NamedValue) (driver.Rows, error) {
 	c.n.add("query", query)
+	c.n.see(query, args)
 	return c.Conn.(driver.QueryerContext).QueryContext(ctx, query, args)
 }
 
@@ -292,12 +306,31 @@ type stmt struct {
 
 func (s *stmt) ExecContext(ctx context.Context, args []driver.NamedValue) (driver.Result, error) {
 	name := s.n.add("exec", s.query)
+	s.n.see(s.query, args)
 	res, err := s.Stmt.(driver.StmtExecContext).ExecContext(ctx, args)
 	s.n.done(name)
 	return res, err
 }
 
 func (s *stmt) QueryContext(ctx context.Context, args []driver.NamedValue) (driver.Rows, error) {
-	s.n.add("query", s.query)
-	return s.Stmt.(driver.StmtQueryContext).QueryContext(ctx, args)
+	name := s.n.add("query", s.query)
+	s.n.see(s.query, args)
+	rows, err := s.Stmt.(driver.StmtQueryContext).QueryContext(ctx, args)
+	if err != nil {
+		return nil, err
+	}
+	return &rowsDone{rows, func() { s.n.done(name) }}, nil
+}
+
+// rowsDone calls done once its rows are closed: a query (such as an
+// UPDATE ... RETURNING) has run by then.
+type rowsDone struct {
+	driver.Rows
+	done func()
+}
+
+func (r *rowsDone) Close() error {
+	err := r.Rows.Close()
+	r.done()
+	return err
 }

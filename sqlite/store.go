@@ -7,6 +7,7 @@ import (
 	"strings"
 	"sync"
 	"sync/atomic"
+	"time"
 
 	"github.com/go-idempotency/idempotency"
 	"github.com/go-idempotency/idempotency/internal/keywait"
@@ -20,12 +21,38 @@ type Config struct {
 	// and underscores, not starting with a digit nor with "sqlite_".
 	// Defaults to [DefaultTable].
 	Table string
+	// Clock is for tests only: when set, the store reads it instead of
+	// SQLite's clock wherever it judges or stores a time (a record's
+	// expiry, its creation, Purge), and sends the reading with each
+	// statement. Nil, the default and the only setting for several
+	// processes on one database, uses SQLite's own clock
+	// (unixepoch('subsec'), milliseconds), the clock of the host every
+	// process on the file shares: no time of the application is ever sent.
+	// A test clock must never differ between processes; a reading outside
+	// [idempotency.MinClock] .. [idempotency.MaxExpiry] is refused with
+	// [idempotency.ErrInvalidConfig] before anything is written.
+	Clock func() time.Time
+}
+
+// nowSQL is SQLite's clock in Unix nanoseconds, whole milliseconds (the
+// resolution of its date functions), the same for a whole statement; a
+// test clock's reading in parameter ?n replaces it when not NULL.
+func nowSQL(n int) string {
+	return fmt.Sprintf("COALESCE(?%d, CAST(round(unixepoch('subsec') * 1000) AS INTEGER) * 1000000)", n)
+}
+
+// expirySQL is the clock now plus the TTL in parameter ?ttl (nanoseconds),
+// clamped to [idempotency.MaxExpiry] without leaving int64 (SQLite would
+// turn an overflowing sum into a REAL).
+func expirySQL(now string, ttl int) string {
+	return fmt.Sprintf("min(%s, 9223372036854775807 - ?%d) + ?%d", now, ttl, ttl)
 }
 
 // Store is an [idempotency.KeyStore] on a SQLite database. It is safe for
 // concurrent use; build it with [New].
 type Store struct {
 	db     *sql.DB
+	clock  func() time.Time // Config.Clock: nil for SQLite's
 	schema string
 	q      queries
 
@@ -94,6 +121,10 @@ func New(db *sql.DB, cfg *Config) (*Store, error) {
 	if cfg != nil && cfg.Table != "" {
 		table = cfg.Table
 	}
+	var clock func() time.Time
+	if cfg != nil {
+		clock = cfg.Clock
+	}
 	schema, err := Schema(table)
 	if err != nil {
 		return nil, err
@@ -101,23 +132,26 @@ func New(db *sql.DB, cfg *Config) (*Store, error) {
 	t := `"` + table + `"`
 	return &Store{
 		db:     db,
+		clock:  clock,
 		schema: schema,
 		writer: make(chan struct{}, 1),
 		q: queries{
 			// The key when it is completed and live; no row otherwise.
 			lookup: `SELECT fingerprint, status, header, body, body IS NULL, created_at, expires_at FROM ` + t + `
-WHERE scope = ?1 AND id = ?2 AND state = 'completed' AND expires_at > ?3`,
+WHERE scope = ?1 AND id = ?2 AND state = 'completed' AND expires_at > ` + nowSQL(3),
 			// Inserts the key, or takes over an expired one; changes no
 			// row when a live one exists.
 			reserve: `INSERT INTO ` + t + ` (scope, id, fingerprint, state, status, header, body, created_at, expires_at)
-VALUES (?1, ?2, ?3, 'pending', 0, NULL, NULL, ?4, ?5)
+VALUES (?1, ?2, ?3, 'pending', 0, NULL, NULL, ` + nowSQL(4) + `, ` + expirySQL(nowSQL(4), 5) + `)
 ON CONFLICT (scope, id) DO UPDATE SET fingerprint = excluded.fingerprint, state = 'pending', status = 0,
 	header = NULL, body = NULL, created_at = excluded.created_at, expires_at = excluded.expires_at
-WHERE ` + t + `.expires_at <= excluded.created_at`,
+WHERE ` + t + `.expires_at <= excluded.created_at
+RETURNING created_at`,
 			read: `SELECT fingerprint, state, status, header, body, body IS NULL, created_at, expires_at FROM ` + t + ` WHERE scope = ?1 AND id = ?2`,
-			complete: `UPDATE ` + t + ` SET state = 'completed', status = ?1, header = ?2, body = ?3, expires_at = ?6
-WHERE scope = ?4 AND id = ?5 AND state = 'pending'`,
-			purge: `DELETE FROM ` + t + ` WHERE rowid IN (SELECT rowid FROM ` + t + ` WHERE expires_at <= ?1 ORDER BY expires_at LIMIT ?2)`,
+			complete: `UPDATE ` + t + ` SET state = 'completed', status = ?1, header = ?2, body = ?3, expires_at = ` + expirySQL(nowSQL(6), 7) + `
+WHERE scope = ?4 AND id = ?5 AND state = 'pending'
+RETURNING expires_at`,
+			purge: `DELETE FROM ` + t + ` WHERE rowid IN (SELECT rowid FROM ` + t + ` WHERE expires_at <= ` + nowSQL(1) + ` ORDER BY expires_at LIMIT ?2)`,
 		},
 	}, nil
 }
@@ -175,4 +209,28 @@ func (s *Store) Close() error {
 		st.close()
 	}
 	return nil
+}
+
+// testNow is the clock parameter of the store's statements: nil, which
+// makes them read SQLite's clock, or the reading of the test clock
+// ([Config.Clock]) in Unix nanoseconds.
+func (s *Store) testNow() (any, error) {
+	if s.clock == nil {
+		return nil, nil
+	}
+	now := s.clock()
+	if err := idempotency.CheckClock(now); err != nil {
+		return nil, fmt.Errorf("sqlite: Config.Clock: %w", err)
+	}
+	return now.UnixNano(), nil
+}
+
+// hostNow is the clock a record handed over in memory is judged by: the
+// test clock, or else the host's, which is SQLite's own (its date
+// functions read the same system clock).
+func (s *Store) hostNow() time.Time {
+	if s.clock != nil {
+		return s.clock()
+	}
+	return time.Now()
 }

@@ -7,6 +7,7 @@ import (
 	"path/filepath"
 	"reflect"
 	"strings"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -103,8 +104,8 @@ func TestSchemaAndMigrateIdempotent(t *testing.T) {
 // times, nil versus empty body and header, binary bytes.
 func TestStoreRecord(t *testing.T) {
 	ctx := testkit.Context(t, testTimeout)
-	f := openFixture(t, 1)
 	now := time.Unix(1_700_000_000, 123_456_789)
+	f := openFixture(t, 1).clocked(t, func() time.Time { return now }) // a test clock: nanoseconds
 	cases := []struct {
 		name   string
 		header http.Header
@@ -120,7 +121,7 @@ func TestStoreRecord(t *testing.T) {
 		if err != nil || txn == nil || rec != nil {
 			t.Fatalf("%s: Reserve: %v, %v, %v; want a txn", c.name, txn, rec, err)
 		}
-		if err := txn.Complete(ctx, idempotency.Response{Status: 202, Header: c.header, Body: c.body}, now.Add(time.Hour)); err != nil {
+		if err := txn.Complete(ctx, idempotency.Response{Status: 202, Header: c.header, Body: c.body}); err != nil {
 			t.Fatalf("%s: Complete: %v", c.name, err)
 		}
 		if err := txn.Rollback(ctx); err == nil {
@@ -142,21 +143,23 @@ func TestStoreRecord(t *testing.T) {
 // over in the same statement, with the new fingerprint.
 func TestExpiredTakeover(t *testing.T) {
 	ctx := testkit.Context(t, testTimeout)
-	f := openFixture(t, 1)
 	now := time.Unix(1_700_000_000, 1)
+	var clock atomic.Pointer[time.Time]
+	at := func(t time.Time) time.Time { clock.Store(&t); return t }
+	f := openFixture(t, 1).clocked(t, func() time.Time { return *clock.Load() })
 	key := idempotency.Key{ID: "k"}
-	txn, _, err := f.store.Reserve(ctx, reservation(key, now, 0))
+	txn, _, err := f.store.Reserve(ctx, reservation(key, at(now), 0))
 	if err != nil {
 		t.Fatal(err)
 	}
-	if err := txn.Complete(ctx, idempotency.Response{Status: 200, Body: []byte("old")}, now.Add(time.Hour)); err != nil {
+	if err := txn.Complete(ctx, idempotency.Response{Status: 200, Body: []byte("old")}); err != nil {
 		t.Fatal(err)
 	}
-	r := reservation(key, now.Add(time.Hour-1), 0)
+	r := reservation(key, at(now.Add(time.Hour-1)), 0)
 	if _, rec, err := f.store.Reserve(ctx, r); err != nil || rec == nil || string(rec.Body) != "old" {
 		t.Fatalf("1ns before expiry: %v, %v; want the record", rec, err)
 	}
-	r = reservation(key, now.Add(time.Hour), 0)
+	r = reservation(key, at(now.Add(time.Hour)), 0)
 	r.Fingerprint = "fp2"
 	txn, rec, err := f.store.Reserve(ctx, r)
 	if err != nil || txn == nil || rec != nil {
@@ -174,26 +177,28 @@ func TestExpiredTakeover(t *testing.T) {
 
 func TestPurgeLimit(t *testing.T) {
 	ctx := testkit.Context(t, testTimeout)
-	f := openFixture(t, 0)
+	var clock atomic.Pointer[time.Time]
+	at := func(t time.Time) time.Time { clock.Store(&t); return t }
+	f := openFixture(t, 0).clocked(t, func() time.Time { return *clock.Load() })
 	base := time.Unix(1_700_000_000, 0)
 	for i := range 5 {
-		r := reservation(idempotency.Key{ID: fmt.Sprint("old", i)}, base, 0)
-		r.ExpiresAt = base.Add(time.Duration(i) * time.Nanosecond)
+		// Completed at base - TTL + i ns: expires at base + i ns.
+		r := reservation(idempotency.Key{ID: fmt.Sprint("old", i)}, at(base.Add(time.Duration(i)*time.Nanosecond-time.Hour)), 0)
 		txn, _, err := f.store.Reserve(ctx, r)
 		if err != nil {
 			t.Fatal(err)
 		}
-		if err := txn.Complete(ctx, idempotency.Response{Status: 200}, r.ExpiresAt); err != nil {
+		if err := txn.Complete(ctx, idempotency.Response{Status: 200}); err != nil {
 			t.Fatal(err)
 		}
 	}
-	before := base.Add(3 * time.Nanosecond) // old0..old3 expired (<=), old4 not
+	at(base.Add(3 * time.Nanosecond)) // old0..old3 expired (<=), old4 not
 	for _, want := range []int{2, 2, 0} {
-		if n, err := f.store.Purge(ctx, before, 2); err != nil || n != want {
+		if n, err := f.store.Purge(ctx, 2); err != nil || n != want {
 			t.Fatalf("Purge(limit 2): got %d, %v; want %d", n, err, want)
 		}
 	}
-	if _, rec, err := f.store.Reserve(ctx, reservation(idempotency.Key{ID: "old4"}, base, 0)); err != nil || rec == nil {
+	if _, rec, err := f.store.Reserve(ctx, reservation(idempotency.Key{ID: "old4"}, at(base), 0)); err != nil || rec == nil {
 		t.Fatalf("unexpired key after purge: %v, %v; want kept", rec, err)
 	}
 }

@@ -5,6 +5,7 @@ import (
 	"database/sql"
 	"errors"
 	"path/filepath"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -128,7 +129,7 @@ func TestExternalWriterBound(t *testing.T) {
 			if err != nil || txn == nil {
 				t.Fatalf("after the external writer commits: %v", err)
 			}
-			if err := txn.Complete(ctx, idempotency.Response{Status: 200}, time.Now().Add(time.Hour)); err != nil {
+			if err := txn.Complete(ctx, idempotency.Response{Status: 200}); err != nil {
 				t.Fatal(err)
 			}
 			for range 3 { // every pooled connection kept its busy timeout
@@ -145,15 +146,20 @@ func TestExternalWriterBound(t *testing.T) {
 // writer of the Store, gives up when its ctx ends, and runs once the key is
 // released.
 func TestPurgeWaitsForWriteTurn(t *testing.T) {
-	f := openFixture(t, 0)
+	var clock atomic.Pointer[time.Time]
+	now := time.Now()
+	clock.Store(&now)
+	f := openFixture(t, 0).clocked(t, func() time.Time { return *clock.Load() })
 	release := hold(t, f, idempotency.Key{ID: "held"})
 	ctx, cancel := context.WithTimeout(testkit.Context(t, testTimeout), 200*time.Millisecond)
 	defer cancel()
-	if _, err := f.store.Purge(ctx, time.Now(), 10); !errors.Is(err, context.DeadlineExceeded) {
+	if _, err := f.store.Purge(ctx, 10); !errors.Is(err, context.DeadlineExceeded) {
 		t.Fatalf("Purge while a key is held, ctx ending: got %v, want DeadlineExceeded", err)
 	}
 	release()
-	if n, err := f.store.Purge(testkit.Context(t, testTimeout), time.Now().Add(2*time.Hour), 10); err != nil || n != 1 {
+	later := now.Add(2 * time.Hour) // the held key, completed now, has expired
+	clock.Store(&later)
+	if n, err := f.store.Purge(testkit.Context(t, testTimeout), 10); err != nil || n != 1 {
 		t.Fatalf("Purge after the release: %d, %v; want 1", n, err)
 	}
 }
@@ -170,7 +176,7 @@ func TestClose(t *testing.T) {
 	if err := f.store.Close(); err != nil {
 		t.Fatal(err)
 	}
-	if err := txn.Complete(ctx, idempotency.Response{Status: 200}, time.Now().Add(time.Hour)); err != nil {
+	if err := txn.Complete(ctx, idempotency.Response{Status: 200}); err != nil {
 		t.Fatalf("Complete after Close: %v", err)
 	}
 	if _, _, err := f.store.Reserve(ctx, reservation(idempotency.Key{ID: "k2"}, time.Now(), 0)); err == nil {

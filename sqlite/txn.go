@@ -20,9 +20,10 @@ type txn struct {
 	complete          *sql.Stmt
 	key               idempotency.Key
 	fp                string
-	created, expires  int64
-	busyTimeout       int64 // the connection's own, in milliseconds, or busyUnknown
-	commitBusyTimeout int64 // for the UPDATE and COMMIT: see commitWait
+	created, expires  int64         // expires: set by Complete
+	ttl               time.Duration // the completed record's, counted from completion
+	busyTimeout       int64         // the connection's own, in milliseconds, or busyUnknown
+	commitBusyTimeout int64         // for the UPDATE and COMMIT: see commitWait
 	ended             bool
 }
 
@@ -52,12 +53,11 @@ func (t *txn) end(cur int64, committed bool, resp idempotency.Response, header [
 // busy_timeout), it is raised to 5s for the UPDATE and the COMMIT and
 // restored afterwards. An error returned once ctx is done has ctx.Err() in
 // its chain, and then nothing was committed.
-func (t *txn) Complete(ctx context.Context, resp idempotency.Response, expiresAt time.Time) error {
+func (t *txn) Complete(ctx context.Context, resp idempotency.Response) error {
 	if t.ended {
 		return errEnded
 	}
 	t.ended = true
-	t.expires = expiresAt.UnixNano()
 	cur := t.commitBusyTimeout
 	header, err := t.completeAndCommit(ctx, resp, cur)
 	if err != nil {
@@ -77,19 +77,22 @@ func (t *txn) completeAndCommit(ctx context.Context, resp idempotency.Response, 
 			return nil, mapError(ctx, "complete: set busy_timeout", err)
 		}
 	}
+	// The expiry: the clock at completion (SQLite's unless a test clock is
+	// set) plus the TTL, as stored.
+	now, err := t.s.testNow()
+	if err != nil {
+		rollback(t.conn, t.tx)
+		return nil, err
+	}
 	header := idempotency.MarshalHeader(resp.Header)
-	res, err := t.tx.StmtContext(ctx, t.complete).ExecContext(ctx, resp.Status, header, resp.Body, t.key.Scope, t.key.ID, t.expires)
-	var n int64
-	if err == nil {
-		n, err = res.RowsAffected()
+	err = t.tx.StmtContext(ctx, t.complete).QueryRowContext(ctx, resp.Status, header, resp.Body, t.key.Scope, t.key.ID, now, int64(t.ttl)).Scan(&t.expires)
+	if errors.Is(err, sql.ErrNoRows) {
+		rollback(t.conn, t.tx)
+		return nil, fmt.Errorf("sqlite: complete: the reservation of key %q is gone (no row changed)", t.key.ID)
 	}
 	if err != nil {
 		rollback(t.conn, t.tx)
 		return nil, mapError(ctx, "complete", err)
-	}
-	if n != 1 {
-		rollback(t.conn, t.tx)
-		return nil, fmt.Errorf("sqlite: complete: the reservation of key %q is gone (%d rows changed)", t.key.ID, n)
 	}
 	if err := t.tx.Commit(); err != nil {
 		// The driver rolls a failed COMMIT back; should it not have, the

@@ -341,4 +341,4 @@ type nopStore struct{}
 func (nopStore) Reserve(context.Context, idempotency.Reservation) (idempotency.Txn[pgx.Tx], *idempotency.Record, error) {
 	return nil, nil, errors.New("unused")
 }
-func (nopStore) Purge(context.Context, time.Time, int) (int, error) { return 0, nil }
+func (nopStore) Purge(context.Context, int) (int, error) { return 0, nil }

@@ -83,7 +83,7 @@ func galeraConformance(t *testing.T, g *Galera, dsnExtra string, pin map[string]
 	)
 	conformance.Run(t, conformance.Harness[*sql.Tx]{
 		NewFixture: func(t testing.TB, opts conformance.Options) conformance.Fixture[*sql.Tx] {
-			f := newGaleraFixture(t, g, opts.MaxConns, dsnExtra)
+			f := newGaleraFixture(t, g, opts.MaxConns, dsnExtra, opts.Clock)
 			node := -1
 			name := strings.SplitN(strings.TrimPrefix(t.Name(), prefix), "/", 2)[0]
 			mu.Lock()

@@ -47,8 +47,8 @@ func (s *spread) Reserve(ctx context.Context, r idempotency.Reservation) (idempo
 	return s.stores[i].Reserve(ctx, r)
 }
 
-func (s *spread) Purge(ctx context.Context, before time.Time, limit int) (int, error) {
-	return s.stores[s.node()].Purge(ctx, before, limit)
+func (s *spread) Purge(ctx context.Context, limit int) (int, error) {
+	return s.stores[s.node()].Purge(ctx, limit)
 }
 
 // IsConflict is the mysql store's: 1213 (a certification failure, or a
@@ -75,7 +75,7 @@ type galeraFixture struct {
 	fx             testkit.Effects // on the effects table, counted through count
 }
 
-func newGaleraFixture(t testing.TB, g *Galera, maxConns int, dsnExtra string) *galeraFixture {
+func newGaleraFixture(t testing.TB, g *Galera, maxConns int, dsnExtra string, clock func() time.Time) *galeraFixture {
 	t.Helper()
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
@@ -91,7 +91,7 @@ func newGaleraFixture(t testing.TB, g *Galera, maxConns int, dsnExtra string) *g
 		}
 		db.SetMaxIdleConns(max(maxConns, 16))
 		t.Cleanup(func() { _ = db.Close() })
-		s, err := mysql.New(db, &mysql.Config{Table: f.table})
+		s, err := mysql.New(db, &mysql.Config{Table: f.table, Clock: clock})
 		if err != nil {
 			t.Fatal(err)
 		}

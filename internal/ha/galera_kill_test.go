@@ -23,7 +23,7 @@ func galeraNodeKilled(t *testing.T, g *Galera) {
 	const perNode, before, after = 2, 150, 150
 	ctx, cancel := context.WithTimeout(context.Background(), 90*time.Second)
 	defer cancel()
-	f := newGaleraFixture(t, g, 0, "")
+	f := newGaleraFixture(t, g, 0, "", nil)
 	guards := make([]*idempotency.Guard[*sql.Tx], GaleraNodes)
 	for i := range guards {
 		gd, err := idempotency.New[*sql.Tx](f.spread(i), &idempotency.Config{WaitTimeout: 10 * time.Second})

@@ -74,7 +74,7 @@ func galeraLatency(t *testing.T, g *Galera) {
 	defer cancel()
 	var per [2]time.Duration
 	for m, extra := range []string{"", streaming} {
-		f := newGaleraFixture(t, g, 0, extra)
+		f := newGaleraFixture(t, g, 0, extra, nil)
 		gd, err := idempotency.New[*sql.Tx](f.spread(0), nil)
 		if err != nil {
 			t.Fatal(err)
@@ -102,7 +102,7 @@ func galeraSameKey(t *testing.T, g *Galera, dsnExtra string) {
 	const rounds, callers = 8, 21
 	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
 	defer cancel()
-	f := newGaleraFixture(t, g, 0, dsnExtra)
+	f := newGaleraFixture(t, g, 0, dsnExtra, nil)
 	cf0, bf0 := certStats(t, g, 0, 1, 2)
 	guards := make([]*idempotency.Guard[*sql.Tx], GaleraNodes)
 	var retried atomic.Int64
@@ -206,7 +206,7 @@ func galeraCertification(t *testing.T, g *Galera) {
 		t.Run(c.name, func(t *testing.T) {
 			ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 			defer cancel()
-			f := newGaleraFixture(t, g, 0, "")
+			f := newGaleraFixture(t, g, 0, "", nil)
 			var attempts1 atomic.Int64
 			g1, err := idempotency.New[*sql.Tx](f.spread(0), &idempotency.Config{Observer: func(_ context.Context, ev idempotency.Event) {
 				attempts1.Store(int64(ev.Attempts))

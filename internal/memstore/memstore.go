@@ -31,6 +31,19 @@ type Store struct {
 	ReserveErr func() error
 	// Conflict, when set, classifies fn's errors (see IsConflict).
 	Conflict func(error) bool
+	// Clock, when set, is the store's clock, read instead of time.Now (the
+	// clock of this process, which is the store's own): a test clock.
+	Clock func() time.Time
+}
+
+// now reads the store's clock, refusing a test clock's reading outside the
+// contract's range.
+func (s *Store) now() (time.Time, error) {
+	if s.Clock == nil {
+		return time.Now(), nil
+	}
+	now := s.Clock()
+	return now, idempotency.CheckClock(now)
 }
 
 // IsConflict implements [idempotency.ConflictClassifier] through s.Conflict.
@@ -60,8 +73,12 @@ func (s *Store) Reserve(ctx context.Context, r idempotency.Reservation) (idempot
 	deadline := time.NewTimer(r.Wait)
 	defer deadline.Stop()
 	for {
+		now, err := s.now()
+		if err != nil {
+			return nil, nil, err
+		}
 		s.mu.Lock()
-		if rec, ok := s.records[r.Key]; ok && rec.ExpiresAt.After(r.Now) {
+		if rec, ok := s.records[r.Key]; ok && rec.ExpiresAt.After(now) {
 			s.mu.Unlock()
 			cp := *rec // the caller owns its copy: no shared header map nor body
 			cp.Header, cp.Body = rec.Header.Clone(), bytes.Clone(rec.Body)
@@ -71,7 +88,7 @@ func (s *Store) Reserve(ctx context.Context, r idempotency.Reservation) (idempot
 		if !busy {
 			s.held[r.Key] = make(chan struct{})
 			s.mu.Unlock()
-			return &txn{s: s, r: r, tx: &Tx{}}, nil, nil
+			return &txn{s: s, r: r, created: now, tx: &Tx{}}, nil, nil
 		}
 		s.mu.Unlock()
 		if r.Wait == 0 {
@@ -88,7 +105,11 @@ func (s *Store) Reserve(ctx context.Context, r idempotency.Reservation) (idempot
 }
 
 // Purge implements [idempotency.KeyStore].
-func (s *Store) Purge(_ context.Context, before time.Time, limit int) (int, error) {
+func (s *Store) Purge(_ context.Context, limit int) (int, error) {
+	before, err := s.now()
+	if err != nil {
+		return 0, err
+	}
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	n := 0
@@ -105,15 +126,21 @@ func (s *Store) Purge(_ context.Context, before time.Time, limit int) (int, erro
 }
 
 type txn struct {
-	s  *Store
-	r  idempotency.Reservation
-	tx *Tx
+	s       *Store
+	r       idempotency.Reservation
+	created time.Time // the store's clock at the reservation
+	tx      *Tx
 }
 
 func (t *txn) Tx() *Tx { return t.tx }
 
-func (t *txn) Complete(_ context.Context, resp idempotency.Response, expiresAt time.Time) error {
+func (t *txn) Complete(_ context.Context, resp idempotency.Response) error {
 	s := t.s
+	now, err := s.now()
+	if err != nil {
+		_ = t.Rollback(context.Background())
+		return err
+	}
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	for _, e := range t.tx.effects {
@@ -122,7 +149,7 @@ func (t *txn) Complete(_ context.Context, resp idempotency.Response, expiresAt t
 	s.records[t.r.Key] = &idempotency.Record{
 		Key: t.r.Key, Fingerprint: t.r.Fingerprint, Status: resp.Status,
 		Header: resp.Header.Clone(), Body: append([]byte{}, resp.Body...),
-		CreatedAt: t.r.Now, ExpiresAt: expiresAt,
+		CreatedAt: t.created, ExpiresAt: idempotency.Expiry(now, t.r.TTL),
 	}
 	t.release()
 	return nil

@@ -16,8 +16,9 @@ func TestConformance(t *testing.T) { conformance.Run(t, harness) }
 func BenchmarkStore(b *testing.B) { conformance.Benchmark(b, harness) }
 
 var harness = conformance.Harness[*memstore.Tx]{
-	NewFixture: func(t testing.TB, _ conformance.Options) conformance.Fixture[*memstore.Tx] {
+	NewFixture: func(t testing.TB, opts conformance.Options) conformance.Fixture[*memstore.Tx] {
 		s := memstore.New()
+		s.Clock = opts.Clock
 		return conformance.Fixture[*memstore.Tx]{
 			Store:  s,
 			Effect: func(_ context.Context, tx *memstore.Tx, tag string) error { tx.Effect(tag); return nil },
