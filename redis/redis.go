@@ -56,7 +56,8 @@ type Config struct {
 // Build it with [New].
 type Store struct {
 	client     goredis.UniversalClient
-	single     *goredis.Client // client, if it is a single node or Sentinel client (see tryWatched)
+	single     *goredis.Client        // client, if it is a single node or Sentinel client (see tryWatched)
+	cluster    *goredis.ClusterClient // client, if it is a Cluster client (see clusterWatchOwned)
 	prefix     string
 	lease      time.Duration
 	renewEvery time.Duration
@@ -139,8 +140,10 @@ func New(client goredis.UniversalClient, cfg *Config) (*Store, error) {
 		return nil, err
 	}
 	single, _ := client.(*goredis.Client)
+	cluster, _ := client.(*goredis.ClusterClient)
 	return &Store{
 		single:        single,
+		cluster:       cluster,
 		repl:          repl,
 		client:        client,
 		prefix:        c.Prefix,

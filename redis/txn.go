@@ -158,6 +158,7 @@ func (t *txn) commit(ctx context.Context, resp idempotency.Response, expiresAt t
 	cmds := slices.Clone(t.tx.Cmds())
 	t.tx.Discard()
 	var hset *goredis.IntCmd
+	var sent []goredis.Cmder // what the last EXEC carried
 	// exec sends fn's commands and the completed record in one MULTI/EXEC
 	// on c, whose WATCH on the record is armed and whose check found the
 	// record ours.
@@ -165,7 +166,8 @@ func (t *txn) commit(ctx context.Context, resp idempotency.Response, expiresAt t
 		for _, c := range cmds {
 			c.SetErr(nil)
 		}
-		_, err := c.TxPipelined(ctx, func(p goredis.Pipeliner) error {
+		var err error
+		sent, err = c.TxPipelined(ctx, func(p goredis.Pipeliner) error {
 			if err := p.BatchProcess(ctx, cmds...); err != nil {
 				return err
 			}
@@ -202,6 +204,11 @@ func (t *txn) commit(ctx context.Context, resp idempotency.Response, expiresAt t
 			} else {
 				t.s.unwatch(ctx, cn)
 			}
+		} else if t.s.cluster != nil {
+			// Renewals stopped with Complete: retry redirects well
+			// within the lease they left.
+			err = t.s.clusterWatchOwned(ctx, t.k.rec, t.token, t.s.lease/2, exec,
+				func() []goredis.Cmder { return sent })
 		} else {
 			err = t.s.watchOwned(ctx, t.k.rec, t.token, exec)
 		}
