@@ -64,8 +64,9 @@
 // A reservation whose reply does not arrive (the caller's deadline fires,
 // the connection is cut) may still have taken the key. Reserve then
 // abandons it before it returns, best effort, on a context of its own: a
-// compare-and-delete by token, which also marks the token so that a
-// reservation script still on its way reserves nothing when it arrives. If
+// compare-and-delete by token, which also marks a free key with the token
+// (an "abandoned" record, free to any other token) so that a reservation
+// script still on its way reserves nothing when it arrives. If
 // that fails too, the key stays pending under a token that nobody renews:
 // the callers of the same Store know the token is over and take the key
 // over at once; callers elsewhere get it when the lease runs out. Rollback

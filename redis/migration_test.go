@@ -3,6 +3,8 @@ package redis
 import (
 	"context"
 	"errors"
+	"fmt"
+	"strconv"
 	"sync"
 	"testing"
 	"time"
@@ -179,5 +181,80 @@ func TestSlotMigrationWhileHeld(t *testing.T) {
 	}
 	if n, err := m.effects(ctx, k, nil); err != nil || n != 1 {
 		t.Fatalf("effects after the replay: %d, %v; want 1", n, err)
+	}
+}
+
+// TestSlotMidMigration: with the slot MIGRATING and half of its keys on
+// the target, replays of completed keys (on either node) and new keys are
+// answered, not failed with TRYAGAIN (ErrStore+ErrConflict).
+func TestSlotMidMigration(t *testing.T) {
+	m := newMigrationRig(t, 3*time.Second, 3, 0)
+	ctx := testkit.Context(t, 60*time.Second)
+	from, to := m.nodes(t, ctx)
+	const completed = 10
+	keyOf := func(i int) idempotency.Key { return idempotency.Key{Scope: "mid", ID: "k" + strconv.Itoa(i)} }
+	for i := range completed {
+		if _, err := m.do(ctx, keyOf(i), "body-"+strconv.Itoa(i), nil); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if err := m.c.BeginMigration(ctx, m.slot, from, to); err != nil {
+		t.Fatal(err)
+	}
+	// Move the records of the even keys only.
+	host, port := to.Addr[:len("127.0.0.1")], to.Addr[len("127.0.0.1:"):]
+	for i := 0; i < completed; i += 2 {
+		base := m.store.keysFor(keyOf(i)).base
+		if err := m.c.Node(from.Addr).Do(ctx, "migrate", host, port, "", 0, 5000, "keys", base+"rec", base+"u:effects").Err(); err != nil {
+			t.Fatalf("MIGRATE key %d: %v", i, err)
+		}
+	}
+	start := time.Now()
+	var failed []string
+	for i := range completed {
+		resp, err := m.do(ctx, keyOf(i), "again", nil)
+		if err != nil || !resp.Replayed || string(resp.Body) != "body-"+strconv.Itoa(i) {
+			failed = append(failed, fmt.Sprintf("replay %d: %+v, %v", i, resp, err))
+		}
+	}
+	t.Logf("%d replays mid-migration in %v", completed, time.Since(start))
+	// New keys: reserved on the importing node (ASK), and completed once
+	// the slot is handed over (until then their EXEC names a record there
+	// and an effect key that is nowhere: TRYAGAIN). The hand-over comes
+	// while they wait, as at the end of a slot's reshard.
+	const fresh = 5
+	errs := make([]error, fresh)
+	resps := make([]idempotency.Response, fresh)
+	var wg sync.WaitGroup
+	for j := range fresh {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			i := completed + j
+			resps[j], errs[j] = m.do(ctx, keyOf(i), "new-"+strconv.Itoa(i), nil)
+		}()
+	}
+	time.Sleep(300 * time.Millisecond)
+	if _, err := m.c.MoveKeys(ctx, m.slot, from, to, 100); err != nil {
+		t.Fatal(err)
+	}
+	if err := m.c.EndMigration(ctx, m.slot, from, to); err != nil {
+		t.Fatal(err)
+	}
+	wg.Wait()
+	for j := range fresh {
+		i := completed + j
+		if errs[j] != nil || resps[j].Replayed || string(resps[j].Body) != "new-"+strconv.Itoa(i) {
+			failed = append(failed, fmt.Sprintf("new key %d: %+v, %v", i, resps[j], errs[j]))
+		}
+	}
+	t.Logf("%d replays and %d new keys across the migration in %v", completed, fresh, time.Since(start))
+	if len(failed) > 0 {
+		t.Fatalf("%d of %d calls failed:\n%v", len(failed), completed+fresh, failed)
+	}
+	for i := range completed + 5 {
+		if n, err := m.effects(ctx, keyOf(i), nil); err != nil || n != 1 {
+			t.Errorf("key %d: %d effects, %v; want 1", i, n, err)
+		}
 	}
 }

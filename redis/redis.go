@@ -200,12 +200,6 @@ func (s *Store) keysFor(k idempotency.Key) keys {
 	return keys{id: binary.BigEndian.Uint64(sum) | 1, base: base, rec: base + "rec", wake: base + "wake"}
 }
 
-// deadKey names the marker that says the reservation under token was
-// abandoned (see abandonLua); it shares the record's hash tag.
-func (k keys) deadKey(token string) string {
-	return k.base + "dead:" + token
-}
-
 // Purge implements [idempotency.KeyStore]. Completed records carry a Redis
 // expiry and vanish by themselves, so Purge deletes nothing and returns 0.
 func (s *Store) Purge(ctx context.Context, before time.Time, limit int) (int, error) {

@@ -121,7 +121,7 @@ func (s *Store) try(ctx context.Context, k keys, r idempotency.Reservation, toke
 	if s.single != nil && r.Wait == 0 && dead == "" && !s.seen.has(k.id) {
 		return s.tryWatched(ctx, k, r, token)
 	}
-	vals, err := s.reserveScript.Run(ctx, s.client, []string{k.rec, k.deadKey(token)},
+	vals, err := s.reserveScript.Run(ctx, s.client, []string{k.rec},
 		s.reserveArgs(r, token, dead)...).Slice()
 	if err != nil {
 		if outcomeUnknown(err) {
@@ -175,6 +175,6 @@ func (s *Store) parseReserve(k keys, r idempotency.Reservation, vals []any) (try
 func (s *Store) abandon(ctx context.Context, k keys, token string) {
 	ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), abandonTimeout)
 	defer cancel()
-	_ = s.abandonScript.Run(ctx, s.client, []string{k.rec, k.deadKey(token)},
+	_ = s.abandonScript.Run(ctx, s.client, []string{k.rec},
 		token, k.wake, s.lease.Milliseconds()).Err()
 }

@@ -93,7 +93,7 @@ func (s *Store) tryWatched(ctx context.Context, k keys, r idempotency.Reservatio
 	if err != nil {
 		return tryResult{}, err
 	}
-	keys := []string{k.rec, k.deadKey(token)}
+	keys := []string{k.rec}
 	args := s.reserveArgs(r, token, "")
 	var run *goredis.Cmd
 	var owner *goredis.StringCmd
