@@ -85,7 +85,9 @@ func (s *Store) clusterNode(ctx context.Context, addr string) (*goredis.Client, 
 	find := func() *goredis.Client {
 		var mu sync.Mutex
 		var found *goredis.Client
-		_ = s.cluster.ForEachMaster(ctx, func(ctx context.Context, c *goredis.Client) error {
+		// Replicas too: a MOVED after a failover names a replica just
+		// promoted, before the client's slot map says so.
+		_ = s.cluster.ForEachShard(ctx, func(ctx context.Context, c *goredis.Client) error {
 			if c.Options().Addr == addr {
 				mu.Lock()
 				found = c

@@ -3,6 +3,7 @@ package ha
 import (
 	"context"
 	"fmt"
+	mrand "math/rand/v2"
 	"net"
 	"path/filepath"
 	"strconv"
@@ -35,17 +36,37 @@ type RedisNode struct {
 	proc *proc
 }
 
-// FreePort returns a TCP port that is free on loopback now (the kernel
-// picks it; a race with another process binding it in between is possible
-// but unlikely).
+// FreePort returns a TCP port that is free on loopback now, chosen at
+// random below the kernel's ephemeral range (32768 and up by default), so
+// that an outgoing connection cannot take it before the server binds it.
 func FreePort(t testing.TB) int {
 	t.Helper()
-	l, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
+	return FreePorts(t, 1)[0]
+}
+
+// FreePorts returns n distinct ports, as [FreePort].
+func FreePorts(t testing.TB, n int) []int {
+	t.Helper()
+	var ports []int
+	var held []net.Listener
+	defer func() {
+		for _, l := range held {
+			_ = l.Close()
+		}
+	}()
+	for tries := 0; len(ports) < n; tries++ {
+		if tries > 1000 {
+			t.Fatalf("no %d free ports on loopback", n)
+		}
+		p := 20000 + mrand.IntN(12000)
+		l, err := net.Listen("tcp", "127.0.0.1:"+strconv.Itoa(p))
+		if err != nil {
+			continue
+		}
+		held = append(held, l)
+		ports = append(ports, p)
 	}
-	defer l.Close()
-	return l.Addr().(*net.TCPAddr).Port
+	return ports
 }
 
 // StartRedisCluster starts masters masters (slots spread evenly) with
@@ -59,8 +80,9 @@ func StartRedisCluster(t testing.TB, masters, replicas int) *RedisCluster {
 	dir := tempDir(t, "idem-rediscluster-")
 	c := &RedisCluster{t: t, dir: dir}
 	var all []*RedisNode
+	ports := FreePorts(t, 2*masters*(1+replicas))
 	for i := 0; i < masters*(1+replicas); i++ {
-		port, bus := FreePort(t), FreePort(t)
+		port, bus := ports[2*i], ports[2*i+1]
 		ps := strconv.Itoa(port)
 		args := []string{"--port", ps, "--cluster-port", strconv.Itoa(bus), "--bind", "127.0.0.1",
 			"--cluster-enabled", "yes", "--cluster-config-file", filepath.Join(dir, "nodes-"+ps+".conf"),
@@ -242,7 +264,7 @@ func (c *RedisCluster) MoveKeys(ctx context.Context, slot int, from, to *RedisNo
 		if len(keys) == 0 {
 			return moved, nil
 		}
-		args := []any{"migrate", host, port, "", 0, 5000, "replace", "keys"}
+		args := []any{"migrate", host, port, "", 0, 5000, "keys"}
 		for _, k := range keys {
 			args = append(args, k)
 		}
@@ -272,7 +294,56 @@ func (c *RedisCluster) EndMigration(ctx context.Context, slot int, from, to *Red
 			return fmt.Errorf("SETSLOT %d NODE on %s: %w", slot, n.Addr, err)
 		}
 	}
-	return nil
+	return c.awaitOwner(ctx, slot, to)
+}
+
+// awaitOwner waits until every live node says to serves slot. Moving a
+// slot again before that can let a node with a stale, higher-epoch view
+// claim it back, and a node that loses a slot by such an update deletes
+// the keys it holds in it (redis-cli --cluster reshard likewise checks
+// that the nodes agree before it moves a slot).
+func (c *RedisCluster) awaitOwner(ctx context.Context, slot int, to *RedisNode) error {
+	start := time.Now()
+	nudged := start
+	for {
+		var stale []*RedisNode
+		for _, n := range c.nodes() {
+			if n.proc.exited() {
+				continue
+			}
+			slots, err := c.Node(n.Addr).ClusterSlots(ctx).Result()
+			if err != nil {
+				return err
+			}
+			owner := ""
+			for _, s := range slots {
+				if int(s.Start) <= slot && slot <= int(s.End) && len(s.Nodes) > 0 {
+					owner = s.Nodes[0].ID
+				}
+			}
+			if owner != to.ID {
+				stale = append(stale, n)
+			}
+		}
+		if len(stale) == 0 {
+			return nil
+		}
+		if time.Since(start) > 20*time.Second {
+			return fmt.Errorf("after %v, %s still do not say that %s serves slot %d", time.Since(start), stale[0].Addr, to.Addr, slot)
+		}
+		if time.Since(nudged) > time.Second {
+			// What redis-cli --cluster fix does: tell the node again.
+			nudged = time.Now()
+			for _, n := range stale {
+				_ = c.Node(n.Addr).Do(ctx, "cluster", "setslot", slot, "node", to.ID).Err()
+			}
+		}
+		select {
+		case <-ctx.Done():
+			return fmt.Errorf("the nodes do not agree that %s serves slot %d: %w", to.Addr, slot, ctx.Err())
+		case <-time.After(20 * time.Millisecond):
+		}
+	}
 }
 
 // MigrateSlot moves slot from from to to with its keys: [RedisCluster.BeginMigration],
