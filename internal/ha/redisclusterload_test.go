@@ -130,3 +130,49 @@ func TestRedisClusterFailoverUnderLoad(t *testing.T) {
 		t.Fatalf("slot %d owner %s is not an original master", s.slot, owner.Addr)
 	})
 }
+
+// reshardRounds is how often TestRedisClusterReshardUnderLoad moves the slot.
+const reshardRounds = 12
+
+// TestRedisClusterReshardUnderLoad: the store's only slot is moved from
+// master to master reshardRounds times (SETSLOT IMPORTING/MIGRATING, MIGRATE in
+// batches of 10 keys, SETSLOT NODE: what redis-cli --cluster reshard does)
+// while 8 callers run.
+func TestRedisClusterReshardUnderLoad(t *testing.T) {
+	c := StartRedisCluster(t, 3, 0)
+	s := newClusterService(t, c)
+	s.underLoad(t, 8, func(ctx context.Context) {
+		for round := range reshardRounds {
+			from, err := c.OwnerOf(ctx, s.slot)
+			if err != nil {
+				t.Fatal(err)
+			}
+			to := c.Masters[0]
+			for _, m := range c.Masters {
+				if m != from {
+					to = m
+					break
+				}
+			}
+			if round%2 == 1 {
+				to = c.Masters[2]
+				if to == from {
+					to = c.Masters[1]
+				}
+			}
+			if err := c.BeginMigration(ctx, s.slot, from, to); err != nil {
+				t.Fatal(err)
+			}
+			n, err := c.MoveKeys(ctx, s.slot, from, to, 10)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if err := c.EndMigration(ctx, s.slot, from, to); err != nil {
+				t.Fatal(err)
+			}
+			if round < 2 || round == reshardRounds-1 {
+				t.Logf("round %d: slot %d with %d keys moved from %s to %s", round, s.slot, n, from.Addr, to.Addr)
+			}
+		}
+	})
+}
