@@ -326,9 +326,18 @@ func (c *RedisCluster) awaitOwner(ctx context.Context, slot int, to *RedisNode) 
 			}
 		}
 		if len(stale) == 0 {
-			return nil
+			settled, err := c.epochsSettled(ctx)
+			if err != nil {
+				return err
+			}
+			if settled {
+				return nil
+			}
 		}
 		if time.Since(start) > 20*time.Second {
+			if len(stale) == 0 {
+				return fmt.Errorf("after %v, the nodes still disagree on config epochs", time.Since(start))
+			}
 			return fmt.Errorf("after %v, %s still do not say that %s serves slot %d", time.Since(start), stale[0].Addr, to.Addr, slot)
 		}
 		if time.Since(nudged) > time.Second {
@@ -344,6 +353,51 @@ func (c *RedisCluster) awaitOwner(ctx context.Context, slot int, to *RedisNode) 
 		case <-time.After(20 * time.Millisecond):
 		}
 	}
+}
+
+// epochsSettled reports whether every live node sees the same config epoch
+// for every master, and no two masters share one. A hand-over bumps the
+// new owner's epoch without consensus; two such bumps can collide, and
+// until the collision is resolved (one node bumps again) a node with a
+// stale view can send an UPDATE that takes the slot back from its new
+// owner, which then deletes its keys.
+func (c *RedisCluster) epochsSettled(ctx context.Context) (bool, error) {
+	var first map[string]string
+	for _, n := range c.nodes() {
+		if n.proc.exited() {
+			continue
+		}
+		out, err := c.Node(n.Addr).ClusterNodes(ctx).Result()
+		if err != nil {
+			return false, err
+		}
+		view := map[string]string{}
+		seen := map[string]bool{}
+		for _, line := range strings.Split(strings.TrimSpace(out), "\n") {
+			f := strings.Fields(line)
+			if len(f) < 8 || !strings.Contains(f[2], "master") {
+				continue
+			}
+			if seen[f[6]] {
+				return false, nil // two masters with one epoch
+			}
+			seen[f[6]] = true
+			view[f[0]] = f[6]
+		}
+		if first == nil {
+			first = view
+			continue
+		}
+		if len(view) != len(first) {
+			return false, nil
+		}
+		for id, e := range view {
+			if first[id] != e {
+				return false, nil
+			}
+		}
+	}
+	return true, nil
 }
 
 // MigrateSlot moves slot from from to to with its keys: [RedisCluster.BeginMigration],

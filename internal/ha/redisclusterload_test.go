@@ -170,6 +170,12 @@ func TestRedisClusterReshardUnderLoad(t *testing.T) {
 			if err := c.EndMigration(ctx, s.slot, from, to); err != nil {
 				t.Fatal(err)
 			}
+			// The store deletes no key of the slot (records are replaced in
+			// place and expire no sooner than a lease): fewer keys on the
+			// new owner than were moved means Redis dropped them.
+			if have, err := c.Node(to.Addr).ClusterCountKeysInSlot(ctx, s.slot).Result(); err != nil || int(have) < n {
+				t.Fatalf("round %d: %d keys moved to %s, which now has %d, %v", round, n, to.Addr, have, err)
+			}
 			if round < 2 || round == reshardRounds-1 {
 				t.Logf("round %d: slot %d with %d keys moved from %s to %s", round, s.slot, n, from.Addr, to.Addr)
 			}
