@@ -132,6 +132,7 @@ func (s *Store) clusterWatchOwned(ctx context.Context, rec, token string, bound 
 	}
 	asking := false
 	pause := 5 * time.Millisecond
+	redirects := 0 // in a row: a redirect loop (stale slot maps) pauses too
 	for {
 		err := node.Watch(ctx, func(tx *goredis.Tx) error {
 			var st *goredis.SliceCmd
@@ -187,21 +188,19 @@ func (s *Store) clusterWatchOwned(ctx context.Context, rec, token string, bound 
 		if time.Now().After(deadline) {
 			return r.err
 		}
-		switch {
-		case r.moved:
-			s.cluster.ReloadState(ctx)
-			if node, err = s.clusterNode(ctx, r.addr); err != nil {
-				return err
+		if redirects++; (r.moved || r.ask) && redirects <= 4 {
+			// A routing change: follow it at once.
+			if r.moved {
+				s.cluster.ReloadState(ctx)
 			}
-			asking = false
-			continue // a routing change: no pause
-		case r.ask:
-			if node, err = s.clusterNode(ctx, r.addr); err != nil {
-				return err
+			if n, err := s.clusterNode(ctx, r.addr); err == nil {
+				node, asking = n, r.ask
+				continue
 			}
-			asking = true
-			continue
+			// A node the client does not know yet: after a pause, from the
+			// slot's owner in the reloaded map.
 		}
+		redirects = 0
 		// TRYAGAIN, or the record not on the importing node yet: the keys
 		// are moving; wait, then start again from the slot's owner.
 		t := time.NewTimer(pause)
