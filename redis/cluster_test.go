@@ -3,84 +3,22 @@ package redis
 import (
 	"context"
 	"fmt"
-	"math/rand/v2"
-	"os/exec"
-	"strconv"
-	"strings"
 	"testing"
 	"time"
 
 	goredis "github.com/redis/go-redis/v9"
 
 	"github.com/go-idempotency/idempotency/conformance"
-	"github.com/go-idempotency/idempotency/internal/testenv"
+	"github.com/go-idempotency/idempotency/internal/ha"
 	"github.com/go-idempotency/idempotency/internal/testkit"
 )
 
-// startCluster starts a three-master Redis Cluster on loopback ports in a
-// temporary directory and returns its addresses; the servers are shut down
+// startCluster starts a three-master Redis Cluster on free loopback ports
+// (internal/ha) and returns its addresses; the servers are killed by PID
 // in t.Cleanup.
 func startCluster(t *testing.T) []string {
 	t.Helper()
-	server, err := exec.LookPath("redis-server")
-	if err == nil {
-		_, err = exec.LookPath("redis-cli")
-	}
-	if err != nil {
-		if testenv.RequireAll() {
-			t.Fatalf("redis-server and redis-cli are needed for the Cluster test, and %s=1: %v", testenv.RequireAllEnv, err)
-		}
-		t.Skipf("redis-server or redis-cli not installed: %v", err)
-	}
-	dir := t.TempDir()
-	var ports []int
-	start := 7101 + rand.N(150)*10
-	for base := start; len(ports) < 3; base++ {
-		if base > start+500 {
-			t.Fatal("no free ports for the cluster")
-		}
-		if freePort(base) {
-			ports = append(ports, base)
-		}
-	}
-	var addrs []string
-	for _, p := range ports {
-		ps := strconv.Itoa(p)
-		t.Cleanup(func() {
-			_ = exec.Command("redis-cli", "-p", ps, "shutdown", "nosave").Run()
-		})
-		cmd := exec.Command(server, "--port", ps, "--cluster-enabled", "yes",
-			"--cluster-config-file", "nodes-"+ps+".conf", "--save", "", "--appendonly", "no",
-			"--daemonize", "yes", "--dir", dir, "--bind", "127.0.0.1",
-			"--logfile", "redis-"+ps+".log", "--pidfile", dir+"/redis-"+ps+".pid")
-		if out, err := cmd.CombinedOutput(); err != nil {
-			t.Fatalf("redis-server on %s: %v\n%s", ps, err, out)
-		}
-		addrs = append(addrs, "127.0.0.1:"+ps)
-	}
-	testkit.WaitUntil(t, 10*time.Second, "the cluster nodes to answer", func() bool {
-		for _, a := range addrs {
-			if out, err := exec.Command("redis-cli", "-u", "redis://"+a, "ping").Output(); err != nil || !strings.Contains(string(out), "PONG") {
-				return false
-			}
-		}
-		return true
-	})
-	args := append([]string{"--cluster", "create"}, addrs...)
-	args = append(args, "--cluster-replicas", "0", "--cluster-yes")
-	if out, err := exec.Command("redis-cli", args...).CombinedOutput(); err != nil {
-		t.Fatalf("redis-cli --cluster create: %v\n%s", err, out)
-	}
-	testkit.WaitUntil(t, 20*time.Second, "cluster_state:ok on every node", func() bool {
-		for _, a := range addrs {
-			out, err := exec.Command("redis-cli", "-u", "redis://"+a, "cluster", "info").Output()
-			if err != nil || !strings.Contains(string(out), "cluster_state:ok") {
-				return false
-			}
-		}
-		return true
-	})
-	return addrs
+	return ha.StartRedisCluster(t, 3, 0).Addrs()
 }
 
 func TestCluster(t *testing.T) {

@@ -65,8 +65,9 @@
 // A reservation whose reply does not arrive (the caller's deadline fires,
 // the connection is cut) may still have taken the key. Reserve then
 // abandons it before it returns, best effort, on a context of its own: a
-// compare-and-delete by token, which also marks the token so that a
-// reservation script still on its way reserves nothing when it arrives. If
+// compare-and-delete by token, which also marks a free key with the token
+// (an "abandoned" record, free to any other token) so that a reservation
+// script still on its way reserves nothing when it arrives. If
 // that fails too, the key stays pending under a token that nobody renews:
 // the callers of the same Store know the token is over and take the key
 // over at once; callers elsewhere get it when the lease runs out. Rollback
@@ -95,8 +96,8 @@
 // connection goes back to the pool. A caller that waits for a holder looks
 // the key up with the plain script, which arms no WATCH. On Cluster, where
 // keys move between nodes, the reservation is the plain script and
-// Complete checks the token under WATCH first: three round trips for a new
-// key, four with go-redis's own WATCH, one for a replay.
+// Complete checks the token under WATCH first (WATCH and the check in one
+// round trip): three round trips for a new key, one for a replay.
 //
 // Replication in Redis is asynchronous: a failover (Sentinel, Cluster) can
 // lose the latest writes, so a key completed just before it can come back
@@ -117,4 +118,14 @@
 // "app:{idem}:", that tag wins and every key of the store lives in one slot:
 // fn may then also touch any key that carries the same tag, at the price of
 // putting the whole store on one node.
+//
+// Slots may move while keys are held (resharding, CLUSTER FAILOVER).
+// Complete sends WATCH, the owner check and MULTI/EXEC itself, on the node
+// that holds the record (with ASKING when that node is importing the slot),
+// follows ASK and MOVED, and counts as applied only an EXEC that returned
+// its replies. While a slot migrates, Redis runs a transaction naming keys
+// that the node does not all have only after the hand-over (TRYAGAIN);
+// Complete waits for that, up to half the lease, and otherwise fails with
+// a retryable conflict, nothing applied. The scripts name only the record,
+// so reservations and replays run on whichever node has it meanwhile.
 package redis

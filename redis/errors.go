@@ -19,11 +19,13 @@ const (
 	errClusterDown = "CLUSTERDOWN " // Cluster: the cluster cannot serve the slot
 	errMasterDown  = "MASTERDOWN "  // a replica lost its link to the primary
 	errReadOnly    = "READONLY "    // a replica (a primary just demoted) refuses writes
+	errAsk         = "ASK "         // Cluster: the key is on the node importing its slot
+	errMoved       = "MOVED "       // Cluster: the slot has another owner
 )
 
 // retryable lists the prefixes that [mapError] wraps with
 // [idempotency.ErrConflict].
-var retryable = [...]string{errBusy, errLoading, errTryAgain, errClusterDown, errMasterDown, errReadOnly}
+var retryable = [...]string{errBusy, errLoading, errTryAgain, errClusterDown, errMasterDown, errReadOnly, errAsk, errMoved}
 
 // mapError is the one place that classifies go-redis errors: an aborted
 // EXEC (a watched key changed) and the replies listed in retryable wrap
@@ -56,4 +58,12 @@ func mapError(op string, err error) error {
 func outcomeUnknown(err error) bool {
 	var rerr goredis.Error
 	return !errors.As(err, &rerr) && !errors.Is(err, goredis.ErrPoolTimeout) && !errors.Is(err, goredis.ErrClosed)
+}
+
+// notSent reports whether a transaction that failed with err surely did
+// not run: the server answered with an error (MULTI refused, EXECABORT),
+// or go-redis refused to use the connection before writing (a connection
+// that an earlier command found broken).
+func notSent(err error) bool {
+	return !outcomeUnknown(err) || strings.HasPrefix(err.Error(), "redis: Conn is in a bad state")
 }

@@ -4,7 +4,6 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"net"
 	"strconv"
 	"testing"
 	"time"
@@ -156,18 +155,6 @@ func reservation(key idempotency.Key, fp string, wait time.Duration) idempotency
 func crash(t *testing.T, held idempotency.Txn[*Tx]) {
 	t.Helper()
 	held.(*txn).stop()
-}
-
-// freePort reports whether port and its cluster bus port are free.
-func freePort(port int) bool {
-	for _, p := range []int{port, port + 10000} {
-		l, err := net.Listen("tcp", "127.0.0.1:"+strconv.Itoa(p))
-		if err != nil {
-			return false
-		}
-		_ = l.Close()
-	}
-	return true
 }
 
 func keyN(i int) idempotency.Key { return idempotency.Key{Scope: "n", ID: "key-" + strconv.Itoa(i)} }

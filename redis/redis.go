@@ -69,7 +69,8 @@ type Config struct {
 // Build it with [New].
 type Store struct {
 	client     goredis.UniversalClient
-	single     *goredis.Client // client, if it is a single node or Sentinel client (see tryWatched)
+	single     *goredis.Client        // client, if it is a single node or Sentinel client (see tryWatched)
+	cluster    *goredis.ClusterClient // client, if it is a Cluster client (see clusterWatchOwned)
 	prefix     string
 	lease      time.Duration
 	renewEvery time.Duration
@@ -153,8 +154,10 @@ func New(client goredis.UniversalClient, cfg *Config) (*Store, error) {
 		return nil, err
 	}
 	single, _ := client.(*goredis.Client)
+	cluster, _ := client.(*goredis.ClusterClient)
 	return &Store{
 		single:        single,
+		cluster:       cluster,
 		repl:          repl,
 		client:        client,
 		prefix:        c.Prefix,
@@ -210,12 +213,6 @@ func (s *Store) keysFor(k idempotency.Key) keys {
 	sum := h.Sum(nil)
 	base := s.prefix + "{" + hex.EncodeToString(sum[:16]) + "}:"
 	return keys{id: binary.BigEndian.Uint64(sum) | 1, base: base, rec: base + "rec", wake: base + "wake"}
-}
-
-// deadKey names the marker that says the reservation under token was
-// abandoned (see abandonLua); it shares the record's hash tag.
-func (k keys) deadKey(token string) string {
-	return k.base + "dead:" + token
 }
 
 // Purge implements [idempotency.KeyStore]. Completed records carry a Redis

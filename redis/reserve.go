@@ -132,7 +132,7 @@ func (s *Store) try(ctx context.Context, k keys, r idempotency.Reservation, toke
 		return tryResult{}, err
 	}
 	sent := time.Now()
-	vals, err := s.reserveScript.Run(ctx, s.client, []string{k.rec, k.deadKey(token)}, args...).Slice()
+	vals, err := s.reserveScript.Run(ctx, s.client, []string{k.rec}, args...).Slice()
 	if err != nil {
 		if outcomeUnknown(err) {
 			s.abandon(ctx, k, token)
@@ -192,6 +192,6 @@ func (s *Store) parseReserve(k keys, r idempotency.Reservation, vals []any, sent
 func (s *Store) abandon(ctx context.Context, k keys, token string) {
 	ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), abandonTimeout)
 	defer cancel()
-	_ = s.abandonScript.Run(ctx, s.client, []string{k.rec, k.deadKey(token)},
+	_ = s.abandonScript.Run(ctx, s.client, []string{k.rec},
 		token, k.wake, s.lease.Milliseconds()).Err()
 }

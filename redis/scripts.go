@@ -36,20 +36,25 @@ end
 const maxExpiryMs = "9223372036854"
 
 // reserveLua takes the key unless a live record holds it.
-// KEYS[1] record, KEYS[2] the abandon marker of the caller's token.
+// KEYS[1] record: the only key it names, so that Redis Cluster runs it on
+// whichever node holds the record while its slot migrates (a script naming
+// a second key that does not exist is refused with TRYAGAIN on both nodes
+// until the hand-over).
 // ARGV: token, scope, id, fingerprint, the clock (a test clock's reading in
 // ms, or "" for Redis's, see nowLua), TTL ms (the provisional expiry is
 // the clock plus it), lease ms, and a token of this Store whose
 // reservation is over ("" if none): a record pending under it is taken
-// over. Returns {"reserved"}, {"abandoned"} (the caller already gave this
-// token up), {"pending", pttl ms, owner} or {"completed", fingerprint,
-// status, header, body, created, expires, scope, id, the clock}.
-var reserveLua = `
-if redis.call('EXISTS', KEYS[2]) == 1 then
-  return {'abandoned'}
-end
-` + nowLua(5) + `local r = redis.call('HMGET', KEYS[1], 'state', 'owner', 'fp', 'status', 'hdr', 'body', 'created', 'expires', 'scope', 'id')
-if r[1] == 'completed' then
+// over. A record in state "abandoned" (see abandonLua) is free, except to
+// its own token. Returns {"reserved"}, {"abandoned"} (the caller already
+// gave this token up), {"pending", pttl ms, owner} or {"completed",
+// fingerprint, status, header, body, created, expires, scope, id, the
+// clock}.
+var reserveLua = nowLua(5) + `local r = redis.call('HMGET', KEYS[1], 'state', 'owner', 'fp', 'status', 'hdr', 'body', 'created', 'expires', 'scope', 'id')
+if r[1] == 'abandoned' then
+  if r[2] == ARGV[1] then
+    return {'abandoned'}
+  end
+elseif r[1] == 'completed' then
   if tonumber(r[8]) > now then
     return {'completed', r[3], r[4], r[5], r[6], r[7], r[8], r[9], r[10], string.format('%.0f', now)}
   end
@@ -108,17 +113,23 @@ return 0
 `
 
 // abandonLua gives up a reservation script whose reply was lost: it
-// deletes the reservation if the script made it, and otherwise marks the
-// token abandoned for a lease, so that the script, if it arrives later,
-// reserves nothing.
-// KEYS[1] record, KEYS[2] the token's abandon marker. ARGV: token,
-// channel, lease ms. Returns 1 if it deleted a reservation, else 0.
+// deletes the reservation if the script made it, and otherwise, if the key
+// is free, leaves a record in state "abandoned" under the token for a
+// lease, so that the script, if it arrives later, reserves nothing (any
+// other token takes the key as free). One key, like reserveLua.
+// KEYS[1] record. ARGV: token, channel, lease ms. Returns 1 if it deleted
+// a reservation, else 0.
 const abandonLua = `
-if redis.call('HGET', KEYS[1], 'owner') == ARGV[1] then
+local r = redis.call('HMGET', KEYS[1], 'state', 'owner')
+if r[1] == 'pending' and r[2] == ARGV[1] then
   redis.call('DEL', KEYS[1])
   redis.call('PUBLISH', ARGV[2], 'released')
   return 1
 end
-redis.call('SET', KEYS[2], '1', 'PX', ARGV[3])
+if not r[1] then
+  redis.call('HSET', KEYS[1], 'state', 'abandoned', 'owner', ARGV[1])
+  redis.call('PEXPIRE', KEYS[1], ARGV[3])
+end
 return 0
 `
+

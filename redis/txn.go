@@ -30,6 +30,10 @@ type txn struct {
 	// with WATCH armed on the record since (see tryWatched). Renewals and
 	// Complete use it; Complete or Rollback releases it.
 	conn *pinned
+	// connFailed: a renewal on conn failed (see renew); renewals and
+	// Complete go through the client instead. Only renew writes it, and
+	// Complete reads it after stop.
+	connFailed bool
 
 	mu          sync.Mutex
 	stopped     bool
@@ -73,16 +77,36 @@ func (t *txn) renew() {
 	t.mu.Unlock()
 	defer t.renewing.Done()
 
-	var c goredis.Scripter = t.s.client
-	if t.conn != nil {
-		c = t.conn.tx // the reservation's connection: one per reservation
+	run := func(ctx context.Context, c goredis.Scripter) (int64, error) {
+		return t.s.renewScript.Run(ctx, c, []string{t.k.rec}, t.token, t.s.lease.Milliseconds()).Int64()
 	}
-	n, err := t.s.renewScript.Run(ctx, c, []string{t.k.rec}, t.token, t.s.lease.Milliseconds()).Int()
+	var n int64
+	var err error
+	if t.conn != nil && !t.connFailed {
+		// The reservation's connection: one per reservation.
+		if n, err = run(ctx, t.conn.tx); err != nil {
+			// It failed: after a failover it is a connection to the old
+			// primary (which refuses writes, or was closed by the
+			// Sentinel), where a renewal no longer holds the key. Renew
+			// through the client, which follows the primary, from now on;
+			// the script's token check makes that safe anywhere.
+			t.connFailed = true
+		}
+	}
+	if t.conn == nil || t.connFailed {
+		n, err = run(ctx, t.s.client)
+	}
 	cancel()
 	t.mu.Lock()
 	defer t.mu.Unlock()
 	t.cancelRenew = nil
-	if !t.stopped && (err != nil || n != 0) { // n == 0: lease lost, Complete will report it
+	switch {
+	case t.stopped || err == nil && n == 0: // n == 0: lease lost, Complete will report it
+	case err != nil:
+		// A failover in progress, a cut connection: try again soon, so that
+		// the lease on the new primary is renewed before it runs out.
+		t.timer.Reset(max(t.s.renewEvery/4, MinLease))
+	default:
 		t.timer.Reset(t.s.renewEvery)
 	}
 }
@@ -165,8 +189,9 @@ func (t *txn) commit(ctx context.Context, resp idempotency.Response) error {
 	ttlMs, expireMs := t.r.TTL.Milliseconds(), max(t.r.TTL, minRecordTTL).Milliseconds()
 	cmds := slices.Clone(t.tx.Cmds())
 	t.tx.Discard()
-	var done *goredis.Cmd // the completed record's script
-	var start time.Time   // when the last EXEC was sent
+	var done *goredis.Cmd    // the completed record's script
+	var start time.Time      // when the last EXEC was sent
+	var sent []goredis.Cmder // what the last EXEC carried
 	// exec sends fn's commands and the completed record in one MULTI/EXEC
 	// on c, whose WATCH on the record is armed and whose check found the
 	// record ours.
@@ -174,7 +199,8 @@ func (t *txn) commit(ctx context.Context, resp idempotency.Response) error {
 		for _, c := range cmds {
 			c.SetErr(nil)
 		}
-		_, err := c.TxPipelined(ctx, func(p goredis.Pipeliner) error {
+		var err error
+		sent, err = c.TxPipelined(ctx, func(p goredis.Pipeliner) error {
 			if err := p.BatchProcess(ctx, cmds...); err != nil {
 				return err
 			}
@@ -193,15 +219,34 @@ func (t *txn) commit(ctx context.Context, resp idempotency.Response) error {
 	for attempt := 1; ; attempt++ {
 		done = nil
 		var err error
-		if cn := t.conn; cn != nil {
+		if cn := t.conn; cn != nil && t.connFailed {
+			// The reservation's connection failed (a failover): check
+			// under a fresh WATCH through the client, on the primary.
+			t.conn = nil
+			t.s.unwatch(ctx, cn)
+			err = t.s.watchOwned(ctx, t.k.rec, t.token, exec)
+		} else if cn != nil {
 			// WATCH armed since the reservation: one round trip.
 			t.conn = nil
 			err = exec(cn.tx)
-			if err == nil || errors.Is(err, goredis.TxFailedErr) || done != nil && done.Err() == nil {
+			ran := err == nil || errors.Is(err, goredis.TxFailedErr) || applied(done)
+			if ran {
 				cn.release() // EXEC ran: nothing is watched any more
 			} else {
 				t.s.unwatch(ctx, cn)
 			}
+			if !ran && notSent(err) {
+				// The server refused the transaction (READONLY: the
+				// primary was demoted; EXECABORT) or the connection was
+				// unusable before anything was sent: nothing was applied.
+				// Check again under a fresh WATCH through the client.
+				continue
+			}
+		} else if t.s.cluster != nil {
+			// Renewals stopped with Complete: retry redirects well
+			// within the lease they left.
+			err = t.s.clusterWatchOwned(ctx, t.k.rec, t.token, t.s.lease/2, exec,
+				func() []goredis.Cmder { return sent })
 		} else {
 			err = t.s.watchOwned(ctx, t.k.rec, t.token, exec)
 		}
@@ -231,7 +276,7 @@ func (t *txn) commit(ctx context.Context, resp idempotency.Response) error {
 			return fmt.Errorf("%w: key %q", idempotency.ErrLeaseLost, t.r.Key.ID)
 		case errors.Is(err, ErrNotReplicated):
 			return err
-		case done != nil && done.Err() == nil:
+		case applied(done):
 			// EXEC ran: the record is completed, but a command of fn
 			// failed at run time (Redis does not roll back).
 			return fmt.Errorf("redis: key %q completed, but a queued command failed: %w", t.r.Key.ID, err)
@@ -242,6 +287,13 @@ func (t *txn) commit(ctx context.Context, resp idempotency.Response) error {
 		}
 		return mapError("complete", err)
 	}
+}
+
+// applied reports whether the completed record's script ran in an EXEC
+// that returned its replies: a command that a redirected or refused
+// transaction never ran has no error and no value.
+func applied(done *goredis.Cmd) bool {
+	return done != nil && done.Err() == nil && done.Val() != nil
 }
 
 // watchOwned runs fn on a transaction that WATCHes rec, once it has checked

@@ -94,7 +94,7 @@ func (s *Store) tryWatched(ctx context.Context, k keys, r idempotency.Reservatio
 	if err != nil {
 		return tryResult{}, err
 	}
-	keys := []string{k.rec, k.deadKey(token)}
+	keys := []string{k.rec}
 	args, err := s.reserveArgs(r, token, "")
 	if err != nil {
 		cn.release()

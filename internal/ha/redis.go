@@ -13,14 +13,8 @@ import (
 	goredis "github.com/redis/go-redis/v9"
 )
 
-// Redis ports this package uses on loopback.
-const (
-	RedisPrimaryPort  = 6391
-	RedisReplicaPort  = 6392
-	RedisSentinelPort = 26391
-	// SentinelMaster is the name the Sentinel monitors the primary under.
-	SentinelMaster = "ha"
-)
+// SentinelMaster is the name the Sentinel monitors the primary under.
+const SentinelMaster = "ha"
 
 // RedisSet is a Redis primary, a replica that replicates through a
 // [Proxy], and one Sentinel (quorum 1) that fails the primary over to the
@@ -30,34 +24,36 @@ type RedisSet struct {
 	// primary.
 	Link *Proxy
 
-	t        testing.TB
-	dir      string
-	primary  *proc
-	replica  *proc
-	sentinel *proc
+	t            testing.TB
+	dir          string
+	primaryPort  int
+	replicaPort  int
+	sentinelPort int
+	primary      *proc
+	replica      *proc
+	sentinel     *proc
 }
 
-// StartRedis starts the primary on [RedisPrimaryPort] (no persistence),
-// the replica on [RedisReplicaPort] and a Sentinel on [RedisSentinelPort]
-// started with redis-server --sentinel (down-after-milliseconds 500), and
+// StartRedis starts the primary (no persistence), the replica and a
+// Sentinel started with redis-server --sentinel (down-after-milliseconds
+// 500), each on a loopback port found free at run time, and
 // waits until the replica is in sync and known to the Sentinel. They are
 // killed in t.Cleanup.
 func StartRedis(t testing.TB) *RedisSet {
 	t.Helper()
 	bins := need(t, "the Redis failover test", "redis-server")
-	checkPorts(t, RedisPrimaryPort, RedisReplicaPort, RedisSentinelPort)
 	dir := tempDir(t, "idem-ha-redis-")
-	r := &RedisSet{t: t, dir: dir}
+	r := &RedisSet{t: t, dir: dir, primaryPort: FreePort(t), replicaPort: FreePort(t), sentinelPort: FreePort(t)}
 	server := func(name string, port int, extra ...string) *proc {
 		args := append([]string{"--port", strconv.Itoa(port), "--bind", "127.0.0.1", "--save", "", "--appendonly", "no",
 			"--dir", dir, "--dbfilename", name + ".rdb", "--daemonize", "no", "--protected-mode", "no"}, extra...)
 		return startProc(t, "redis "+name, command(account{}, bins[0], args...), filepath.Join(dir, name+".log"))
 	}
-	r.primary = server("primary", RedisPrimaryPort)
+	r.primary = server("primary", r.primaryPort)
 	waitFor(t, 10*time.Second, "the Redis primary", pingRedis(r.PrimaryAddr()), r.primary)
 	r.Link = NewProxy(t, r.PrimaryAddr())
-	r.replica = server("replica", RedisReplicaPort, "--replicaof", "127.0.0.1", strconv.Itoa(r.Link.Port()),
-		"--replica-announce-ip", "127.0.0.1", "--replica-announce-port", strconv.Itoa(RedisReplicaPort))
+	r.replica = server("replica", r.replicaPort, "--replicaof", "127.0.0.1", strconv.Itoa(r.Link.Port()),
+		"--replica-announce-ip", "127.0.0.1", "--replica-announce-port", strconv.Itoa(r.replicaPort))
 	waitFor(t, 10*time.Second, "the replica to sync", func(ctx context.Context) error {
 		info, err := infoOf(ctx, r.ReplicaAddr())
 		if err != nil {
@@ -73,7 +69,7 @@ func StartRedis(t testing.TB) *RedisSet {
 		"sentinel down-after-milliseconds %s 500\n"+
 		"sentinel failover-timeout %s 10000\n"+
 		"sentinel parallel-syncs %s 1\n",
-		RedisSentinelPort, dir, SentinelMaster, RedisPrimaryPort, SentinelMaster, SentinelMaster, SentinelMaster)
+		r.sentinelPort, dir, SentinelMaster, r.primaryPort, SentinelMaster, SentinelMaster, SentinelMaster)
 	confPath := filepath.Join(dir, "sentinel.conf")
 	if err := os.WriteFile(confPath, []byte(conf), 0o644); err != nil {
 		t.Fatal(err)
@@ -87,7 +83,7 @@ func StartRedis(t testing.TB) *RedisSet {
 			return err
 		}
 		for _, rep := range reps {
-			if rep["port"] == strconv.Itoa(RedisReplicaPort) && !strings.Contains(rep["flags"], "down") && rep["master-link-status"] == "ok" {
+			if rep["port"] == strconv.Itoa(r.replicaPort) && !strings.Contains(rep["flags"], "down") && rep["master-link-status"] == "ok" {
 				return nil
 			}
 		}
@@ -111,13 +107,13 @@ func infoOf(ctx context.Context, addr string) (string, error) {
 }
 
 // PrimaryAddr is the primary's address.
-func (r *RedisSet) PrimaryAddr() string { return "127.0.0.1:" + strconv.Itoa(RedisPrimaryPort) }
+func (r *RedisSet) PrimaryAddr() string { return "127.0.0.1:" + strconv.Itoa(r.primaryPort) }
 
 // ReplicaAddr is the replica's address.
-func (r *RedisSet) ReplicaAddr() string { return "127.0.0.1:" + strconv.Itoa(RedisReplicaPort) }
+func (r *RedisSet) ReplicaAddr() string { return "127.0.0.1:" + strconv.Itoa(r.replicaPort) }
 
 // SentinelAddr is the Sentinel's address.
-func (r *RedisSet) SentinelAddr() string { return "127.0.0.1:" + strconv.Itoa(RedisSentinelPort) }
+func (r *RedisSet) SentinelAddr() string { return "127.0.0.1:" + strconv.Itoa(r.sentinelPort) }
 
 // KillPrimary kills the primary with SIGKILL and cuts the replication
 // link, dropping whatever it held.
@@ -137,7 +133,7 @@ func (r *RedisSet) AwaitFailover() {
 		if err != nil {
 			return err
 		}
-		if len(addr) != 2 || addr[1] != strconv.Itoa(RedisReplicaPort) {
+		if len(addr) != 2 || addr[1] != strconv.Itoa(r.replicaPort) {
 			return fmt.Errorf("sentinel names %v as the primary", addr)
 		}
 		info, err := infoOf(ctx, r.ReplicaAddr())
@@ -149,4 +145,19 @@ func (r *RedisSet) AwaitFailover() {
 		}
 		return nil
 	}, r.replica, r.sentinel)
+}
+
+// Failover asks the Sentinel for a graceful failover (SENTINEL FAILOVER:
+// the replica is promoted and the primary reconfigured to replicate from
+// it, nothing killed) and waits until it is done, as AwaitFailover.
+func (r *RedisSet) Failover() {
+	r.t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	s := goredis.NewSentinelClient(&goredis.Options{Addr: r.SentinelAddr()})
+	defer s.Close()
+	if err := s.Failover(ctx, SentinelMaster).Err(); err != nil {
+		r.t.Fatalf("SENTINEL FAILOVER %s: %v", SentinelMaster, err)
+	}
+	r.AwaitFailover()
 }
