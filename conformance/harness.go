@@ -45,6 +45,14 @@ type Fixture[Tx any] struct {
 	// Count reports how many effects labelled tag are committed, read
 	// through a connection of its own (not inside any Tx).
 	Count func(ctx context.Context, tag string) (int, error)
+	// Reopen, if not nil, opens another instance of the store on the same
+	// records (the same table or key prefix, a pool or client of its own),
+	// as another process of the service would, and registers its cleanup
+	// with the fixture's t. The cases of racing callers then spread them
+	// over several instances, so that Reserve calls for one free key meet
+	// in the database and not in one process's memory. Effect and Count
+	// work with the transactions of every instance.
+	Reopen func(ctx context.Context) (idempotency.KeyStore[Tx], error)
 	// Bare, used only by [Benchmark], performs the same effect as Effect in
 	// a plain transaction of the same pool, with no idempotency: the
 	// baseline every benchmark is compared with. Nil skips the benchmarks.

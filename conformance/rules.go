@@ -57,6 +57,8 @@ var (
 		"Now is the core's clock reading for this attempt; records whose ExpiresAt <= Now count as absent."}
 	ruleMigrate = rule{"keystore.go",
 		"It is idempotent: running it again, or from several callers at once, changes nothing and returns nil."}
+	ruleTakeoverCAS = rule{"keystore.go",
+		"Taking over a lapsed lease is a compare-and-swap on the reservation that lapsed, as taking a free key is one on its absence: of several callers that find a key free or its lease lapsed at once, in one process or in several, exactly one obtains a Txn. A read followed by an unconditional write is not enough."}
 
 	ruleTTL = rule{"config.go",
 		"TTL is how long a completed key is remembered, counted from the moment its answer was committed (however long fn ran); after it the key counts as new."}
@@ -76,5 +78,5 @@ var allRules = []rule{
 	ruleEmpty, ruleOwner, ruleTimes, ruleLease, ruleCompletedWhileWaiting, rulePurgeDeletes,
 	rulePurgeHeld, ruleFnEndsTx, ruleComplete, ruleAtomic, ruleCompleteDone, ruleRollback,
 	ruleRollbackDone, ruleExpiredAbsent, ruleMigrate, ruleTTL, ruleMaxExpiry, ruleMinClock,
-	ruleMemWait, ruleMaxWaiters,
+	ruleMemWait, ruleMaxWaiters, ruleTakeoverCAS,
 }

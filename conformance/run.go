@@ -85,6 +85,8 @@ func (s *suite[Tx]) cases() []testCase {
 		{"MigrateTwice", []rule{ruleMigrate}, s.migrateTwice},
 		{"Observer", nil, s.observer},
 		{"NoGoroutineGrowth", nil, s.noGoroutineGrowth},
+		{"RacingReserves", []rule{ruleOneTxn, ruleTakeoverCAS}, s.racingReserves},
+		{"RacingWinnerFails", []rule{ruleWaitThenRecord, ruleRollback}, s.racingWinnerFails},
 	}
 }
 
@@ -95,6 +97,9 @@ type env[Tx any] struct {
 	t   *testing.T
 	ctx context.Context
 	f   Fixture[Tx]
+	// stores are the instances of the store the case spread its callers
+	// over: f.Store first, then the ones Fixture.Reopen opened.
+	stores []idempotency.KeyStore[Tx]
 }
 
 func (s *suite[Tx]) setup(t *testing.T, opts Options) *env[Tx] {

@@ -1,10 +1,12 @@
 package redis
 
 import (
+	"context"
 	"testing"
 
 	goredis "github.com/redis/go-redis/v9"
 
+	"github.com/go-idempotency/idempotency"
 	"github.com/go-idempotency/idempotency/conformance"
 )
 
@@ -18,9 +20,26 @@ func harness(newClient func(t testing.TB) func(int) goredis.UniversalClient) con
 			if opts.Lease > 0 {
 				cfg = &Config{Lease: opts.Lease}
 			}
-			f := newFixture(t, newClient(t), opts.MaxConns, cfg)
+			clients := newClient(t)
+			f := newFixture(t, clients, opts.MaxConns, cfg)
 			f.store.noRenew = opts.Lease > 0
-			return conformance.Fixture[*Tx]{Store: f.store, Effect: f.effect, Count: f.count, Bare: f.bare, Fill: f.fill}
+			// Another store on the same prefix, with a client of its own:
+			// another process of the service.
+			reopen := func(context.Context) (idempotency.KeyStore[*Tx], error) {
+				client := clients(opts.MaxConns)
+				t.Cleanup(func() { _ = client.Close() })
+				c := Config{Prefix: f.prefix}
+				if cfg != nil {
+					c.Lease = cfg.Lease
+				}
+				s, err := New(client, &c)
+				if err != nil {
+					return nil, err
+				}
+				s.noRenew = opts.Lease > 0
+				return s, nil
+			}
+			return conformance.Fixture[*Tx]{Store: f.store, Effect: f.effect, Count: f.count, Bare: f.bare, Fill: f.fill, Reopen: reopen}
 		},
 		// Completed records expire by themselves; Purge returns 0. A
 		// reservation is a lease that runs out if it is not renewed.
