@@ -57,6 +57,10 @@ var (
 		"Now is the core's clock reading for this attempt; records whose ExpiresAt <= Now count as absent."}
 	ruleMigrate = rule{"keystore.go",
 		"It is idempotent: running it again, or from several callers at once, changes nothing and returns nil."}
+	ruleLeaseEnds = rule{"keystore.go",
+		"On such a store the lease ends a hold, not the provisional expiry ([Reservation].ExpiresAt, which only bounds how long a record left pending may last): once the lease ran out the key is free to take over, and a caller already waiting for it takes it within one second of the lease's end, not at the end of its wait."}
+	ruleStaleOwner = rule{"keystore.go",
+		"A stale owner (one whose lease was taken over) changes nothing: its Rollback frees nothing and never the new owner's key, and its Complete returns an error wrapping [ErrLeaseLost]."}
 	ruleTakeoverCAS = rule{"keystore.go",
 		"Taking over a lapsed lease is a compare-and-swap on the reservation that lapsed, as taking a free key is one on its absence: of several callers that find a key free or its lease lapsed at once, in one process or in several, exactly one obtains a Txn. A read followed by an unconditional write is not enough."}
 
@@ -78,5 +82,5 @@ var allRules = []rule{
 	ruleEmpty, ruleOwner, ruleTimes, ruleLease, ruleCompletedWhileWaiting, rulePurgeDeletes,
 	rulePurgeHeld, ruleFnEndsTx, ruleComplete, ruleAtomic, ruleCompleteDone, ruleRollback,
 	ruleRollbackDone, ruleExpiredAbsent, ruleMigrate, ruleTTL, ruleMaxExpiry, ruleMinClock,
-	ruleMemWait, ruleMaxWaiters, ruleTakeoverCAS,
+	ruleMemWait, ruleMaxWaiters, ruleTakeoverCAS, ruleLeaseEnds, ruleStaleOwner,
 }

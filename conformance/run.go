@@ -87,6 +87,9 @@ func (s *suite[Tx]) cases() []testCase {
 		{"NoGoroutineGrowth", nil, s.noGoroutineGrowth},
 		{"RacingReserves", []rule{ruleOneTxn, ruleTakeoverCAS}, s.racingReserves},
 		{"RacingWinnerFails", []rule{ruleWaitThenRecord, ruleRollback}, s.racingWinnerFails},
+		{"LeaseTakeover", []rule{ruleLeaseEnds, ruleTakeoverCAS, ruleLease}, s.leaseTakeover},
+		{"LeaseStaleRollback", []rule{ruleStaleOwner}, s.leaseStaleRollback},
+		{"LeaseStaleComplete", []rule{ruleStaleOwner, ruleLease}, s.leaseStaleComplete},
 	}
 }
 
