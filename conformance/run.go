@@ -90,6 +90,10 @@ func (s *suite[Tx]) cases() []testCase {
 		{"LeaseTakeover", []rule{ruleLeaseEnds, ruleTakeoverCAS, ruleLease}, s.leaseTakeover},
 		{"LeaseStaleRollback", []rule{ruleStaleOwner}, s.leaseStaleRollback},
 		{"LeaseStaleComplete", []rule{ruleStaleOwner, ruleLease}, s.leaseStaleComplete},
+		{"PurgeRecheck", []rule{rulePurgeRecheck}, s.purgeRecheck},
+		{"PurgeLimit", []rule{rulePurgeCount, rulePurgeDeletes}, s.purgeLimit},
+		{"PurgeCountsDeleted", []rule{rulePurgeCount}, s.purgeCountsDeleted},
+		{"FailedCompleteFreesKey", []rule{ruleFailedComplete}, s.failedCompleteFreesKey},
 	}
 }
 
