@@ -265,14 +265,18 @@ func (s *suite[Tx]) cancelWhileWaiting(t *testing.T) {
 		t.Fatalf("holder after waiters cancelled: %v", r.err)
 	}
 	// No connection leaked: more calls than the pool holds still complete.
+	var afterErr error // reported here, not from within's goroutine
 	within(t, 20*time.Second, "calls after cancelled waiters on a pool of 2", func() {
 		for i := range 5 {
 			if _, err := g.Do(e.ctx, idempotency.Key{ID: uniq("after")}, "fp", e.effectFn("after", new(atomic.Int64))); err != nil {
-				t.Errorf("call %d after cancelled waiters: %v", i, err)
+				afterErr = fmt.Errorf("call %d after cancelled waiters: %w", i, err)
 				return
 			}
 		}
 	})
+	if afterErr != nil {
+		t.Fatal(afterErr)
+	}
 	e.count("waiter", 0, "cancelled waiters")
 	e.count("after", 5, "calls after cancelled waiters")
 }

@@ -85,6 +85,14 @@ func catalogue() []entry {
 		// again: the case fails and names it, without a panic.
 		{name: "holder-runs-again", suite: heldAgainSuite, run: "ErrorRollsBack|WaiterGetsReplay", mustFail: "WaiterGetsReplay",
 			mustPass: []string{"ErrorRollsBack"}, mustSay: "fn ran again after it held the key"},
+		// A store that reports to its t from a goroutine after the case
+		// ended: the run fails and says so, and later cases still run.
+		{name: "reports-after-the-case", suite: lateSuite, run: "ErrorRollsBack|TTLExpiry",
+			mustPass: []string{"ErrorRollsBack", "TTLExpiry"}, mustSay: "after the case ended"},
+		// A Reserve that ignores its ctx and never returns: the case fails,
+		// and the next case runs.
+		{name: "hung-call", suite: hungSuite, run: "NoWait|ErrorRollsBack", mustFail: "NoWait",
+			mustPass: []string{"ErrorRollsBack"}, mustSay: "ignores its ctx"},
 	}
 }
 
@@ -166,4 +174,44 @@ func heldAgainSuite(t *testing.T) {
 		},
 		Features: conformance.Features{SerialWriters: true},
 	})
+}
+
+// lateSuite runs the suite on the correct rev store, whose fixture reports
+// a failure from a goroutine 100ms after its case ended.
+func lateSuite(t *testing.T) {
+	h := revHarness(mistakes{})
+	inner := h.NewFixture
+	h.NewFixture = func(t testing.TB, opts conformance.Options) conformance.Fixture[*revTx] {
+		ended := make(chan struct{})
+		t.Cleanup(func() { close(ended) })
+		go func() {
+			<-ended
+			time.Sleep(100 * time.Millisecond)
+			t.Errorf("rev store: a watch fired after its case ended")
+		}()
+		return inner(t, opts)
+	}
+	conformance.Run(t, h)
+	time.Sleep(300 * time.Millisecond) // the last case's late report comes while t lives
+}
+
+// hungStore never returns from a Reserve with NoWait: it ignores its ctx.
+type hungStore struct{ *revStore }
+
+func (s hungStore) Reserve(ctx context.Context, r idempotency.Reservation) (idempotency.Txn[*revTx], *idempotency.Record, error) {
+	if r.NoWait {
+		select {} //nolint:staticcheck // the point: a call that never returns
+	}
+	return s.revStore.Reserve(ctx, r)
+}
+
+func hungSuite(t *testing.T) {
+	h := revHarness(mistakes{})
+	inner := h.NewFixture
+	h.NewFixture = func(t testing.TB, opts conformance.Options) conformance.Fixture[*revTx] {
+		f := inner(t, opts)
+		f.Store = hungStore{f.Store.(*revStore)}
+		return f
+	}
+	conformance.Run(t, conformance.Harness[*revTx](h))
 }
