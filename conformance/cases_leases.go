@@ -109,7 +109,7 @@ func (e *env[Tx]) takeOver(key idempotency.Key, tagA, tagB string) (a, b idempot
 		e.t.Fatalf("A's effect: %v", err)
 	}
 	start := time.Now()
-	b, rec, err = sb.Reserve(e.ctx, reservation(key, heldLease+5*time.Second))
+	b, rec, err = e.reserveRetrying(sb, key, heldLease+5*time.Second)
 	if err != nil || b == nil {
 		e.t.Fatalf("B: Reserve once A's %v lease ran out: %v, %+v, %v; want B to take the key", heldLease, b, rec, err)
 	}

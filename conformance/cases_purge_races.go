@@ -223,7 +223,7 @@ func (s *suite[Tx]) failedCompleteFreesKey(t *testing.T) {
 			continue // it committed: CompleteInterrupted checks that case
 		}
 		start := time.Now()
-		next, rec, err := other.Reserve(e.ctx, reservation(key, leaseWake+time.Second))
+		next, rec, err := e.reserveRetrying(other, key, leaseWake+time.Second)
 		took := time.Since(start)
 		switch {
 		case errors.Is(err, idempotency.ErrInProgress) || (err == nil && next != nil && took > leaseWake):
@@ -243,6 +243,24 @@ func (s *suite[Tx]) failedCompleteFreesKey(t *testing.T) {
 			if err := next.Rollback(e.ctx); err != nil {
 				t.Fatalf("round %d: Rollback: %v", i, err)
 			}
+		}
+	}
+}
+
+// reserveRetrying calls store.Reserve for key with wait as the core
+// would: again, for up to wait in all, while it reports a conflict to retry
+// ([idempotency.ErrConflict], a serialization failure).
+func (e *env[Tx]) reserveRetrying(store idempotency.KeyStore[Tx], key idempotency.Key, wait time.Duration) (idempotency.Txn[Tx], *idempotency.Record, error) {
+	deadline := time.Now().Add(wait)
+	for {
+		txn, rec, err := store.Reserve(e.ctx, reservation(key, max(time.Until(deadline), 0)))
+		if !errors.Is(err, idempotency.ErrConflict) || !time.Now().Before(deadline) {
+			return txn, rec, err
+		}
+		select {
+		case <-e.ctx.Done():
+			return txn, rec, err
+		case <-time.After(5 * time.Millisecond):
 		}
 	}
 }
