@@ -83,7 +83,9 @@ import (
 //     implement io.Closer: Close releases them, never the caller's pool,
 //     and a reservation already made still completes or rolls back.
 //  5. Run conformance.Run in the store's tests, with honest
-//     conformance.Features; each case quotes the sentence it checks.
+//     conformance.Features and, if it can, a Fixture.Reopen that opens
+//     another instance on the same records; each case quotes the sentence
+//     it checks.
 //
 // Conformance of an implementation is checked by the conformance package.
 type KeyStore[Tx any] interface {

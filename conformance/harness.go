@@ -23,6 +23,18 @@
 // and TTL extremes, byte-exact headers, record ownership, in-memory
 // waiting and the bound on waits in the store. A store that reserves the
 // key in one transaction and commits the effect in another fails it.
+//
+// Callers of one key race through several Guards and, when the fixture
+// sets [Fixture].Reopen, several instances of the store, so that the store
+// itself sees concurrent Reserves of one free key (one Guard would queue
+// them in memory). Lease stores meet racing takers of a lapsed lease, a
+// waiter already waiting when it runs out, and a stale owner's Rollback and
+// Complete; Purge meets keys re-reserved while it runs, an exact limit, and
+// a count checked against what it deleted. The package's own tests run the
+// suite on a catalogue of deliberately broken stores, one per mistake, and
+// show each failing the case made for it. A store that misbehaves from its
+// goroutines (reports after its case ended, a call that never returns)
+// fails its case and never crashes the test binary.
 package conformance
 
 import (
