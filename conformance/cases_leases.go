@@ -15,14 +15,14 @@ import (
 // checked before its own lease runs out on a loaded machine.
 const (
 	takeoverLease = 400 * time.Millisecond
-	heldLease     = 1500 * time.Millisecond
+	heldLease     = time.Second
 	// leaseTakers is how many callers, each on a Guard of its own, wait
 	// for a lease to run out in LeaseTakeover.
 	leaseTakers = 6
 	// leaseWait is the takers' WaitTimeout: far longer than the lease
 	// plus [leaseWake], so a taker that sleeps through the end of the
 	// lease is told apart from one that wakes.
-	leaseWait = 10 * time.Second
+	leaseWait = 5 * time.Second
 )
 
 // leaseWake is the bound, after a lease ran out, within which a caller

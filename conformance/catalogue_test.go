@@ -122,17 +122,40 @@ func TestCatalogue(t *testing.T) {
 	if os.Getenv(catalogueEnv) != "" {
 		t.Skip("inside a catalogue run")
 	}
-	for _, c := range catalogue() {
-		t.Run(c.name, func(t *testing.T) {
-			t.Parallel()
+	t.Parallel() // with TestRevStoreConformance: both mostly wait
+	// The runs mostly wait (leases, bounds): six at once, more than the
+	// -parallel default of GOMAXPROCS would allow, the slowest started
+	// first.
+	entries := catalogue()
+	type run struct {
+		out     []byte
+		err     error
+		timeout bool
+	}
+	runs := make([]chan run, len(entries))
+	sem := make(chan struct{}, 6)
+	for i := range runs {
+		runs[i] = make(chan run, 1)
+	}
+	for i := len(entries) - 1; i >= 0; i-- { // the slowest are last in the list
+		c := entries[i]
+		go func() {
+			sem <- struct{}{}
+			defer func() { <-sem }()
 			ctx, cancel := context.WithTimeout(context.Background(), 90*time.Second)
 			defer cancel()
 			cmd := exec.CommandContext(ctx, os.Args[0], "-test.run", "^TestCatalogueInner$/^("+c.run+")$", "-test.v", "-test.count=1")
 			cmd.Env = append(os.Environ(), catalogueEnv+"="+c.name)
 			out, err := cmd.CombinedOutput()
-			text := string(out)
+			runs[i] <- run{out, err, ctx.Err() != nil}
+		}()
+	}
+	for i, c := range entries {
+		t.Run(c.name, func(t *testing.T) {
+			r := <-runs[i]
+			err, text := r.err, string(r.out)
 			switch {
-			case ctx.Err() != nil:
+			case r.timeout:
 				t.Fatalf("the suite on %s did not finish within 90s:\n%s", c.name, text)
 			case strings.Contains(text, "panic:"):
 				t.Fatalf("the suite on %s panicked, want a failing case:\n%s", c.name, text)

@@ -289,5 +289,6 @@ func revHarness(m mistakes) conformance.Harness[*revTx] {
 // TestRevStoreConformance: the etcd-like lease store without mistakes
 // passes the whole suite.
 func TestRevStoreConformance(t *testing.T) {
+	t.Parallel() // with TestCatalogue
 	conformance.Run(t, revHarness(mistakes{}))
 }

@@ -11,7 +11,7 @@ import (
 // lateBound is how long the cleanup of a case waits for a goroutine of the
 // case that outlived it (a hung call of the store) once the case's context
 // has ended, before it gives up on it.
-const lateBound = 10 * time.Second
+const lateBound = 5 * time.Second
 
 // endedTB is the testing.TB a fixture gets. It passes every call on to the
 // case's t while the case runs; once the case has ended (its last cleanup
