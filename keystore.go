@@ -68,6 +68,25 @@ import (
 //     fn runs, as on Redis) refuses Complete from an owner whose lease ran
 //     out and was taken over: it returns [ErrLeaseLost] and applies nothing
 //     of that owner's transaction.
+//   - On such a store the lease ends a hold, not the provisional expiry
+//     ([Reservation].ExpiresAt, which only bounds how long a record left
+//     pending may last): once the lease ran out the key is free to take
+//     over, and a caller already waiting for it takes it within one second
+//     of the lease's end, not at the end of its wait.
+//   - Taking over a lapsed lease is a compare-and-swap on the reservation
+//     that lapsed, as taking a free key is one on its absence: of several
+//     callers that find a key free or its lease lapsed at once, in one
+//     process or in several, exactly one obtains a Txn. A read followed by
+//     an unconditional write is not enough.
+//   - A stale owner (one whose lease was taken over) changes nothing: its
+//     Rollback frees nothing and never the new owner's key, and its
+//     Complete returns an error wrapping [ErrLeaseLost].
+//   - For a client that multiplexes every call over one connection (gRPC,
+//     HTTP/2, as etcd, DynamoDB or Spanner clients do), a connection in
+//     these rules means one call in flight: a Reserve and the Txn it
+//     returns have at most one request outstanding at a time, and a
+//     Reserve waiting for a held key holds no resource that the holder's
+//     Complete or Rollback, or callers of other keys, need to go through.
 //
 // Writing a backend, step by step:
 //
@@ -84,7 +103,9 @@ import (
 //     implement io.Closer: Close releases them, never the caller's pool,
 //     and a reservation already made still completes or rolls back.
 //  5. Run conformance.Run in the store's tests, with honest
-//     conformance.Features; each case quotes the sentence it checks.
+//     conformance.Features and, if it can, a Fixture.Reopen that opens
+//     another instance on the same records; each case quotes the sentence
+//     it checks.
 //
 // Conformance of an implementation is checked by the conformance package.
 type KeyStore[Tx any] interface {
@@ -127,6 +148,15 @@ type KeyStore[Tx any] interface {
 	// whole database (SQLite), where Purge queues for the write lock like
 	// every writer, while ctx lives. A backend whose records expire by
 	// themselves may return 0.
+	//
+	// A record re-reserved or completed after Purge chose it is not
+	// deleted: the delete re-checks each record it chose (its expiry, or
+	// the revision the scan saw) in the same atomic step. The count is of
+	// records deleted, not of records chosen, and never more than limit,
+	// however many expired records there are. A store that caps the
+	// operations of one transaction (etcd, DynamoDB) deletes in as many
+	// transactions as it needs, each deleting only what it re-checked, and
+	// reports their sum; it stops at limit.
 	Purge(ctx context.Context, limit int) (int, error)
 }
 
@@ -169,6 +199,12 @@ type Txn[Tx any] interface {
 	// key waits for it, then replays). A commit that fails with a retryable conflict
 	// wraps [ErrConflict]; a backend that can tell that it lost the key
 	// (an expired lease taken over) returns [ErrLeaseLost].
+	//
+	// A Complete that returns an error and committed nothing frees the key
+	// as Rollback does: another caller can take it within one second, never
+	// only when a lease runs out. Only a Complete that cannot tell whether
+	// its commit landed (a lost reply) may leave the key held until the
+	// server settles it or the lease ends.
 	Complete(ctx context.Context, resp Response) error
 
 	// Rollback abandons the transaction: the reservation and every effect
@@ -220,7 +256,8 @@ type Record struct {
 	Header      http.Header
 	Body        []byte
 	// CreatedAt is the store's clock when the key was reserved (at least
-	// to the millisecond, rounding down).
+	// to the millisecond, rounding down). It is for people reading the
+	// store (logs, an admin page): the core never reads it.
 	CreatedAt time.Time
 	// ExpiresAt is the store's clock at completion plus the TTL, clamped
 	// to [MaxExpiry]: the record is absent once the store's clock reaches

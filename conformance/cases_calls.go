@@ -16,11 +16,14 @@ import (
 func (s *suite[Tx]) concurrentSameKey(t *testing.T) {
 	e := s.setup(t, Options{})
 	g := e.guard(nil)
+	// Five callers on each of four Guards: they queue in each Guard's
+	// memory and race in the store.
+	gs := e.guards(4, nil)
 	key := idempotency.Key{Scope: "client-1", ID: uniq("k")}
 	var calls atomic.Int64
 	fn := e.effectFn("payment", &calls)
-	rs := fire(t, Callers, func(int) (idempotency.Response, error) {
-		return g.Do(e.ctx, key, "fp-amount-100", fn)
+	rs := fire(t, Callers, func(i int) (idempotency.Response, error) {
+		return gs[i%len(gs)].Do(e.ctx, key, "fp-amount-100", fn)
 	})
 	resp := checkOneExecution(t, rs, "20 concurrent callers with one key")
 	if resp.Status != http.StatusCreated {
@@ -48,11 +51,11 @@ var errWinnerFails = errors.New("conformance: the winner's effect fails")
 
 func (s *suite[Tx]) winnerFails(t *testing.T) {
 	e := s.setup(t, Options{})
-	g := e.guard(nil)
+	gs := e.guards(4, nil) // five callers on each: in memory and in the store
 	key := idempotency.Key{ID: uniq("k")}
 	var calls atomic.Int64
-	rs := fire(t, Callers, func(int) (idempotency.Response, error) {
-		return g.Do(e.ctx, key, "fp", func(tx Tx) (idempotency.Response, error) {
+	rs := fire(t, Callers, func(i int) (idempotency.Response, error) {
+		return gs[i%len(gs)].Do(e.ctx, key, "fp", func(tx Tx) (idempotency.Response, error) {
 			n := calls.Add(1)
 			if err := e.f.Effect(e.ctx, tx, "payment"); err != nil {
 				return idempotency.Response{}, err
@@ -262,14 +265,18 @@ func (s *suite[Tx]) cancelWhileWaiting(t *testing.T) {
 		t.Fatalf("holder after waiters cancelled: %v", r.err)
 	}
 	// No connection leaked: more calls than the pool holds still complete.
+	var afterErr error // reported here, not from within's goroutine
 	within(t, 20*time.Second, "calls after cancelled waiters on a pool of 2", func() {
 		for i := range 5 {
 			if _, err := g.Do(e.ctx, idempotency.Key{ID: uniq("after")}, "fp", e.effectFn("after", new(atomic.Int64))); err != nil {
-				t.Errorf("call %d after cancelled waiters: %v", i, err)
+				afterErr = fmt.Errorf("call %d after cancelled waiters: %w", i, err)
 				return
 			}
 		}
 	})
+	if afterErr != nil {
+		t.Fatal(afterErr)
+	}
 	e.count("waiter", 0, "cancelled waiters")
 	e.count("after", 5, "calls after cancelled waiters")
 }

@@ -112,13 +112,17 @@ func (s *suite[Tx]) migrateTwice(t *testing.T) {
 	for range 2 {
 		go func() { errs <- m.Migrate(e.ctx) }()
 	}
+	var merrs []error // reported here, not from within's goroutine
 	within(t, 30*time.Second, "two Migrate at once", func() {
 		for range 2 {
 			if err := <-errs; err != nil {
-				t.Errorf("Migrate again, concurrently: %v", err)
+				merrs = append(merrs, err)
 			}
 		}
 	})
+	for _, err := range merrs {
+		t.Errorf("Migrate again, concurrently: %v", err)
+	}
 	if err := m.Migrate(e.ctx); err != nil {
 		t.Fatalf("Migrate a third time: %v", err)
 	}

@@ -23,6 +23,18 @@
 // and TTL extremes, byte-exact headers, record ownership, in-memory
 // waiting and the bound on waits in the store. A store that reserves the
 // key in one transaction and commits the effect in another fails it.
+//
+// Callers of one key race through several Guards and, when the fixture
+// sets [Fixture].Reopen, several instances of the store, so that the store
+// itself sees concurrent Reserves of one free key (one Guard would queue
+// them in memory). Lease stores meet racing takers of a lapsed lease, a
+// waiter already waiting when it runs out, and a stale owner's Rollback and
+// Complete; Purge meets keys re-reserved while it runs, an exact limit, and
+// a count checked against what it deleted. The package's own tests run the
+// suite on a catalogue of deliberately broken stores, one per mistake, and
+// show each failing the case made for it. A store that misbehaves from its
+// goroutines (reports after its case ended, a call that never returns)
+// fails its case and never crashes the test binary.
 package conformance
 
 import (
@@ -45,6 +57,14 @@ type Fixture[Tx any] struct {
 	// Count reports how many effects labelled tag are committed, read
 	// through a connection of its own (not inside any Tx).
 	Count func(ctx context.Context, tag string) (int, error)
+	// Reopen, if not nil, opens another instance of the store on the same
+	// records (the same table or key prefix, a pool or client of its own),
+	// as another process of the service would, and registers its cleanup
+	// with the fixture's t. The cases of racing callers then spread them
+	// over several instances, so that Reserve calls for one free key meet
+	// in the database and not in one process's memory. Effect and Count
+	// work with the transactions of every instance.
+	Reopen func(ctx context.Context) (idempotency.KeyStore[Tx], error)
 	// Bare, used only by [Benchmark], performs the same effect as Effect in
 	// a plain transaction of the same pool, with no idempotency: the
 	// baseline every benchmark is compared with. Nil skips the benchmarks.

@@ -52,7 +52,21 @@ func within(t *testing.T, d time.Duration, what string, fn func()) {
 	select {
 	case <-done:
 	case <-time.After(d):
+		// fn goes on running: the case's cleanup waits for it (the case's
+		// context has ended by then), so that it never reports to a t
+		// that has completed.
+		t.Cleanup(func() { waitLate(t, done, what) })
 		t.Fatalf("%s did not finish within %v (deadlock or leaked connection?)", what, d)
+	}
+}
+
+// waitLate waits, in a case's cleanup, for a goroutine of the case that
+// outlived it, at most lateBound.
+func waitLate(t *testing.T, done <-chan struct{}, what string) {
+	select {
+	case <-done:
+	case <-time.After(lateBound):
+		t.Errorf("%s still had not returned %v after the case ended and its context was cancelled: a call of the store ignores its ctx", what, lateBound)
 	}
 }
 

@@ -57,6 +57,18 @@ var (
 		"TTL is how long the completed record is remembered, counted by the store's clock from its completion ([Txn.Complete]); records whose ExpiresAt <= the store's clock now count as absent."}
 	ruleMigrate = rule{"keystore.go",
 		"It is idempotent: running it again, or from several callers at once, changes nothing and returns nil."}
+	ruleLeaseEnds = rule{"keystore.go",
+		"On such a store the lease ends a hold, not the provisional expiry ([Reservation].ExpiresAt, which only bounds how long a record left pending may last): once the lease ran out the key is free to take over, and a caller already waiting for it takes it within one second of the lease's end, not at the end of its wait."}
+	ruleTakeoverCAS = rule{"keystore.go",
+		"Taking over a lapsed lease is a compare-and-swap on the reservation that lapsed, as taking a free key is one on its absence: of several callers that find a key free or its lease lapsed at once, in one process or in several, exactly one obtains a Txn. A read followed by an unconditional write is not enough."}
+	ruleStaleOwner = rule{"keystore.go",
+		"A stale owner (one whose lease was taken over) changes nothing: its Rollback frees nothing and never the new owner's key, and its Complete returns an error wrapping [ErrLeaseLost]."}
+	rulePurgeRecheck = rule{"keystore.go",
+		"A record re-reserved or completed after Purge chose it is not deleted: the delete re-checks each record it chose (its expiry, or the revision the scan saw) in the same atomic step."}
+	rulePurgeCount = rule{"keystore.go",
+		"The count is of records deleted, not of records chosen, and never more than limit, however many expired records there are."}
+	ruleFailedComplete = rule{"keystore.go",
+		"A Complete that returns an error and committed nothing frees the key as Rollback does: another caller can take it within one second, never only when a lease runs out."}
 
 	ruleTTL = rule{"config.go",
 		"TTL is how long a completed key is remembered, counted by the store's clock from the moment its answer was committed (however long fn ran); after it the key counts as new."}
@@ -76,5 +88,6 @@ var allRules = []rule{
 	ruleEmpty, ruleOwner, ruleTimes, ruleLease, ruleCompletedWhileWaiting, rulePurgeDeletes,
 	rulePurgeHeld, ruleFnEndsTx, ruleComplete, ruleAtomic, ruleCompleteDone, ruleRollback,
 	ruleRollbackDone, ruleExpiredAbsent, ruleMigrate, ruleTTL, ruleMaxExpiry, ruleMinClock,
-	ruleMemWait, ruleMaxWaiters,
+	ruleMemWait, ruleMaxWaiters, ruleLeaseEnds, ruleTakeoverCAS, ruleStaleOwner, rulePurgeRecheck,
+	rulePurgeCount, ruleFailedComplete,
 }

@@ -31,7 +31,7 @@ func Run[Tx any](t *testing.T, h Harness[Tx]) {
 	if h.NewFixture == nil {
 		t.Fatal("conformance: Harness.NewFixture is nil")
 	}
-	s := &suite[Tx]{h: h}
+	s := &suite[Tx]{h: h, late: newLateSink(t)}
 	for _, c := range s.cases() {
 		t.Run(c.name, func(t *testing.T) {
 			t.Cleanup(func() {
@@ -41,6 +41,13 @@ func Run[Tx any](t *testing.T, h Harness[Tx]) {
 					}
 				}
 			})
+			// The case's context ends as soon as the case function returns
+			// (or fails), before any cleanup: the goroutines the case
+			// started see it, and the cleanups of within and fire wait for
+			// them while t can still take their reports.
+			ctx, cancel := context.WithTimeout(context.Background(), caseTimeout)
+			defer cancel()
+			s.ctx = ctx
 			c.fn(t)
 		})
 	}
@@ -85,23 +92,46 @@ func (s *suite[Tx]) cases() []testCase {
 		{"MigrateTwice", []rule{ruleMigrate}, s.migrateTwice},
 		{"Observer", nil, s.observer},
 		{"NoGoroutineGrowth", nil, s.noGoroutineGrowth},
+		{"RacingReserves", []rule{ruleOneTxn, ruleTakeoverCAS}, s.racingReserves},
+		{"RacingWinnerFails", []rule{ruleWaitThenRecord, ruleRollback}, s.racingWinnerFails},
+		{"LeaseTakeover", []rule{ruleLeaseEnds, ruleTakeoverCAS, ruleLease}, s.leaseTakeover},
+		{"LeaseStaleRollback", []rule{ruleStaleOwner}, s.leaseStaleRollback},
+		{"LeaseStaleComplete", []rule{ruleStaleOwner, ruleLease}, s.leaseStaleComplete},
+		{"PurgeRecheck", []rule{rulePurgeRecheck}, s.purgeRecheck},
+		{"PurgeLimit", []rule{rulePurgeCount, rulePurgeDeletes}, s.purgeLimit},
+		{"PurgeCountsDeleted", []rule{rulePurgeCount}, s.purgeCountsDeleted},
+		{"FailedCompleteFreesKey", []rule{ruleFailedComplete}, s.failedCompleteFreesKey},
 	}
 }
 
-type suite[Tx any] struct{ h Harness[Tx] }
+type suite[Tx any] struct {
+	h Harness[Tx]
+	// ctx is the running case's context, set by Run before each case
+	// (the cases run one at a time).
+	ctx context.Context
+	// late takes the reports that reach a fixture's t after its case ended.
+	late *lateSink
+}
 
 // env is one case's fixture, context and helpers.
 type env[Tx any] struct {
 	t   *testing.T
 	ctx context.Context
 	f   Fixture[Tx]
+	// stores are the instances of the store the case spread its callers
+	// over: f.Store first, then the ones Fixture.Reopen opened.
+	stores []idempotency.KeyStore[Tx]
 }
 
 func (s *suite[Tx]) setup(t *testing.T, opts Options) *env[Tx] {
 	t.Helper()
-	ctx, cancel := context.WithTimeout(context.Background(), caseTimeout)
-	t.Cleanup(cancel)
-	f := s.h.NewFixture(t, opts)
+	ctx := s.ctx
+	if ctx == nil {
+		c, cancel := context.WithTimeout(context.Background(), caseTimeout)
+		t.Cleanup(cancel)
+		ctx = c
+	}
+	f := s.h.NewFixture(guardTB(t, s.late), opts)
 	if f.Store == nil || f.Effect == nil || f.Count == nil {
 		t.Fatal("conformance: fixture must set Store, Effect and Count")
 	}

@@ -182,3 +182,11 @@ PRIMARY KEY (scope, id)); CREATE TABLE effects (tag TEXT NOT NULL)`); err != nil
 		Features: conformance.Features{SerialWriters: true},
 	}
 }
+
+// clockOr is clk, or the host's clock when clk is nil (no test clock).
+func clockOr(clk func() time.Time) func() time.Time {
+	if clk != nil {
+		return clk
+	}
+	return time.Now
+}

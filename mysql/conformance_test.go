@@ -1,11 +1,14 @@
 package mysql
 
 import (
+	"cmp"
+	"context"
 	"database/sql"
 	"testing"
 
 	gomysql "github.com/go-sql-driver/mysql"
 
+	"github.com/go-idempotency/idempotency"
 	"github.com/go-idempotency/idempotency/conformance"
 )
 
@@ -28,7 +31,20 @@ func harness(v variant) conformance.Harness[*sql.Tx] {
 			f := newFixture(t, db, &cfg)
 			f.store.dialect.Store(int32(v.dialect))
 			f.store.noFold = v.noFold
-			return conformance.Fixture[*sql.Tx]{Store: f.store, Effect: f.fx.Effect, Count: f.fx.Count, Bare: f.fx.Bare, Fill: f.fill}
+			// Another store on the same table, with a pool of its own:
+			// another process of the service.
+			reopen := func(context.Context) (idempotency.KeyStore[*sql.Tx], error) {
+				c := cfg // the same test clock, if any
+				c.Table = f.table
+				s, err := New(openDB(t, testConfig(t, v.dsn), cmp.Or(opts.MaxConns, 6)), &c)
+				if err != nil {
+					return nil, err
+				}
+				s.dialect.Store(int32(v.dialect))
+				s.noFold = v.noFold
+				return s, nil
+			}
+			return conformance.Fixture[*sql.Tx]{Store: f.store, Effect: f.fx.Effect, Count: f.fx.Count, Bare: f.fx.Bare, Fill: f.fill, Reopen: reopen}
 		},
 	}
 }

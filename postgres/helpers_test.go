@@ -1,6 +1,7 @@
 package postgres_test
 
 import (
+	"cmp"
 	"context"
 	"errors"
 	"fmt"
@@ -120,7 +121,18 @@ func harness(cfg postgres.Config, configure ...func(*pgxpool.Config)) conformanc
 			c := cfg
 			c.Clock = opts.Clock
 			f := newFixture(t, newPool(t, opts.MaxConns, configure...), c)
-			return conformance.Fixture[pgx.Tx]{Store: f.store, Effect: f.effect, Count: f.count, Bare: f.bare, Fill: f.fill}
+			// Another store on the same table, with a pool of its own:
+			// another process of the service.
+			reopen := func(context.Context) (idempotency.KeyStore[pgx.Tx], error) {
+				c := c
+				c.Table = f.table
+				s, err := postgres.New(newPool(t, cmp.Or(opts.MaxConns, 4), configure...), &c)
+				if err != nil {
+					return nil, err
+				}
+				return s, nil
+			}
+			return conformance.Fixture[pgx.Tx]{Store: f.store, Effect: f.effect, Count: f.count, Bare: f.bare, Fill: f.fill, Reopen: reopen}
 		},
 	}
 }

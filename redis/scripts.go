@@ -132,4 +132,3 @@ if not r[1] then
 end
 return 0
 `
-

@@ -27,6 +27,11 @@ type fixture struct {
 	table   string
 	effects string
 	fx      testkit.Effects // on the effects table
+	// reopen, if set, opens another store on the same file and table (with
+	// a *sql.DB of its own): [conformance.Fixture].Reopen.
+	reopen func(ctx context.Context) (idempotency.KeyStore[*sql.Tx], error)
+	// clock is the test clock of the store and of reopen's, or nil.
+	clock func() time.Time
 }
 
 // openBare opens path with no DSN options at all: no busy timeout, rollback
@@ -68,11 +73,28 @@ func newFixture(t testing.TB, db *sql.DB, maxConns int) *fixture {
 
 func openFixture(t testing.TB, maxConns int) *fixture {
 	t.Helper()
-	db, err := sqlite.Open(testkit.Context(t, testTimeout), filepath.Join(t.TempDir(), "test.db"))
+	path := filepath.Join(t.TempDir(), "test.db")
+	db, err := sqlite.Open(testkit.Context(t, testTimeout), path)
 	if err != nil {
 		t.Fatal(err)
 	}
-	return newFixture(t, db, maxConns)
+	f := newFixture(t, db, maxConns)
+	f.reopen = func(ctx context.Context) (idempotency.KeyStore[*sql.Tx], error) {
+		db, err := sqlite.Open(ctx, path)
+		if err != nil {
+			return nil, err
+		}
+		t.Cleanup(func() { _ = db.Close() })
+		if maxConns > 0 {
+			db.SetMaxOpenConns(maxConns)
+		}
+		s, err := sqlite.New(db, &sqlite.Config{Table: f.table, Clock: f.clock})
+		if err != nil {
+			return nil, err
+		}
+		return s, nil
+	}
+	return f
 }
 
 // clocked replaces the fixture's store with one on the same table that
@@ -86,7 +108,7 @@ func (f *fixture) clocked(t testing.TB, clock func() time.Time) *fixture {
 	if err != nil {
 		t.Fatal(err)
 	}
-	f.store = store
+	f.store, f.clock = store, clock // Reopen's stores read it too
 	return f
 }
 
@@ -94,7 +116,7 @@ func (f *fixture) conformance() conformance.Fixture[*sql.Tx] {
 	// Bare, the baseline of the benchmarks, is the same one-row insert as
 	// Effect in a plain transaction of the same *sql.DB (same file, same DSN
 	// options, so the same journal mode, synchronous mode and immediate BEGIN).
-	return conformance.Fixture[*sql.Tx]{Store: f.store, Effect: f.fx.Effect, Count: f.fx.Count, Bare: f.fx.Bare, Fill: f.fill}
+	return conformance.Fixture[*sql.Tx]{Store: f.store, Effect: f.fx.Effect, Count: f.fx.Count, Bare: f.fx.Bare, Fill: f.fill, Reopen: f.reopen}
 }
 
 // fill writes n completed keys in scope "fill" (no benchmark uses it), all

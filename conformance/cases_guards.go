@@ -1,0 +1,120 @@
+package conformance
+
+import (
+	"errors"
+	"fmt"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/go-idempotency/idempotency"
+)
+
+// storeInstances is how many instances of the store the racing cases use
+// when the fixture can open more ([Fixture].Reopen), as that many
+// processes of a service would.
+const storeInstances = 4
+
+// racingRounds is how many rounds of [Callers] racing callers
+// RacingReserves fires, each caller on a Guard of its own: a store whose
+// Reserve reads and then writes without a condition lets two of them take
+// one free key in some rounds, and the rounds make "some" most runs.
+const racingRounds = 5
+
+// instances returns up to n instances of the store on the fixture's
+// records: f.Store, then more from Fixture.Reopen (none without it).
+func (e *env[Tx]) instances(n int) []idempotency.KeyStore[Tx] {
+	e.t.Helper()
+	if len(e.stores) == 0 {
+		e.stores = []idempotency.KeyStore[Tx]{e.f.Store}
+	}
+	for e.f.Reopen != nil && len(e.stores) < n {
+		st, err := e.f.Reopen(e.ctx)
+		if err != nil {
+			e.t.Fatalf("Fixture.Reopen: %v", err)
+		}
+		if st == nil {
+			e.t.Fatal("Fixture.Reopen returned a nil store")
+		}
+		e.stores = append(e.stores, st)
+	}
+	return e.stores[:min(n, len(e.stores))]
+}
+
+// guards returns n Guards with cfg, spread round-robin over the store's
+// instances, so that callers of one key on different Guards race in the
+// store, as callers in different processes do, instead of queueing in
+// one Guard's memory.
+func (e *env[Tx]) guards(n int, cfg *idempotency.Config) []*idempotency.Guard[Tx] {
+	e.t.Helper()
+	stores := e.instances(storeInstances)
+	gs := make([]*idempotency.Guard[Tx], n)
+	for i := range gs {
+		gs[i] = e.guardOn(stores[i%len(stores)], cfg)
+	}
+	return gs
+}
+
+// racingReserves: rounds of 20 callers of one new key, each on a Guard of
+// its own over several store instances: the store sees 20 Reserves of one
+// free key at once, and exactly one of them may obtain a Txn.
+func (s *suite[Tx]) racingReserves(t *testing.T) {
+	e := s.setup(t, Options{})
+	gs := e.guards(Callers, nil)
+	for round := range racingRounds {
+		key := idempotency.Key{Scope: "race", ID: uniq("k")}
+		tag := fmt.Sprint("race-", round)
+		var calls atomic.Int64
+		fn := e.effectFn(tag, &calls)
+		rs := fire(t, Callers, func(i int) (idempotency.Response, error) {
+			return gs[i].Do(e.ctx, key, "fp", fn)
+		})
+		contract := fmt.Sprintf("round %d: %d callers of one key on %d Guards over %d store instances",
+			round, Callers, len(gs), len(e.stores))
+		checkOneExecution(t, rs, contract)
+		e.count(tag, 1, contract+" must give one effect")
+		if c := calls.Load(); c != 1 {
+			t.Fatalf("%s: fn ran %d times, want 1", contract, c)
+		}
+	}
+}
+
+// racingWinnerFails: the caller that takes the key fails while 19 callers
+// on other Guards wait for it in the store; once it rolled back exactly
+// one of them runs, and the others get that one's answer.
+func (s *suite[Tx]) racingWinnerFails(t *testing.T) {
+	e := s.setup(t, Options{})
+	gs := e.guards(Callers, nil)
+	key := idempotency.Key{Scope: "race", ID: uniq("k")}
+	var calls atomic.Int64
+	rs := fire(t, Callers, func(i int) (idempotency.Response, error) {
+		return gs[i].Do(e.ctx, key, "fp", func(tx Tx) (idempotency.Response, error) {
+			n := calls.Add(1)
+			if err := e.f.Effect(e.ctx, tx, "payment"); err != nil {
+				return idempotency.Response{}, err
+			}
+			if n == 1 {
+				time.Sleep(300 * time.Millisecond) // the others wait in the store
+				return idempotency.Response{}, errWinnerFails
+			}
+			return created("payment", n), nil
+		})
+	})
+	var ok []result
+	failed := 0
+	for i, r := range rs {
+		switch {
+		case errors.Is(r.err, errWinnerFails):
+			failed++
+		case r.err != nil:
+			t.Fatalf("winner failed while callers on other Guards waited: caller %d got %v; only the failing caller may see an error", i, r.err)
+		default:
+			ok = append(ok, r)
+		}
+	}
+	if failed != 1 {
+		t.Fatalf("%d callers saw the winner's error, want exactly 1", failed)
+	}
+	checkOneExecution(t, ok, "after the winner failed, the 19 callers on other Guards")
+	e.count("payment", 1, "after the winner failed, exactly one effect must commit")
+}
