@@ -57,7 +57,8 @@ func (e *env[Tx]) guards(n int, cfg *idempotency.Config) []*idempotency.Guard[Tx
 
 // racingReserves: rounds of 20 callers of one new key, each on a Guard of
 // its own over several store instances: the store sees 20 Reserves of one
-// free key at once, and exactly one of them may obtain a Txn.
+// free key at once, and exactly one of them may obtain a Txn (on a
+// multi-primary cluster, exactly one may commit: [Features].MultiPrimary).
 func (s *suite[Tx]) racingReserves(t *testing.T) {
 	e := s.setup(t, Options{})
 	gs := e.guards(Callers, nil)
@@ -73,7 +74,12 @@ func (s *suite[Tx]) racingReserves(t *testing.T) {
 			round, Callers, len(gs), len(e.stores))
 		checkOneExecution(t, rs, contract)
 		e.count(tag, 1, contract+" must give one effect")
-		if c := calls.Load(); c != 1 {
+		switch c := calls.Load(); {
+		case c != 1 && s.h.Features.MultiPrimary:
+			// Certified at commit: the losers rolled back (one effect,
+			// checked above) and replayed.
+			t.Logf("%s: fn ran %d times, one commit (Features.MultiPrimary)", contract, c)
+		case c != 1:
 			t.Fatalf("%s: fn ran %d times, want 1", contract, c)
 		}
 	}

@@ -120,6 +120,16 @@ type Features struct {
 	// time through a test clock are then skipped, naming this flag: such a
 	// store is not checked for TTL arithmetic, clock extremes or Purge.
 	NoClock bool
+	// MultiPrimary is true when the fixture's calls go to several primaries
+	// that certify transactions at commit (Galera, MySQL Group Replication
+	// in multi-primary mode): callers of one free key on two nodes can both
+	// obtain a Txn and run fn, and only one of them commits; the other's
+	// Complete fails with [idempotency.ErrConflict], nothing of it
+	// committed, and its retry replays the winner's answer. The racing
+	// cases then require one committed effect and identical answers, not
+	// one run of fn. (fn's writes through tx are safe there; anything else
+	// fn does may happen once per node that ran it.)
+	MultiPrimary bool
 }
 
 // Harness tells [Run] how to build fixtures for a backend.

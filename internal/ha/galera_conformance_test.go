@@ -74,7 +74,10 @@ var pinStreaming = map[string]string{
 // galeraConformance runs the mysql conformance suite on g, each case with
 // a fixture of its own whose calls go to the next node in turn, but for the
 // cases named in pin, which run on one node (a different one per case).
-func galeraConformance(t *testing.T, g *Galera, dsnExtra string, pin map[string]string) {
+//
+// multiWriter says that two nodes can both take a free key and run fn
+// (no streaming replication), certification letting one commit.
+func galeraConformance(t *testing.T, g *Galera, dsnExtra string, pin map[string]string, multiWriter bool) {
 	var (
 		pinned atomic.Int64
 		mu     sync.Mutex
@@ -95,6 +98,7 @@ func galeraConformance(t *testing.T, g *Galera, dsnExtra string, pin map[string]
 			}
 			return conformance.Fixture[*sql.Tx]{Store: f.spread(node), Effect: f.fx.Effect, Count: f.fx.Count}
 		},
+		Features: conformance.Features{MultiPrimary: multiWriter},
 	})
 	// A case renamed in the suite would silently run spread: name it.
 	if run := flag.Lookup("test.run"); run == nil || !strings.Contains(run.Value.String(), "/") {

@@ -51,11 +51,11 @@ func TestGalera(t *testing.T) {
 	t.Run("Conformance", func(t *testing.T) {
 		// Multi-writer with causal reads: the cases that need a caller
 		// to wait for a key held on another node run on one node.
-		t.Run("CausalReads", func(t *testing.T) { galeraConformance(t, g, causalReads, pinMultiWriter) })
+		t.Run("CausalReads", func(t *testing.T) { galeraConformance(t, g, causalReads, pinMultiWriter, true) })
 		// Streaming replication: every caller spread, but for the cases
 		// that call with no wait right after another node ended the key's
 		// transaction.
-		t.Run("Streaming", func(t *testing.T) { galeraConformance(t, g, streaming, pinStreaming) })
+		t.Run("Streaming", func(t *testing.T) { galeraConformance(t, g, streaming, pinStreaming, false) })
 	})
 	t.Run("SameKeyAcrossNodes", func(t *testing.T) {
 		t.Run("Default", func(t *testing.T) { galeraSameKey(t, g, "") })
