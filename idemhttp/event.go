@@ -56,9 +56,11 @@ type Event struct {
 	Method, Route string
 	// Outcome says how the request ended.
 	Outcome Outcome
-	// Status is the status sent to the client (0 after a panic, or after
-	// a handler that wrote around the middleware to a writer that does not
-	// report its status).
+	// Status is the status sent to the client: for an answer of the
+	// middleware's own, the one [Options].RenderProblem wrote, which may
+	// differ from the problem's (0 after a panic, or after a handler that
+	// wrote around the middleware to a writer that does not report its
+	// status).
 	Status int
 	// Duration is the time from the middleware's start to the answer.
 	Duration time.Duration
