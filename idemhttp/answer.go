@@ -47,6 +47,15 @@ func (s *statusWriter) Write(p []byte) (int, error) {
 // Unwrap lets http.ResponseController reach the writer underneath.
 func (s *statusWriter) Unwrap() http.ResponseWriter { return s.ResponseWriter }
 
+// refuseNoScope answers a guarded request of a middleware mounted without
+// [Options].Scope: nothing ran, nothing was stored.
+func (h *handler[Tx]) refuseNoScope(w http.ResponseWriter, r *http.Request, ev *Event) {
+	ev.Outcome, ev.Err = OutcomeInternal, ErrNoScope
+	h.warnOnce(&h.st.noScope, r, ErrNoScope)
+	h.problem(w, r, ev, &Problem{Type: ProblemInternal, Title: "Idempotency middleware failed", Status: http.StatusInternalServerError,
+		Detail: "The idempotency middleware is mounted without a key scope; the request was not processed."})
+}
+
 // reject answers a refusal that happened before the store was reached.
 func (h *handler[Tx]) reject(w http.ResponseWriter, r *http.Request, ev *Event, p *Problem, cause error) {
 	ev.Outcome, ev.Err = OutcomeRejected, cause

@@ -38,11 +38,12 @@ const (
 	// OutcomeCanceled: the client went away (its context was cancelled)
 	// before an answer; nothing was stored.
 	OutcomeCanceled Outcome = "canceled"
-	// OutcomeInternal: the middleware is misconfigured (500): nil guard,
-	// failing Scope, invalid scope or status; a handler that wrote around
-	// the middleware ([ErrWriterBypassed]: rolled back, and Status is the
-	// handler's own when its answer had already gone out) and every
-	// request refused after it ([ErrBypassRefused]).
+	// OutcomeInternal: the middleware is misconfigured (500): no Scope
+	// ([ErrNoScope]), nil guard, failing Scope, invalid scope or status;
+	// a handler that wrote around the middleware ([ErrWriterBypassed]:
+	// rolled back, and Status is the handler's own when its answer had
+	// already gone out) and every request refused after it
+	// ([ErrBypassRefused]).
 	OutcomeInternal Outcome = "internal"
 )
 
