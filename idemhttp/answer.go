@@ -9,10 +9,51 @@ import (
 	"github.com/go-idempotency/idempotency"
 )
 
-// problem answers p through the renderer and records it in ev.
+// problem answers p through the renderer and records in ev the status
+// the renderer wrote, which may not be p.Status (a renderer that maps 422
+// to 409). A renderer that wrote no status would let the server send an
+// empty 200 for an error: the middleware answers p with [WriteProblem].
 func (h *handler[Tx]) problem(w http.ResponseWriter, r *http.Request, ev *Event, p *Problem) {
-	ev.Status = p.Status
-	h.c.render(w, r, p)
+	sw := &statusWriter{ResponseWriter: w}
+	h.c.render(sw, r, p)
+	if sw.status == 0 {
+		WriteProblem(sw, p)
+	}
+	ev.Status = sw.status
+}
+
+// statusWriter records the status written through it.
+type statusWriter struct {
+	http.ResponseWriter
+	status int
+}
+
+// WriteHeader records the first final status and passes code on.
+func (s *statusWriter) WriteHeader(code int) {
+	if s.status == 0 && (code < 100 || code > 199 || code == http.StatusSwitchingProtocols) {
+		s.status = code
+	}
+	s.ResponseWriter.WriteHeader(code)
+}
+
+// Write records the implicit 200 of a write without a status.
+func (s *statusWriter) Write(p []byte) (int, error) {
+	if s.status == 0 {
+		s.status = http.StatusOK
+	}
+	return s.ResponseWriter.Write(p)
+}
+
+// Unwrap lets http.ResponseController reach the writer underneath.
+func (s *statusWriter) Unwrap() http.ResponseWriter { return s.ResponseWriter }
+
+// refuseNoScope answers a guarded request of a middleware mounted without
+// [Options].Scope: nothing ran, nothing was stored.
+func (h *handler[Tx]) refuseNoScope(w http.ResponseWriter, r *http.Request, ev *Event) {
+	ev.Outcome, ev.Err = OutcomeInternal, ErrNoScope
+	h.warnOnce(&h.st.noScope, r, ErrNoScope)
+	h.problem(w, r, ev, &Problem{Type: ProblemInternal, Title: "Idempotency middleware failed", Status: http.StatusInternalServerError,
+		Detail: "The idempotency middleware is mounted without a key scope; the request was not processed."})
 }
 
 // reject answers a refusal that happened before the store was reached.

@@ -23,6 +23,7 @@ var ErrBypassRefused = errors.New("idemhttp: refused without running the handler
 type mountState struct {
 	bypassed atomic.Bool // a handler wrote around the middleware: refuse from now on
 	warned   atomic.Bool // the loud report was made
+	noScope  atomic.Bool // the loud report of a missing Options.Scope was made
 }
 
 // written is implemented by framework writers that know whether they sent
@@ -241,7 +242,13 @@ func (h *handler[Tx]) refuseBypassed(w http.ResponseWriter, r *http.Request, ev 
 // serving r (net/http's own choice for its errors: the log package's
 // standard logger when the server has no ErrorLog).
 func (h *handler[Tx]) warn(r *http.Request, err error) {
-	if !h.st.warned.CompareAndSwap(false, true) {
+	h.warnOnce(&h.st.warned, r, err)
+}
+
+// warnOnce makes the loud report of err the first time flag is set:
+// to [Options].OnError, or to the http.Server's error log.
+func (h *handler[Tx]) warnOnce(flag *atomic.Bool, r *http.Request, err error) {
+	if !flag.CompareAndSwap(false, true) {
 		return
 	}
 	if h.c.onError != nil {

@@ -60,6 +60,7 @@ type reports struct {
 
 func (rp *reports) options() *idemhttp.Options {
 	return &idemhttp.Options{
+		Scope:   idemhttp.SharedScope, // one test client
 		OnError: func(_ *http.Request, err error) { rp.mu.Lock(); rp.errs = append(rp.errs, err); rp.mu.Unlock() },
 		Observer: func(_ context.Context, ev idemhttp.Event) {
 			rp.mu.Lock()
@@ -283,7 +284,7 @@ func testBypassServerErrorLog[Tx any](t *testing.T, e env[Tx]) {
 	var mu sync.Mutex
 	var buf bytes.Buffer
 	logger := log.New(writerFunc(func(p []byte) (int, error) { mu.Lock(); defer mu.Unlock(); return buf.Write(p) }), "", 0)
-	s := startBypass(t, e, nil, logger)
+	s := startBypass(t, e, &idemhttp.Options{Scope: idemhttp.SharedScope}, logger)
 	for i := range 3 {
 		s.post(t, fmt.Sprintf("l-%d", i))
 	}

@@ -11,7 +11,10 @@
 // with [TxFrom] and does its writes through it, so the writes, the key and
 // the stored response commit together or not at all:
 //
-//	mw := idemhttp.Middleware(guard, nil)
+//	mw := idemhttp.Middleware(guard, &idemhttp.Options{
+//		// The authenticated account, set by the authentication middleware.
+//		Scope: func(r *http.Request) (string, error) { return accountID(r), nil },
+//	})
 //	mux.Handle("POST /payments", mw(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 //		tx, ok := idemhttp.TxFrom[*sql.Tx](r.Context())
 //		...
@@ -63,10 +66,14 @@
 // header "Idempotent-Replayed: true", without running the handler. The same
 // key with another request is refused with 422.
 //
-// Keys are scoped by [Options].Scope. The default is the empty scope: every
-// client shares one key space, so one client's key could replay another
-// client's response. A multi-tenant service must set Scope, typically to the
-// authenticated account.
+// Keys are scoped by [Options].Scope, which is required: the same key in two
+// scopes never meets. There is no shared default, where one client's key and
+// body would replay another client's response: a middleware mounted without
+// Scope answers every guarded request 500 [ProblemInternal] and runs nothing
+// ([ErrNoScope]; [Options.Validate] finds it at start-up). Scope by the
+// authenticated account, by the verified client certificate
+// ([ClientCertScope]), or, for a service with a single tenant, share one key
+// space on purpose with [SharedScope].
 //
 // # Problems
 //
@@ -83,8 +90,9 @@
 //	422     ProblemKeyReused         the key was used with another request (method, route or body)
 //	500     ProblemResponseTooLarge  the handler's response body exceeded Options.MaxResponseBody; its writes were rolled back
 //	500     ProblemNoResponse        the handler wrote nothing; its writes were rolled back
-//	500     ProblemInternal          misconfiguration (nil guard, failing Scope, invalid scope, invalid status, the handler
-//	                                 wrote around the middleware: then every later request, before the handler runs)
+//	500     ProblemInternal          misconfiguration (no Scope: every guarded request; nil guard, failing Scope, invalid
+//	                                 scope, invalid status, the handler wrote around the middleware: then every later
+//	                                 request, before the handler runs)
 //	503     ProblemStoreUnavailable  the key store failed (idempotency.ErrStore: cut connection, timeout, database
 //	                                 busy with another writer); the handler did not run or was rolled back (sent with Retry-After)
 //

@@ -38,11 +38,12 @@ const (
 	// OutcomeCanceled: the client went away (its context was cancelled)
 	// before an answer; nothing was stored.
 	OutcomeCanceled Outcome = "canceled"
-	// OutcomeInternal: the middleware is misconfigured (500): nil guard,
-	// failing Scope, invalid scope or status; a handler that wrote around
-	// the middleware ([ErrWriterBypassed]: rolled back, and Status is the
-	// handler's own when its answer had already gone out) and every
-	// request refused after it ([ErrBypassRefused]).
+	// OutcomeInternal: the middleware is misconfigured (500): no Scope
+	// ([ErrNoScope]), nil guard, failing Scope, invalid scope or status;
+	// a handler that wrote around the middleware ([ErrWriterBypassed]:
+	// rolled back, and Status is the handler's own when its answer had
+	// already gone out) and every request refused after it
+	// ([ErrBypassRefused]).
 	OutcomeInternal Outcome = "internal"
 )
 
@@ -56,9 +57,11 @@ type Event struct {
 	Method, Route string
 	// Outcome says how the request ended.
 	Outcome Outcome
-	// Status is the status sent to the client (0 after a panic, or after
-	// a handler that wrote around the middleware to a writer that does not
-	// report its status).
+	// Status is the status sent to the client: for an answer of the
+	// middleware's own, the one [Options].RenderProblem wrote, which may
+	// differ from the problem's (0 after a panic, or after a handler that
+	// wrote around the middleware to a writer that does not report its
+	// status).
 	Status int
 	// Duration is the time from the middleware's start to the answer.
 	Duration time.Duration

@@ -52,6 +52,18 @@ func accountOf(r *http.Request) string {
 	return strings.TrimPrefix(r.Header.Get("Authorization"), "Bearer ")
 }
 
+// accountScope is the examples' Options.Scope: the account of the request's
+// credential, as the service's authentication verified it (here, standing
+// for it, the bearer token), and 401 without one. Never a header or field
+// the client may set to anything: that would let it pick another account's
+// key space.
+func accountScope(r *http.Request) (string, error) {
+	if acct := accountOf(r); acct != "" {
+		return acct, nil
+	}
+	return "", &idemhttp.Problem{Type: "about:blank", Title: "Unauthorized", Status: http.StatusUnauthorized}
+}
+
 // Options that users of Stripe, Powertools and IdempotentAPI ask for: another
 // header name, a key validator, a 401 with WWW-Authenticate, the stored
 // statuses, the fingerprint's parts and a renderer of one's own.
@@ -169,13 +181,15 @@ func ExampleMiddleware_handler() {
 		_, _ = io.WriteString(w, `{"status":"approved"}`)
 		// Returning without writing anything is answered 500 and rolled back, never stored.
 	})
-	srv := httptest.NewServer(idemhttp.Middleware(guard, nil)(pay)) // or http.ListenAndServe(addr, ...)
+	mw := idemhttp.Middleware(guard, &idemhttp.Options{Scope: accountScope}) // each account its own key space
+	srv := httptest.NewServer(mw(pay))                                       // or http.ListenAndServe(addr, ...)
 	// readme:end http-nethttp
 	defer srv.Close()
 
 	for range 2 {
 		req, _ := http.NewRequest(http.MethodPost, srv.URL, strings.NewReader(`{"amount":1999}`))
 		req.Header.Set("Content-Type", "application/json")
+		req.Header.Set("Authorization", "Bearer acct_1")
 		req.Header.Set("Idempotency-Key", "pay-1")
 		resp, err := http.DefaultClient.Do(req)
 		if err != nil {

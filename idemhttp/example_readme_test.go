@@ -128,7 +128,8 @@ func ExampleClient_readme() {
 	}
 	var attempts atomic.Int32
 	keys := make(chan string, 10)
-	srv := httptest.NewServer(idemhttp.Middleware(guard, nil)(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+	one := &idemhttp.Options{Scope: idemhttp.SharedScope} // the example's one client
+	srv := httptest.NewServer(idemhttp.Middleware(guard, one)(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		keys <- r.Header.Get("Idempotency-Key")
 		if attempts.Add(1) == 1 {
 			http.Error(w, "busy", http.StatusServiceUnavailable) // 5xx: not stored, retried

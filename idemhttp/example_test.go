@@ -48,10 +48,11 @@ func ExampleMiddleware() {
 		log.Fatal(err)
 	}
 
-	// nil Options: POST and PATCH need a key, one key space for all
-	// clients (a multi-tenant service sets Options.Scope to the account).
+	// POST and PATCH need a key; each account has its own key space.
 	// readme:begin http-servemux
-	mw := idemhttp.Middleware(guard, nil)
+	mw := idemhttp.Middleware(guard, &idemhttp.Options{
+		Scope: accountScope, // the authenticated account (idemhttp.SharedScope: one tenant)
+	})
 	mux := http.NewServeMux()
 	mux.Handle("POST /orders", mw(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		tx, _ := idemhttp.TxFrom[*sql.Tx](r.Context())
@@ -71,6 +72,7 @@ func ExampleMiddleware() {
 	for range 2 {
 		req, _ := http.NewRequest(http.MethodPost, srv.URL+"/orders", strings.NewReader(`{"item":"book"}`))
 		req.Header.Set("Content-Type", "application/json")
+		req.Header.Set("Authorization", "Bearer acct_1")
 		req.Header.Set("Idempotency-Key", `"order-1"`)
 		resp, err := http.DefaultClient.Do(req)
 		if err != nil {

@@ -60,6 +60,15 @@ var (
 // application/json and +json types, the bytes otherwise; an empty body is
 // never parsed), plus [Options].FingerprintHeaders.
 //
+// opts.Scope is required: it says whose key space a request's key is in.
+// Mounted without it (nil opts included), the middleware shares answers
+// with nobody: it answers every request of a guarded method 500
+// [ProblemInternal] without running the handler ([ErrNoScope], reported
+// once). A service with a single tenant says so with [SharedScope]. The
+// refusal is a 500 rather than an error returned here so that Middleware
+// keeps the shape every router's Use takes and still never panics; call
+// [Options.Validate] to fail at start-up instead.
+//
 // A nil g makes every guarded request fail with 500 [ProblemInternal]: the
 // handler never runs unprotected.
 func Middleware[Tx any](g *idempotency.Guard[Tx], opts *Options) func(http.Handler) http.Handler {
@@ -111,7 +120,7 @@ func (h *handler[Tx]) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	values := r.Header.Values(h.c.header)
-	if len(values) == 0 && h.c.optional {
+	if len(values) == 0 && h.c.optional && h.c.scope != nil {
 		h.next.ServeHTTP(w, r)
 		return
 	}
@@ -136,6 +145,9 @@ func (h *handler[Tx]) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 
 func (h *handler[Tx]) serve(w http.ResponseWriter, r *http.Request, values []string, ev *Event) {
 	switch {
+	case h.c.scope == nil:
+		h.refuseNoScope(w, r, ev)
+		return
 	case len(values) == 0:
 		h.reject(w, r, ev, &Problem{Type: ProblemMissingKey, Title: h.c.header + " is missing", Status: http.StatusBadRequest,
 			Detail: fmt.Sprintf("%s requests to this resource require an %s header.", r.Method, h.c.header)}, nil)
@@ -163,21 +175,19 @@ func (h *handler[Tx]) serve(w http.ResponseWriter, r *http.Request, values []str
 		return
 	}
 	key := idempotency.Key{ID: id}
-	if h.c.scope != nil {
-		if key.Scope, err = h.c.scope(r); err != nil {
-			if p, ok := errors.AsType[*Problem](err); ok {
-				h.reject(w, r, ev, p, err)
-				return
-			}
-			h.internal(w, r, ev, fmt.Errorf("idemhttp: Options.Scope: %w", err))
+	if key.Scope, err = h.c.scope(r); err != nil {
+		if p, ok := errors.AsType[*Problem](err); ok {
+			h.reject(w, r, ev, p, err)
 			return
 		}
-		if err := key.Validate(); err != nil {
-			h.internal(w, r, ev, fmt.Errorf("idemhttp: Options.Scope returned an invalid scope: %w", err))
-			return
-		}
-		ev.Key.Scope = key.Scope
+		h.internal(w, r, ev, fmt.Errorf("idemhttp: Options.Scope: %w", err))
+		return
 	}
+	if err := key.Validate(); err != nil {
+		h.internal(w, r, ev, fmt.Errorf("idemhttp: Options.Scope returned an invalid scope: %w", err))
+		return
+	}
+	ev.Key.Scope = key.Scope
 	body, ok := h.readBody(w, r, ev)
 	if !ok {
 		return

@@ -34,6 +34,8 @@ func runMiddlewareTests[Tx any](t *testing.T, b backend[Tx]) {
 		{"PanicRollsBack", testPanicRollsBack[Tx]},
 		{"ResponseTooLarge", testResponseTooLarge[Tx]},
 		{"Scope", testScope[Tx]},
+		{"NoScope", testNoScope[Tx]},
+		{"RenderProblemStatus", testRenderProblemStatus[Tx]},
 		{"StoreDown", testStoreDown[Tx]},
 		{"ConcurrentSameKey", testConcurrentSameKey[Tx]},
 		{"NoResponse", testNoResponse[Tx]},

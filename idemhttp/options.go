@@ -67,7 +67,8 @@ func DefaultStore(status int) bool {
 	return true
 }
 
-// Options configure [Middleware]. The zero value (or nil) means the defaults.
+// Options configure [Middleware]. Scope is required; every other field's
+// zero value means its default.
 type Options struct {
 	// Methods are the request methods the middleware guards. Requests with
 	// other methods go to the handler untouched, without a transaction.
@@ -98,9 +99,14 @@ type Options struct {
 	// Problem.Header carries WWW-Authenticate); any other error gives 500
 	// [ProblemInternal].
 	//
-	// Defaults to nil: the empty scope, one key space shared by every
-	// client. A multi-tenant service MUST set Scope, or one client's key
-	// can replay another client's response.
+	// Scope is required. Left nil, the middleware does not fall back to one
+	// key space shared by every client (where one client's key and body
+	// replay another client's response): it answers every guarded request
+	// 500 [ProblemInternal] without running the handler ([ErrNoScope]).
+	// Return the authenticated account (set by the authentication
+	// middleware before this one, from a verified credential, never from a
+	// header the client chooses), use [ClientCertScope], or say that the
+	// service has a single tenant with [SharedScope].
 	Scope func(*http.Request) (string, error)
 
 	// Route returns the route part of the fingerprint. Defaults to

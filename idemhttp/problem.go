@@ -44,9 +44,9 @@ const (
 	// status or a body ([ErrNoResponse]). Its writes were rolled back and
 	// the key is free: an empty answer is never stored.
 	ProblemNoResponse = problemBase + "ProblemNoResponse"
-	// ProblemInternal (500): the middleware is misconfigured (nil guard,
-	// Scope failed or returned an invalid scope, the handler wrote an
-	// invalid status, or it is mounted so that the handler writes around
+	// ProblemInternal (500): the middleware is misconfigured (no Scope:
+	// [ErrNoScope]; nil guard; Scope failed or returned an invalid scope;
+	// the handler wrote an invalid status; or it is mounted so that the handler writes around
 	// it: [ErrWriterBypassed], then [ErrBypassRefused] for every later
 	// request). The handler's writes, if any, were rolled back.
 	ProblemInternal = problemBase + "ProblemInternal"

@@ -68,7 +68,7 @@ func testScope[Tx any](t *testing.T, e env[Tx]) {
 func TestNilGuardFailsClosed(t *testing.T) {
 	t.Parallel()
 	var ran atomic.Bool
-	h := idemhttp.Middleware[any](nil, nil)(http.HandlerFunc(func(http.ResponseWriter, *http.Request) { ran.Store(true) }))
+	h := idemhttp.Middleware[any](nil, &idemhttp.Options{Scope: idemhttp.SharedScope})(http.HandlerFunc(func(http.ResponseWriter, *http.Request) { ran.Store(true) }))
 	srv := httptest.NewServer(h)
 	defer srv.Close()
 	s := &server[any]{Server: srv}

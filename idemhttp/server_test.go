@@ -53,7 +53,23 @@ func created(n int64, w http.ResponseWriter, r *http.Request) {
 	fmt.Fprintf(w, `{"run":%d,"echo":%q,"at":%q}`, n, body, time.Now().Format(time.RFC3339Nano))
 }
 
+// startServer mounts the middleware with opts. The suite's clients are one
+// tenant: options that set no Scope get [idemhttp.SharedScope], on
+// purpose (the middleware itself refuses a missing Scope; see mount).
 func startServer[Tx any](t *testing.T, e env[Tx], cfg *idempotency.Config, opts *idemhttp.Options, s step) *server[Tx] {
+	t.Helper()
+	o := idemhttp.Options{}
+	if opts != nil {
+		o = *opts
+	}
+	if o.Scope == nil {
+		o.Scope = idemhttp.SharedScope
+	}
+	return mount(t, e, cfg, &o, s)
+}
+
+// mount mounts the middleware with opts as they are (nil included).
+func mount[Tx any](t *testing.T, e env[Tx], cfg *idempotency.Config, opts *idemhttp.Options, s step) *server[Tx] {
 	t.Helper()
 	srv := &server[Tx]{env: e}
 	g := e.newGuard(cfg)

@@ -45,6 +45,16 @@ func newGuard(t *testing.T, ctx context.Context) (*idempotency.Guard[*sql.Tx], *
 	return g, db
 }
 
+// accountScope is the example's Options.Scope: the account of the request's
+// credential, as the service's authentication verified it (here, standing
+// for it, the bearer token), and 401 without one.
+func accountScope(r *http.Request) (string, error) {
+	if acct := strings.TrimPrefix(r.Header.Get("Authorization"), "Bearer "); acct != "" {
+		return acct, nil
+	}
+	return "", &idemhttp.Problem{Type: "about:blank", Title: "Unauthorized", Status: http.StatusUnauthorized}
+}
+
 func TestObserver(t *testing.T) {
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
@@ -60,7 +70,7 @@ func TestObserver(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	mw := idemhttp.Middleware(guard, &idemhttp.Options{Observer: observer})
+	mw := idemhttp.Middleware(guard, &idemhttp.Options{Scope: accountScope, Observer: observer})
 	// readme:end http-observe
 
 	h := mw(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
@@ -75,6 +85,7 @@ func TestObserver(t *testing.T) {
 	send := func(path, key string) int {
 		req, _ := http.NewRequestWithContext(ctx, http.MethodPost, srv.URL+path, strings.NewReader(`{}`))
 		req.Header.Set("Content-Type", "application/json")
+		req.Header.Set("Authorization", "Bearer acct_1")
 		if key != "" {
 			req.Header.Set(idemhttp.HeaderKey, key)
 		}

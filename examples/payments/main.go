@@ -127,10 +127,11 @@ type receipt struct {
 // newHandler is the service's router. insert adds one payment row through
 // the transaction that holds the request's idempotency key.
 func newHandler[Tx any](g *idempotency.Guard[Tx], insert func(ctx context.Context, tx Tx, p payment) (int64, error)) http.Handler {
-	// Scope is left empty: this demo has no authentication, so all clients
-	// share one key space. A real, multi-tenant service sets
-	// Options.Scope to the authenticated account.
-	guarded := idemhttp.Middleware(g, nil)
+	// This demo has no authentication: it says so with SharedScope, one key
+	// space for all its clients. A real, multi-tenant service sets
+	// Options.Scope to the authenticated account (the middleware refuses
+	// to run without a Scope).
+	guarded := idemhttp.Middleware(g, &idemhttp.Options{Scope: idemhttp.SharedScope})
 	mux := http.NewServeMux()
 	mux.Handle("POST /payments", guarded(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		tx, ok := idemhttp.TxFrom[Tx](r.Context())

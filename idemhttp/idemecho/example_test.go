@@ -52,10 +52,23 @@ func exampleGuard() (*idempotency.Guard[*sql.Tx], *sql.DB, func()) {
 
 // pay posts the same payment twice with one key and prints the answers and
 // the number of payment rows.
+// accountScope is the example's Options.Scope: the account of the
+// request's credential, as the service's authentication verified it (here,
+// standing for it, the bearer token), and 401 without one. Never a value
+// the client may set to anything: that would let it pick another
+// account's key space.
+func accountScope(r *http.Request) (string, error) {
+	if acct := strings.TrimPrefix(r.Header.Get("Authorization"), "Bearer "); acct != "" {
+		return acct, nil
+	}
+	return "", &idemhttp.Problem{Type: "about:blank", Title: "Unauthorized", Status: http.StatusUnauthorized}
+}
+
 func pay(url string, db *sql.DB) {
 	for range 2 {
 		req, _ := http.NewRequest(http.MethodPost, url, strings.NewReader(`{"amount":1999}`))
 		req.Header.Set("Content-Type", "application/json")
+		req.Header.Set("Authorization", "Bearer acct_1")
 		req.Header.Set("Idempotency-Key", "pay-1")
 		resp, err := http.DefaultClient.Do(req)
 		if err != nil {
@@ -91,7 +104,7 @@ func ExampleMiddleware() {
 			return echo.NewHTTPError(http.StatusBadGateway, "payment failed") // 5xx: rolled back
 		}
 		return c.JSON(http.StatusCreated, map[string]int64{"id": id})
-	}, idemecho.Middleware(guard, &idemhttp.Options{}))
+	}, idemecho.Middleware(guard, &idemhttp.Options{Scope: accountScope}))
 	// readme:end http-echo
 
 	e.HideBanner, e.HidePort = true, true

@@ -9,9 +9,10 @@
 // error's own status is what the policy judges (a 502 or a 400 is rolled
 // back and not stored) and what the client gets:
 //
+//	opts := &idemhttp.Options{Scope: accountScope} // required: the authenticated account
 //	e := echo.New()
 //	e.Use(middleware.Recover())
-//	e.POST("/payments", createPayment, idemecho.Middleware(guard, nil))
+//	e.POST("/payments", createPayment, idemecho.Middleware(guard, opts))
 //
 //	func createPayment(c echo.Context) error {
 //		tx, _ := idemecho.TxFrom[*sql.Tx](c)
@@ -39,6 +40,11 @@ import (
 // included, as echo's HTTPErrorHandler renders them) with the key; later
 // requests with the same key and request get that answer replayed without
 // running the handler.
+//
+// opts.Scope is required: without it (nil opts included) every guarded
+// request is answered 500 without running the handler
+// ([idemhttp.ErrNoScope]), never from another client's key space; use
+// [idemhttp.SharedScope] for a single-tenant service.
 func Middleware[Tx any](g *idempotency.Guard[Tx], opts *idemhttp.Options) echo.MiddlewareFunc {
 	mw := idemhttp.Middleware(g, opts)
 	return func(next echo.HandlerFunc) echo.HandlerFunc {

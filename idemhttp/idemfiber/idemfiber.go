@@ -9,9 +9,10 @@
 // ErrorHandler there, and hands the fiber response (status, headers, body)
 // to the middleware, which stores it with the key or rolls it back:
 //
+//	opts := &idemhttp.Options{Scope: accountScope} // required: the authenticated account
 //	app := fiber.New()
 //	app.Use(recover.New())
-//	app.Post("/payments", idemfiber.Middleware(guard, nil), createPayment)
+//	app.Post("/payments", idemfiber.Middleware(guard, opts), createPayment)
 //
 //	func createPayment(c *fiber.Ctx) error {
 //		tx, _ := idemfiber.TxFrom[*sql.Tx](c)
@@ -47,6 +48,11 @@ const unset = 1
 // key runs it inside g's transaction and stores its answer with the key;
 // later requests with the same key and request get that answer replayed
 // without running the chain.
+//
+// opts.Scope is required: without it (nil opts included) every guarded
+// request is answered 500 without running the chain
+// ([idemhttp.ErrNoScope]), never from another client's key space; use
+// [idemhttp.SharedScope] for a single-tenant service.
 func Middleware[Tx any](g *idempotency.Guard[Tx], opts *idemhttp.Options) fiber.Handler {
 	mw := idemhttp.Middleware(g, opts)
 	return func(c *fiber.Ctx) error {

@@ -105,7 +105,7 @@ func TestAdaptorNotStored(t *testing.T) {
 	t.Parallel()
 	env := frameworktest.SQLite(t)
 	app := fiber.New(fiber.Config{DisableStartupMessage: true})
-	app.Post("/pay", adaptor.HTTPMiddleware(idemhttp.Middleware(env.Guard(t, nil), nil)), func(c *fiber.Ctx) error {
+	app.Post("/pay", adaptor.HTTPMiddleware(idemhttp.Middleware(env.Guard(t, nil), &idemhttp.Options{Scope: idemhttp.SharedScope})), func(c *fiber.Ctx) error {
 		env.Handlers.Run()
 		if err := env.Handlers.Effect(c.UserContext()); err != nil {
 			return fiber.NewError(fiber.StatusInternalServerError, err.Error())

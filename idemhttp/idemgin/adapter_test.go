@@ -101,6 +101,7 @@ type collector struct {
 
 func (cl *collector) options() *idemhttp.Options {
 	return &idemhttp.Options{
+		Scope:   idemhttp.SharedScope, // one test client
 		OnError: func(_ *http.Request, err error) { cl.mu.Lock(); defer cl.mu.Unlock(); cl.errs = append(cl.errs, err) },
 		Observer: func(_ context.Context, ev idemhttp.Event) {
 			cl.mu.Lock()

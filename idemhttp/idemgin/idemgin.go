@@ -15,9 +15,10 @@
 // replaces c.Writer for the rest of the chain, so that gin's handlers, and
 // the middleware after this one, write into the middleware's buffer:
 //
+//	opts := &idemhttp.Options{Scope: accountScope} // required: the authenticated account
 //	r := gin.New()
 //	r.Use(gin.Recovery())
-//	r.POST("/payments", idemgin.Middleware(guard, nil), createPayment)
+//	r.POST("/payments", idemgin.Middleware(guard, opts), createPayment)
 //
 //	func createPayment(c *gin.Context) {
 //		tx, _ := idemgin.TxFrom[*sql.Tx](c)
@@ -55,6 +56,11 @@ import (
 // later requests with the same key and request get that answer replayed
 // without running the chain. Mount it on the routes (or groups) it
 // guards; put gin.Recovery before it.
+//
+// opts.Scope is required: without it (nil opts included) every guarded
+// request is answered 500 without running the chain
+// ([idemhttp.ErrNoScope]), never from another client's key space; use
+// [idemhttp.SharedScope] for a single-tenant service.
 func Middleware[Tx any](g *idempotency.Guard[Tx], opts *idemhttp.Options) gin.HandlerFunc {
 	mw := idemhttp.Middleware(g, opts)
 	return func(c *gin.Context) {

@@ -89,7 +89,7 @@ func TestStatusOnly(t *testing.T) {
 	e := frameworktest.SQLite(t)
 	gin.SetMode(gin.ReleaseMode)
 	r := gin.New()
-	r.POST("/accept", idemgin.Middleware(e.Guard(t, nil), nil), func(c *gin.Context) {
+	r.POST("/accept", idemgin.Middleware(e.Guard(t, nil), &idemhttp.Options{Scope: idemhttp.SharedScope}), func(c *gin.Context) {
 		e.Handlers.Run()
 		if err := e.Handlers.Effect(c.Request.Context()); err != nil {
 			c.AbortWithStatus(http.StatusInternalServerError)

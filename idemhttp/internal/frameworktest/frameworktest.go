@@ -277,8 +277,31 @@ func Post(t *testing.T, url, key, body string) Result {
 }
 
 func runCases[Tx any](t *testing.T, e *Env[Tx], start func(*testing.T, *idemhttp.Options) string) {
-	base := start(t, nil)
+	base := start(t, &idemhttp.Options{Scope: idemhttp.SharedScope}) // the suite's clients are one tenant
 	count := func(id string) int { return e.Count(t, "", id) }
+
+	// NoScope: mounted without Options.Scope, the integration shares no
+	// answer between clients: every guarded request is refused with 500
+	// before the chain runs, nothing is stored.
+	t.Run("NoScope", func(t *testing.T) {
+		for name, opts := range map[string]*idemhttp.Options{"nil": nil, "empty": {}} {
+			url := start(t, opts)
+			runs := e.Runs()
+			for i := range 2 { // client A, then client B with A's key and body
+				res := Post(t, url+RouteWrite, "noscope-"+name, `{"amount":100}`)
+				if res.Err != nil || res.Status != http.StatusInternalServerError || !strings.Contains(string(res.Body), idemhttp.ProblemInternal) ||
+					res.Header.Get(idemhttp.HeaderReplayed) != "" {
+					t.Errorf("%s, request %d: %d %v %q (%v); want 500 %s, never an answer", name, i, res.Status, res.Header, res.Body, res.Err, idemhttp.ProblemInternal)
+				}
+			}
+			if d := e.Runs() - runs; d != 0 {
+				t.Errorf("%s: the chain ran %d times, want 0", name, d)
+			}
+			if n := count("noscope-" + name); n != 0 {
+				t.Errorf("%s: %d effects, want 0", name, n)
+			}
+		}
+	})
 
 	t.Run("Write", func(t *testing.T) {
 		runs := e.Runs()

@@ -1,0 +1,72 @@
+package idemhttp
+
+import (
+	"crypto/sha256"
+	"encoding/hex"
+	"errors"
+	"net/http"
+
+	"github.com/go-idempotency/idempotency"
+)
+
+// ErrNoScope: [Middleware] was mounted without [Options].Scope (nil
+// Options included). Without a scope every client would share one key
+// space, and a client that sends another client's key and body would get
+// that client's stored answer. Such a middleware answers every request of
+// a guarded method 500 [ProblemInternal] without running the handler or
+// reaching the store; the error is in [Event].Err and is reported once per
+// [Middleware] to [Options].OnError (or to the http.Server's error log).
+// [Options.Validate] returns it at set-up. Set Scope to the authenticated
+// account, or to [SharedScope] for a service with a single tenant.
+var ErrNoScope = errors.New("idemhttp: MISCONFIGURED: Options.Scope is not set, so every client would share one key space " +
+	"and a client sending another client's key and body would get that client's stored answer; " +
+	"set Options.Scope to the authenticated account (or to idemhttp.SharedScope for a single-tenant service). " +
+	"Until then this middleware answers every guarded request 500 without running the handler")
+
+// Validate reports whether [Middleware] would refuse o at run time: it
+// returns [ErrNoScope] when o is nil or o.Scope is nil. Call it at
+// start-up to fail there rather than on the first guarded request:
+//
+//	if err := opts.Validate(); err != nil {
+//		return err
+//	}
+func (o *Options) Validate() error {
+	if o == nil || o.Scope == nil {
+		return ErrNoScope
+	}
+	return nil
+}
+
+// SharedScope is an [Options].Scope that puts every request in one key
+// space (the empty scope): any client that sends a key and the same
+// request gets the answer stored for it, whoever sent it first. Use it
+// only for a service whose clients are one tenant (an internal service
+// behind a single caller); a service with accounts scopes by the
+// authenticated account instead.
+func SharedScope(*http.Request) (string, error) { return "", nil }
+
+// ClientCertScope is an [Options].Scope that scopes keys by the client
+// certificate the server verified (an http.Server whose TLSConfig sets
+// ClientAuth to tls.VerifyClientCertIfGiven or
+// tls.RequireAndVerifyClientCert): its first URI SAN (a SPIFFE ID) if it
+// has one, else its subject distinguished name ("CN=...,O=..."), as
+// idemgrpc's PeerScope does. An identity longer than 255 bytes is replaced
+// by "sha256:" and its hex SHA-256. A request without a verified client
+// certificate (plain HTTP, no certificate, a certificate the server did
+// not verify) is refused with 401 before anything is stored.
+func ClientCertScope(r *http.Request) (string, error) {
+	if r.TLS == nil || len(r.TLS.VerifiedChains) == 0 || len(r.TLS.PeerCertificates) == 0 {
+		return "", &Problem{Type: "about:blank", Title: "Unauthorized", Status: http.StatusUnauthorized,
+			Detail: "This resource requires a verified TLS client certificate."}
+	}
+	leaf := r.TLS.PeerCertificates[0]
+	id := leaf.Subject.String()
+	if len(leaf.URIs) > 0 {
+		id = leaf.URIs[0].String()
+	}
+	if len(id) > idempotency.MaxScopeLen {
+		sum := sha256.Sum256([]byte(id))
+		id = "sha256:" + hex.EncodeToString(sum[:])
+	}
+	return id, nil
+}
