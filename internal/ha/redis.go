@@ -89,6 +89,22 @@ func StartRedis(t testing.TB) *RedisSet {
 		}
 		return fmt.Errorf("sentinel replicas: %v", reps)
 	}, r.primary, r.replica, r.sentinel)
+	// A Sentinel whose timer ran late (a loaded machine) enters TILT for
+	// 30 s and acts on nothing meanwhile, then finds its replica's facts
+	// too old to promote it: a failover asked for in that time is late by
+	// up to a minute. Start the test once it watches normally.
+	waitFor(t, 45*time.Second, "the Sentinel out of TILT mode", func(ctx context.Context) error {
+		c := goredis.NewClient(&goredis.Options{Addr: r.SentinelAddr()})
+		defer c.Close()
+		info, err := c.Info(ctx, "sentinel").Result()
+		if err != nil {
+			return err
+		}
+		if !strings.Contains(info, "sentinel_tilt:0") {
+			return fmt.Errorf("sentinel in TILT mode")
+		}
+		return nil
+	}, r.primary, r.replica, r.sentinel)
 	return r
 }
 
@@ -126,7 +142,10 @@ func (r *RedisSet) KillPrimary() {
 // and the replica has taken the role.
 func (r *RedisSet) AwaitFailover() {
 	r.t.Helper()
-	waitFor(r.t, 30*time.Second, "the Sentinel to fail over to the replica", func(ctx context.Context) error {
+	// 60 s: one failover attempt may abort (a replica's facts too old after
+	// a TILT on a loaded machine); the Sentinel tries again after twice its
+	// failover-timeout (10 s).
+	waitFor(r.t, 60*time.Second, "the Sentinel to fail over to the replica", func(ctx context.Context) error {
 		s := goredis.NewSentinelClient(&goredis.Options{Addr: r.SentinelAddr()})
 		defer s.Close()
 		addr, err := s.GetMasterAddrByName(ctx, SentinelMaster).Result()
