@@ -3,6 +3,7 @@ package idempotency
 import (
 	"context"
 	"fmt"
+	"log/slog"
 	"math"
 	"time"
 )
@@ -56,7 +57,15 @@ func (o Outcome) String() string {
 }
 
 // Event describes one finished call of [Guard.Do].
+//
+// Log a call by [Event.KeyHash], not by Key's fields: the raw key is a
+// client's secret-ish input (and often personal data), and log lines
+// outlive it. Neither the key nor its hash may be a metric label: each
+// call has its own, so a label would grow the metric without bound; label
+// metrics by Outcome.
 type Event struct {
+	// Key is the call's key as the caller passed it. Printing it (%v, slog)
+	// shows its hash only; see [Key.String].
 	Key      Key
 	Outcome  Outcome
 	Duration time.Duration
@@ -64,6 +73,25 @@ type Event struct {
 	Attempts int
 	// Err is the error Do returned, nil for Executed and Replayed.
 	Err error
+}
+
+// KeyHash returns [Key.Hash] of the call's key: the name of the key in
+// logs and in the text of Do's errors. Not a metric label: see [Event].
+func (e Event) KeyHash() string { return e.Key.Hash() }
+
+// LogValue makes [log/slog] log an Event as a group of its key's hash
+// (key_hash), outcome, duration, attempts and error, never the raw key.
+func (e Event) LogValue() slog.Value {
+	attrs := []slog.Attr{
+		slog.String("key_hash", e.KeyHash()),
+		slog.String("outcome", e.Outcome.String()),
+		slog.Duration("duration", e.Duration),
+		slog.Int("attempts", e.Attempts),
+	}
+	if e.Err != nil {
+		attrs = append(attrs, slog.String("error", e.Err.Error()))
+	}
+	return slog.GroupValue(attrs...)
 }
 
 // Observer is told about every call of [Guard.Do] once it ends, on the

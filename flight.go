@@ -98,22 +98,19 @@ func (c *call) expiry(deadline time.Time) (<-chan struct{}, time.Time) {
 // follow waits for the call ahead of the caller. handed is true when it
 // returns that call's answer (or ErrMismatch against it); false, with no
 // error, when that call failed and the caller must compete for the key.
-func (g *Guard[Tx]) follow(ctx context.Context, c *call, key Key, fp string, deadline time.Time) (resp Response, handed bool, err error) {
+func (g *Guard[Tx]) follow(ctx context.Context, c *call, fp string, deadline time.Time) (resp Response, handed bool, err error) {
 	ran := c.ran
 	if !g.cfg.NoWait {
 		ran = nil // only NoWait callers give up once fn runs
 	}
 	if err := c.wait(ctx, ran, deadline); err != nil {
-		if errors.Is(err, ErrInProgress) {
-			err = fmt.Errorf("key %q: %w", key.ID, err)
-		}
 		return Response{}, false, err
 	}
 	if c.ans == nil {
 		return Response{}, false, nil
 	}
 	if c.ans.fp != fp {
-		return Response{}, true, fmt.Errorf("%w: key %q", ErrMismatch, key.ID)
+		return Response{}, true, ErrMismatch
 	}
 	resp = cloneResponse(c.ans.resp)
 	resp.Replayed = true

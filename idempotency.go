@@ -159,30 +159,36 @@ func (g *Guard[Tx]) do(ctx context.Context, key Key, fingerprint string, fn func
 	if fn == nil {
 		return Response{}, 0, fmt.Errorf("%w: nil fn", ErrInvalidResponse)
 	}
+	own := false // err is fn's own: returned as fn returned it
 	defer func() {
 		// A call that ended because ctx did says so, whatever the store
 		// or driver reported.
 		if cerr := ctx.Err(); err != nil && cerr != nil && !errors.Is(err, cerr) {
 			err = fmt.Errorf("%w (%w)", err, cerr)
 		}
+		if err != nil && !own {
+			err = &KeyError{Key: key, Err: err}
+		}
 	}()
 	deadline := time.Now().Add(g.cfg.WaitTimeout)
 	for {
 		c, lead := g.join(key)
 		if !lead {
-			resp, handed, err := g.follow(ctx, c, key, fingerprint, deadline)
+			resp, handed, err := g.follow(ctx, c, fingerprint, deadline)
 			if err != nil || handed {
 				return resp, 0, err
 			}
 			continue // the call ahead failed: compete for the key
 		}
-		return g.lead(ctx, c, key, fingerprint, deadline, fn)
+		resp, attempts, own, err = g.lead(ctx, c, key, fingerprint, deadline, fn)
+		return resp, attempts, err
 	}
 }
 
 // lead runs the attempts of the call that represents key in the store,
 // then hands its answer to the callers of key waiting in memory.
-func (g *Guard[Tx]) lead(ctx context.Context, c *call, key Key, fp string, deadline time.Time, fn func(Tx) (Response, error)) (resp Response, attempts int, err error) {
+// own reports that err is fn's own error, as fn returned it.
+func (g *Guard[Tx]) lead(ctx context.Context, c *call, key Key, fp string, deadline time.Time, fn func(Tx) (Response, error)) (resp Response, attempts int, own bool, err error) {
 	handed := false
 	defer func() {
 		if !handed { // an error or a panic in fn: the followers compete
@@ -206,35 +212,37 @@ func (g *Guard[Tx]) lead(ctx context.Context, c *call, key Key, fp string, deadl
 			pause = min(pause, left)
 		}
 		if werr := sleep(ctx, pause); werr != nil {
-			return Response{}, attempts, fmt.Errorf("%w: %w (while retrying: %w)", ErrStore, werr, err)
+			return Response{}, attempts, false, fmt.Errorf("%w: %w (while retrying: %w)", ErrStore, werr, err)
 		}
 	}
 	if err != nil {
-		return Response{}, attempts, storeError(ctx, err)
+		err, own = storeError(ctx, err)
+		return Response{}, attempts, own, err
 	}
 	handed = true
 	g.leave(key, c, &answer{fp: fp, resp: cloneResponse(resp)})
-	return resp, attempts, nil
+	return resp, attempts, false, nil
 }
 
 // storeError adds [ErrStore] to the chain of an error that came from the
 // store rather than from fn, the caller's input or the caller's context.
-func storeError(ctx context.Context, err error) error {
+// own reports that the error returned is fn's own, as fn returned it.
+func storeError(ctx context.Context, err error) (_ error, own bool) {
 	var fe fnError
 	switch {
 	case errors.Is(err, ErrStore):
-		return err
+		return err, false
 	case errors.Is(err, ErrConflict): // retries exhausted
-		return fmt.Errorf("%w: %w", ErrStore, err)
+		return fmt.Errorf("%w: %w", ErrStore, err), false
 	case errors.As(err, &fe):
-		return fe.err
+		return fe.err, true
 	case errors.Is(err, ErrMismatch), errors.Is(err, ErrInProgress),
 		errors.Is(err, ErrInvalidResponse), errors.Is(err, ErrInvalidConfig):
-		return err
+		return err, false
 	case ctx.Err() != nil && errors.Is(err, ctx.Err()):
-		return err
+		return err, false
 	}
-	return fmt.Errorf("%w: %w", ErrStore, err)
+	return fmt.Errorf("%w: %w", ErrStore, err), false
 }
 
 // fnError marks an error that fn returned, so that it reaches the caller
@@ -272,8 +280,8 @@ func (g *Guard[Tx]) attempt(ctx context.Context, c *call, key Key, fp string, de
 	txn, rec, err := g.store.Reserve(ctx, r)
 	if wait := time.Until(deadline); errors.Is(err, ErrInProgress) && !g.cfg.NoWait && wait > 0 {
 		if !g.takeWaiter() {
-			return Response{}, fmt.Errorf("%w: key %q is held elsewhere and %d calls already wait in the store (Config.MaxWaiters)",
-				ErrInProgress, key.ID, g.cfg.MaxWaiters)
+			return Response{}, fmt.Errorf("%w: the key is held elsewhere and %d calls already wait in the store (Config.MaxWaiters)",
+				ErrInProgress, g.cfg.MaxWaiters)
 		}
 		r.Wait = time.Until(deadline)
 		txn, rec, err = g.store.Reserve(ctx, r)
@@ -283,10 +291,10 @@ func (g *Guard[Tx]) attempt(ctx context.Context, c *call, key Key, fp string, de
 	case err != nil:
 		return Response{}, err
 	case txn == nil && rec == nil:
-		return Response{}, fmt.Errorf("idempotency: store returned neither a reservation nor a record for %q", key.ID)
+		return Response{}, errors.New("idempotency: store returned neither a reservation nor a record")
 	case txn == nil:
 		if rec.Fingerprint != fp {
-			return Response{}, fmt.Errorf("%w: key %q", ErrMismatch, key.ID)
+			return Response{}, ErrMismatch
 		}
 		return rec.Response(), nil
 	}

@@ -97,7 +97,9 @@ import (
 //  3. Map the driver's errors in one function: [ErrConflict] for what a
 //     retry cures, [ErrInProgress] for a key held past the wait bound,
 //     everything else wrapped as it is. Implement [ConflictClassifier] if
-//     fn's own statements can meet conflicts.
+//     fn's own statements can meet conflicts. Name a key in error text by
+//     the Key itself (fmt's %v prints "#" and [Key.Hash]), never by its
+//     Scope or ID: errors reach logs.
 //  4. If the store keeps its records in a schema of its own, implement
 //     [Migrator]. If it holds resources of its own (prepared statements),
 //     implement io.Closer: Close releases them, never the caller's pool,

@@ -196,7 +196,7 @@ func (s *revStore) Reserve(ctx context.Context, r idempotency.Reservation) (idem
 			continue // another client wrote first: read again
 		}
 		if !wall.Before(deadline) {
-			return nil, nil, fmt.Errorf("%w: rev store: key %q is held", idempotency.ErrInProgress, r.Key.ID)
+			return nil, nil, fmt.Errorf("%w: rev store: key %v is held", idempotency.ErrInProgress, r.Key)
 		}
 		wait := time.Until(deadline)
 		if !s.bugs.waiterIgnoresLease {
@@ -269,9 +269,9 @@ func (t *revTxn) Complete(ctx context.Context, resp idempotency.Response) error 
 		return nil
 	}
 	if t.s.bugs.lostAsPlain {
-		return fmt.Errorf("rev store: key %q: compare failed", t.key.ID)
+		return fmt.Errorf("rev store: key %v: compare failed", t.key)
 	}
-	return fmt.Errorf("%w: rev store: key %q was taken over", idempotency.ErrLeaseLost, t.key.ID)
+	return fmt.Errorf("%w: rev store: key %v was taken over", idempotency.ErrLeaseLost, t.key)
 }
 
 func (t *revTxn) Rollback(context.Context) error {

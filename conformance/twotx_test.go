@@ -57,7 +57,7 @@ WHERE expires <= ?`, r.Key.Scope, r.Key.ID, r.Fingerprint, now.UnixNano(), idemp
 			return nil, rec, err
 		}
 		if !time.Now().Before(deadline) {
-			return nil, nil, fmt.Errorf("%w: twotx: key %q is pending", idempotency.ErrInProgress, r.Key.ID)
+			return nil, nil, fmt.Errorf("%w: twotx: key %v is pending", idempotency.ErrInProgress, r.Key)
 		}
 		select {
 		case <-ctx.Done():

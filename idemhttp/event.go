@@ -51,7 +51,8 @@ const (
 // [Options].Observer.
 type Event struct {
 	// Key is the request's key; its ID is empty when the request had no
-	// valid key, its Scope empty until Scope ran.
+	// valid key, its Scope empty until Scope ran. Log [Event.KeyHash]
+	// rather than its fields, and never make either a metric label.
 	Key idempotency.Key
 	// Method and Route are the request's method and [Options].Route.
 	Method, Route string
@@ -71,4 +72,15 @@ type Event struct {
 	// for executed, replayed and not_stored, except when the handler also
 	// wrote around the middleware: then it wraps [ErrWriterBypassed].
 	Err error
+}
+
+// KeyHash returns the short hash of the request's key (scope and id,
+// [idempotency.Key.Hash]) to name it in logs without showing it, or "" when
+// the request had no valid key. The errors in Err name keys the same way.
+// It is one value per key: not a metric label.
+func (e Event) KeyHash() string {
+	if e.Key.ID == "" {
+		return ""
+	}
+	return e.Key.Hash()
 }

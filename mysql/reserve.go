@@ -31,7 +31,7 @@ import (
 // documentation).
 func (s *Store) Reserve(ctx context.Context, r idempotency.Reservation) (idempotency.Txn[*sql.Tx], *idempotency.Record, error) {
 	if r.TTL <= 0 {
-		return nil, nil, fmt.Errorf("%w: mysql: key %q: reservation TTL %v", idempotency.ErrInvalidConfig, r.Key.ID, r.TTL)
+		return nil, nil, fmt.Errorf("%w: mysql: key %v: reservation TTL %v", idempotency.ErrInvalidConfig, r.Key, r.TTL)
 	}
 	now, err := s.testNow()
 	if err != nil {
@@ -40,7 +40,7 @@ func (s *Store) Reserve(ctx context.Context, r idempotency.Reservation) (idempot
 	k := keyOf(r.Key)
 	conn, err := s.db.Conn(ctx)
 	if err != nil {
-		return nil, nil, mapError(ctx, err, false, "mysql: connection for key %q", r.Key.ID)
+		return nil, nil, mapError(ctx, err, false, "mysql: connection for key %v", r.Key)
 	}
 	d, err := s.dialectOf(ctx, conn)
 	if err != nil {
@@ -55,7 +55,7 @@ func (s *Store) Reserve(ctx context.Context, r idempotency.Reservation) (idempot
 		rw, err = scanRow(conn.QueryRowContext(ctx, s.readSQL, k.scope, k.id), now)
 		if err != nil {
 			release(ctx, conn, nil, "")
-			return nil, nil, mapError(ctx, err, false, "mysql: look up key %q", r.Key.ID)
+			return nil, nil, mapError(ctx, err, false, "mysql: look up key %v", r.Key)
 		}
 		if rw.completed() {
 			release(ctx, conn, nil, "")
@@ -75,7 +75,7 @@ func (s *Store) Reserve(ctx context.Context, r idempotency.Reservation) (idempot
 		} else {
 			release(ctx, conn, nil, "")
 		}
-		return nil, nil, mapError(ctx, err, false, "mysql: begin for key %q", r.Key.ID)
+		return nil, nil, mapError(ctx, err, false, "mysql: begin for key %v", r.Key)
 	}
 	begin := ""
 	if fold {
@@ -94,7 +94,7 @@ func (s *Store) Reserve(ctx context.Context, r idempotency.Reservation) (idempot
 		if rec != nil {
 			s.firstTries.Add(r.Wait, true)
 		}
-		return nil, rec, mapError(ctx, err, false, "mysql: reserve key %q (wait bound %v)", r.Key.ID, r.Wait)
+		return nil, rec, mapError(ctx, err, false, "mysql: reserve key %v (wait bound %v)", r.Key, r.Wait)
 	}
 	s.firstTries.Add(r.Wait, false)
 	return &txn{s: s, conn: conn, tx: tx, key: k, ttl: r.TTL, fold: fold}, nil, nil
@@ -113,7 +113,7 @@ func (s *Store) Reserve(ctx context.Context, r idempotency.Reservation) (idempot
 func (s *Store) refusedAtOnce(ctx context.Context, conn *sql.Conn, tx *sql.Tx, k key, now any, err error) (*idempotency.Record, error) {
 	if rerr := tx.Rollback(); rerr != nil && !errors.Is(rerr, sql.ErrTxDone) {
 		discard(conn)
-		return nil, mapError(ctx, err, false, "mysql: reserve key %q", k.key.ID)
+		return nil, mapError(ctx, err, false, "mysql: reserve key %v", k.key)
 	}
 	rec, perr := s.probe(ctx, conn, k, now)
 	release(ctx, conn, nil, "")
@@ -124,7 +124,7 @@ func (s *Store) refusedAtOnce(ctx context.Context, conn *sql.Conn, tx *sql.Tx, k
 		return rec, nil
 	}
 	// Not err itself in the chain: it says ErrInProgress.
-	return nil, fmt.Errorf("%w: mysql: reserve key %q met a lock near the key, not on it (%v)", idempotency.ErrConflict, k.key.ID, err)
+	return nil, fmt.Errorf("%w: mysql: reserve key %v met a lock near the key, not on it (%v)", idempotency.ErrConflict, k.key, err)
 }
 
 // lookingFirst reports whether Reserve looks r's key up before reserving
@@ -188,7 +188,7 @@ func (s *Store) claim(ctx context.Context, tx *sql.Tx, k key, r idempotency.Rese
 	case err != nil:
 		return false, nil, mapError(ctx, err, false, "")
 	case !rw.found:
-		return false, nil, fmt.Errorf("%w: the row of key %q vanished while it was read", idempotency.ErrConflict, r.Key.ID)
+		return false, nil, fmt.Errorf("%w: the row of key %v vanished while it was read", idempotency.ErrConflict, r.Key)
 	case !rw.live():
 		// Another reader holding a shared lock on the row makes this upgrade
 		// a deadlock or a wait: both are conflicts worth a retry.
@@ -197,15 +197,15 @@ func (s *Store) claim(ctx context.Context, tx *sql.Tx, k key, r idempotency.Rese
 			return false, nil, mapError(ctx, err, false, "")
 		}
 		if n != 1 {
-			return false, nil, fmt.Errorf("%w: the expired row of key %q changed while it was taken over", idempotency.ErrConflict, r.Key.ID)
+			return false, nil, fmt.Errorf("%w: the expired row of key %v changed while it was taken over", idempotency.ErrConflict, r.Key)
 		}
 		return true, nil, nil
 	case rw.state == stateCompleted:
 		rec, err := rw.record(r.Key)
 		return false, rec, err
 	}
-	return false, nil, fmt.Errorf("%w: key %q is pending in a committed row (a transaction committed its reservation without completing it) until %v",
-		idempotency.ErrInProgress, r.Key.ID, time.Unix(0, rw.expires).UTC())
+	return false, nil, fmt.Errorf("%w: key %v is pending in a committed row (a transaction committed its reservation without completing it) until %v",
+		idempotency.ErrInProgress, r.Key, time.Unix(0, rw.expires).UTC())
 }
 
 // takeOver resets k's expired row to a pending reservation with

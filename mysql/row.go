@@ -65,7 +65,7 @@ func (rw row) completed() bool { return rw.live() && rw.state == stateCompleted 
 func (rw row) record(k idempotency.Key) (*idempotency.Record, error) {
 	h, err := idempotency.UnmarshalHeader(rw.header)
 	if err != nil {
-		return nil, fmt.Errorf("mysql: key %q: stored header: %w", k.ID, err)
+		return nil, fmt.Errorf("mysql: key %v: stored header: %w", k, err)
 	}
 	return &idempotency.Record{
 		Key:         k,

@@ -28,7 +28,7 @@ func (s *Store) reserveSession(ctx context.Context, conn *sql.Conn, k key, r ide
 		lockWait, rw, err = s.lookupWithLockWait(ctx, conn, k, now)
 		if err != nil {
 			release(ctx, conn, nil, "")
-			return nil, nil, mapError(ctx, err, false, "mysql: look up key %q", r.Key.ID)
+			return nil, nil, mapError(ctx, err, false, "mysql: look up key %v", r.Key)
 		}
 		if rw.completed() {
 			release(ctx, conn, nil, "")
@@ -58,12 +58,12 @@ func (s *Store) reserveSession(ctx context.Context, conn *sql.Conn, k key, r ide
 	tx, err := conn.BeginTx(ctx, &sql.TxOptions{Isolation: s.isolation})
 	if err != nil {
 		release(ctx, conn, nil, restore)
-		return nil, nil, mapError(ctx, err, false, "mysql: begin for key %q", r.Key.ID)
+		return nil, nil, mapError(ctx, err, false, "mysql: begin for key %v", r.Key)
 	}
 	won, rec, err := s.claim(ctx, tx, k, r, "", "", rw.found && !rw.live(), now)
 	if err != nil || !won {
 		release(ctx, conn, tx, restore)
-		return nil, rec, mapError(ctx, err, false, "mysql: reserve key %q (wait bound %v)", r.Key.ID, r.Wait)
+		return nil, rec, mapError(ctx, err, false, "mysql: reserve key %v (wait bound %v)", r.Key, r.Wait)
 	}
 	if restore != "" {
 		// fn's statements keep the session's own lock wait timeout.
@@ -88,16 +88,16 @@ func (s *Store) probe(ctx context.Context, conn *sql.Conn, k key, now any) (*ide
 		return nil, nil
 	}
 	if err = mapError(ctx, err, true, ""); !errors.Is(err, idempotency.ErrInProgress) {
-		return nil, mapError(ctx, err, false, "mysql: probe key %q", k.key.ID)
+		return nil, mapError(ctx, err, false, "mysql: probe key %v", k.key)
 	}
 	rw, rerr := scanRow(conn.QueryRowContext(ctx, s.readSQL, k.scope, k.id), now)
 	if rerr != nil {
-		return nil, mapError(ctx, rerr, false, "mysql: look up key %q", k.key.ID)
+		return nil, mapError(ctx, rerr, false, "mysql: look up key %v", k.key)
 	}
 	if rw.completed() {
 		return rw.record(k.key)
 	}
-	return nil, fmt.Errorf("mysql: key %q (no wait): %w", k.key.ID, err)
+	return nil, fmt.Errorf("mysql: key %v (no wait): %w", k.key, err)
 }
 
 // lookupWithLockWait reads the key's row outside any transaction, with a

@@ -63,17 +63,17 @@ func (t *txn) Complete(ctx context.Context, resp idempotency.Response) error {
 	}
 	if err != nil {
 		t.end()
-		return mapError(ctx, err, false, "mysql: complete key %q", t.key.key.ID)
+		return mapError(ctx, err, false, "mysql: complete key %v", t.key.key)
 	}
 	if n != 1 {
 		// fn deleted or completed the row through tx: nothing is committed.
 		t.end()
-		return fmt.Errorf("mysql: complete key %q: %w", t.key.key.ID, errPendingGone)
+		return fmt.Errorf("mysql: complete key %v: %w", t.key.key, errPendingGone)
 	}
 	err = t.tx.Commit()
 	_ = t.conn.Close()
 	if err != nil {
-		return mapError(ctx, err, false, "mysql: commit key %q", t.key.key.ID)
+		return mapError(ctx, err, false, "mysql: commit key %v", t.key.key)
 	}
 	return nil
 }
@@ -83,14 +83,14 @@ func (t *txn) finish(ctx context.Context, err error) error {
 	if err == nil {
 		err = t.tx.Commit() // sends nothing: committed already
 		_ = t.conn.Close()
-		return mapError(ctx, err, false, "mysql: commit key %q", t.key.key.ID)
+		return mapError(ctx, err, false, "mysql: commit key %v", t.key.key)
 	}
 	t.end()
 	if err = mapError(ctx, err, false, ""); errors.Is(err, errPendingGone) {
 		// fn deleted or completed the row through tx: nothing is committed.
-		return fmt.Errorf("mysql: complete key %q: %w", t.key.key.ID, errPendingGone)
+		return fmt.Errorf("mysql: complete key %v: %w", t.key.key, errPendingGone)
 	}
-	return fmt.Errorf("mysql: complete and commit key %q: %w", t.key.key.ID, err)
+	return fmt.Errorf("mysql: complete and commit key %v: %w", t.key.key, err)
 }
 
 // Rollback abandons the transaction and releases the connection. A
@@ -102,7 +102,7 @@ func (t *txn) Rollback(context.Context) error {
 	}
 	t.done = true
 	if err := t.end(); err != nil {
-		return fmt.Errorf("mysql: roll back key %q: %w", t.key.key.ID, err)
+		return fmt.Errorf("mysql: roll back key %v: %w", t.key.key, err)
 	}
 	return nil
 }

@@ -43,7 +43,7 @@ func (s *Store) Reserve(ctx context.Context, r idempotency.Reservation) (idempot
 		if err != nil || rec != nil {
 			abandon(ctx, conn)
 			if err != nil {
-				return nil, nil, s.mapError(ctx, fmt.Errorf("postgres: look up key %q: %w", r.Key.ID, err), false)
+				return nil, nil, s.mapError(ctx, fmt.Errorf("postgres: look up key %v: %w", r.Key, err), false)
 			}
 			s.firstTries.Add(r.Wait, true)
 			return nil, rec, nil
@@ -96,7 +96,7 @@ func (s *Store) begin(ctx context.Context, conn *pgxpool.Conn, r idempotency.Res
 		err = cerr
 	}
 	if err != nil {
-		return nil, nil, s.mapError(ctx, fmt.Errorf("postgres: reserve key %q (wait bound %v): %w", r.Key.ID, r.Wait, err), r.Wait > 0)
+		return nil, nil, s.mapError(ctx, fmt.Errorf("postgres: reserve key %v (wait bound %v): %w", r.Key, r.Wait, err), r.Wait > 0)
 	}
 	if !lk.readCommitted() {
 		s.rowMode.Store(true)
@@ -105,10 +105,10 @@ func (s *Store) begin(ctx context.Context, conn *pgxpool.Conn, r idempotency.Res
 	case rec != nil:
 		return nil, rec, nil
 	case !lk.locked:
-		return nil, nil, fmt.Errorf("postgres: key %q: %w", r.Key.ID, idempotency.ErrInProgress)
+		return nil, nil, fmt.Errorf("postgres: key %v: %w", r.Key, idempotency.ErrInProgress)
 	case !lk.readCommitted():
 		if _, err := conn.Exec(ctx, "rollback"); err != nil {
-			return nil, nil, s.mapError(ctx, fmt.Errorf("postgres: reserve key %q: %w", r.Key.ID, err), false)
+			return nil, nil, s.mapError(ctx, fmt.Errorf("postgres: reserve key %v: %w", r.Key, err), false)
 		}
 		return s.beginRow(ctx, conn, r, now)
 	}
@@ -158,11 +158,11 @@ func (s *Store) beginRow(ctx context.Context, conn *pgxpool.Conn, r idempotency.
 			// extension under many inserts): a conflict to retry, not a key
 			// in progress.
 			held := r.Wait > 0 || !lk.locked
-			return nil, nil, s.mapError(ctx, fmt.Errorf("postgres: reserve key %q (wait bound %v): %w", r.Key.ID, r.Wait, err), held)
+			return nil, nil, s.mapError(ctx, fmt.Errorf("postgres: reserve key %v (wait bound %v): %w", r.Key, r.Wait, err), held)
 		case lk.locked && row.Valid:
 			return &txn{s: s, conn: conn, tx: &tx{inner: br.Tx()}, key: r.Key, fp: r.Fingerprint, now: now, ttl: r.TTL, row: row}, nil, nil
 		case row.Valid: // inserted without the lock: its holder has not written yet
-			return nil, nil, fmt.Errorf("postgres: key %q: %w", r.Key.ID, idempotency.ErrInProgress)
+			return nil, nil, fmt.Errorf("postgres: key %v: %w", r.Key, idempotency.ErrInProgress)
 		}
 		// A committed row is in the way: end the transaction and read the
 		// row in a fresh statement, on the same connection, in one round trip.
@@ -183,17 +183,17 @@ func (s *Store) beginRow(ctx context.Context, conn *pgxpool.Conn, r idempotency.
 		}
 		switch {
 		case err != nil:
-			return nil, nil, s.mapError(ctx, fmt.Errorf("postgres: read key %q: %w", r.Key.ID, err), false)
+			return nil, nil, s.mapError(ctx, fmt.Errorf("postgres: read key %v: %w", r.Key, err), false)
 		case rec != nil:
 			return nil, rec, nil
 		case !lk.locked:
-			return nil, nil, fmt.Errorf("postgres: key %q: %w", r.Key.ID, idempotency.ErrInProgress)
+			return nil, nil, fmt.Errorf("postgres: key %v: %w", r.Key, idempotency.ErrInProgress)
 		case !expired:
-			return nil, nil, fmt.Errorf("%w: postgres: key %q changed while it was read", idempotency.ErrConflict, r.Key.ID)
+			return nil, nil, fmt.Errorf("%w: postgres: key %v changed while it was read", idempotency.ErrConflict, r.Key)
 		}
 		stmt = s.sql.takeOver
 	}
-	return nil, nil, fmt.Errorf("%w: postgres: key %q changed while it was read", idempotency.ErrConflict, r.Key.ID)
+	return nil, nil, fmt.Errorf("%w: postgres: key %v changed while it was read", idempotency.ErrConflict, r.Key)
 }
 
 // queueLock queues the statement that takes the key's advisory lock: at
@@ -265,11 +265,11 @@ func scanKey(row pgx.Row, key idempotency.Key) (rec *idempotency.Record, expired
 	case expired:
 		return nil, true, nil
 	case status == nil:
-		return nil, false, fmt.Errorf("postgres: completed key %q has no status", key.ID)
+		return nil, false, fmt.Errorf("postgres: completed key %v has no status", key)
 	}
 	h, err := idempotency.UnmarshalHeader(header)
 	if err != nil {
-		return nil, false, fmt.Errorf("postgres: stored header of key %q: %w", key.ID, err)
+		return nil, false, fmt.Errorf("postgres: stored header of key %v: %w", key, err)
 	}
 	return &idempotency.Record{Key: key, Fingerprint: fp, Status: *status, Header: h, Body: body,
 		CreatedAt: created, ExpiresAt: expiresAt}, false, nil

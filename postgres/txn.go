@@ -36,20 +36,20 @@ func (t *txn) Tx() pgx.Tx { return t.tx }
 // commits, in one round trip.
 func (t *txn) Complete(ctx context.Context, resp idempotency.Response) (err error) {
 	if t.done {
-		return fmt.Errorf("postgres: key %q: %w", t.key.ID, pgx.ErrTxClosed)
+		return fmt.Errorf("postgres: key %v: %w", t.key, pgx.ErrTxClosed)
 	}
 	t.done = true
 	defer abandon(ctx, t.conn)
 	if t.tx.closed {
-		return fmt.Errorf("postgres: key %q: fn rolled the transaction back: %w", t.key.ID, pgx.ErrTxClosed)
+		return fmt.Errorf("postgres: key %v: fn rolled the transaction back: %w", t.key, pgx.ErrTxClosed)
 	}
 	t.tx.closed = true
 	switch t.conn.Conn().PgConn().TxStatus() {
 	case 'T':
 	case 'E':
-		return fmt.Errorf("postgres: key %q: a statement of fn failed, the transaction is aborted: %w", t.key.ID, pgx.ErrTxCommitRollback)
+		return fmt.Errorf("postgres: key %v: a statement of fn failed, the transaction is aborted: %w", t.key, pgx.ErrTxCommitRollback)
 	default:
-		return fmt.Errorf("postgres: key %q: the transaction was ended inside fn: %w", t.key.ID, pgx.ErrTxClosed)
+		return fmt.Errorf("postgres: key %v: the transaction was ended inside fn: %w", t.key, pgx.ErrTxClosed)
 	}
 	// The expiry is the clock at completion (the server's unless a test
 	// clock is set) plus the TTL.
@@ -85,11 +85,11 @@ func (t *txn) Complete(ctx context.Context, resp idempotency.Response) (err erro
 	switch {
 	case err != nil:
 		// An error before COMMIT skipped it: abandon rolls back.
-		return t.s.mapError(ctx, fmt.Errorf("postgres: complete key %q: %w", t.key.ID, err), false)
+		return t.s.mapError(ctx, fmt.Errorf("postgres: complete key %v: %w", t.key, err), false)
 	case committed.String() == "ROLLBACK":
-		return fmt.Errorf("postgres: complete key %q: %w", t.key.ID, pgx.ErrTxCommitRollback)
+		return fmt.Errorf("postgres: complete key %v: %w", t.key, pgx.ErrTxCommitRollback)
 	case written.RowsAffected() != 1:
-		return fmt.Errorf("postgres: complete key %q: its pending row was gone (changed through tx inside fn?); fn's effects were committed without it", t.key.ID)
+		return fmt.Errorf("postgres: complete key %v: its pending row was gone (changed through tx inside fn?); fn's effects were committed without it", t.key)
 	}
 	return nil
 }
@@ -112,7 +112,7 @@ func (t *txn) Rollback(ctx context.Context) error {
 	// The driver's Rollback closes the connection if it fails, so the pool
 	// never gets it back in a transaction.
 	if err := t.tx.inner.Rollback(rctx); err != nil && !errors.Is(err, pgx.ErrTxClosed) {
-		return fmt.Errorf("postgres: rollback key %q: %w", t.key.ID, err)
+		return fmt.Errorf("postgres: rollback key %v: %w", t.key, err)
 	}
 	return nil
 }

@@ -51,17 +51,17 @@ func newReplication(c Config) (replication, error) {
 // the key (WAIT counts the replicas that acknowledged this connection's
 // last write), when replicas are required. Fewer acknowledgements than
 // required, or a failed WAIT, give an error wrapping [ErrNotReplicated].
-func (r replication) waitReplicas(ctx context.Context, tx execConn, id string) error {
+func (r replication) waitReplicas(ctx context.Context, tx execConn, key idempotency.Key) error {
 	if r.replicas == 0 {
 		return nil
 	}
 	n, err := tx.Wait(ctx, r.replicas, r.timeout).Result()
 	if err != nil {
-		return fmt.Errorf("%w: key %q: WAIT %d %v: %w", ErrNotReplicated, id, r.replicas, r.timeout, err)
+		return fmt.Errorf("%w: key %v: WAIT %d %v: %w", ErrNotReplicated, key, r.replicas, r.timeout, err)
 	}
 	if n < int64(r.replicas) {
-		return fmt.Errorf("%w: key %q: %d of %d replicas acknowledged its completion within %v",
-			ErrNotReplicated, id, n, r.replicas, r.timeout)
+		return fmt.Errorf("%w: key %v: %d of %d replicas acknowledged its completion within %v",
+			ErrNotReplicated, key, n, r.replicas, r.timeout)
 	}
 	return nil
 }

@@ -67,13 +67,13 @@ func (s *Store) Reserve(ctx context.Context, r idempotency.Reservation) (idempot
 		}
 		remaining := time.Until(deadline)
 		if r.Wait <= 0 || remaining <= 0 {
-			return nil, nil, fmt.Errorf("%w: key %q", idempotency.ErrInProgress, r.Key.ID)
+			return nil, nil, fmt.Errorf("%w: key %v", idempotency.ErrInProgress, r.Key)
 		}
 		if h == nil && w == nil {
 			// Subscribe, then look again: a completion after that look
 			// publishes to a live subscription.
 			if w, err = s.subscribe(ctx, k.wake, remaining); err != nil {
-				return nil, nil, fmt.Errorf("%w: waiting for key %q: %w", idempotency.ErrInProgress, r.Key.ID, err)
+				return nil, nil, fmt.Errorf("%w: waiting for key %v: %w", idempotency.ErrInProgress, r.Key, err)
 			}
 			after = s.lookSeq()
 			continue
@@ -87,7 +87,7 @@ func (s *Store) Reserve(ctx context.Context, r idempotency.Reservation) (idempot
 		s.waiting.Add(-1)
 		after = s.lookSeq()
 		if err != nil {
-			return nil, nil, fmt.Errorf("%w: waiting for key %q: %w", idempotency.ErrInProgress, r.Key.ID, err)
+			return nil, nil, fmt.Errorf("%w: waiting for key %v: %w", idempotency.ErrInProgress, r.Key, err)
 		}
 		if rec != nil && rec.Key == r.Key && s.liveInMemory(rec, h.until) {
 			s.seen.add(k.id)
@@ -156,7 +156,7 @@ func (s *Store) parseReserve(k keys, r idempotency.Reservation, vals []any, sent
 	case replyReserved:
 		return tryResult{reserved: true}, nil
 	case replyAbandoned:
-		return tryResult{}, fmt.Errorf("redis: reservation of key %q already abandoned", r.Key.ID)
+		return tryResult{}, fmt.Errorf("redis: reservation of key %v already abandoned", r.Key)
 	case replyPending:
 		ms, err := strconv.ParseInt(str(1), 10, 64)
 		if err != nil || ms < 0 {
@@ -169,7 +169,7 @@ func (s *Store) parseReserve(k keys, r idempotency.Reservation, vals []any, sent
 			return tryResult{}, fmt.Errorf("redis: record %s: %w", k.rec, err)
 		}
 		if rec.Key != r.Key {
-			return tryResult{}, fmt.Errorf("redis: record %s holds key %q/%q, not %q/%q", k.rec, rec.Key.Scope, rec.Key.ID, r.Key.Scope, r.Key.ID)
+			return tryResult{}, fmt.Errorf("redis: record %s holds key %v, not %v", k.rec, rec.Key, r.Key)
 		}
 		// Live for what Redis's clock left it when the script ran, counted
 		// from before it was sent: never longer than by Redis's clock.

@@ -211,7 +211,7 @@ func (t *txn) commit(ctx context.Context, resp idempotency.Response) error {
 			return nil
 		})
 		if err == nil { // replicas.go: WAIT on this connection, if asked
-			err = t.s.repl.waitReplicas(ctx, c, t.r.Key.ID)
+			err = t.s.repl.waitReplicas(ctx, c, t.r.Key)
 		}
 		return err
 	}
@@ -273,13 +273,13 @@ func (t *txn) commit(ctx context.Context, resp idempotency.Response) error {
 			}
 			return nil
 		case errors.Is(err, errNotOwner):
-			return fmt.Errorf("%w: key %q", idempotency.ErrLeaseLost, t.r.Key.ID)
+			return fmt.Errorf("%w: key %v", idempotency.ErrLeaseLost, t.r.Key)
 		case errors.Is(err, ErrNotReplicated):
 			return err
 		case applied(done):
 			// EXEC ran: the record is completed, but a command of fn
 			// failed at run time (Redis does not roll back).
-			return fmt.Errorf("redis: key %q completed, but a queued command failed: %w", t.r.Key.ID, err)
+			return fmt.Errorf("redis: key %v completed, but a queued command failed: %w", t.r.Key, err)
 		case errors.Is(err, goredis.TxFailedErr) && attempt < attempts:
 			// The record was touched after WATCH (a renewal, or a
 			// takeover that the next check reports): check again.

@@ -27,8 +27,8 @@ func (s *Store) read(ctx context.Context, tx *sql.Tx, key idempotency.Key) (*ide
 	}
 	if state != "completed" {
 		// Only a writer outside this package can commit a pending row.
-		return nil, fmt.Errorf("%w: sqlite: key %q has a committed pending row until %v",
-			idempotency.ErrInProgress, key.ID, time.Unix(0, expires).UTC())
+		return nil, fmt.Errorf("%w: sqlite: key %v has a committed pending row until %v",
+			idempotency.ErrInProgress, key, time.Unix(0, expires).UTC())
 	}
 	return record(key, fp, status, header, body, bodyNull, created, expires)
 }
@@ -38,7 +38,7 @@ func (s *Store) read(ctx context.Context, tx *sql.Tx, key idempotency.Key) (*ide
 func record(key idempotency.Key, fp string, status int64, header, body []byte, bodyNull bool, created, expires int64) (*idempotency.Record, error) {
 	h, err := idempotency.UnmarshalHeader(header)
 	if err != nil {
-		return nil, fmt.Errorf("sqlite: key %q: stored header: %w", key.ID, err)
+		return nil, fmt.Errorf("sqlite: key %v: stored header: %w", key, err)
 	}
 	if body == nil && !bodyNull {
 		body = []byte{}

@@ -44,7 +44,7 @@ import (
 // returned instead.
 func (s *Store) Reserve(ctx context.Context, r idempotency.Reservation) (idempotency.Txn[*sql.Tx], *idempotency.Record, error) {
 	if r.TTL <= 0 {
-		return nil, nil, fmt.Errorf("%w: sqlite: key %q: reservation TTL %v", idempotency.ErrInvalidConfig, r.Key.ID, r.TTL)
+		return nil, nil, fmt.Errorf("%w: sqlite: key %v: reservation TTL %v", idempotency.ErrInvalidConfig, r.Key, r.TTL)
 	}
 	now, err := s.testNow()
 	if err != nil {
@@ -67,10 +67,10 @@ func (s *Store) Reserve(ctx context.Context, r idempotency.Reservation) (idempot
 			if rec, err := s.lookup(ctx, st, r, now); err != nil || rec != nil {
 				return nil, rec, err
 			}
-			return nil, nil, fmt.Errorf("%w: sqlite: key %q is held by another caller past the wait bound %v",
-				idempotency.ErrInProgress, r.Key.ID, r.Wait)
+			return nil, nil, fmt.Errorf("%w: sqlite: key %v is held by another caller past the wait bound %v",
+				idempotency.ErrInProgress, r.Key, r.Wait)
 		case err != nil:
-			return nil, nil, fmt.Errorf("sqlite: reserve: waiting for key %q: %w", r.Key.ID, err)
+			return nil, nil, fmt.Errorf("sqlite: reserve: waiting for key %v: %w", r.Key, err)
 		case handed && rec.ExpiresAt.After(s.hostNow()):
 			return nil, copyRecord(rec), nil
 		}
@@ -91,8 +91,8 @@ func (s *Store) Reserve(ctx context.Context, r idempotency.Reservation) (idempot
 					return nil, rec, nil
 				}
 				// Not wrapped: the key may be held, not a conflict to retry.
-				err = fmt.Errorf("%w: sqlite: key %q may be held: the Store's writer waits for SQLite's write lock, held by another connection (%v)",
-					idempotency.ErrInProgress, r.Key.ID, err)
+				err = fmt.Errorf("%w: sqlite: key %v may be held: the Store's writer waits for SQLite's write lock, held by another connection (%v)",
+					idempotency.ErrInProgress, r.Key, err)
 			}
 		}
 		s.keys.Leave(r.Key, nil)

@@ -88,7 +88,7 @@ func (t *txn) completeAndCommit(ctx context.Context, resp idempotency.Response, 
 	err = t.tx.StmtContext(ctx, t.complete).QueryRowContext(ctx, resp.Status, header, resp.Body, t.key.Scope, t.key.ID, now, int64(t.ttl)).Scan(&t.expires)
 	if errors.Is(err, sql.ErrNoRows) {
 		rollback(t.conn, t.tx)
-		return nil, fmt.Errorf("sqlite: complete: the reservation of key %q is gone (no row changed)", t.key.ID)
+		return nil, fmt.Errorf("sqlite: complete: the reservation of key %v is gone (no row changed)", t.key)
 	}
 	if err != nil {
 		rollback(t.conn, t.tx)

@@ -98,11 +98,11 @@ func waitErr(ctx context.Context, err error, r idempotency.Reservation, by time.
 	}
 	switch {
 	case r.NoWait:
-		return fmt.Errorf("%w: sqlite: key %q may be held: the database's write lock is held by another connection, which SQLite cannot see into without waiting: %w",
-			idempotency.ErrInProgress, r.Key.ID, err)
+		return fmt.Errorf("%w: sqlite: key %v may be held: the database's write lock is held by another connection, which SQLite cannot see into without waiting: %w",
+			idempotency.ErrInProgress, r.Key, err)
 	case !by.IsZero() && !time.Now().Add(time.Millisecond).Before(by):
-		return fmt.Errorf("%w: sqlite: key %q may be held: the database's write lock stayed held by another connection until the wait bound: %w",
-			idempotency.ErrInProgress, r.Key.ID, err)
+		return fmt.Errorf("%w: sqlite: key %v may be held: the database's write lock stayed held by another connection until the wait bound: %w",
+			idempotency.ErrInProgress, r.Key, err)
 	}
 	return werr
 }

@@ -33,6 +33,9 @@ const (
 // (nil: no metrics). Events whose outcome is an error of the server
 // (handler_error, store_error, internal) are logged at Error level, the
 // others at Debug, refusals (rejected, mismatch, in_progress) at Info.
+// A log line names the request's key by its hash ([idemhttp.Event.KeyHash],
+// attribute key_hash), never by the raw key or scope; the errors logged
+// name it the same way.
 func New(logger *slog.Logger, meter metric.Meter) (func(context.Context, idemhttp.Event), error) {
 	var requests metric.Int64Counter
 	var duration metric.Float64Histogram
@@ -70,11 +73,13 @@ func New(logger *slog.Logger, meter metric.Meter) (func(context.Context, idemhtt
 			slog.String("method", ev.Method),
 			slog.String("route", ev.Route),
 			slog.Int("status", ev.Status),
-			slog.String("key", ev.Key.ID),
 			slog.Duration("duration", ev.Duration),
 		}
-		if ev.Key.Scope != "" {
-			attrs = append(attrs, slog.String("scope", ev.Key.Scope))
+		// The key's hash, never the key: log lines outlive keys and reach
+		// more readers than the store. Neither is a metric attribute (one
+		// value per request).
+		if h := ev.KeyHash(); h != "" {
+			attrs = append(attrs, slog.String("key_hash", h))
 		}
 		if ev.Err != nil {
 			attrs = append(attrs, slog.String("error", ev.Err.Error()))

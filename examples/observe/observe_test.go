@@ -6,6 +6,7 @@ import (
 	"database/sql"
 	"encoding/json"
 	"fmt"
+	"io"
 	"log/slog"
 	"net/http"
 	"net/http/httptest"
@@ -156,5 +157,84 @@ func TestObserver(t *testing.T) {
 	}
 	if lines[4]["level"] != "ERROR" || lines[4]["outcome"] != "store_error" || lines[4]["error"] == nil || lines[2]["level"] != "INFO" || lines[0]["level"] != "DEBUG" {
 		t.Errorf("log lines %v", lines)
+	}
+}
+
+// TestObserverLogsKeyHash: the log lines name each request's key by
+// key_hash (the hash of its scope and id), never by the raw key or scope,
+// also in the error of a failing store; and no answer to the client
+// (problem details included) carries the key or its hash.
+func TestObserverLogsKeyHash(t *testing.T) {
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	guard, db := newGuard(t, ctx)
+	const scope, id, other = "tenant-secret-7", "order-42-secret", "order-43-secret"
+	var logs bytes.Buffer
+	observer, err := observe.New(slog.New(slog.NewJSONHandler(&logs, &slog.HandlerOptions{Level: slog.LevelDebug})), nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	mw := idemhttp.Middleware(guard, &idemhttp.Options{Observer: observer,
+		Scope: func(*http.Request) (string, error) { return scope, nil }})
+	srv := httptest.NewServer(mw(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		w.WriteHeader(http.StatusCreated)
+	})))
+	defer srv.Close()
+	var bodies []string
+	send := func(key, body string) int {
+		req, _ := http.NewRequestWithContext(ctx, http.MethodPost, srv.URL+"/pay", strings.NewReader(body))
+		req.Header.Set("Content-Type", "application/json")
+		req.Header.Set(idemhttp.HeaderKey, key)
+		resp, err := srv.Client().Do(req)
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer resp.Body.Close()
+		b, _ := io.ReadAll(resp.Body)
+		bodies = append(bodies, string(b))
+		return resp.StatusCode
+	}
+	statuses := []int{send(id, `{"a":1}`), send(id, `{"a":1}`), send(id, `{"a":2}`)}
+	db.Close() // the store fails from now on
+	statuses = append(statuses, send(other, `{}`))
+	if want := []int{201, 201, 422, 503}; fmt.Sprint(statuses) != fmt.Sprint(want) {
+		t.Fatalf("statuses %v, want %v", statuses, want)
+	}
+	out := logs.String()
+	for _, raw := range []string{scope, id, other} {
+		if strings.Contains(out, raw) {
+			t.Errorf("the log carries the raw %q:\n%s", raw, out)
+		}
+	}
+	hashes := []string{
+		idempotency.Key{Scope: scope, ID: id}.Hash(), idempotency.Key{Scope: scope, ID: id}.Hash(),
+		idempotency.Key{Scope: scope, ID: id}.Hash(), idempotency.Key{Scope: scope, ID: other}.Hash(),
+	}
+	for i, b := range bodies {
+		for _, s := range []string{scope, id, other, hashes[i]} {
+			if strings.Contains(b, s) {
+				t.Errorf("answer %d carries %q: %s", i, s, b)
+			}
+		}
+	}
+	var lines []map[string]any
+	dec := json.NewDecoder(&logs)
+	for dec.More() {
+		var l map[string]any
+		if err := dec.Decode(&l); err != nil {
+			t.Fatal(err)
+		}
+		lines = append(lines, l)
+	}
+	if len(lines) != len(hashes) {
+		t.Fatalf("%d log lines, want %d:\n%s", len(lines), len(hashes), out)
+	}
+	for i, l := range lines {
+		if l["key_hash"] != hashes[i] {
+			t.Errorf("line %d: key_hash %v, want %s: %v", i, l["key_hash"], hashes[i], l)
+		}
+	}
+	if e, _ := lines[3]["error"].(string); !strings.Contains(e, hashes[3]) {
+		t.Errorf("the store error %q does not name the key's hash %s", e, hashes[3])
 	}
 }

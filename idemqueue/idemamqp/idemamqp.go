@@ -241,7 +241,7 @@ func (c *Consumer[Tx]) Handle(ctx context.Context, d *amqp.Delivery) (Result, er
 		res.Body, res.Replayed = out.Body, out.Replayed
 		if aerr := d.Ack(false); aerr != nil {
 			// Committed but not acked: the redelivery replays it.
-			return res, fmt.Errorf("idemamqp: ack %s: %w", res.Key.ID, aerr)
+			return res, fmt.Errorf("idemamqp: ack key %v: %w", res.Key, aerr)
 		}
 		res.Action = Acked
 		return res, nil
@@ -257,7 +257,7 @@ func (c *Consumer[Tx]) Handle(ctx context.Context, d *amqp.Delivery) (Result, er
 		}
 	}
 	if nerr := d.Nack(false, true); nerr != nil {
-		return res, errors.Join(err, fmt.Errorf("idemamqp: nack %s: %w", res.Key.ID, nerr))
+		return res, errors.Join(err, fmt.Errorf("idemamqp: nack key %v: %w", res.Key, nerr))
 	}
 	res.Action = Requeued
 	return res, err

@@ -247,7 +247,7 @@ func (c *Consumer[Tx]) Handle(ctx context.Context, msg jetstream.Msg) (Result, e
 		res.Body, res.Replayed = out.Body, out.Replayed
 		if aerr := msg.DoubleAck(ctx); aerr != nil {
 			// Committed but not acked: the redelivery replays it.
-			return res, fmt.Errorf("idemnats: ack %s: %w", res.Key.ID, aerr)
+			return res, fmt.Errorf("idemnats: ack key %v: %w", res.Key, aerr)
 		}
 		res.Action = Acked
 		return res, nil
@@ -261,7 +261,7 @@ func (c *Consumer[Tx]) Handle(ctx context.Context, msg jetstream.Msg) (Result, e
 	// The reply must go out even when ctx is done (a consumer shutting
 	// down hands the message back at once).
 	if nerr := msg.NakWithDelay(delay); nerr != nil {
-		return res, errors.Join(err, fmt.Errorf("idemnats: nak %s: %w", res.Key.ID, nerr))
+		return res, errors.Join(err, fmt.Errorf("idemnats: nak key %v: %w", res.Key, nerr))
 	}
 	res.Action = Retried
 	return res, err
