@@ -66,7 +66,10 @@ func (e *env[Tx]) slowHolder(g *idempotency.Guard[Tx], key idempotency.Key, tag 
 // waiters starts a caller of key on g (the holder's Guard: it waits in
 // memory) and one on a Guard of its own on spy (it waits in the store), and
 // returns once the latter waits in the store.
-func (e *env[Tx]) waiters(g *idempotency.Guard[Tx], cfg *idempotency.Config, key idempotency.Key) (same, other <-chan result) {
+//
+// otherFn is what the caller on the other Guard runs if it wins the key
+// (nil: mustNotRun).
+func (e *env[Tx]) waiters(g *idempotency.Guard[Tx], cfg *idempotency.Config, key idempotency.Key, otherFn func(Tx) (idempotency.Response, error)) (same, other <-chan result) {
 	e.t.Helper()
 	spy := newSpy(e.f.Store)
 	spy.waitStarted = make(chan struct{}, 1)
@@ -76,8 +79,11 @@ func (e *env[Tx]) waiters(g *idempotency.Guard[Tx], cfg *idempotency.Config, key
 		r, err := g.Do(e.ctx, key, "fp", mustNotRun[Tx])
 		sc <- result{r, err}
 	}()
+	if otherFn == nil {
+		otherFn = mustNotRun[Tx]
+	}
 	go func() {
-		r, err := gb.Do(e.ctx, key, "fp", mustNotRun[Tx])
+		r, err := gb.Do(e.ctx, key, "fp", otherFn)
 		oc <- result{r, err}
 	}()
 	select {
@@ -123,19 +129,50 @@ func (s *suite[Tx]) ttlFromCompletion(t *testing.T) {
 	key, tag := idempotency.Key{ID: uniq("k")}, uniq("slow")
 	release := make(chan struct{})
 	start := time.Now()
-	held, holder := e.slowHolder(g, key, tag, release)
+	held, slow := e.slowHolder(g, key, tag, release)
+	// When the holder's call returned, and when the other Guard's caller
+	// ran fn, if it did: on a loaded machine that caller may reach the
+	// store more than the TTL after the holder's commit, when the record
+	// has rightly expired (the clock variant below checks the rule
+	// exactly, with no machine in the way).
+	var holderEnd, otherRan atomic.Int64
+	holder := make(chan result, 1)
+	go func() {
+		r := <-slow
+		holderEnd.Store(time.Now().UnixNano())
+		holder <- r
+	}()
+	otherFn := func(tx Tx) (idempotency.Response, error) {
+		otherRan.Store(time.Now().UnixNano())
+		return mustNotRun(tx)
+	}
 	<-held
 	time.Sleep(time.Until(start.Add(1300 * time.Millisecond)))
-	same, other := e.waiters(g, cfg, key)
+	same, other := e.waiters(g, cfg, key, otherFn)
 	time.Sleep(time.Until(start.Add(2 * time.Second)))
 	close(release)
-	resp := e.checkTTLFromCompletion(holder, same, other, tag)
+	var h, a, b result
+	within(t, 20*time.Second, "the holder and its waiters", func() { h, a, b = <-holder, <-same, <-other })
+	if ran, end := otherRan.Load(), holderEnd.Load(); b.err != nil && h.err == nil && ran != 0 && end != 0 && time.Duration(ran-end) >= ttl {
+		t.Logf("the waiter on another Guard reached the store %v after the holder's answer, past the TTL (%v): the record had expired, and it ran fn (a loaded machine; TTLFromCompletionClock checks the rule exactly)",
+			time.Duration(ran-end), ttl)
+		b = result{resp: h.resp}
+		b.resp.Replayed = true
+	}
+	resp := e.checkTTLFromCompletion(sent(h), sent(a), sent(b), tag)
 	if since := time.Since(start); since < 2*time.Second+ttl/2 {
 		again, err := e.guard(cfg).Do(e.ctx, key, "fp", mustNotRun[Tx])
 		if err != nil || !again.Replayed || !sameResponse(again, resp) {
 			t.Fatalf("%v after the start, well within the TTL counted from completion: got %+v, %v; want the answer replayed", since, again, err)
 		}
 	}
+}
+
+// sent is a channel that holds r.
+func sent(r result) <-chan result {
+	c := make(chan result, 1)
+	c <- r
+	return c
 }
 
 // ttlFromCompletionClock is the same on the store's test clock.
@@ -151,7 +188,7 @@ func (s *suite[Tx]) ttlFromCompletionClock(t *testing.T) {
 	held, holder := e.slowHolder(g, key, tag, release)
 	<-held
 	clk.Set(start.Add(1300 * time.Millisecond))
-	same, other := e.waiters(g, cfg, key)
+	same, other := e.waiters(g, cfg, key, nil)
 	clk.Set(start.Add(2 * time.Second))
 	close(release)
 	resp := e.checkTTLFromCompletion(holder, same, other, tag)
