@@ -50,9 +50,17 @@ func (s *suite[Tx]) concurrentSameKey(t *testing.T) {
 var errWinnerFails = errors.New("conformance: the winner's effect fails")
 
 func (s *suite[Tx]) winnerFails(t *testing.T) {
+	// Five callers on each of 4 Guards: they wait in memory and in the store.
+	s.winnerFailsOn(t, 4, idempotency.Key{ID: uniq("k")}, "the 19 others")
+}
+
+// winnerFailsOn fires Callers callers of key spread over guards Guards;
+// the first to run fn fails after 300ms, while the others wait. Exactly
+// that caller sees the error; of the others one runs, and the rest get its
+// answer: one effect (who names the others in messages).
+func (s *suite[Tx]) winnerFailsOn(t *testing.T, guards int, key idempotency.Key, who string) {
 	e := s.setup(t, Options{})
-	gs := e.guards(4, nil) // five callers on each: in memory and in the store
-	key := idempotency.Key{ID: uniq("k")}
+	gs := e.guards(guards, nil)
 	var calls atomic.Int64
 	rs := fire(t, Callers, func(i int) (idempotency.Response, error) {
 		return gs[i%len(gs)].Do(e.ctx, key, "fp", func(tx Tx) (idempotency.Response, error) {
@@ -75,7 +83,7 @@ func (s *suite[Tx]) winnerFails(t *testing.T) {
 		case errors.Is(r.err, errWinnerFails):
 			failed++
 		case r.err != nil:
-			t.Fatalf("winner failed while others waited: caller %d got %v; only the failing caller may see an error", i, r.err)
+			t.Fatalf("winner failed while %s waited: caller %d got %v; only the failing caller may see an error", who, i, r.err)
 		default:
 			ok = append(ok, r)
 		}
@@ -83,7 +91,7 @@ func (s *suite[Tx]) winnerFails(t *testing.T) {
 	if failed != 1 {
 		t.Fatalf("%d callers saw the winner's error, want exactly 1", failed)
 	}
-	checkOneExecution(t, ok, "after the winner failed, the 19 others")
+	checkOneExecution(t, ok, "after the winner failed, "+who)
 	e.count("payment", 1, "after the winner failed, exactly one effect must commit")
 }
 

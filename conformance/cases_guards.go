@@ -1,11 +1,9 @@
 package conformance
 
 import (
-	"errors"
 	"fmt"
 	"sync/atomic"
 	"testing"
-	"time"
 
 	"github.com/go-idempotency/idempotency"
 )
@@ -89,38 +87,5 @@ func (s *suite[Tx]) racingReserves(t *testing.T) {
 // on other Guards wait for it in the store; once it rolled back exactly
 // one of them runs, and the others get that one's answer.
 func (s *suite[Tx]) racingWinnerFails(t *testing.T) {
-	e := s.setup(t, Options{})
-	gs := e.guards(Callers, nil)
-	key := idempotency.Key{Scope: "race", ID: uniq("k")}
-	var calls atomic.Int64
-	rs := fire(t, Callers, func(i int) (idempotency.Response, error) {
-		return gs[i].Do(e.ctx, key, "fp", func(tx Tx) (idempotency.Response, error) {
-			n := calls.Add(1)
-			if err := e.f.Effect(e.ctx, tx, "payment"); err != nil {
-				return idempotency.Response{}, err
-			}
-			if n == 1 {
-				time.Sleep(300 * time.Millisecond) // the others wait in the store
-				return idempotency.Response{}, errWinnerFails
-			}
-			return created("payment", n), nil
-		})
-	})
-	var ok []result
-	failed := 0
-	for i, r := range rs {
-		switch {
-		case errors.Is(r.err, errWinnerFails):
-			failed++
-		case r.err != nil:
-			t.Fatalf("winner failed while callers on other Guards waited: caller %d got %v; only the failing caller may see an error", i, r.err)
-		default:
-			ok = append(ok, r)
-		}
-	}
-	if failed != 1 {
-		t.Fatalf("%d callers saw the winner's error, want exactly 1", failed)
-	}
-	checkOneExecution(t, ok, "after the winner failed, the 19 callers on other Guards")
-	e.count("payment", 1, "after the winner failed, exactly one effect must commit")
+	s.winnerFailsOn(t, Callers, idempotency.Key{Scope: "race", ID: uniq("k")}, "the 19 callers on other Guards")
 }

@@ -2,8 +2,6 @@ package idemgrpc
 
 import (
 	"context"
-	"crypto/sha256"
-	"encoding/hex"
 	"errors"
 	"fmt"
 	"net/http"
@@ -136,16 +134,7 @@ func PeerScope(ctx context.Context) (string, error) {
 	if !ok || len(info.State.VerifiedChains) == 0 || len(info.State.PeerCertificates) == 0 {
 		return "", status.Error(codes.Unauthenticated, "idemgrpc: the peer has no verified TLS client certificate to scope idempotency keys by (set ServerOptions.Scope)")
 	}
-	leaf := info.State.PeerCertificates[0]
-	id := leaf.Subject.String()
-	if len(leaf.URIs) > 0 {
-		id = leaf.URIs[0].String()
-	}
-	if len(id) > idempotency.MaxScopeLen {
-		sum := sha256.Sum256([]byte(id))
-		id = "sha256:" + hex.EncodeToString(sum[:])
-	}
-	return id, nil
+	return idempotency.CertScope(info.State.PeerCertificates[0]), nil
 }
 
 // UnaryServerInterceptor returns an interceptor that runs guarded unary

@@ -1,8 +1,6 @@
 package idemhttp
 
 import (
-	"crypto/sha256"
-	"encoding/hex"
 	"errors"
 	"net/http"
 
@@ -59,14 +57,5 @@ func ClientCertScope(r *http.Request) (string, error) {
 		return "", &Problem{Type: "about:blank", Title: "Unauthorized", Status: http.StatusUnauthorized,
 			Detail: "This resource requires a verified TLS client certificate."}
 	}
-	leaf := r.TLS.PeerCertificates[0]
-	id := leaf.Subject.String()
-	if len(leaf.URIs) > 0 {
-		id = leaf.URIs[0].String()
-	}
-	if len(id) > idempotency.MaxScopeLen {
-		sum := sha256.Sum256([]byte(id))
-		id = "sha256:" + hex.EncodeToString(sum[:])
-	}
-	return id, nil
+	return idempotency.CertScope(r.TLS.PeerCertificates[0]), nil
 }

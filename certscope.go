@@ -1,0 +1,24 @@
+package idempotency
+
+import (
+	"crypto/sha256"
+	"crypto/x509"
+	"encoding/hex"
+)
+
+// CertScope is the key scope that a verified client certificate names:
+// its first URI SAN, else its subject's distinguished name, replaced by
+// "sha256:" and its hex SHA-256 when longer than [MaxScopeLen]. The HTTP
+// and gRPC integrations scope keys by it; the caller must have verified
+// the certificate's chain.
+func CertScope(leaf *x509.Certificate) string {
+	id := leaf.Subject.String()
+	if len(leaf.URIs) > 0 {
+		id = leaf.URIs[0].String()
+	}
+	if len(id) > MaxScopeLen {
+		sum := sha256.Sum256([]byte(id))
+		id = "sha256:" + hex.EncodeToString(sum[:])
+	}
+	return id
+}
