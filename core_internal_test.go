@@ -489,14 +489,13 @@ func TestPurgePause(t *testing.T) {
 
 // slowConflicts is a store that waits each Reserve out (as a store waits
 // for a lock it then gives up on) and reports a conflict, until heldAt: from
-// then on, when heldAt is set, it reports the key in progress instead. A
-// call of its Txn's fn meets a conflict while fnConflicts > 0.
+// then on, when heldAt is set, it reports the key in progress instead. An
+// fn error wrapping errFnConflict is a conflict of the store (IsConflict).
 type slowConflicts struct {
 	fakeStore
 	wait        time.Duration
 	heldAt      bool // past r.Deadline, report ErrInProgress (the lock may be the key's)
 	succeedFrom int  // from this Reserve on (1-based, 0: never), hand out the key
-	fnConflicts int
 	deadlines   []time.Time
 }
 
