@@ -3,8 +3,6 @@ package conformance
 import (
 	"bytes"
 	"context"
-	"crypto/rand"
-	"encoding/hex"
 	"errors"
 	"runtime"
 	"slices"
@@ -15,6 +13,7 @@ import (
 	"time"
 
 	"github.com/go-idempotency/idempotency"
+	"github.com/go-idempotency/idempotency/internal/benchkit"
 )
 
 // Benchmark measures a backend against its own bare effect, in the same run
@@ -37,7 +36,7 @@ import (
 // that duplicates an effect fails the benchmark instead of being measured.
 //
 // `go run ./cmd/idembench` runs it in interleaved rounds, with
-// [BenchmarkContender] where a package has one, and prints the ratios to
+// a hand-written contender where a package has one, and prints the ratios to
 // the baseline (median and range over the rounds) with the targets.
 func Benchmark[Tx any](b *testing.B, h Harness[Tx]) {
 	// A pool larger than the 20 callers of SameKey20, so that it measures
@@ -51,7 +50,7 @@ func Benchmark[Tx any](b *testing.B, h Harness[Tx]) {
 	if err != nil {
 		b.Fatal(err)
 	}
-	prefix := benchPrefix()
+	prefix := benchkit.Prefix()
 	var seq atomic.Int64
 	next := func() idempotency.Key {
 		return idempotency.Key{Scope: "bench", ID: prefix + strconv.FormatInt(seq.Add(1), 36)}
@@ -184,59 +183,9 @@ func Benchmark[Tx any](b *testing.B, h Harness[Tx]) {
 // sameKey releases [Callers] goroutines together on call and fails b unless
 // all of them succeed and exactly one is not a replay (ran the effect).
 func sameKey(b *testing.B, call func() (replayed bool, err error)) {
-	var wg sync.WaitGroup
-	var fresh atomic.Int64
-	gate := make(chan struct{})
-	errs := make(chan error, Callers)
-	for range Callers {
-		wg.Go(func() {
-			<-gate
-			replayed, err := call()
-			if err != nil {
-				errs <- err
-				return
-			}
-			if !replayed {
-				fresh.Add(1)
-			}
-		})
-	}
-	close(gate)
-	wg.Wait()
-	close(errs)
-	for err := range errs {
+	if err := benchkit.SameKey(Callers, call); err != nil {
 		b.Fatal(err)
 	}
-	if n := fresh.Load(); n != 1 {
-		b.Fatalf("%d of %d callers on one key ran the effect, want 1", n, Callers)
-	}
-}
-
-// Latencies records durations and reports percentiles; benchmarks use it to
-// report tail latency with testing.B.ReportMetric.
-type Latencies struct {
-	mu sync.Mutex
-	d  []time.Duration
-}
-
-// Add records one duration; safe for concurrent use.
-func (l *Latencies) Add(d time.Duration) {
-	l.mu.Lock()
-	l.d = append(l.d, d)
-	l.mu.Unlock()
-}
-
-// Percentile returns the p-th percentile (0 < p <= 100), 0 if empty.
-func (l *Latencies) Percentile(p float64) time.Duration {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	if len(l.d) == 0 {
-		return 0
-	}
-	s := slices.Clone(l.d)
-	slices.Sort(s)
-	i := int(float64(len(s))*p/100+0.5) - 1
-	return s[min(max(i, 0), len(s)-1)]
 }
 
 // benchFn returns the fn every benchmark runs: one effect tagged tag, then
@@ -250,12 +199,6 @@ func benchFn[Tx any](ctx context.Context, f Fixture[Tx], tag string) func(Tx) (i
 		}
 		return resp, nil
 	}
-}
-
-func benchPrefix() string {
-	b := make([]byte, 4)
-	_, _ = rand.Read(b)
-	return "b" + hex.EncodeToString(b) + "-"
 }
 
 // ScaleKeys is how many existing keys [BenchmarkScale] works against.
@@ -304,7 +247,7 @@ func BenchmarkScale[Tx any](b *testing.B, h Harness[Tx]) {
 		}
 		ge, gf := guard(b, empty, nil), guard(b, full, nil)
 		fe, ff := benchFn(ctx, empty, "scale"), benchFn(ctx, full, "scale")
-		prefix := benchPrefix()
+		prefix := benchkit.Prefix()
 		do := func(g *idempotency.Guard[Tx], fn func(Tx) (idempotency.Response, error), id string) time.Duration {
 			start := time.Now()
 			if _, err := g.Do(ctx, idempotency.Key{Scope: "scale", ID: id}, "fp", fn); err != nil {
@@ -356,9 +299,9 @@ func BenchmarkScale[Tx any](b *testing.B, h Harness[Tx]) {
 			b.Fatal(err)
 		}
 		g := guard(b, f, nil)
-		prefix := benchPrefix()
+		prefix := benchkit.Prefix()
 		var seq atomic.Int64
-		load := func(stop <-chan struct{}, lat *Latencies) {
+		load := func(stop <-chan struct{}, lat *benchkit.Latencies) {
 			fn := benchFn(ctx, f, "scale")
 			var wg sync.WaitGroup
 			for range 8 {
@@ -388,7 +331,7 @@ func BenchmarkScale[Tx any](b *testing.B, h Harness[Tx]) {
 			}
 			measured = true
 			// Idle: the load alone, for a fixed 3 s window.
-			var idle, busy Latencies
+			var idle, busy benchkit.Latencies
 			stop := make(chan struct{})
 			go func() { time.Sleep(3 * time.Second); close(stop) }()
 			load(stop, &idle)

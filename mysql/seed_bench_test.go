@@ -27,7 +27,7 @@ import (
 //
 //	go run ./cmd/idembench -pkgs ./mysql
 func BenchmarkSeed(b *testing.B) {
-	conformance.BenchmarkContender(b, seedContender(b))
+	testkit.BenchmarkContender(b, seedContender(b))
 }
 
 // seedBody is the response the seed stores: the body the library's
@@ -40,7 +40,7 @@ const seedFingerprint = "fp"
 
 // seedContender creates the seed's key table and an effects table of the
 // shape BenchmarkStore uses (tag VARBINARY), dropped when b ends.
-func seedContender(b *testing.B) conformance.Contender {
+func seedContender(b *testing.B) testkit.Contender {
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
 	cfg, err := gomysql.ParseDSN(testenv.MySQLDSN(b))
@@ -90,7 +90,7 @@ func seedContender(b *testing.B) conformance.Contender {
 		lookup:  "SELECT hash_corpo, status_http, resposta FROM `" + keys + "` WHERE chave = ?",
 		count:   "SELECT count(*) FROM `" + effects + "`",
 	}
-	return conformance.Contender{Do: s.do, Effects: s.effects}
+	return testkit.Contender{Do: s.do, Effects: s.effects}
 }
 
 // seedMySQL is the seed's CriarPagamento on database/sql, statement for

@@ -23,7 +23,7 @@ import (
 //
 //	go run ./cmd/idembench -pkgs ./postgres
 func BenchmarkSeed(b *testing.B) {
-	conformance.BenchmarkContender(b, seedContender(b))
+	testkit.BenchmarkContender(b, seedContender(b))
 }
 
 // seedBody is the response the seed stores: the body the library's
@@ -32,7 +32,7 @@ const seedBody = `{"tag":"seed","execution":1}`
 
 // seedContender creates the seed's key table and an effects table of the
 // shape BenchmarkStore uses (tag TEXT), dropped when b ends.
-func seedContender(b *testing.B) conformance.Contender {
+func seedContender(b *testing.B) testkit.Contender {
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
 	cfg, err := pgxpool.ParseConfig(testenv.PostgresDSN(b))
@@ -73,7 +73,7 @@ func seedContender(b *testing.B) conformance.Contender {
 		lookup:  "SELECT hash_corpo, status_http, resposta FROM " + keys + " WHERE chave = $1",
 		count:   "SELECT count(*) FROM " + effects,
 	}
-	return conformance.Contender{Do: s.do, Effects: s.effects}
+	return testkit.Contender{Do: s.do, Effects: s.effects}
 }
 
 // seedPG is the seed's CriarPagamento on pgx, statement for statement.

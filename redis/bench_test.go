@@ -12,6 +12,7 @@ import (
 
 	"github.com/go-idempotency/idempotency"
 	"github.com/go-idempotency/idempotency/conformance"
+	"github.com/go-idempotency/idempotency/internal/benchkit"
 	"github.com/go-idempotency/idempotency/internal/testenv"
 	"github.com/go-idempotency/idempotency/internal/testkit"
 )
@@ -68,7 +69,7 @@ func benchWake(b *testing.B, f *fixture, waitersStore *Store, waiting func(holde
 	if err != nil {
 		b.Fatal(err)
 	}
-	var wake, done conformance.Latencies
+	var wake, done benchkit.Latencies
 	fn := func(*Tx) (idempotency.Response, error) {
 		return idempotency.Response{}, errNotWaiter
 	}
@@ -160,8 +161,8 @@ func BenchmarkInterleaved(b *testing.B) {
 	if _, err := g.Do(ctx, replayKey, "fp", fn); err != nil {
 		b.Fatal(err)
 	}
-	var bare, newKey, newKey3, replay conformance.Latencies
-	timed := func(l *conformance.Latencies, op func() error) {
+	var bare, newKey, newKey3, replay benchkit.Latencies
+	timed := func(l *benchkit.Latencies, op func() error) {
 		start := time.Now()
 		if err := op(); err != nil {
 			b.Fatal(err)
@@ -189,7 +190,7 @@ func BenchmarkInterleaved(b *testing.B) {
 			return err
 		})
 	}
-	p50 := func(l *conformance.Latencies) float64 { return float64(l.Percentile(50).Nanoseconds()) }
+	p50 := func(l *benchkit.Latencies) float64 { return float64(l.Percentile(50).Nanoseconds()) }
 	b.ReportMetric(p50(&bare), "bare-p50-ns")
 	b.ReportMetric(p50(&newKey), "newkey-p50-ns")
 	b.ReportMetric(p50(&replay), "replay-p50-ns")

@@ -1,18 +1,20 @@
-package conformance
+package testkit
 
 import (
 	"context"
 	"strconv"
 	"sync/atomic"
 	"testing"
+
+	"github.com/go-idempotency/idempotency/internal/benchkit"
 )
 
 // Contender is an idempotent operation written without this module, such
 // as the plain SQL of the design notes (one transaction: INSERT the key ON
 // CONFLICT DO NOTHING, the effect, UPDATE the key with the response).
-// [BenchmarkContender] measures it with the cases of [Benchmark], so that a
-// table can show the library next to it, both as ratios to the same bare
-// effect transaction.
+// [BenchmarkContender] measures it with the cases of conformance.Benchmark,
+// so that a table can show the library next to it, both as ratios to the
+// same bare effect transaction.
 type Contender struct {
 	// Do performs the operation for key: when key is new, one effect (the
 	// same one-row effect as Fixture.Effect) and the stored answer, in one
@@ -25,12 +27,13 @@ type Contender struct {
 	Effects func(ctx context.Context) (int, error)
 }
 
-// BenchmarkContender measures c with the single-caller cases of [Benchmark]
-// and the same names, so that cmd/idembench can pair them:
+// BenchmarkContender measures c with the single-caller cases of
+// conformance.Benchmark and the same names, so that cmd/idembench can pair
+// them:
 //
 //   - NewKey: Do with a new key each time.
 //   - Replay: Do with a completed key.
-//   - SameKey20: [Callers] callers released together on one new key; one op
+//   - SameKey20: 20 callers released together on one new key; one op
 //     is the time until all of them have their answer.
 //
 // Each case then checks that c committed exactly one effect per key and
@@ -38,10 +41,10 @@ type Contender struct {
 // effect fails instead of being measured.
 func BenchmarkContender(b *testing.B, c Contender) {
 	if c.Do == nil || c.Effects == nil {
-		b.Fatal("conformance: Contender.Do and Contender.Effects are required")
+		b.Fatal("testkit: Contender.Do and Contender.Effects are required")
 	}
 	ctx := context.Background()
-	prefix := benchPrefix()
+	prefix := benchkit.Prefix()
 	var seq atomic.Int64
 	next := func() string { return prefix + strconv.FormatInt(seq.Add(1), 36) }
 	do := func(b *testing.B, key string, wantReplay bool) {
@@ -85,10 +88,15 @@ func BenchmarkContender(b *testing.B, c Contender) {
 			key := next()
 			return func() (bool, error) { return c.Do(ctx, key) }
 		}
-		sameKey(b, call()) // untimed: opens the pool's connections
+		sameKey := func() {
+			if err := benchkit.SameKey(20, call()); err != nil {
+				b.Fatal(err)
+			}
+		}
+		sameKey() // untimed: opens the pool's connections
 		b.ReportAllocs()
 		for b.Loop() {
-			sameKey(b, call())
+			sameKey()
 		}
 		checkEffects(b)
 	})
