@@ -1,0 +1,83 @@
+package redis_test
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"testing"
+	"time"
+
+	goredis "github.com/redis/go-redis/v9"
+
+	"github.com/go-idempotency/idempotency"
+	"github.com/go-idempotency/idempotency/internal/testenv"
+	"github.com/go-idempotency/idempotency/internal/testkit"
+	"github.com/go-idempotency/idempotency/redis"
+)
+
+// readmeQuickStart is the README's Redis quick start: it credits amount to
+// the key's scope once per key, the effect kept in Redis itself.
+func readmeQuickStart(ctx context.Context, addr string, key idempotency.Key, fp string, amount int64) (idempotency.Response, error) {
+	// readme:begin readme-quickstart-redis
+	client := goredis.NewClient(&goredis.Options{Addr: addr, ContextTimeoutEnabled: true}) // addr: "127.0.0.1:6379"
+	defer client.Close()
+	// The hash tag {idem} keeps the records and the balances in one Cluster slot.
+	store, err := redis.New(client, &redis.Config{Prefix: "shop:{idem}:"})
+	if err != nil {
+		return idempotency.Response{}, err
+	}
+	guard, err := idempotency.New(store, nil)
+	if err != nil {
+		return idempotency.Response{}, err
+	}
+
+	return guard.Do(ctx, key, fp, func(tx *redis.Tx) (idempotency.Response, error) {
+		// Queued, not sent: it runs in the MULTI/EXEC that stores the response.
+		tx.IncrBy(ctx, "shop:{idem}:balance:"+key.Scope, amount)
+		return idempotency.Response{Status: 201, Body: fmt.Appendf(nil, `{"credited":%d}`, amount)}, nil
+	})
+	// readme:end readme-quickstart-redis
+}
+
+// TestReadmeQuickStart runs the README's quick start: one credit for two
+// calls with one key, and the same key with another request refused.
+func TestReadmeQuickStart(t *testing.T) {
+	t.Parallel()
+	addr := testenv.RedisAddr(t)
+	ctx := testkit.Context(t, 30*time.Second)
+	client := goredis.NewClient(&goredis.Options{Addr: addr})
+	t.Cleanup(func() { _ = client.Close() })
+	key := idempotency.Key{Scope: testkit.Name("customer-"), ID: "order-42"}
+	balance := "shop:{idem}:balance:" + key.Scope
+	t.Cleanup(func() { _ = client.Del(context.Background(), balance).Err() })
+	fp, err := idempotency.FingerprintJSON([]byte(`{"amount":1999}`))
+	if err != nil {
+		t.Fatal(err)
+	}
+	first, err := readmeQuickStart(ctx, addr, key, fp, 1999)
+	if err != nil {
+		t.Fatal(err)
+	}
+	second, err := readmeQuickStart(ctx, addr, key, fp, 1999)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if first.Status != 201 || first.Replayed || second.Status != 201 || !second.Replayed || string(second.Body) != string(first.Body) {
+		t.Errorf("first %d %q replayed %v, second %d %q replayed %v; want 201, then the same bytes replayed",
+			first.Status, first.Body, first.Replayed, second.Status, second.Body, second.Replayed)
+	}
+	other, err := idempotency.FingerprintJSON([]byte(`{"amount":2000}`))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := readmeQuickStart(ctx, addr, key, other, 2000); !errors.Is(err, idempotency.ErrMismatch) {
+		t.Errorf("same key, other amount: %v, want ErrMismatch", err)
+	}
+	got, err := client.Get(ctx, balance).Int64()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got != 1999 {
+		t.Errorf("balance %d, want 1999: one credit", got)
+	}
+}
