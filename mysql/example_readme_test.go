@@ -3,7 +3,6 @@ package mysql_test
 import (
 	"context"
 	"database/sql"
-	"errors"
 	"fmt"
 	"testing"
 	"time"
@@ -13,6 +12,7 @@ import (
 	"github.com/go-idempotency/idempotency"
 	"github.com/go-idempotency/idempotency/internal/testenv"
 	"github.com/go-idempotency/idempotency/internal/testkit"
+	"github.com/go-idempotency/idempotency/internal/testkit/readmekit"
 	"github.com/go-idempotency/idempotency/mysql"
 )
 
@@ -82,29 +82,9 @@ func TestReadmeQuickStart(t *testing.T) {
 	dsn := cfg.FormatDSN()
 
 	key := idempotency.Key{Scope: "customer-7", ID: "order-42"}
-	fp, err := idempotency.FingerprintJSON([]byte(`{"amount":1999}`))
-	if err != nil {
-		t.Fatal(err)
-	}
-	first, err := readmeQuickStart(ctx, dsn, key, fp, 1999)
-	if err != nil {
-		t.Fatal(err)
-	}
-	second, err := readmeQuickStart(ctx, dsn, key, fp, 1999)
-	if err != nil {
-		t.Fatal(err)
-	}
-	if first.Status != 201 || first.Replayed || second.Status != 201 || !second.Replayed || string(second.Body) != string(first.Body) {
-		t.Errorf("first %d %q replayed %v, second %d %q replayed %v; want 201, then the same bytes replayed",
-			first.Status, first.Body, first.Replayed, second.Status, second.Body, second.Replayed)
-	}
-	other, err := idempotency.FingerprintJSON([]byte(`{"amount":2000}`))
-	if err != nil {
-		t.Fatal(err)
-	}
-	if _, err := readmeQuickStart(ctx, dsn, key, other, 2000); !errors.Is(err, idempotency.ErrMismatch) {
-		t.Errorf("same key, other amount: %v, want ErrMismatch", err)
-	}
+	first := readmekit.CheckQuickStart(t, func(fp string, amount int) (idempotency.Response, error) {
+		return readmeQuickStart(ctx, dsn, key, fp, amount)
+	})
 	var n int
 	var maxID sql.NullInt64
 	if err := admin.QueryRowContext(ctx, "SELECT count(*), max(id) FROM "+name+".payments").Scan(&n, &maxID); err != nil {

@@ -2,7 +2,6 @@ package redis_test
 
 import (
 	"context"
-	"errors"
 	"fmt"
 	"testing"
 	"time"
@@ -12,6 +11,7 @@ import (
 	"github.com/go-idempotency/idempotency"
 	"github.com/go-idempotency/idempotency/internal/testenv"
 	"github.com/go-idempotency/idempotency/internal/testkit"
+	"github.com/go-idempotency/idempotency/internal/testkit/readmekit"
 	"github.com/go-idempotency/idempotency/redis"
 )
 
@@ -50,29 +50,9 @@ func TestReadmeQuickStart(t *testing.T) {
 	key := idempotency.Key{Scope: testkit.Name("customer-"), ID: "order-42"}
 	balance := "shop:{idem}:balance:" + key.Scope
 	t.Cleanup(func() { _ = client.Del(context.Background(), balance).Err() })
-	fp, err := idempotency.FingerprintJSON([]byte(`{"amount":1999}`))
-	if err != nil {
-		t.Fatal(err)
-	}
-	first, err := readmeQuickStart(ctx, addr, key, fp, 1999)
-	if err != nil {
-		t.Fatal(err)
-	}
-	second, err := readmeQuickStart(ctx, addr, key, fp, 1999)
-	if err != nil {
-		t.Fatal(err)
-	}
-	if first.Status != 201 || first.Replayed || second.Status != 201 || !second.Replayed || string(second.Body) != string(first.Body) {
-		t.Errorf("first %d %q replayed %v, second %d %q replayed %v; want 201, then the same bytes replayed",
-			first.Status, first.Body, first.Replayed, second.Status, second.Body, second.Replayed)
-	}
-	other, err := idempotency.FingerprintJSON([]byte(`{"amount":2000}`))
-	if err != nil {
-		t.Fatal(err)
-	}
-	if _, err := readmeQuickStart(ctx, addr, key, other, 2000); !errors.Is(err, idempotency.ErrMismatch) {
-		t.Errorf("same key, other amount: %v, want ErrMismatch", err)
-	}
+	readmekit.CheckQuickStart(t, func(fp string, amount int) (idempotency.Response, error) {
+		return readmeQuickStart(ctx, addr, key, fp, int64(amount))
+	})
 	got, err := client.Get(ctx, balance).Int64()
 	if err != nil {
 		t.Fatal(err)
