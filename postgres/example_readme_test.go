@@ -2,7 +2,6 @@ package postgres_test
 
 import (
 	"context"
-	"errors"
 	"fmt"
 	"net/url"
 	"strings"
@@ -16,6 +15,7 @@ import (
 	"github.com/go-idempotency/idempotency/internal/testenv"
 	"github.com/go-idempotency/idempotency/internal/testkit"
 	"github.com/go-idempotency/idempotency/internal/testkit/pgkit"
+	"github.com/go-idempotency/idempotency/internal/testkit/readmekit"
 	"github.com/go-idempotency/idempotency/postgres"
 )
 
@@ -71,29 +71,9 @@ func TestReadmeQuickStart(t *testing.T) {
 	dsn = withSearchPath(t, dsn, schema)
 
 	key := idempotency.Key{Scope: "customer-7", ID: "order-42"}
-	fp, err := idempotency.FingerprintJSON([]byte(`{"amount":1999}`))
-	if err != nil {
-		t.Fatal(err)
-	}
-	first, err := readmeQuickStart(ctx, dsn, key, fp, 1999)
-	if err != nil {
-		t.Fatal(err)
-	}
-	second, err := readmeQuickStart(ctx, dsn, key, fp, 1999)
-	if err != nil {
-		t.Fatal(err)
-	}
-	if first.Status != 201 || first.Replayed || second.Status != 201 || !second.Replayed || string(second.Body) != string(first.Body) {
-		t.Errorf("first %d %q replayed %v, second %d %q replayed %v; want 201, then the same bytes replayed",
-			first.Status, first.Body, first.Replayed, second.Status, second.Body, second.Replayed)
-	}
-	other, err := idempotency.FingerprintJSON([]byte(`{"amount":2000}`))
-	if err != nil {
-		t.Fatal(err)
-	}
-	if _, err := readmeQuickStart(ctx, dsn, key, other, 2000); !errors.Is(err, idempotency.ErrMismatch) {
-		t.Errorf("same key, other amount: %v, want ErrMismatch", err)
-	}
+	first := readmekit.CheckQuickStart(t, func(fp string, amount int) (idempotency.Response, error) {
+		return readmeQuickStart(ctx, dsn, key, fp, amount)
+	})
 	var n int
 	var body string
 	if err := admin.QueryRow(ctx, `SELECT count(*), coalesce(max('{"id":' || id || '}'), '') FROM `+schema+`.payments`).Scan(&n, &body); err != nil {

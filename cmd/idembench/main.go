@@ -4,7 +4,7 @@
 // and allocations per op, and the project's target.
 //
 //	go run ./cmd/idembench                          # 4 backends, 5 rounds of -benchtime 1s
-//	go run ./cmd/idembench -markdown                # the README's table
+//	go run ./cmd/idembench -markdown                # the table of docs/performance.md
 //	go run ./cmd/idembench -parallel                # and BareParallel8, Mixed8
 //	go run ./cmd/idembench -pkgs ./postgres -rounds 9 -benchtime 2s
 //	go test -run '^$' -bench . -benchmem -count 5 ./sqlite | go run ./cmd/idembench -parse
@@ -12,9 +12,9 @@
 // It compiles each package's test binary once, then runs every binary once
 // per round, so that each round measures the bare transaction
 // (BenchmarkStore/Bare), the library (the other BenchmarkStore cases) and
-// the seed's plain SQL (BenchmarkSeed, where a package has it) one after the
-// other: a change in the machine's load moves all three, and the ratio of
-// each round stays comparable. With -scale it also runs BenchmarkScale once
+// a plain-SQL contender (where a package has one) one after the other. A
+// change in the machine's load moves all three, so the ratio of each round
+// stays comparable. With -scale it also runs BenchmarkScale once
 // (1M keys; minutes per backend).
 //
 // The servers come from the same environment variables as the tests.
