@@ -1,4 +1,4 @@
-package ha
+package clusters
 
 import (
 	"context"
@@ -70,7 +70,7 @@ func StartGalera(t testing.TB) *Galera {
 		ports = append(ports, GaleraSQLPort+i, GaleraGroupPort+i)
 	}
 	checkPorts(t, append(ports, galeraISTPort, galeraSSTPort, galeraSpare)...)
-	dir := tempDir(t, "idem-ha-galera-")
+	dir := tempDir(t, "idem-clusters-galera-")
 	g := &Galera{t: t, dir: dir, acct: acct}
 
 	userLine := "" // not root: run as the current user

@@ -1,9 +1,10 @@
-// Package ha starts private, highly available or distributed set-ups of the
-// servers the stores run on, on loopback, for the failover tests of this
-// module: a three-node MariaDB Galera Cluster ([StartGalera]), a PostgreSQL
-// primary with a streaming standby ([StartPostgres]) and a Redis primary
-// with a replica and a Sentinel ([StartRedis]). Library code never imports
-// it.
+// Package clusters starts private replicated clusters of the servers the
+// stores run on, on loopback, for the failover tests of this module: a
+// three-node MariaDB Galera Cluster ([StartGalera]), a PostgreSQL primary
+// with a streaming standby ([StartPostgres]), a Redis primary with a
+// replica and a Sentinel ([StartRedis]) and a Redis Cluster
+// ([StartRedisCluster]). It also starts single servers that a test crashes
+// and restarts ([StartSingle]). Library code never imports it.
 //
 // Every helper takes the test's testing.TB, starts its servers as child
 // processes (each in its own process group, so that a kill takes its
@@ -13,7 +14,7 @@
 //
 // Replication links go through a [Proxy], so that a test can hold back
 // what a primary sends (a lagging or partitioned replica) and then cut it.
-package ha
+package clusters
 
 import (
 	"context"

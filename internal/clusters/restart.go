@@ -1,4 +1,4 @@
-package ha
+package clusters
 
 import (
 	"context"
@@ -74,7 +74,7 @@ func StartSingle(t testing.TB, k Kind) *Single {
 	case KindRedis:
 		s.setupRedis()
 	default:
-		t.Fatalf("ha: unknown server kind %q", k)
+		t.Fatalf("clusters: unknown server kind %q", k)
 	}
 	s.mu.Lock()
 	s.current = s.start()

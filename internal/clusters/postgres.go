@@ -1,4 +1,4 @@
-package ha
+package clusters
 
 import (
 	"context"
@@ -51,7 +51,7 @@ func StartPostgres(t testing.TB, sync bool) *PostgresPair {
 	bin := postgresBin(t, what)
 	acct := lookupAccount(t, what, "postgres")
 	checkPorts(t, PostgresPrimaryPort, PostgresStandbyPort)
-	dir := tempDir(t, "idem-ha-pg-")
+	dir := tempDir(t, "idem-clusters-pg-")
 	p := &PostgresPair{Sync: sync, t: t, bin: bin, acct: acct, dir: dir}
 	mkdirOwned(t, filepath.Join(dir, "sock"), 0o755, acct)
 	primaryData := filepath.Join(dir, "primary")

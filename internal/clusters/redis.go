@@ -1,4 +1,4 @@
-package ha
+package clusters
 
 import (
 	"context"
@@ -42,7 +42,7 @@ type RedisSet struct {
 func StartRedis(t testing.TB) *RedisSet {
 	t.Helper()
 	bins := need(t, "the Redis failover test", "redis-server")
-	dir := tempDir(t, "idem-ha-redis-")
+	dir := tempDir(t, "idem-clusters-redis-")
 	r := &RedisSet{t: t, dir: dir, primaryPort: FreePort(t), replicaPort: FreePort(t), sentinelPort: FreePort(t)}
 	server := func(name string, port int, extra ...string) *proc {
 		args := append([]string{"--port", strconv.Itoa(port), "--bind", "127.0.0.1", "--save", "", "--appendonly", "no",
