@@ -12,8 +12,9 @@
 // also when the test fails. A binary that is missing skips the test, or
 // fails it when IDEMPOTENCY_REQUIRE_ALL=1.
 //
-// Replication links go through a [Proxy], so that a test can hold back
-// what a primary sends (a lagging or partitioned replica) and then cut it.
+// Replication links go through a [faultproxy.Proxy], so that a test can
+// partition a replica from its primary (a lagging or partitioned replica)
+// and then close the link, losing what the primary sent meanwhile.
 package clusters
 
 import (
@@ -31,6 +32,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/go-idempotency/idempotency/conformance/faultproxy"
 	"github.com/go-idempotency/idempotency/internal/testenv"
 )
 
@@ -255,6 +257,27 @@ func (p *proc) exited() bool {
 	default:
 		return false
 	}
+}
+
+// replicationLink starts a [faultproxy.Proxy] to upstream, for a replica's
+// connection to its primary, and returns it with its loopback port. It is
+// closed in t.Cleanup.
+func replicationLink(t testing.TB, upstream string) (*faultproxy.Proxy, int) {
+	t.Helper()
+	p, err := faultproxy.New(upstream, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = p.Close() })
+	_, port, err := net.SplitHostPort(p.Addr())
+	if err != nil {
+		t.Fatal(err)
+	}
+	n, err := strconv.Atoi(port)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return p, n
 }
 
 // checkPorts fails t unless every port is free on loopback.

@@ -146,7 +146,7 @@ func pgFailover(t *testing.T, syncRep, lag bool) {
 	var acksBeforeStall int64
 	if lag {
 		l.stalled.Store(true)
-		pair.Link.Stall()
+		pair.Link.Partition(0)
 		acksBeforeStall = l.acks.Load()
 		time.Sleep(500 * time.Millisecond)
 		killNow()

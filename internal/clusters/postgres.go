@@ -11,6 +11,8 @@ import (
 	"time"
 
 	"github.com/jackc/pgx/v5"
+
+	"github.com/go-idempotency/idempotency/conformance/faultproxy"
 )
 
 // PostgreSQL ports this package uses on loopback.
@@ -20,14 +22,15 @@ const (
 )
 
 // PostgresPair is a PostgreSQL primary and a streaming standby on loopback.
-// The standby replicates through a [Proxy].
+// The standby replicates through a [faultproxy.Proxy].
 type PostgresPair struct {
 	// Sync is whether commits wait for the standby (synchronous_commit=on
 	// with synchronous_standby_names set) or not (asynchronous streaming).
 	Sync bool
-	// Link is the replication connection between the standby and the
-	// primary.
-	Link *Proxy
+	// Link carries the replication connection between the standby and
+	// the primary: [faultproxy.Proxy.Partition] holds back what the
+	// primary sends, as a lagging or partitioned standby would see it.
+	Link *faultproxy.Proxy
 
 	t       testing.TB
 	bin     string
@@ -40,7 +43,7 @@ type PostgresPair struct {
 // StartPostgres initialises a primary on [PostgresPrimaryPort] (initdb,
 // trust authentication for user postgres, database test), takes a base
 // backup of it with pg_basebackup -R into a standby on
-// [PostgresStandbyPort] that streams from the primary through a [Proxy],
+// [PostgresStandbyPort] that streams from the primary through a [faultproxy.Proxy],
 // and waits until the standby streams. With sync, the primary runs
 // synchronous_commit=on and synchronous_standby_names='*': a commit is
 // acknowledged only once the standby has flushed it. Everything runs as
@@ -78,14 +81,15 @@ func StartPostgres(t testing.TB, sync bool) *PostgresPair {
 	}
 	_ = conn.Close(context.Background())
 
-	p.Link = NewProxy(t, "127.0.0.1:"+strconv.Itoa(PostgresPrimaryPort))
+	var linkPort int
+	p.Link, linkPort = replicationLink(t, "127.0.0.1:"+strconv.Itoa(PostgresPrimaryPort))
 	standbyData := filepath.Join(dir, "standby")
 	mkdirOwned(t, standbyData, 0o700, acct)
 	runCmd(t, time.Minute, acct, filepath.Join(bin, "pg_basebackup"), "-h", "127.0.0.1",
-		"-p", strconv.Itoa(p.Link.Port()), "-U", "postgres", "-D", standbyData, "-R",
+		"-p", strconv.Itoa(linkPort), "-U", "postgres", "-D", standbyData, "-R",
 		"-X", "stream", "--checkpoint=fast", "--no-sync")
 	appendFile(t, filepath.Join(standbyData, "postgresql.auto.conf"),
-		"primary_conninfo = 'host=127.0.0.1 port="+strconv.Itoa(p.Link.Port())+" user=postgres application_name=standby1'\n")
+		"primary_conninfo = 'host=127.0.0.1 port="+strconv.Itoa(linkPort)+" user=postgres application_name=standby1'\n")
 	p.standby = p.start("standby", standbyData, PostgresStandbyPort)
 	if sync {
 		conn := p.connect(PostgresPrimaryPort, "postgres")
@@ -191,10 +195,10 @@ func (p *PostgresPair) StandbyDSN(db string) string { return dsn(PostgresStandby
 
 // KillPrimary kills the primary and every process it started with SIGKILL
 // (no shutdown checkpoint, nothing more sent to the standby) and cuts the
-// replication link, dropping whatever the link held.
+// replication link, dropping whatever a partition of the link held back.
 func (p *PostgresPair) KillPrimary() {
 	p.primary.kill()
-	p.Link.Cut()
+	_ = p.Link.Close()
 }
 
 // Promote promotes the standby (pg_ctl promote) and waits until it accepts

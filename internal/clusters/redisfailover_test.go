@@ -113,7 +113,7 @@ func redisFailover(t *testing.T, waitReplicas int, lag bool) {
 	l.waitAcks(t, killAfter, 60*time.Second)
 	if lag {
 		l.stalled.Store(true)
-		set.Link.Stall()
+		set.Link.Partition(0)
 		time.Sleep(stall)
 		killNow()
 	}
