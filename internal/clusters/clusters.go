@@ -21,6 +21,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	mrand "math/rand/v2"
 	"net"
 	"os"
 	"os/exec"
@@ -280,16 +281,37 @@ func replicationLink(t testing.TB, upstream string) (*faultproxy.Proxy, int) {
 	return p, n
 }
 
-// checkPorts fails t unless every port is free on loopback.
-func checkPorts(t testing.TB, ports ...int) {
+// FreePort returns a TCP port that is free on loopback now, chosen at
+// random below the kernel's ephemeral range (32768 and up by default), so
+// that an outgoing connection cannot take it before the server binds it.
+func FreePort(t testing.TB) int {
 	t.Helper()
-	for _, port := range ports {
-		l, err := net.Listen("tcp", "127.0.0.1:"+strconv.Itoa(port))
-		if err != nil {
-			t.Fatalf("port %d is in use (another test or a leftover server?): %v", port, err)
+	return FreePorts(t, 1)[0]
+}
+
+// FreePorts returns n distinct ports, as [FreePort].
+func FreePorts(t testing.TB, n int) []int {
+	t.Helper()
+	var ports []int
+	var held []net.Listener
+	defer func() {
+		for _, l := range held {
+			_ = l.Close()
 		}
-		_ = l.Close()
+	}()
+	for tries := 0; len(ports) < n; tries++ {
+		if tries > 1000 {
+			t.Fatalf("no %d free ports on loopback", n)
+		}
+		p := 20000 + mrand.IntN(12000)
+		l, err := net.Listen("tcp", "127.0.0.1:"+strconv.Itoa(p))
+		if err != nil {
+			continue
+		}
+		held = append(held, l)
+		ports = append(ports, p)
 	}
+	return ports
 }
 
 // waitFor polls ok every 50ms until it returns nil, or fails t with its

@@ -3,7 +3,6 @@ package clusters
 import (
 	"context"
 	"fmt"
-	mrand "math/rand/v2"
 	"net"
 	"path/filepath"
 	"strconv"
@@ -34,39 +33,6 @@ type RedisNode struct {
 	ID string
 
 	proc *proc
-}
-
-// FreePort returns a TCP port that is free on loopback now, chosen at
-// random below the kernel's ephemeral range (32768 and up by default), so
-// that an outgoing connection cannot take it before the server binds it.
-func FreePort(t testing.TB) int {
-	t.Helper()
-	return FreePorts(t, 1)[0]
-}
-
-// FreePorts returns n distinct ports, as [FreePort].
-func FreePorts(t testing.TB, n int) []int {
-	t.Helper()
-	var ports []int
-	var held []net.Listener
-	defer func() {
-		for _, l := range held {
-			_ = l.Close()
-		}
-	}()
-	for tries := 0; len(ports) < n; tries++ {
-		if tries > 1000 {
-			t.Fatalf("no %d free ports on loopback", n)
-		}
-		p := 20000 + mrand.IntN(12000)
-		l, err := net.Listen("tcp", "127.0.0.1:"+strconv.Itoa(p))
-		if err != nil {
-			continue
-		}
-		held = append(held, l)
-		ports = append(ports, p)
-	}
-	return ports
 }
 
 // StartRedisCluster starts masters masters (slots spread evenly) with
