@@ -47,16 +47,11 @@ func StartRedis(t testing.TB) *RedisSet {
 	bins := need(t, "the Redis failover test", "redis-server")
 	dir := tempDir(t, "idem-clusters-redis-")
 	r := &RedisSet{t: t, dir: dir, primaryPort: FreePort(t), replicaPort: FreePort(t), sentinelPort: FreePort(t)}
-	server := func(name string, port int, extra ...string) *proc {
-		args := append([]string{"--port", strconv.Itoa(port), "--bind", "127.0.0.1", "--save", "", "--appendonly", "no",
-			"--dir", dir, "--dbfilename", name + ".rdb", "--daemonize", "no", "--protected-mode", "no"}, extra...)
-		return startProc(t, "redis "+name, command(account{}, bins[0], args...), filepath.Join(dir, name+".log"))
-	}
-	r.primary = server("primary", r.primaryPort)
+	r.primary = startRedisServer(t, bins[0], dir, "primary", r.primaryPort, "--appendonly", "no")
 	waitFor(t, 10*time.Second, "the Redis primary", pingRedis(r.PrimaryAddr()), r.primary)
 	var linkPort int
 	r.Link, linkPort = replicationLink(t, r.PrimaryAddr())
-	r.replica = server("replica", r.replicaPort, "--replicaof", "127.0.0.1", strconv.Itoa(linkPort),
+	r.replica = startRedisServer(t, bins[0], dir, "replica", r.replicaPort, "--appendonly", "no", "--replicaof", "127.0.0.1", strconv.Itoa(linkPort),
 		"--replica-announce-ip", "127.0.0.1", "--replica-announce-port", strconv.Itoa(r.replicaPort))
 	waitFor(t, 10*time.Second, "the replica to sync", func(ctx context.Context) error {
 		info, err := infoOf(ctx, r.ReplicaAddr())
@@ -110,6 +105,16 @@ func StartRedis(t testing.TB) *RedisSet {
 		return nil
 	}, r.primary, r.replica, r.sentinel)
 	return r
+}
+
+// startRedisServer starts redis-server (bin) on a loopback port, without
+// RDB snapshots, with its files in dir named after name, and extra
+// arguments after the common ones. It is killed in t.Cleanup.
+func startRedisServer(t testing.TB, bin, dir, name string, port int, extra ...string) *proc {
+	t.Helper()
+	args := append([]string{"--port", strconv.Itoa(port), "--bind", "127.0.0.1", "--save", "",
+		"--dir", dir, "--dbfilename", name + ".rdb", "--daemonize", "no", "--protected-mode", "no"}, extra...)
+	return startProc(t, "redis "+name, command(account{}, bin, args...), filepath.Join(dir, name+".log"))
 }
 
 func pingRedis(addr string) func(ctx context.Context) error {

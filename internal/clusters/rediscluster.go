@@ -50,12 +50,10 @@ func StartRedisCluster(t testing.TB, masters, replicas int) *RedisCluster {
 	for i := 0; i < masters*(1+replicas); i++ {
 		port, bus := ports[2*i], ports[2*i+1]
 		ps := strconv.Itoa(port)
-		args := []string{"--port", ps, "--cluster-port", strconv.Itoa(bus), "--bind", "127.0.0.1",
-			"--cluster-enabled", "yes", "--cluster-config-file", filepath.Join(dir, "nodes-"+ps+".conf"),
-			"--cluster-node-timeout", "1000", "--save", "", "--appendonly", "no", "--dir", dir,
-			"--dbfilename", "dump-" + ps + ".rdb", "--daemonize", "no", "--protected-mode", "no"}
 		n := &RedisNode{Addr: "127.0.0.1:" + ps}
-		n.proc = startProc(t, "redis cluster node "+ps, command(account{}, bins[0], args...), filepath.Join(dir, "redis-"+ps+".log"))
+		n.proc = startRedisServer(t, bins[0], dir, "cluster-node-"+ps, port, "--appendonly", "no",
+			"--cluster-enabled", "yes", "--cluster-port", strconv.Itoa(bus),
+			"--cluster-config-file", filepath.Join(dir, "nodes-"+ps+".conf"), "--cluster-node-timeout", "1000")
 		all = append(all, n)
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)

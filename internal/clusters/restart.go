@@ -202,10 +202,7 @@ func (s *Single) setupRedis() {
 	s.Port = FreePort(t)
 	s.dir = tempDir(t, "idem-restart-redis-")
 	s.start = func() *proc {
-		args := []string{"--port", strconv.Itoa(s.Port), "--bind", "127.0.0.1", "--save", "",
-			"--appendonly", "yes", "--appendfsync", "always", "--dir", s.dir,
-			"--daemonize", "no", "--protected-mode", "no"}
-		return startProc(t, "redis", command(account{}, bins[0], args...), filepath.Join(s.dir, "redis.log"))
+		return startRedisServer(t, bins[0], s.dir, "single", s.Port, "--appendonly", "yes", "--appendfsync", "always")
 	}
 	s.ready = pingRedis(s.Addr())
 }
