@@ -9,16 +9,16 @@ import (
 	goredis "github.com/redis/go-redis/v9"
 
 	"github.com/go-idempotency/idempotency/conformance"
-	"github.com/go-idempotency/idempotency/internal/ha"
+	"github.com/go-idempotency/idempotency/internal/clusters"
 	"github.com/go-idempotency/idempotency/internal/testkit"
 )
 
 // startCluster starts a three-master Redis Cluster on free loopback ports
-// (internal/ha) and returns its addresses; the servers are killed by PID
+// (internal/clusters) and returns its addresses; the servers are killed by PID
 // in t.Cleanup.
 func startCluster(t *testing.T) []string {
 	t.Helper()
-	return ha.StartRedisCluster(t, 3, 0).Addrs()
+	return clusters.StartRedisCluster(t, 3, 0).Addrs()
 }
 
 func TestCluster(t *testing.T) {

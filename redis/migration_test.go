@@ -12,7 +12,7 @@ import (
 	goredis "github.com/redis/go-redis/v9"
 
 	"github.com/go-idempotency/idempotency"
-	"github.com/go-idempotency/idempotency/internal/ha"
+	"github.com/go-idempotency/idempotency/internal/clusters"
 	"github.com/go-idempotency/idempotency/internal/testenv"
 	"github.com/go-idempotency/idempotency/internal/testkit"
 )
@@ -21,7 +21,7 @@ import (
 // Store whose prefix puts every key in one slot (the package doc's
 // "app:{idem}:" form) and a Guard on it.
 type migrationRig struct {
-	c      *ha.RedisCluster
+	c      *clusters.RedisCluster
 	client *goredis.ClusterClient
 	store  *Store
 	guard  *idempotency.Guard[*Tx]
@@ -31,7 +31,7 @@ type migrationRig struct {
 func newMigrationRig(t *testing.T, lease time.Duration, masters, replicas int) *migrationRig {
 	t.Helper()
 	testenv.RedisAddr(t) // Redis is required (or skipped) as for the other tests
-	c := ha.StartRedisCluster(t, masters, replicas)
+	c := clusters.StartRedisCluster(t, masters, replicas)
 	client := goredis.NewClusterClient(&goredis.ClusterOptions{Addrs: c.Addrs(), ReadTimeout: 2 * time.Second})
 	t.Cleanup(func() { _ = client.Close() })
 	prefix := "app:{idem-" + testkit.Name("") + "}:"
@@ -59,7 +59,7 @@ func (m *migrationRig) effect(ctx context.Context, tx *Tx) {
 
 // effects reads the effect count of k on node (or through the Cluster
 // client if node is nil).
-func (m *migrationRig) effects(ctx context.Context, k idempotency.Key, node *ha.RedisNode) (int, error) {
+func (m *migrationRig) effects(ctx context.Context, k idempotency.Key, node *clusters.RedisNode) (int, error) {
 	key := m.store.keysFor(k).base + "u:effects"
 	var n int
 	var err error
@@ -83,7 +83,7 @@ func (m *migrationRig) effects(ctx context.Context, k idempotency.Key, node *ha.
 }
 
 // nodes returns the slot's owner and another master.
-func (m *migrationRig) nodes(t *testing.T, ctx context.Context) (from, to *ha.RedisNode) {
+func (m *migrationRig) nodes(t *testing.T, ctx context.Context) (from, to *clusters.RedisNode) {
 	t.Helper()
 	from, err := m.c.OwnerOf(ctx, m.slot)
 	if err != nil {

@@ -36,7 +36,7 @@ func TestReplicationConfig(t *testing.T) {
 // TestWaitReplicasWithoutReplica: on a server with no replica, a store that
 // asks for one refuses to answer (ErrNotReplicated) after ReplicaTimeout;
 // the completion was applied on the server, so a retry there replays it.
-// (internal/ha's TestRedisFailover runs it against a real replica and a
+// (internal/clusters' TestRedisFailover runs it against a real replica and a
 // failover.)
 func TestWaitReplicasWithoutReplica(t *testing.T) {
 	addr := testenv.RedisAddr(t)

@@ -21,6 +21,9 @@
 //	p.Arm(faultproxy.Fault{Step: 3, Action: faultproxy.CutAfter})
 //	_, err = guard.Do(ctx, key, fp, fn) // the third round trip's reply is lost
 //
+// [Proxy.Partition] partitions the network at once, for a stream that the
+// server sends without a client's step, such as a replication stream.
+//
 // Steps are numbered from 1. Connections are numbered from 1 in the order
 // the proxy accepted them since it started; [Proxy.Arm] restarts the count
 // of steps across connections ([Step].Seq), not the per-connection counts.
@@ -258,6 +261,13 @@ func (p *Proxy) Conns() int {
 	defer p.mu.Unlock()
 	return p.nconns
 }
+
+// Partition isolates every connection of the proxy now, existing and new,
+// as a [Partition] fault does when it fires, but without waiting for a step
+// of the client. Use it for a stream the server sends unasked, such as
+// replication. The partition heals after hold (0: at [Proxy.Heal] or
+// [Proxy.Close]). A partition already in place is kept as it is.
+func (p *Proxy) Partition(hold time.Duration) { p.partition(hold) }
 
 // Heal ends a partition now: every connection that lived through it is
 // closed at both ends, and new connections are forwarded again.

@@ -1,9 +1,11 @@
 package faultproxy_test
 
 import (
+	"bufio"
 	"bytes"
 	"errors"
 	"io"
+	"net"
 	"strings"
 	"sync"
 	"testing"
@@ -171,6 +173,91 @@ func TestHeal(t *testing.T) {
 	p.Heal()
 	s.awaitClosed(t, "first", 5*time.Second)
 	mustAsk(t, dial(t, p.Addr()), "healed")
+}
+
+// TestPartitionNow: Proxy.Partition isolates the connections at once, with
+// no step to fire at: an answer the server sends afterwards is lost, and so
+// is what the client sends; Close then closes them, and refuses new ones.
+func TestPartitionNow(t *testing.T) {
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = ln.Close() })
+	got, release := make(chan string, 4), make(chan struct{})
+	go func() { // a server that answers its first line only once released
+		c, err := ln.Accept()
+		if err != nil {
+			return
+		}
+		defer c.Close()
+		r := bufio.NewReader(c)
+		for n := 1; ; n++ {
+			line, err := r.ReadString('\n')
+			if err != nil {
+				return
+			}
+			got <- line
+			if n == 1 {
+				<-release
+			}
+			if _, err := io.WriteString(c, "ok:"+line); err != nil {
+				return
+			}
+		}
+	}()
+	p, err := faultproxy.New(ln.Addr().String(), nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	c := dial(t, p.Addr())
+	if _, err := io.WriteString(c.c, "first\n"); err != nil {
+		t.Fatal(err)
+	}
+	<-got // the server has the line and holds its answer
+	p.Partition(0)
+	close(release)
+	_ = c.c.SetReadDeadline(time.Now().Add(300 * time.Millisecond))
+	if line, err := c.r.ReadString('\n'); !isTimeout(err) {
+		t.Fatalf("an answer sent during the partition: %q, %v; want a timeout", line, err)
+	}
+	if line, err := c.ask("second", 200*time.Millisecond); !isTimeout(err) {
+		t.Fatalf("a step during the partition: %q, %v; want a timeout", line, err)
+	}
+	if line, err := dial(t, p.Addr()).ask("new", 100*time.Millisecond); !isTimeout(err) {
+		t.Fatalf("a new connection during the partition: %q, %v; want a timeout", line, err)
+	}
+	if err := p.Close(); err != nil {
+		t.Fatal(err)
+	}
+	if line, err := c.ask("after close", 5*time.Second); err == nil || isTimeout(err) {
+		t.Fatalf("after Close: %q, %v; want the connection closed and what was sent lost", line, err)
+	}
+	if len(got) != 0 {
+		t.Fatalf("the server received %q during the partition", <-got)
+	}
+	if c, err := net.DialTimeout("tcp", p.Addr(), time.Second); err == nil {
+		_ = c.Close()
+		t.Fatal("Close still accepts connections")
+	}
+}
+
+// TestPartitionNowHeals: a Proxy.Partition with a hold heals by itself,
+// closing the connections it isolated; new connections are forwarded.
+func TestPartitionNowHeals(t *testing.T) {
+	s := startLineServer(t)
+	p := newProxy(t, s.ln.Addr().String(), nil)
+	c := dial(t, p.Addr())
+	mustAsk(t, c, "first")
+	p.Partition(300 * time.Millisecond)
+	if line, err := c.ask("lost", 100*time.Millisecond); !isTimeout(err) {
+		t.Fatalf("a step during the partition: %q, %v; want a timeout", line, err)
+	}
+	s.awaitClosed(t, "first", 5*time.Second)
+	mustAsk(t, dial(t, p.Addr()), "healed")
+	if got := s.received(); len(got) != 2 || got[1] != "healed" {
+		t.Fatalf("server received %q, want nothing sent during the partition", got)
+	}
 }
 
 func TestDelay(t *testing.T) {

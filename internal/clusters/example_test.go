@@ -1,4 +1,4 @@
-package ha_test
+package clusters_test
 
 import (
 	"context"

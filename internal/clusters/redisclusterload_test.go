@@ -1,4 +1,4 @@
-package ha
+package clusters
 
 import (
 	"context"
@@ -31,14 +31,7 @@ func newClusterService(t *testing.T, c *RedisCluster) *clusterService {
 	client := goredis.NewClusterClient(&goredis.ClusterOptions{Addrs: c.Addrs(), PoolSize: 16})
 	t.Cleanup(func() { _ = client.Close() })
 	prefix := "app:{idem-" + testkit.Name("") + "}:"
-	store, err := redis.New(client, &redis.Config{Prefix: prefix, Lease: 3 * time.Second})
-	if err != nil {
-		t.Fatal(err)
-	}
-	g, err := idempotency.New(store, &idempotency.Config{WaitTimeout: 10 * time.Second})
-	if err != nil {
-		t.Fatal(err)
-	}
+	g := redisGuard(t, client, &redis.Config{Prefix: prefix, Lease: 3 * time.Second}, 10*time.Second)
 	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
 	defer cancel()
 	slot, err := client.ClusterKeySlot(ctx, prefix).Result()

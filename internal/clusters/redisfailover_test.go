@@ -1,4 +1,4 @@
-package ha
+package clusters
 
 import (
 	"context"
@@ -42,15 +42,23 @@ func newRedisService(t testing.TB, set *RedisSet, cfg redis.Config) *redisServic
 	// and holds its key there until its lease runs out: a short lease, and
 	// callers that wait longer than it, let the retries take those keys.
 	cfg.Lease = 2 * time.Second
-	store, err := redis.New(client, &cfg)
+	return &redisService{client: client, guard: redisGuard(t, client, &cfg, 10*time.Second)}
+}
+
+// redisGuard returns a Guard on a Redis store of client, configured by cfg,
+// whose callers wait up to wait for a key held by another; it fails t if
+// either cannot be built.
+func redisGuard(t testing.TB, client goredis.UniversalClient, cfg *redis.Config, wait time.Duration) *idempotency.Guard[*redis.Tx] {
+	t.Helper()
+	store, err := redis.New(client, cfg)
 	if err != nil {
 		t.Fatal(err)
 	}
-	g, err := idempotency.New(store, &idempotency.Config{WaitTimeout: 10 * time.Second})
+	g, err := idempotency.New(store, &idempotency.Config{WaitTimeout: wait})
 	if err != nil {
 		t.Fatal(err)
 	}
-	return &redisService{client: client, guard: g}
+	return g
 }
 
 // redisEffects is a hash of effect counters, one field per key (a single
@@ -113,7 +121,7 @@ func redisFailover(t *testing.T, waitReplicas int, lag bool) {
 	l.waitAcks(t, killAfter, 60*time.Second)
 	if lag {
 		l.stalled.Store(true)
-		set.Link.Stall()
+		set.Link.Partition(0)
 		time.Sleep(stall)
 		killNow()
 	}

@@ -1,4 +1,4 @@
-package ha
+package clusters
 
 import (
 	"context"
@@ -11,14 +11,6 @@ import (
 	"time"
 
 	"github.com/jackc/pgx/v5"
-)
-
-// Ports of the single servers that [StartSingle] starts on loopback, one
-// per kind, apart from the failover set-ups' ports.
-const (
-	SinglePostgresPort = 5461
-	SingleMariaDBPort  = 3331
-	SingleRedisPort    = 6401
 )
 
 // Kind names a server [StartSingle] can start.
@@ -49,8 +41,9 @@ type Single struct {
 	current *proc
 }
 
-// StartSingle starts a server of kind k on its Single*Port, configured for
-// durable commits, and waits until it accepts connections:
+// StartSingle starts a server of kind k on a loopback port found free at
+// run time, configured for durable commits, and waits until it accepts
+// connections:
 //
 //   - PostgreSQL: initdb (trust authentication for user postgres, database
 //     test), fsync and synchronous_commit on (the defaults), run as the
@@ -74,7 +67,7 @@ func StartSingle(t testing.TB, k Kind) *Single {
 	case KindRedis:
 		s.setupRedis()
 	default:
-		t.Fatalf("ha: unknown server kind %q", k)
+		t.Fatalf("clusters: unknown server kind %q", k)
 	}
 	s.mu.Lock()
 	s.current = s.start()
@@ -111,8 +104,7 @@ func (s *Single) setupPostgres() {
 	const what = "the PostgreSQL restart test"
 	bin := postgresBin(t, what)
 	s.acct = lookupAccount(t, what, "postgres")
-	s.Port = SinglePostgresPort
-	checkPorts(t, s.Port)
+	s.Port = FreePort(t)
 	s.dir = tempDir(t, "idem-restart-pg-")
 	mkdirOwned(t, filepath.Join(s.dir, "sock"), 0o755, s.acct)
 	data := filepath.Join(s.dir, "data")
@@ -152,8 +144,7 @@ func (s *Single) setupMariaDB() {
 	const what = "the MariaDB restart test"
 	bins := need(t, what, "mariadbd", "mariadb-install-db")
 	s.acct = lookupAccount(t, what, "mysql")
-	s.Port = SingleMariaDBPort
-	checkPorts(t, s.Port)
+	s.Port = FreePort(t)
 	s.dir = tempDir(t, "idem-restart-mariadb-")
 	data := filepath.Join(s.dir, "data")
 	mkdirOwned(t, data, 0o750, s.acct)
@@ -208,14 +199,10 @@ func (s *Single) MySQLDSN() string {
 func (s *Single) setupRedis() {
 	t := s.t
 	bins := need(t, "the Redis restart test", "redis-server")
-	s.Port = SingleRedisPort
-	checkPorts(t, s.Port)
+	s.Port = FreePort(t)
 	s.dir = tempDir(t, "idem-restart-redis-")
 	s.start = func() *proc {
-		args := []string{"--port", strconv.Itoa(s.Port), "--bind", "127.0.0.1", "--save", "",
-			"--appendonly", "yes", "--appendfsync", "always", "--dir", s.dir,
-			"--daemonize", "no", "--protected-mode", "no"}
-		return startProc(t, "redis", command(account{}, bins[0], args...), filepath.Join(s.dir, "redis.log"))
+		return startRedisServer(t, bins[0], s.dir, "single", s.Port, "--appendonly", "yes", "--appendfsync", "always")
 	}
 	s.ready = pingRedis(s.Addr())
 }

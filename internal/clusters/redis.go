@@ -1,4 +1,4 @@
-package ha
+package clusters
 
 import (
 	"context"
@@ -11,18 +11,21 @@ import (
 	"time"
 
 	goredis "github.com/redis/go-redis/v9"
+
+	"github.com/go-idempotency/idempotency/conformance/faultproxy"
 )
 
 // SentinelMaster is the name the Sentinel monitors the primary under.
 const SentinelMaster = "ha"
 
 // RedisSet is a Redis primary, a replica that replicates through a
-// [Proxy], and one Sentinel (quorum 1) that fails the primary over to the
+// [faultproxy.Proxy], and one Sentinel (quorum 1) that fails the primary over to the
 // replica, all on loopback.
 type RedisSet struct {
-	// Link is the replication connection between the replica and the
-	// primary.
-	Link *Proxy
+	// Link carries the replication connection between the replica and
+	// the primary: [faultproxy.Proxy.Partition] holds back what the
+	// primary sends, as a lagging or partitioned replica would see it.
+	Link *faultproxy.Proxy
 
 	t            testing.TB
 	dir          string
@@ -42,17 +45,13 @@ type RedisSet struct {
 func StartRedis(t testing.TB) *RedisSet {
 	t.Helper()
 	bins := need(t, "the Redis failover test", "redis-server")
-	dir := tempDir(t, "idem-ha-redis-")
+	dir := tempDir(t, "idem-clusters-redis-")
 	r := &RedisSet{t: t, dir: dir, primaryPort: FreePort(t), replicaPort: FreePort(t), sentinelPort: FreePort(t)}
-	server := func(name string, port int, extra ...string) *proc {
-		args := append([]string{"--port", strconv.Itoa(port), "--bind", "127.0.0.1", "--save", "", "--appendonly", "no",
-			"--dir", dir, "--dbfilename", name + ".rdb", "--daemonize", "no", "--protected-mode", "no"}, extra...)
-		return startProc(t, "redis "+name, command(account{}, bins[0], args...), filepath.Join(dir, name+".log"))
-	}
-	r.primary = server("primary", r.primaryPort)
+	r.primary = startRedisServer(t, bins[0], dir, "primary", r.primaryPort, "--appendonly", "no")
 	waitFor(t, 10*time.Second, "the Redis primary", pingRedis(r.PrimaryAddr()), r.primary)
-	r.Link = NewProxy(t, r.PrimaryAddr())
-	r.replica = server("replica", r.replicaPort, "--replicaof", "127.0.0.1", strconv.Itoa(r.Link.Port()),
+	var linkPort int
+	r.Link, linkPort = replicationLink(t, r.PrimaryAddr())
+	r.replica = startRedisServer(t, bins[0], dir, "replica", r.replicaPort, "--appendonly", "no", "--replicaof", "127.0.0.1", strconv.Itoa(linkPort),
 		"--replica-announce-ip", "127.0.0.1", "--replica-announce-port", strconv.Itoa(r.replicaPort))
 	waitFor(t, 10*time.Second, "the replica to sync", func(ctx context.Context) error {
 		info, err := infoOf(ctx, r.ReplicaAddr())
@@ -108,6 +107,16 @@ func StartRedis(t testing.TB) *RedisSet {
 	return r
 }
 
+// startRedisServer starts redis-server (bin) on a loopback port, without
+// RDB snapshots, with its files in dir named after name, and extra
+// arguments after the common ones. It is killed in t.Cleanup.
+func startRedisServer(t testing.TB, bin, dir, name string, port int, extra ...string) *proc {
+	t.Helper()
+	args := append([]string{"--port", strconv.Itoa(port), "--bind", "127.0.0.1", "--save", "",
+		"--dir", dir, "--dbfilename", name + ".rdb", "--daemonize", "no", "--protected-mode", "no"}, extra...)
+	return startProc(t, "redis "+name, command(account{}, bin, args...), filepath.Join(dir, name+".log"))
+}
+
 func pingRedis(addr string) func(ctx context.Context) error {
 	return func(ctx context.Context) error {
 		c := goredis.NewClient(&goredis.Options{Addr: addr})
@@ -131,11 +140,11 @@ func (r *RedisSet) ReplicaAddr() string { return "127.0.0.1:" + strconv.Itoa(r.r
 // SentinelAddr is the Sentinel's address.
 func (r *RedisSet) SentinelAddr() string { return "127.0.0.1:" + strconv.Itoa(r.sentinelPort) }
 
-// KillPrimary kills the primary with SIGKILL and cuts the replication
-// link, dropping whatever it held.
+// KillPrimary kills the primary with SIGKILL and closes the replication
+// link, dropping whatever a partition of the link held back.
 func (r *RedisSet) KillPrimary() {
 	r.primary.kill()
-	r.Link.Cut()
+	_ = r.Link.Close()
 }
 
 // AwaitFailover waits until the Sentinel names the replica as the primary

@@ -1,9 +1,10 @@
-// Package ha starts private, highly available or distributed set-ups of the
-// servers the stores run on, on loopback, for the failover tests of this
-// module: a three-node MariaDB Galera Cluster ([StartGalera]), a PostgreSQL
-// primary with a streaming standby ([StartPostgres]) and a Redis primary
-// with a replica and a Sentinel ([StartRedis]). Library code never imports
-// it.
+// Package clusters starts private replicated clusters of the servers the
+// stores run on, on loopback, for the failover tests of this module: a
+// three-node MariaDB Galera Cluster ([StartGalera]), a PostgreSQL primary
+// with a streaming standby ([StartPostgres]), a Redis primary with a
+// replica and a Sentinel ([StartRedis]) and a Redis Cluster
+// ([StartRedisCluster]). It also starts single servers that a test crashes
+// and restarts ([StartSingle]). Library code never imports it.
 //
 // Every helper takes the test's testing.TB, starts its servers as child
 // processes (each in its own process group, so that a kill takes its
@@ -11,14 +12,16 @@
 // also when the test fails. A binary that is missing skips the test, or
 // fails it when IDEMPOTENCY_REQUIRE_ALL=1.
 //
-// Replication links go through a [Proxy], so that a test can hold back
-// what a primary sends (a lagging or partitioned replica) and then cut it.
-package ha
+// Replication links go through a [faultproxy.Proxy], so that a test can
+// partition a replica from its primary (a lagging or partitioned replica)
+// and then close the link, losing what the primary sent meanwhile.
+package clusters
 
 import (
 	"context"
 	"errors"
 	"fmt"
+	mrand "math/rand/v2"
 	"net"
 	"os"
 	"os/exec"
@@ -30,6 +33,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/go-idempotency/idempotency/conformance/faultproxy"
 	"github.com/go-idempotency/idempotency/internal/testenv"
 )
 
@@ -256,16 +260,58 @@ func (p *proc) exited() bool {
 	}
 }
 
-// checkPorts fails t unless every port is free on loopback.
-func checkPorts(t testing.TB, ports ...int) {
+// replicationLink starts a [faultproxy.Proxy] to upstream, for a replica's
+// connection to its primary, and returns it with its loopback port. It is
+// closed in t.Cleanup.
+func replicationLink(t testing.TB, upstream string) (*faultproxy.Proxy, int) {
 	t.Helper()
-	for _, port := range ports {
-		l, err := net.Listen("tcp", "127.0.0.1:"+strconv.Itoa(port))
-		if err != nil {
-			t.Fatalf("port %d is in use (another test or a leftover server?): %v", port, err)
-		}
-		_ = l.Close()
+	p, err := faultproxy.New(upstream, nil)
+	if err != nil {
+		t.Fatal(err)
 	}
+	t.Cleanup(func() { _ = p.Close() })
+	_, port, err := net.SplitHostPort(p.Addr())
+	if err != nil {
+		t.Fatal(err)
+	}
+	n, err := strconv.Atoi(port)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return p, n
+}
+
+// FreePort returns a TCP port that is free on loopback now, chosen at
+// random below the kernel's ephemeral range (32768 and up by default), so
+// that an outgoing connection cannot take it before the server binds it.
+func FreePort(t testing.TB) int {
+	t.Helper()
+	return FreePorts(t, 1)[0]
+}
+
+// FreePorts returns n distinct ports, as [FreePort].
+func FreePorts(t testing.TB, n int) []int {
+	t.Helper()
+	var ports []int
+	var held []net.Listener
+	defer func() {
+		for _, l := range held {
+			_ = l.Close()
+		}
+	}()
+	for tries := 0; len(ports) < n; tries++ {
+		if tries > 1000 {
+			t.Fatalf("no %d free ports on loopback", n)
+		}
+		p := 20000 + mrand.IntN(12000)
+		l, err := net.Listen("tcp", "127.0.0.1:"+strconv.Itoa(p))
+		if err != nil {
+			continue
+		}
+		held = append(held, l)
+		ports = append(ports, p)
+	}
+	return ports
 }
 
 // waitFor polls ok every 50ms until it returns nil, or fails t with its

@@ -1,4 +1,4 @@
-package ha
+package clusters
 
 import (
 	"context"
@@ -16,18 +16,8 @@ import (
 	_ "github.com/go-sql-driver/mysql"
 )
 
-// Galera ports this package uses on loopback: SQL on GaleraSQLPort+i, group
-// communication on GaleraGroupPort+i (i = 0, 1, 2), and two ports that
-// joiners use in turn, one node at a time, for IST and rsync SST.
-const (
-	GaleraSQLPort   = 3311
-	GaleraGroupPort = 4571
-	galeraISTPort   = 4574
-	galeraSSTPort   = 4575
-	galeraSpare     = 4576 // the bootstrap node's IST/SST address, never opened
-	// GaleraNodes is the size of the cluster.
-	GaleraNodes = 3
-)
+// GaleraNodes is the size of the cluster [StartGalera] starts.
+const GaleraNodes = 3
 
 // galeraProviders are where distributions put the Galera 4 provider.
 var galeraProviders = []string{
@@ -43,13 +33,17 @@ type Galera struct {
 	dir   string
 	acct  account
 	nodes []*proc
+	// sqlPorts[i] is node i's SQL port.
+	sqlPorts []int
 }
 
 // StartGalera starts a three-node MariaDB Galera Cluster on loopback: one
 // option file and data directory per node (initialised with
 // mariadb-install-db, root without a password), the first node started
 // with --wsrep-new-cluster, the other two joining it one after the other
-// (rsync SST). It returns once wsrep_cluster_size is 3 and every node is
+// (rsync SST). Every port (SQL, group communication, and the IST and SST
+// ports that joiners use in turn) is found free on loopback at run time.
+// It returns once wsrep_cluster_size is 3 and every node is
 // Synced, with a database named test. The servers run as the system user
 // mysql and are killed in t.Cleanup.
 //
@@ -65,13 +59,14 @@ func StartGalera(t testing.TB) *Galera {
 		need(t, what, "libgalera_smm.so (package galera-4): "+err.Error())
 	}
 	acct := lookupAccount(t, what, "mysql")
-	var ports []int
-	for i := range GaleraNodes {
-		ports = append(ports, GaleraSQLPort+i, GaleraGroupPort+i)
-	}
-	checkPorts(t, append(ports, galeraISTPort, galeraSSTPort, galeraSpare)...)
-	dir := tempDir(t, "idem-ha-galera-")
-	g := &Galera{t: t, dir: dir, acct: acct}
+	// SQL and group communication ports per node, then the IST and SST
+	// ports that joiners use in turn, one node at a time, and the bootstrap
+	// node's IST/SST address, never opened.
+	ports := FreePorts(t, 2*GaleraNodes+3)
+	sqlPorts, groupPorts := ports[:GaleraNodes], ports[GaleraNodes:2*GaleraNodes]
+	istPort, sstPort, sparePort := ports[2*GaleraNodes], ports[2*GaleraNodes+1], ports[2*GaleraNodes+2]
+	dir := tempDir(t, "idem-clusters-galera-")
+	g := &Galera{t: t, dir: dir, acct: acct, sqlPorts: sqlPorts}
 
 	userLine := "" // not root: run as the current user
 	if acct.name != "" {
@@ -79,7 +74,7 @@ func StartGalera(t testing.TB) *Galera {
 	}
 	var group []string
 	for i := range GaleraNodes {
-		group = append(group, "127.0.0.1:"+strconv.Itoa(GaleraGroupPort+i))
+		group = append(group, "127.0.0.1:"+strconv.Itoa(groupPorts[i]))
 	}
 	var wg sync.WaitGroup
 	errs := make([]string, GaleraNodes)
@@ -87,9 +82,9 @@ func StartGalera(t testing.TB) *Galera {
 		nd := g.nodeDir(i)
 		mkdirOwned(t, nd, 0o755, acct)
 		mkdirOwned(t, filepath.Join(nd, "data"), 0o750, acct)
-		ist, sst := galeraISTPort, galeraSSTPort
+		ist, sst := istPort, sstPort
 		if i == 0 {
-			ist, sst = galeraSpare, galeraSpare
+			ist, sst = sparePort, sparePort
 		}
 		cnf := fmt.Sprintf(`[mysqld]
 datadir=%[1]s/data
@@ -116,7 +111,7 @@ wsrep_node_address=127.0.0.1
 wsrep_provider_options="gmcast.listen_addr=tcp://127.0.0.1:%[6]d;ist.recv_addr=127.0.0.1:%[7]d;gcache.size=32M;evs.keepalive_period=PT0.2S;evs.inactive_check_period=PT0.5S;evs.suspect_timeout=PT1.5S;evs.inactive_timeout=PT3S;evs.install_timeout=PT3S"
 wsrep_sst_method=rsync
 wsrep_sst_receive_address=127.0.0.1:%[8]d
-`, nd, GaleraSQLPort+i, provider, strings.Join(group, ","), i+1, GaleraGroupPort+i, ist, sst, userLine)
+`, nd, sqlPorts[i], provider, strings.Join(group, ","), i+1, groupPorts[i], ist, sst, userLine)
 		writeOwned(t, g.cnf(i), cnf, acct)
 		wg.Add(1)
 		go func() {
@@ -180,7 +175,7 @@ func (g *Galera) cnf(i int) string     { return filepath.Join(g.nodeDir(i), "my.
 // DSN is a go-sql-driver/mysql DSN of database db on node i (0..2), with
 // the options the mysql store recommends.
 func (g *Galera) DSN(i int, db string) string {
-	return "root@tcp(127.0.0.1:" + strconv.Itoa(GaleraSQLPort+i) + ")/" + db +
+	return "root@tcp(127.0.0.1:" + strconv.Itoa(g.sqlPorts[i]) + ")/" + db +
 		"?interpolateParams=true&innodb_lock_wait_timeout=30&timeout=5s&readTimeout=40s&writeTimeout=10s"
 }
 

@@ -1,9 +1,8 @@
-package ha
+package clusters
 
 import (
 	"context"
 	"fmt"
-	mrand "math/rand/v2"
 	"net"
 	"path/filepath"
 	"strconv"
@@ -36,39 +35,6 @@ type RedisNode struct {
 	proc *proc
 }
 
-// FreePort returns a TCP port that is free on loopback now, chosen at
-// random below the kernel's ephemeral range (32768 and up by default), so
-// that an outgoing connection cannot take it before the server binds it.
-func FreePort(t testing.TB) int {
-	t.Helper()
-	return FreePorts(t, 1)[0]
-}
-
-// FreePorts returns n distinct ports, as [FreePort].
-func FreePorts(t testing.TB, n int) []int {
-	t.Helper()
-	var ports []int
-	var held []net.Listener
-	defer func() {
-		for _, l := range held {
-			_ = l.Close()
-		}
-	}()
-	for tries := 0; len(ports) < n; tries++ {
-		if tries > 1000 {
-			t.Fatalf("no %d free ports on loopback", n)
-		}
-		p := 20000 + mrand.IntN(12000)
-		l, err := net.Listen("tcp", "127.0.0.1:"+strconv.Itoa(p))
-		if err != nil {
-			continue
-		}
-		held = append(held, l)
-		ports = append(ports, p)
-	}
-	return ports
-}
-
 // StartRedisCluster starts masters masters (slots spread evenly) with
 // replicas replicas each, node timeout 1s, no persistence, on free
 // loopback ports (client and bus ports both chosen at run time), and waits
@@ -84,12 +50,10 @@ func StartRedisCluster(t testing.TB, masters, replicas int) *RedisCluster {
 	for i := 0; i < masters*(1+replicas); i++ {
 		port, bus := ports[2*i], ports[2*i+1]
 		ps := strconv.Itoa(port)
-		args := []string{"--port", ps, "--cluster-port", strconv.Itoa(bus), "--bind", "127.0.0.1",
-			"--cluster-enabled", "yes", "--cluster-config-file", filepath.Join(dir, "nodes-"+ps+".conf"),
-			"--cluster-node-timeout", "1000", "--save", "", "--appendonly", "no", "--dir", dir,
-			"--dbfilename", "dump-" + ps + ".rdb", "--daemonize", "no", "--protected-mode", "no"}
 		n := &RedisNode{Addr: "127.0.0.1:" + ps}
-		n.proc = startProc(t, "redis cluster node "+ps, command(account{}, bins[0], args...), filepath.Join(dir, "redis-"+ps+".log"))
+		n.proc = startRedisServer(t, bins[0], dir, "cluster-node-"+ps, port, "--appendonly", "no",
+			"--cluster-enabled", "yes", "--cluster-port", strconv.Itoa(bus),
+			"--cluster-config-file", filepath.Join(dir, "nodes-"+ps+".conf"), "--cluster-node-timeout", "1000")
 		all = append(all, n)
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)

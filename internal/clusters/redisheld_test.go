@@ -1,4 +1,4 @@
-package ha
+package clusters
 
 import (
 	"context"
@@ -107,14 +107,7 @@ func TestRedisSentinelFailoverWhileHeld(t *testing.T) {
 		DialTimeout: time.Second, ReadTimeout: time.Second, WriteTimeout: time.Second,
 	})
 	t.Cleanup(func() { _ = client.Close() })
-	store, err := redis.New(client, &redis.Config{Prefix: "held:", Lease: lease})
-	if err != nil {
-		t.Fatal(err)
-	}
-	guard, err := idempotency.New(store, &idempotency.Config{WaitTimeout: 20 * time.Second})
-	if err != nil {
-		t.Fatal(err)
-	}
+	guard := redisGuard(t, client, &redis.Config{Prefix: "held:", Lease: lease}, 20*time.Second)
 	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
 	defer cancel()
 	const effects = "held:effects"

@@ -1,4 +1,4 @@
-package ha
+package clusters
 
 import (
 	"context"
@@ -24,20 +24,31 @@ type pgService struct {
 
 const pgEffects = "ha_effects"
 
-func newPGService(t testing.TB, dsn string, migrate bool) *pgService {
+// pgPool opens a pool of up to maxConns connections to dsn, each dial
+// bounded by connectTimeout (0: pgx's default), closed in t.Cleanup.
+func pgPool(t testing.TB, ctx context.Context, dsn string, maxConns int32, connectTimeout time.Duration) *pgxpool.Pool {
 	t.Helper()
-	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
-	defer cancel()
 	cfg, err := pgxpool.ParseConfig(dsn)
 	if err != nil {
 		t.Fatal(err)
 	}
-	cfg.MaxConns = 12
+	cfg.MaxConns = maxConns
+	if connectTimeout > 0 {
+		cfg.ConnConfig.ConnectTimeout = connectTimeout
+	}
 	pool, err := pgxpool.NewWithConfig(ctx, cfg)
 	if err != nil {
 		t.Fatal(err)
 	}
 	t.Cleanup(pool.Close)
+	return pool
+}
+
+func newPGService(t testing.TB, dsn string, migrate bool) *pgService {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+	defer cancel()
+	pool := pgPool(t, ctx, dsn, 12, 0)
 	store, err := postgres.New(pool, &postgres.Config{Table: "ha_keys"})
 	if err != nil {
 		t.Fatal(err)
@@ -97,14 +108,7 @@ func (s *pgService) checkOneEffectEach(t testing.TB, calls []*call) {
 	for _, c := range counts {
 		byKey[c.id] = c.n
 	}
-	for _, c := range calls {
-		if n := byKey[c.key.ID]; n != 1 {
-			t.Errorf("key %s: %d effect rows after failover and retry, want exactly 1", c.key.ID, n)
-		}
-	}
-	if len(byKey) != len(calls) {
-		t.Errorf("%d keys have effect rows, want %d (one per call)", len(byKey), len(calls))
-	}
+	checkEffects(t, byKey, calls, "failover and retry")
 }
 
 // TestPostgresFailover runs calls on a primary, kills it (SIGKILL, the
@@ -146,7 +150,7 @@ func pgFailover(t *testing.T, syncRep, lag bool) {
 	var acksBeforeStall int64
 	if lag {
 		l.stalled.Store(true)
-		pair.Link.Stall()
+		pair.Link.Partition(0)
 		acksBeforeStall = l.acks.Load()
 		time.Sleep(500 * time.Millisecond)
 		killNow()

@@ -1,4 +1,4 @@
-package ha
+package clusters
 
 import (
 	"context"
@@ -11,37 +11,36 @@ import (
 	"time"
 
 	"github.com/jackc/pgx/v5"
-)
 
-// PostgreSQL ports this package uses on loopback.
-const (
-	PostgresPrimaryPort = 5441
-	PostgresStandbyPort = 5442
+	"github.com/go-idempotency/idempotency/conformance/faultproxy"
 )
 
 // PostgresPair is a PostgreSQL primary and a streaming standby on loopback.
-// The standby replicates through a [Proxy].
+// The standby replicates through a [faultproxy.Proxy].
 type PostgresPair struct {
 	// Sync is whether commits wait for the standby (synchronous_commit=on
 	// with synchronous_standby_names set) or not (asynchronous streaming).
 	Sync bool
-	// Link is the replication connection between the standby and the
-	// primary.
-	Link *Proxy
+	// Link carries the replication connection between the standby and
+	// the primary: [faultproxy.Proxy.Partition] holds back what the
+	// primary sends, as a lagging or partitioned standby would see it.
+	Link *faultproxy.Proxy
 
-	t       testing.TB
-	bin     string
-	acct    account
-	dir     string
-	primary *proc
-	standby *proc
+	t           testing.TB
+	bin         string
+	acct        account
+	dir         string
+	primaryPort int
+	standbyPort int
+	primary     *proc
+	standby     *proc
 }
 
-// StartPostgres initialises a primary on [PostgresPrimaryPort] (initdb,
-// trust authentication for user postgres, database test), takes a base
-// backup of it with pg_basebackup -R into a standby on
-// [PostgresStandbyPort] that streams from the primary through a [Proxy],
-// and waits until the standby streams. With sync, the primary runs
+// StartPostgres initialises a primary (initdb, trust authentication for
+// user postgres, database test), takes a base backup of it with
+// pg_basebackup -R into a standby that streams from the primary through a [faultproxy.Proxy],
+// and waits until the standby streams. Both listen on loopback ports found
+// free at run time. With sync, the primary runs
 // synchronous_commit=on and synchronous_standby_names='*': a commit is
 // acknowledged only once the standby has flushed it. Everything runs as
 // the system user postgres and is removed in t.Cleanup.
@@ -50,9 +49,9 @@ func StartPostgres(t testing.TB, sync bool) *PostgresPair {
 	const what = "the PostgreSQL failover test"
 	bin := postgresBin(t, what)
 	acct := lookupAccount(t, what, "postgres")
-	checkPorts(t, PostgresPrimaryPort, PostgresStandbyPort)
-	dir := tempDir(t, "idem-ha-pg-")
-	p := &PostgresPair{Sync: sync, t: t, bin: bin, acct: acct, dir: dir}
+	dir := tempDir(t, "idem-clusters-pg-")
+	ports := FreePorts(t, 2)
+	p := &PostgresPair{Sync: sync, t: t, bin: bin, acct: acct, dir: dir, primaryPort: ports[0], standbyPort: ports[1]}
 	mkdirOwned(t, filepath.Join(dir, "sock"), 0o755, acct)
 	primaryData := filepath.Join(dir, "primary")
 	mkdirOwned(t, primaryData, 0o700, acct)
@@ -70,25 +69,26 @@ func StartPostgres(t testing.TB, sync bool) *PostgresPair {
 	// every commit would wait for it.
 	conf += "synchronous_commit = on\nsynchronous_standby_names = ''\n"
 	appendFile(t, filepath.Join(primaryData, "postgresql.conf"), conf)
-	p.primary = p.start("primary", primaryData, PostgresPrimaryPort)
+	p.primary = p.start("primary", primaryData, p.primaryPort)
 	waitFor(t, 30*time.Second, "the primary to accept connections", p.ping(p.PrimaryDSN("postgres")), p.primary)
-	conn := p.connect(PostgresPrimaryPort, "postgres")
+	conn := p.connect(p.primaryPort, "postgres")
 	if _, err := conn.Exec(context.Background(), "CREATE DATABASE test"); err != nil {
 		t.Fatalf("create database test: %v", err)
 	}
 	_ = conn.Close(context.Background())
 
-	p.Link = NewProxy(t, "127.0.0.1:"+strconv.Itoa(PostgresPrimaryPort))
+	var linkPort int
+	p.Link, linkPort = replicationLink(t, "127.0.0.1:"+strconv.Itoa(p.primaryPort))
 	standbyData := filepath.Join(dir, "standby")
 	mkdirOwned(t, standbyData, 0o700, acct)
 	runCmd(t, time.Minute, acct, filepath.Join(bin, "pg_basebackup"), "-h", "127.0.0.1",
-		"-p", strconv.Itoa(p.Link.Port()), "-U", "postgres", "-D", standbyData, "-R",
+		"-p", strconv.Itoa(linkPort), "-U", "postgres", "-D", standbyData, "-R",
 		"-X", "stream", "--checkpoint=fast", "--no-sync")
 	appendFile(t, filepath.Join(standbyData, "postgresql.auto.conf"),
-		"primary_conninfo = 'host=127.0.0.1 port="+strconv.Itoa(p.Link.Port())+" user=postgres application_name=standby1'\n")
-	p.standby = p.start("standby", standbyData, PostgresStandbyPort)
+		"primary_conninfo = 'host=127.0.0.1 port="+strconv.Itoa(linkPort)+" user=postgres application_name=standby1'\n")
+	p.standby = p.start("standby", standbyData, p.standbyPort)
 	if sync {
-		conn := p.connect(PostgresPrimaryPort, "postgres")
+		conn := p.connect(p.primaryPort, "postgres")
 		for _, q := range []string{"ALTER SYSTEM SET synchronous_standby_names = '*'", "SELECT pg_reload_conf()"} {
 			if _, err := conn.Exec(context.Background(), q); err != nil {
 				t.Fatalf("%s: %v", q, err)
@@ -184,17 +184,17 @@ func dsn(port int, db string) string {
 }
 
 // PrimaryDSN is a pgx URL of database db on the primary.
-func (p *PostgresPair) PrimaryDSN(db string) string { return dsn(PostgresPrimaryPort, db) }
+func (p *PostgresPair) PrimaryDSN(db string) string { return dsn(p.primaryPort, db) }
 
 // StandbyDSN is a pgx URL of database db on the standby.
-func (p *PostgresPair) StandbyDSN(db string) string { return dsn(PostgresStandbyPort, db) }
+func (p *PostgresPair) StandbyDSN(db string) string { return dsn(p.standbyPort, db) }
 
 // KillPrimary kills the primary and every process it started with SIGKILL
 // (no shutdown checkpoint, nothing more sent to the standby) and cuts the
-// replication link, dropping whatever the link held.
+// replication link, dropping whatever a partition of the link held back.
 func (p *PostgresPair) KillPrimary() {
 	p.primary.kill()
-	p.Link.Cut()
+	_ = p.Link.Close()
 }
 
 // Promote promotes the standby (pg_ctl promote) and waits until it accepts

@@ -1,4 +1,4 @@
-package ha
+package clusters
 
 import (
 	"bytes"
@@ -13,7 +13,6 @@ import (
 	"time"
 
 	"github.com/jackc/pgx/v5"
-	"github.com/jackc/pgx/v5/pgxpool"
 	goredis "github.com/redis/go-redis/v9"
 
 	"github.com/go-idempotency/idempotency"
@@ -47,17 +46,7 @@ func newRestartService(t testing.TB, s *Single) *restartService {
 	cfg := &idempotency.Config{WaitTimeout: 3 * time.Second}
 	switch s.Kind {
 	case KindPostgres:
-		pcfg, err := pgxpool.ParseConfig(s.PostgresDSN())
-		if err != nil {
-			t.Fatal(err)
-		}
-		pcfg.MaxConns = 8
-		pcfg.ConnConfig.ConnectTimeout = 2 * time.Second
-		pool, err := pgxpool.NewWithConfig(ctx, pcfg)
-		if err != nil {
-			t.Fatal(err)
-		}
-		t.Cleanup(pool.Close)
+		pool := pgPool(t, ctx, s.PostgresDSN(), 8, 2*time.Second)
 		store, err := postgres.New(pool, &postgres.Config{Table: "restart_keys"})
 		if err != nil {
 			t.Fatal(err)
@@ -128,14 +117,7 @@ func newRestartService(t testing.TB, s *Single) *restartService {
 	case KindRedis:
 		client := goredis.NewClient(&goredis.Options{Addr: s.Addr(), DialTimeout: time.Second, PoolSize: 8, ContextTimeoutEnabled: true})
 		t.Cleanup(func() { _ = client.Close() })
-		store, err := redis.New(client, &redis.Config{Prefix: "restart:", Lease: restartLease})
-		if err != nil {
-			t.Fatal(err)
-		}
-		g, err := idempotency.New(store, cfg)
-		if err != nil {
-			t.Fatal(err)
-		}
+		g := redisGuard(t, client, &redis.Config{Prefix: "restart:", Lease: restartLease}, cfg.WaitTimeout)
 		const effects = "restart:effects"
 		return &restartService{
 			do: func(ctx context.Context, key idempotency.Key) (idempotency.Response, error) {
@@ -272,14 +254,7 @@ func restart(t *testing.T, k Kind) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	for _, c := range calls {
-		if n := counts[c.key.ID]; n != 1 {
-			t.Errorf("key %s: %d effects after the restart and the retry, want exactly 1", c.key.ID, n)
-		}
-	}
-	if len(counts) != len(calls) {
-		t.Errorf("%d keys have effects, want %d (one per call)", len(counts), len(calls))
-	}
+	checkEffects(t, counts, calls, "the restart and the retry")
 	if lostAcks != 0 {
 		t.Errorf("%d acknowledged answers lost in the restart (the retry ran fn again), want 0", lostAcks)
 	}

@@ -1,4 +1,4 @@
-package ha
+package clusters
 
 import (
 	"bytes"
@@ -146,4 +146,19 @@ func retryAll(t testing.TB, calls []*call, do func(idempotency.Key) (idempotency
 		}
 	}
 	return s
+}
+
+// checkEffects fails t unless counts (effects per key ID) holds exactly one
+// effect for the key of every call, and nothing for any other key; after
+// names what the calls went through, for the messages.
+func checkEffects(t testing.TB, counts map[string]int, calls []*call, after string) {
+	t.Helper()
+	for _, c := range calls {
+		if n := counts[c.key.ID]; n != 1 {
+			t.Errorf("key %s: %d effects after %s, want exactly 1", c.key.ID, n, after)
+		}
+	}
+	if len(counts) != len(calls) {
+		t.Errorf("%d keys have effects, want %d (one per call)", len(counts), len(calls))
+	}
 }
