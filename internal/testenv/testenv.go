@@ -67,7 +67,7 @@ func (b Backend) Env() string {
 }
 
 // example returns a value of b's variable that matches the servers of the
-// README's "Testing against real servers".
+// "Testing against real servers" in docs/backends.md.
 func (b Backend) example() string {
 	switch b {
 	case Postgres:
@@ -111,7 +111,7 @@ func lookup(t testing.TB, b Backend) string {
 	if v := os.Getenv(env); v != "" {
 		return v
 	}
-	msg := fmt.Sprintf("%s is not set: %s tests need a server (e.g. %s=%q; see the README, \"Testing against real servers\")",
+	msg := fmt.Sprintf("%s is not set: %s tests need a server (e.g. %s=%q; see docs/backends.md, \"Testing against real servers\")",
 		env, b, env, b.example())
 	if RequireAll() {
 		t.Fatalf("%s, and %s=1 requires every backend", msg, RequireAllEnv)
@@ -206,7 +206,7 @@ func report(w io.Writer, name string, getenv func(string) string, backends []Bac
 			name, strings.Join(missing, ", "), RequireAllEnv)
 		return true
 	}
-	fmt.Fprintf(w, "testenv: %s: NOT RUN (skipped): %s tests; see README \"Testing against real servers\"\n",
+	fmt.Fprintf(w, "testenv: %s: NOT RUN (skipped): %s tests; see docs/backends.md, \"Testing against real servers\"\n",
 		name, strings.Join(missing, ", "))
 	return true
 }

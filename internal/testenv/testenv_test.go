@@ -27,13 +27,13 @@ func TestReport(t *testing.T) {
 		{
 			name: "none set, default backends",
 			vars: nil,
-			want: `testenv: pkg: NOT RUN (skipped): PostgreSQL (set IDEMPOTENCY_POSTGRES_DSN), MySQL/MariaDB (set IDEMPOTENCY_MYSQL_DSN), Redis (set IDEMPOTENCY_REDIS_ADDR) tests; see README "Testing against real servers"` + "\n",
+			want: `testenv: pkg: NOT RUN (skipped): PostgreSQL (set IDEMPOTENCY_POSTGRES_DSN), MySQL/MariaDB (set IDEMPOTENCY_MYSQL_DSN), Redis (set IDEMPOTENCY_REDIS_ADDR) tests; see docs/backends.md, "Testing against real servers"` + "\n",
 		},
 		{
 			name:     "only the package's backends",
 			vars:     map[string]string{PostgresEnv: "x"},
 			backends: []Backend{Postgres, Redis},
-			want:     `testenv: pkg: NOT RUN (skipped): Redis (set IDEMPOTENCY_REDIS_ADDR) tests; see README "Testing against real servers"` + "\n",
+			want:     `testenv: pkg: NOT RUN (skipped): Redis (set IDEMPOTENCY_REDIS_ADDR) tests; see docs/backends.md, "Testing against real servers"` + "\n",
 		},
 		{
 			name:     "required",
@@ -104,7 +104,7 @@ func TestMainLine(t *testing.T) {
 	if testing.Short() {
 		t.Skip("builds a test binary")
 	}
-	const line = `testenv: internal/testenv/testdata/probe: NOT RUN (skipped): Redis (set IDEMPOTENCY_REDIS_ADDR) tests; see README "Testing against real servers"`
+	const line = `testenv: internal/testenv/testdata/probe: NOT RUN (skipped): Redis (set IDEMPOTENCY_REDIS_ADDR) tests; see docs/backends.md, "Testing against real servers"`
 	for _, tc := range []struct {
 		name   string
 		toFile bool // go test's output redirected to a regular file, as CI logs are
