@@ -42,8 +42,8 @@ func TestNewRefusesBadConfig(t *testing.T) {
 			t.Errorf("New(Isolation %v): got %v, want ErrInvalidConfig", iso, err)
 		}
 	}
-	if _, err := New(db, &Config{LookupFirst: true, SkipLookup: true}); !errors.Is(err, idempotency.ErrInvalidConfig) {
-		t.Errorf("New(LookupFirst and SkipLookup): got %v, want ErrInvalidConfig", err)
+	if _, err := New(db, &Config{Lookup: idempotency.LookupNever + 1}); !errors.Is(err, idempotency.ErrInvalidConfig) {
+		t.Errorf("New(unknown Lookup): got %v, want ErrInvalidConfig", err)
 	}
 	if _, err := New(nil, nil); !errors.Is(err, idempotency.ErrInvalidConfig) {
 		t.Errorf("New(nil): got %v, want ErrInvalidConfig", err)
