@@ -257,9 +257,10 @@ type Record struct {
 	Status      int
 	Header      http.Header
 	Body        []byte
-	// CreatedAt is the store's clock when the key was reserved (at least
-	// to the millisecond, rounding down). It is for people reading the
-	// store (logs, an admin page): the core never reads it.
+	// CreatedAt is set by the store's clock when the key was reserved, to
+	// at least millisecond precision (rounding down), and is never after
+	// ExpiresAt. It is for people reading the store (logs, an admin page):
+	// the core never reads it.
 	CreatedAt time.Time
 	// ExpiresAt is the store's clock at completion plus the TTL, clamped
 	// to [MaxExpiry]: the record is absent once the store's clock reaches

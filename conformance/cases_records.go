@@ -168,17 +168,25 @@ func (s *suite[Tx]) emptyBody(t *testing.T) {
 	e.count("empty", len(cases), "one effect per key")
 }
 
+// clockSlack is how far apart the store's clock (a server's) and the test's
+// may be when a case compares a record's times with the test's clock.
+const clockSlack = time.Minute
+
 func (s *suite[Tx]) recordOwnership(t *testing.T) {
 	e := s.setup(t, Options{})
 	key := idempotency.Key{ID: uniq("k")}
 	body := []byte("original body")
 	header := func() http.Header { return http.Header{"X-A": {"a1", "a2"}} }
 	sent := idempotency.Response{Status: 201, Header: header(), Body: bytes.Clone(body)}
+	// The case's clock window: the store's clock (the server's) reserved
+	// the key within it, give or take clockSlack.
+	from := time.Now().Truncate(time.Millisecond).Add(-clockSlack)
 	if _, err := e.guard(nil).Do(e.ctx, key, "fp", func(tx Tx) (idempotency.Response, error) {
 		return sent, e.f.Effect(e.ctx, tx, "own")
 	}); err != nil {
 		t.Fatal(err)
 	}
+	until := time.Now().Add(clockSlack)
 	want := idempotency.Response{Status: 201, Header: header(), Body: body}
 	mutate := func(r *idempotency.Response) {
 		if len(r.Body) > 0 {
@@ -198,6 +206,9 @@ func (s *suite[Tx]) recordOwnership(t *testing.T) {
 		_, rec, err := e.f.Store.Reserve(e.ctx, reservation(key, 0))
 		if err != nil || rec == nil {
 			t.Fatalf("%s: Reserve of a completed key: %+v, %v", what, rec, err)
+		}
+		if c := rec.CreatedAt; c.IsZero() || c.After(rec.ExpiresAt) || c.Before(from) || c.After(until) {
+			t.Fatalf("%s: CreatedAt %v: want it set, not after ExpiresAt %v, and within %v .. %v", what, c, rec.ExpiresAt, from, until)
 		}
 		if got := rec.Response(); !sameResponse(got, want) {
 			t.Fatalf("%s: the stored record changed: got %q %q, want %q %q", what, got.Header, got.Body, want.Header, want.Body)

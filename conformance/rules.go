@@ -31,6 +31,8 @@ var (
 		"A zero-length Body may come back nil or empty, and an empty Header nil or empty: they are the same response, and a store need not keep them apart."}
 	ruleOwner = rule{"keystore.go",
 		"A returned *Record belongs to the caller, who may keep and change it: the store keeps no reference to it, to its Header or to its Body, and each caller gets a copy of its own."}
+	ruleCreatedAt = rule{"keystore.go",
+		"CreatedAt is set by the store's clock when the key was reserved, to at least millisecond precision (rounding down), and is never after ExpiresAt."}
 	ruleTimes = rule{"keystore.go",
 		"Times are kept to at least millisecond precision, rounding down, for every clock reading the core accepts, from [MinClock]() to [MaxExpiry]: a record never outlives its expiry, and a record that expires at MaxExpiry() never expires."}
 	ruleLease = rule{"keystore.go",
@@ -85,7 +87,7 @@ var (
 // allRules lists every quoted rule, for the package's own drift check.
 var allRules = []rule{
 	ruleOneTxn, ruleWaitThenRecord, ruleInProgress, ruleOneConn, ruleCtx, ruleKeys, ruleBytes,
-	ruleEmpty, ruleOwner, ruleTimes, ruleLease, ruleCompletedWhileWaiting, rulePurgeDeletes,
+	ruleEmpty, ruleOwner, ruleCreatedAt, ruleTimes, ruleLease, ruleCompletedWhileWaiting, rulePurgeDeletes,
 	rulePurgeHeld, ruleFnEndsTx, ruleComplete, ruleAtomic, ruleCompleteDone, ruleRollback,
 	ruleRollbackDone, ruleExpiredAbsent, ruleMigrate, ruleTTL, ruleMaxExpiry, ruleMinClock,
 	ruleMemWait, ruleMaxWaiters, ruleLeaseEnds, ruleTakeoverCAS, ruleStaleOwner, rulePurgeRecheck,

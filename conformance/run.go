@@ -79,7 +79,7 @@ func (s *suite[Tx]) cases() []testCase {
 		{"LargeBinaryBody", []rule{ruleBytes}, s.largeBody},
 		{"HeaderBytes", []rule{ruleBytes}, s.headerBytes},
 		{"EmptyBodyAndHeader", []rule{ruleEmpty}, s.emptyBody},
-		{"RecordBelongsToCaller", []rule{ruleOwner}, s.recordOwnership},
+		{"RecordBelongsToCaller", []rule{ruleOwner, ruleCreatedAt}, s.recordOwnership},
 		{"InvalidInputRefused", nil, s.invalidInput},
 		{"TTLExpiry", []rule{ruleExpiredAbsent}, s.ttlExpiry},
 		{"TTLFromCompletion", []rule{ruleTTL, ruleCompletedWhileWaiting}, s.ttlFromCompletion},

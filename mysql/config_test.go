@@ -6,6 +6,7 @@ import (
 	"database/sql/driver"
 	"errors"
 	"fmt"
+	"net/url"
 	"strings"
 	"testing"
 	"time"
@@ -18,7 +19,7 @@ import (
 func TestNewRefusesBadConfig(t *testing.T) {
 	// A pool on a port nothing listens on: any SQL would fail, and New must
 	// not send any.
-	db, err := Open("root@tcp(127.0.0.1:1)/test?timeout=100ms")
+	db, err := openPool("root@tcp(127.0.0.1:1)/test?timeout=100ms")
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -42,8 +43,8 @@ func TestNewRefusesBadConfig(t *testing.T) {
 			t.Errorf("New(Isolation %v): got %v, want ErrInvalidConfig", iso, err)
 		}
 	}
-	if _, err := New(db, &Config{LookupFirst: true, SkipLookup: true}); !errors.Is(err, idempotency.ErrInvalidConfig) {
-		t.Errorf("New(LookupFirst and SkipLookup): got %v, want ErrInvalidConfig", err)
+	if _, err := New(db, &Config{Lookup: idempotency.LookupNever + 1}); !errors.Is(err, idempotency.ErrInvalidConfig) {
+		t.Errorf("New(unknown Lookup): got %v, want ErrInvalidConfig", err)
 	}
 	if _, err := New(nil, nil); !errors.Is(err, idempotency.ErrInvalidConfig) {
 		t.Errorf("New(nil): got %v, want ErrInvalidConfig", err)
@@ -53,17 +54,19 @@ func TestNewRefusesBadConfig(t *testing.T) {
 	}
 }
 
-func TestCheckDSN(t *testing.T) {
+func TestParseDSN(t *testing.T) {
 	good := []string{
 		"root@tcp(127.0.0.1:3306)/test",
 		"root@tcp(127.0.0.1:3306)/test?parseTime=true&loc=Local",
 		"root@tcp(127.0.0.1:3306)/test?clientFoundRows=true&interpolateParams=true&multiStatements=true",
 		"root@tcp(127.0.0.1:3306)/test?autocommit=1&tx_isolation=%27READ-COMMITTED%27",
 		"root@tcp(127.0.0.1:3306)/test?innodb_lock_wait_timeout=5",
+		"mysql://root@127.0.0.1:3306/test",
+		"mysql://u:p%40ss@db.example/shop?parseTime=true&timeout=5s",
 	}
 	for _, dsn := range good {
-		if err := CheckDSN(dsn); err != nil {
-			t.Errorf("CheckDSN(%q): %v", dsn, err)
+		if _, err := ParseDSN(dsn); err != nil {
+			t.Errorf("ParseDSN(%q): %v", dsn, err)
 		}
 	}
 	bad := []string{
@@ -73,12 +76,18 @@ func TestCheckDSN(t *testing.T) {
 		"root@tcp(127.0.0.1:3306)/test?autocommit=OFF",
 		"root@tcp(127.0.0.1:3306)/test?tx_isolation=%27READ-UNCOMMITTED%27",
 		"root@tcp(127.0.0.1:3306)/test?transaction_isolation=%27read-uncommitted%27",
+		"mysql://root@127.0.0.1:3306/",
+		"mysql://root@127.0.0.1:3306/a/b",
+		"mysql:///test",
+		"mysql://root@127.0.0.1:3306/test?parseTime=maybe",
+		"mysql://root@127.0.0.1:3306/test?autocommit=0",
+		"mysql://root@[::1/test",
 	}
 	for _, dsn := range bad {
-		if err := CheckDSN(dsn); !errors.Is(err, idempotency.ErrInvalidConfig) {
-			t.Errorf("CheckDSN(%q): got %v, want ErrInvalidConfig", dsn, err)
+		if _, err := ParseDSN(dsn); !errors.Is(err, idempotency.ErrInvalidConfig) {
+			t.Errorf("ParseDSN(%q): got %v, want ErrInvalidConfig", dsn, err)
 		}
-		if _, err := Open(dsn); !errors.Is(err, idempotency.ErrInvalidConfig) {
+		if _, err := Open(context.Background(), dsn); !errors.Is(err, idempotency.ErrInvalidConfig) {
 			t.Errorf("Open(%q): got %v, want ErrInvalidConfig", dsn, err)
 		}
 	}
@@ -205,5 +214,49 @@ func TestLockWaitSeconds(t *testing.T) {
 		if got := lockWaitSeconds(d); got != want {
 			t.Errorf("lockWaitSeconds(%v) = %d, want %d", d, got, want)
 		}
+	}
+}
+
+// TestParseDSNURL: the URL form gives the configuration of the driver's
+// form, with the default port and escaped credentials.
+func TestParseDSNURL(t *testing.T) {
+	for dsn, want := range map[string]gomysql.Config{
+		"mysql://u:p%40ss@db.example:3307/shop?parseTime=true&timeout=5s": {
+			User: "u", Passwd: "p@ss", Net: "tcp", Addr: "db.example:3307", DBName: "shop", ParseTime: true, Timeout: 5 * time.Second,
+		},
+		"mysql://root@localhost/test": {User: "root", Net: "tcp", Addr: "localhost:3306", DBName: "test"},
+		"mysql://root@[::1]/test":     {User: "root", Net: "tcp", Addr: "[::1]:3306", DBName: "test"},
+	} {
+		cfg, err := ParseDSN(dsn)
+		if err != nil {
+			t.Errorf("ParseDSN(%q): %v", dsn, err)
+			continue
+		}
+		if cfg.User != want.User || cfg.Passwd != want.Passwd || cfg.Net != want.Net || cfg.Addr != want.Addr ||
+			cfg.DBName != want.DBName || cfg.ParseTime != want.ParseTime || cfg.Timeout != want.Timeout {
+			t.Errorf("ParseDSN(%q) = %+v, want %+v", dsn, cfg, want)
+		}
+	}
+}
+
+// TestOpen: Open reaches the test server from both DSN forms, and reports
+// a server that does not answer as an error that is not ErrInvalidConfig.
+func TestOpen(t *testing.T) {
+	ctx := testkit.Context(t, 30*time.Second)
+	cfg := testConfig(t, nil)
+	u := url.URL{Scheme: "mysql", User: url.UserPassword(cfg.User, cfg.Passwd), Host: cfg.Addr, Path: "/" + cfg.DBName}
+	for _, dsn := range []string{cfg.FormatDSN(), u.String()} {
+		db, err := Open(ctx, dsn)
+		if err != nil {
+			t.Errorf("Open(%q): %v", dsn, err)
+			continue
+		}
+		if _, err := New(db, nil); err != nil {
+			t.Errorf("New on a pool of Open(%q): %v", dsn, err)
+		}
+		_ = db.Close()
+	}
+	if _, err := Open(ctx, "root@tcp(127.0.0.1:1)/test?timeout=100ms"); err == nil || errors.Is(err, idempotency.ErrInvalidConfig) {
+		t.Errorf("Open(closed port): got %v, want a connection error", err)
 	}
 }

@@ -63,11 +63,11 @@ func TestConformance(t *testing.T) {
 		{"Prepared", variant{}},
 		{"Interpolated", variant{dsn: interpolate}},
 		{"Unfolded", variant{dsn: interpolate, noFold: true}},
-		{"LookupFirst", variant{dsn: interpolate, cfg: Config{LookupFirst: true}}},
-		{"SkipLookup", variant{dsn: interpolate, cfg: Config{SkipLookup: true}}},
-		{"SkipLookupPrepared", variant{cfg: Config{SkipLookup: true}}},
+		{"LookupAlways", variant{dsn: interpolate, cfg: Config{Lookup: idempotency.LookupAlways}}},
+		{"LookupNever", variant{dsn: interpolate, cfg: Config{Lookup: idempotency.LookupNever}}},
+		{"LookupNeverPrepared", variant{cfg: Config{Lookup: idempotency.LookupNever}}},
 		{"SessionWait", variant{dsn: interpolate, dialect: dialectMySQL}},
-		{"SessionWaitSkipLookup", variant{dsn: interpolate, cfg: Config{SkipLookup: true}, dialect: dialectMySQL}},
+		{"SessionWaitLookupNever", variant{dsn: interpolate, cfg: Config{Lookup: idempotency.LookupNever}, dialect: dialectMySQL}},
 	} {
 		t.Run(c.name, func(t *testing.T) { conformance.Run(t, harness(c.v)) })
 	}
@@ -103,9 +103,9 @@ func BenchmarkSessionWait(b *testing.B) {
 	conformance.Benchmark(b, harness(variant{dsn: recommended, dialect: dialectMySQL}))
 }
 
-// BenchmarkSkipLookup is BenchmarkStore with Config.SkipLookup.
-func BenchmarkSkipLookup(b *testing.B) {
-	conformance.Benchmark(b, harness(variant{dsn: interpolate, cfg: Config{SkipLookup: true}}))
+// BenchmarkLookupNever is BenchmarkStore with Config.Lookup LookupNever.
+func BenchmarkLookupNever(b *testing.B) {
+	conformance.Benchmark(b, harness(variant{dsn: interpolate, cfg: Config{Lookup: idempotency.LookupNever}}))
 }
 
 // BenchmarkScale runs the shared scale benchmarks (1M keys); see
@@ -115,24 +115,23 @@ func BenchmarkScale(b *testing.B) {
 }
 
 // path is one of the store's code paths, which the package's own tests
-// cover one by one: Config.LookupFirst or Config.SkipLookup (the default
+// cover one by one: Config.Lookup LookupAlways or LookupNever (the default
 // takes one or the other by the load: TestRoundTripsFollowTheLoad); the
 // lock wait bound per statement (MariaDB) or on the session (MySQL); START
 // TRANSACTION and COMMIT folded into the store's statements or not.
 type path struct {
-	name        string
-	skipLookup  bool
-	dialect     dialect
-	noFold      bool
-	lookupFirst bool
+	name    string
+	lookup  idempotency.LookupPolicy
+	dialect dialect
+	noFold  bool
 }
 
 var paths = []path{
-	{"Lookup", false, dialectMariaDB, false, true},
-	{"SkipLookup", true, dialectMariaDB, false, false},
-	{"SessionLookup", false, dialectMySQL, false, false},
-	{"SessionSkipLookup", true, dialectMySQL, false, false},
-	{"UnfoldedLookup", false, dialectMariaDB, true, true},
+	{"Lookup", idempotency.LookupAlways, dialectMariaDB, false},
+	{"LookupNever", idempotency.LookupNever, dialectMariaDB, false},
+	{"SessionLookup", idempotency.LookupAdaptive, dialectMySQL, false},
+	{"SessionLookupNever", idempotency.LookupNever, dialectMySQL, false},
+	{"UnfoldedLookup", idempotency.LookupAlways, dialectMariaDB, true},
 }
 
 // newStore returns a store on db for table that takes path p.
@@ -144,7 +143,7 @@ func newStore(t testing.TB, db *sql.DB, table string, p path) *Store {
 // newStoreIso is newStore with Config.Isolation iso.
 func newStoreIso(t testing.TB, db *sql.DB, table string, p path, iso sql.IsolationLevel) *Store {
 	t.Helper()
-	s, err := New(db, &Config{Table: table, SkipLookup: p.skipLookup, LookupFirst: p.lookupFirst, Isolation: iso})
+	s, err := New(db, &Config{Table: table, Lookup: p.lookup, Isolation: iso})
 	if err != nil {
 		t.Fatal(err)
 	}

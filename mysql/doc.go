@@ -25,7 +25,8 @@
 //
 // # DSN
 //
-// Open a pool with [Open], or check a DSN with [CheckDSN]; both refuse,
+// Open a pool with [Open], or parse a DSN with [ParseDSN]; both take the
+// driver's form and the mysql:// URL form, and both refuse,
 // with [idempotency.ErrInvalidConfig], what breaks the store: a DSN without
 // a database name, autocommit=0, and a READ-UNCOMMITTED
 // transaction_isolation or tx_isolation. [New] takes any *sql.DB and cannot
@@ -67,8 +68,9 @@
 //     live key is returned from that one primary-key SELECT, a consistent
 //     read that never waits. On MariaDB the store does so while most of its
 //     recent first tries found a completed key, and for a caller that
-//     waited for a held key; [Config.LookupFirst] always, [Config.SkipLookup]
-//     never. On MySQL it always does, unless [Config.SkipLookup].
+//     waited for a held key; [idempotency.LookupAlways] always,
+//     [idempotency.LookupNever] never (see [Config.Lookup]). On MySQL it
+//     always does, unless [idempotency.LookupNever].
 //   - A new key: START TRANSACTION, the INSERT of the pending row (bounded
 //     by the wait bound), fn, an UPDATE storing the response, COMMIT (on
 //     MariaDB, in two statements: see Round trips).
@@ -98,16 +100,16 @@
 // its wait bound: "waiter" is a caller that finds a key held by another
 // process and gets its record.
 //
-//	                                    new key  replay  waiter
-//	MariaDB, pool of Open, LookupFirst        3       1       9
-//	MariaDB, pool of Open, SkipLookup         2       3       7
-//	MariaDB, other pools, LookupFirst         5       1      11
-//	MariaDB, other pools, SkipLookup          4       4       9
-//	MySQL                                     8       1  10 (8)
-//	MySQL, SkipLookup                         7       7       8
+//	                                     new key  replay  waiter
+//	MariaDB, pool of Open, LookupAlways        3       1       9
+//	MariaDB, pool of Open, LookupNever         2       3       7
+//	MariaDB, other pools, LookupAlways         5       1      11
+//	MariaDB, other pools, LookupNever          4       4       9
+//	MySQL                                      8       1  10 (8)
+//	MySQL, LookupNever                         7       7       8
 //
 // MariaDB's default follows the load: while new keys dominate, a new key
-// costs what it costs with SkipLookup (2 round trips on a pool of Open)
+// costs what it costs with LookupNever (2 round trips on a pool of Open)
 // and a replay 3; while replays dominate, a replay costs 1 and a new key 3.
 // Four first tries of the other kind in a row switch the way (see
 // TestRoundTripsFollowTheLoad). Measured on MariaDB 10.11 here, the look-up
@@ -128,7 +130,7 @@
 // own. On other pools (a *sql.DB that [Open] did not make) START
 // TRANSACTION and COMMIT go alone; the rest is the same.
 //
-// With [Config.SkipLookup] a new key saves the lookup, and a replay is
+// With [idempotency.LookupNever] a new key saves the lookup, and a replay is
 // START TRANSACTION with the INSERT (duplicate key), a locking read and
 // ROLLBACK.
 //

@@ -1,8 +1,12 @@
 package mysql
 
 import (
+	"context"
 	"database/sql"
+	"errors"
 	"fmt"
+	"net"
+	"net/url"
 	"strings"
 
 	gomysql "github.com/go-sql-driver/mysql"
@@ -10,19 +14,33 @@ import (
 	"github.com/go-idempotency/idempotency"
 )
 
-// Open checks dsn with [CheckDSN] and opens a pool on it with the
-// go-sql-driver/mysql connector. Like [sql.Open] it does not connect. A
+// Open parses dsn with [ParseDSN], opens a pool on it with the
+// go-sql-driver/mysql connector and pings the server under ctx. A bad DSN
+// is refused with an error wrapping [idempotency.ErrInvalidConfig] before
+// anything is sent; a failed ping closes the pool and is returned. A
 // [Store] on a pool of Open costs two round trips fewer per new key on
 // MariaDB (see "Round trips" in the package documentation); the pool is
-// otherwise the driver's.
+// otherwise the driver's. The caller closes the returned *sql.DB.
 //
 // Unless dsn sets interpolateParams itself, Open turns it on (when the
 // driver allows it with dsn's collation): a statement with arguments is
 // then one round trip instead of two (prepare, execute), for the store and
 // for fn's statements alike. Write interpolateParams=false to keep
 // server-side prepared statements.
-func Open(dsn string) (*sql.DB, error) {
-	cfg, err := parseDSN(dsn)
+func Open(ctx context.Context, dsn string) (*sql.DB, error) {
+	db, err := openPool(dsn)
+	if err != nil {
+		return nil, err
+	}
+	if err := db.PingContext(ctx); err != nil {
+		return nil, errors.Join(fmt.Errorf("mysql: open: %w", err), db.Close())
+	}
+	return db, nil
+}
+
+// openPool is Open without the ping: like [sql.Open] it does not connect.
+func openPool(dsn string) (*sql.DB, error) {
+	cfg, err := ParseDSN(dsn)
 	if err != nil {
 		return nil, err
 	}
@@ -57,9 +75,11 @@ func setsParam(dsn, param string) bool {
 	return false
 }
 
-// CheckDSN parses dsn with the driver's ParseDSN and refuses, with an error
-// wrapping [idempotency.ErrInvalidConfig], the settings that break the
-// store:
+// ParseDSN parses dsn, in the driver's form (user:pass@tcp(host:3306)/db)
+// or as a URL (mysql://user:pass@host:3306/db, port 3306 by default), into
+// the driver's configuration. It refuses, with an error wrapping
+// [idempotency.ErrInvalidConfig], a malformed DSN and the settings that
+// break the store:
 //
 //   - no database name: the store's SQL names its table without one;
 //   - autocommit turned off as a session variable (autocommit=0): the
@@ -73,13 +93,52 @@ func setsParam(dsn, param string) bool {
 // interpolateParams, multiStatements, charset and collation make no
 // difference to the store. See the package documentation for settings that
 // bound what it can do (readTimeout, maxAllowedPacket).
-func CheckDSN(dsn string) error {
-	_, err := parseDSN(dsn)
-	return err
+func ParseDSN(dsn string) (*gomysql.Config, error) {
+	if strings.HasPrefix(dsn, urlScheme) {
+		return parseURL(dsn)
+	}
+	return checkConfig(gomysql.ParseDSN(dsn))
 }
 
-func parseDSN(dsn string) (*gomysql.Config, error) {
-	cfg, err := gomysql.ParseDSN(dsn)
+// urlScheme starts a DSN in the URL form.
+const urlScheme = "mysql://"
+
+// parseURL translates mysql://user:pass@host:port/db?params into the
+// driver's configuration, then checks it as ParseDSN does.
+func parseURL(dsn string) (*gomysql.Config, error) {
+	u, err := url.Parse(dsn)
+	if err != nil {
+		return nil, fmt.Errorf("%w: mysql DSN: %w", idempotency.ErrInvalidConfig, err)
+	}
+	if u.Host == "" || u.Hostname() == "" {
+		return nil, fmt.Errorf("%w: mysql DSN: the URL names no host", idempotency.ErrInvalidConfig)
+	}
+	db := strings.TrimPrefix(u.Path, "/")
+	if db == "" || strings.Contains(db, "/") {
+		return nil, fmt.Errorf("%w: mysql DSN: want one database name in the URL's path, got %q", idempotency.ErrInvalidConfig, u.Path)
+	}
+	addr := u.Host
+	if u.Port() == "" {
+		addr = net.JoinHostPort(u.Hostname(), "3306")
+	}
+	// The driver parses the parameters (and refuses unknown values). The
+	// database name goes in the config, not the text: it may hold any byte.
+	text := "tcp(" + addr + ")/"
+	if u.RawQuery != "" {
+		text += "?" + u.RawQuery
+	}
+	cfg, err := gomysql.ParseDSN(text)
+	if err == nil {
+		cfg.DBName = db
+		cfg.User = u.User.Username()
+		cfg.Passwd, _ = u.User.Password()
+	}
+	return checkConfig(cfg, err)
+}
+
+// checkConfig refuses a driver configuration that breaks the store, or the
+// parser's error, as ParseDSN says.
+func checkConfig(cfg *gomysql.Config, err error) (*gomysql.Config, error) {
 	if err != nil {
 		return nil, fmt.Errorf("%w: mysql DSN: %w", idempotency.ErrInvalidConfig, err)
 	}

@@ -28,7 +28,7 @@ func TestOpenInterpolates(t *testing.T) {
 		{base + sep + "interpolateParams=false", 1},
 		{base + sep + "interpolateParams=true", 0},
 	} {
-		db, err := Open(c.dsn)
+		db, err := Open(ctx, c.dsn)
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -80,7 +80,7 @@ func TestSetsParam(t *testing.T) {
 // on a pool of Open.
 func TestOpenRaw(t *testing.T) {
 	ctx := testkit.Context(t, 30*time.Second)
-	db, err := Open(testConfig(t, nil).FormatDSN())
+	db, err := Open(ctx, testConfig(t, nil).FormatDSN())
 	if err != nil {
 		t.Fatal(err)
 	}

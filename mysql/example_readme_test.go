@@ -20,7 +20,7 @@ import (
 // store on dsn and pays amount once per key.
 func readmeQuickStart(ctx context.Context, dsn string, key idempotency.Key, fp string, amount int) (idempotency.Response, error) {
 	// readme:begin readme-quickstart-mysql
-	db, err := mysql.Open(dsn) // dsn: "app:secret@tcp(db:3306)/shop"; refused if it would break the store
+	db, err := mysql.Open(ctx, dsn) // dsn: "app:secret@tcp(db:3306)/shop" or "mysql://app:secret@db:3306/shop"
 	if err != nil {
 		return idempotency.Response{}, err
 	}

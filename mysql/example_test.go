@@ -15,7 +15,7 @@ import (
 // together. (Needs a server, so it is compiled but not run.)
 func Example() {
 	ctx := context.Background()
-	db, err := mysql.Open("app:secret@tcp(127.0.0.1:3306)/shop?interpolateParams=true")
+	db, err := mysql.Open(ctx, "app:secret@tcp(127.0.0.1:3306)/shop?interpolateParams=true")
 	if err != nil {
 		log.Fatal(err)
 	}
@@ -67,14 +67,17 @@ func ExampleSchema() {
 	// ) ENGINE=InnoDB
 }
 
-func ExampleCheckDSN() {
+func ExampleParseDSN() {
 	for _, dsn := range []string{
 		"app@tcp(db:3306)/shop?interpolateParams=true",
+		"mysql://app:secret@db/shop?parseTime=true",
 		"app@tcp(db:3306)/shop?autocommit=0",
 	} {
-		fmt.Println(mysql.CheckDSN(dsn) == nil)
+		_, err := mysql.ParseDSN(dsn)
+		fmt.Println(err == nil)
 	}
 	// Output:
+	// true
 	// true
 	// false
 }

@@ -51,7 +51,7 @@ func TestFaults(t *testing.T) {
 // wait_timeout of every idle session.
 func faultIdleParam(t *testing.T, cfg *gomysql.Config) string {
 	t.Helper()
-	db, err := mysql.Open(cfg.FormatDSN())
+	db, err := mysql.Open(testkit.Context(t, 30*time.Second), cfg.FormatDSN())
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -80,7 +80,7 @@ func faultFixture(t testing.TB, base *gomysql.Config, addr, ns, idle string, own
 		cfg.Params = map[string]string{}
 	}
 	cfg.Params[idle] = strconv.Itoa(int(faultIdleTimeout.Seconds()))
-	db, err := mysql.Open(cfg.FormatDSN())
+	db, err := mysql.Open(ctx, cfg.FormatDSN())
 	if err != nil {
 		t.Fatal(err)
 	}

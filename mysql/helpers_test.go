@@ -26,8 +26,8 @@ func testConfig(t testing.TB, extra func(*gomysql.Config)) *gomysql.Config {
 	if extra != nil {
 		extra(cfg)
 	}
-	if err := CheckDSN(cfg.FormatDSN()); err != nil {
-		t.Fatalf("CheckDSN(test DSN): %v", err)
+	if _, err := ParseDSN(cfg.FormatDSN()); err != nil {
+		t.Fatalf("ParseDSN(test DSN): %v", err)
 	}
 	return cfg
 }
@@ -84,7 +84,7 @@ func newFixture(t testing.TB, db *sql.DB, cfg *Config) *fixture {
 		ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 		defer cancel()
 		// A pool of its own: db may be closed already, or full.
-		cdb, err := Open(testConfig(t, nil).FormatDSN())
+		cdb, err := Open(ctx, testConfig(t, nil).FormatDSN())
 		if err != nil {
 			t.Errorf("cleanup: %v", err)
 			return

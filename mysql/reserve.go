@@ -16,8 +16,8 @@ import (
 //  1. It may look the key up outside any transaction, with a consistent
 //     read; a completed, live key then costs that one round trip. It does
 //     so while most recent first tries were replays, for a caller that
-//     waited for the key, and always with [Config.LookupFirst]; never with
-//     [Config.SkipLookup]. A new key saves that read otherwise.
+//     waited for the key, and always with [idempotency.LookupAlways]; never
+//     with [idempotency.LookupNever]. A new key saves that read otherwise.
 //  2. It begins the transaction fn will use and inserts the key row (or
 //     takes over an expired one); on MariaDB with a pool of [Open], in one
 //     statement. A key held by another open transaction makes that
@@ -128,15 +128,15 @@ func (s *Store) refusedAtOnce(ctx context.Context, conn *sql.Conn, tx *sql.Tx, k
 }
 
 // lookingFirst reports whether Reserve looks r's key up before reserving
-// it (MariaDB): always with [Config.LookupFirst], never with
-// [Config.SkipLookup]; otherwise for a caller that waited for the key (its
-// holder may have completed it), and while most recent first tries found
-// a completed key.
+// it (MariaDB): always with [idempotency.LookupAlways], never with
+// [idempotency.LookupNever]; otherwise for a caller that waited for the key
+// (its holder may have completed it), and while most recent first tries
+// found a completed key.
 func (s *Store) lookingFirst(r idempotency.Reservation) bool {
 	switch {
-	case s.skipLookup:
+	case s.lookup == idempotency.LookupNever:
 		return false
-	case s.lookupFirst || r.Wait > 0:
+	case s.lookup == idempotency.LookupAlways || r.Wait > 0:
 		return true
 	}
 	return s.firstTries.Replays()

@@ -12,7 +12,7 @@ import (
 // reserveSession is Reserve on MySQL, which bounds lock waits only by the
 // session's innodb_lock_wait_timeout (at least 1 second):
 //
-//  1. Unless [Config.SkipLookup], the lookup also reads the session's
+//  1. Unless [idempotency.LookupNever], the lookup also reads the session's
 //     innodb_lock_wait_timeout.
 //  2. r.Wait == 0: the row is probed with FOR UPDATE NOWAIT, and a held
 //     key is reported at once.
@@ -23,7 +23,7 @@ func (s *Store) reserveSession(ctx context.Context, conn *sql.Conn, k key, r ide
 	// lockWait is the session's innodb_lock_wait_timeout when the lookup
 	// read it, else -1.
 	lockWait, rw := int64(-1), row{}
-	if !s.skipLookup {
+	if s.lookup != idempotency.LookupNever {
 		var err error
 		lockWait, rw, err = s.lookupWithLockWait(ctx, conn, k, now)
 		if err != nil {

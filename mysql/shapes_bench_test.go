@@ -19,11 +19,11 @@ import (
 // rounds when run by cmd/idembench -pkgs ./mysql -bench BenchmarkShapes:
 //
 //   - Bare: START TRANSACTION, the effect, COMMIT (the baseline).
-//   - TwoWrites: the store's way (SkipLookup, pool of Open): START
+//   - TwoWrites: the store's way (LookupNever, pool of Open): START
 //     TRANSACTION with the pending INSERT, the effect, the completing UPDATE
 //     with COMMIT: 3 round trips, the key row written twice.
 //   - LookupTwoWrites: a primary-key SELECT first, then TwoWrites (the store
-//     with LookupFirst): one more round trip, which costs far more than a
+//     with LookupAlways): one more round trip, which costs far more than a
 //     round trip alone (compare Lookup).
 //   - Lookup: the primary-key SELECT alone, outside any transaction.
 //   - Seed: the seed's five statements (START TRANSACTION, INSERT IGNORE,

@@ -8,17 +8,14 @@ import (
 	"time"
 
 	"github.com/go-idempotency/idempotency"
-	"github.com/go-idempotency/idempotency/internal/firsttry"
+	"github.com/go-idempotency/idempotency/internal/lookup"
 )
 
 // DefaultTable is the table [New] uses when [Config.Table] is empty.
 const DefaultTable = "idempotency_keys"
 
-// The states of a key row.
-const (
-	statePending   = "pending"
-	stateCompleted = "completed"
-)
+// stateCompleted is the state of a completed key's row.
+const stateCompleted = "completed"
 
 var (
 	_ idempotency.KeyStore[*sql.Tx]  = (*Store)(nil)
@@ -39,23 +36,20 @@ type Config struct {
 	// before START TRANSACTION). Defaults to [sql.LevelDefault]: the
 	// session's level.
 	Isolation sql.IsolationLevel
-	// LookupFirst makes [Store.Reserve] always look the key up outside any
-	// transaction before reserving it: a replay then always costs one round
-	// trip, and a new key one more than without (see "Round trips" in the
-	// package documentation). By default the store looks up first only
-	// while most of its recent first tries were replays, and always for a
-	// caller that waited for a held key.
-	LookupFirst bool
-	// SkipLookup makes [Store.Reserve] never look the key up first: it
-	// begins the transaction and inserts the key at once. A replay then
-	// always costs several round trips (see "Round trips" in the package
-	// documentation) and holds a shared lock on the row meanwhile; and
-	// every caller arriving while the key is held waits in its INSERT,
-	// where a rollback of the holder answers most waiters with deadlocks
-	// (retried as [idempotency.ErrConflict]). No setting ever runs an
-	// effect twice. Setting both LookupFirst and SkipLookup is an
-	// [idempotency.ErrInvalidConfig].
-	SkipLookup bool
+	// Lookup says when [Store.Reserve] looks the key up outside any
+	// transaction before reserving it (see "Round trips" in the package
+	// documentation). The default, [idempotency.LookupAdaptive], looks up
+	// first while most recent first tries were replays, and always for a
+	// caller that waited for a held key. [idempotency.LookupAlways] always
+	// does: a replay then always costs one round trip, and a new key one
+	// more than without. [idempotency.LookupNever] never does: it begins
+	// the transaction and inserts the key at once. A replay then always
+	// costs several round trips and holds a shared lock on the row
+	// meanwhile. Every caller arriving while the key is held waits in its
+	// INSERT, where a rollback of the holder answers most waiters with
+	// deadlocks (retried as [idempotency.ErrConflict]). No policy ever
+	// runs an effect twice.
+	Lookup idempotency.LookupPolicy
 	// Clock is for tests only: when set, the store reads it instead of the
 	// server's clock wherever it judges or stores a time (a record's
 	// expiry, its creation, Purge), and sends the reading with each
@@ -93,15 +87,14 @@ func ttlArgs(ttl time.Duration) (int64, int64) {
 // Store is an [idempotency.KeyStore] on a MySQL or MariaDB table (InnoDB).
 // It is safe for concurrent use; build it with [New].
 type Store struct {
-	db          *sql.DB
-	table       string // validated
-	isolation   sql.IsolationLevel
-	skipLookup  bool
-	lookupFirst bool
-	clock       func() time.Time // Config.Clock: nil for the server's
-	// firstTries: unless lookupFirst or skipLookup, Reserve looks the key
-	// up first while most recent first tries found a completed key.
-	firstTries firsttry.Tally
+	db        *sql.DB
+	table     string // validated
+	isolation sql.IsolationLevel
+	lookup    idempotency.LookupPolicy
+	clock     func() time.Time // Config.Clock: nil for the server's
+	// firstTries: under LookupAdaptive, Reserve looks the key up first
+	// while most recent first tries found a completed key.
+	firstTries lookup.Tally
 	schema     string
 	// dialect is the server's dialect, found on first use (see dialectOf).
 	dialect atomic.Int32
@@ -124,10 +117,11 @@ type Store struct {
 	completeFoldSQL string
 }
 
-// New returns a Store on db. A nil cfg means the defaults. A bad table name
-// or isolation level gives an error wrapping [idempotency.ErrInvalidConfig].
+// New returns a Store on db. A nil cfg means the defaults. A bad table name,
+// isolation level or look-up policy gives an error wrapping
+// [idempotency.ErrInvalidConfig].
 // New sends no SQL (see [Store.Migrate]) and cannot see db's DSN: check it
-// with [CheckDSN] or open db with [Open].
+// with [ParseDSN] or open db with [Open].
 func New(db *sql.DB, cfg *Config) (*Store, error) {
 	if db == nil {
 		return nil, fmt.Errorf("%w: mysql: nil *sql.DB", idempotency.ErrInvalidConfig)
@@ -143,8 +137,8 @@ func New(db *sql.DB, cfg *Config) (*Store, error) {
 	if err != nil {
 		return nil, err
 	}
-	if c.LookupFirst && c.SkipLookup {
-		return nil, fmt.Errorf("%w: mysql: LookupFirst and SkipLookup are opposite choices; set one at most", idempotency.ErrInvalidConfig)
+	if err := c.Lookup.Check(); err != nil {
+		return nil, fmt.Errorf("mysql: Config.Lookup: %w", err)
 	}
 	switch c.Isolation {
 	case sql.LevelDefault, sql.LevelReadCommitted, sql.LevelRepeatableRead, sql.LevelSerializable:
@@ -167,14 +161,13 @@ WHERE scope = ? AND id = ? AND state = 'pending'`
 	// judges the row it read.
 	const cols = `fingerprint, state, status, header, body, created_at, expires_at, ` + nowSQL
 	return &Store{
-		db:          db,
-		table:       c.Table,
-		isolation:   c.Isolation,
-		skipLookup:  c.SkipLookup,
-		lookupFirst: c.LookupFirst,
-		clock:       c.Clock,
-		schema:      schema,
-		readSQL:     `SELECT ` + cols + ` FROM ` + q + ` WHERE scope = ? AND id = ?`,
+		db:        db,
+		table:     c.Table,
+		isolation: c.Isolation,
+		lookup:    c.Lookup,
+		clock:     c.Clock,
+		schema:    schema,
+		readSQL:   `SELECT ` + cols + ` FROM ` + q + ` WHERE scope = ? AND id = ?`,
 		lookupVarSQL: `SELECT @@SESSION.innodb_lock_wait_timeout, k.fingerprint, k.state, k.status, k.header, k.body, k.created_at, k.expires_at, ` + nowSQL + `
 FROM (SELECT 1 AS one) AS d LEFT JOIN ` + q + ` AS k ON k.scope = ? AND k.id = ?`,
 		probeSQL: `SELECT state FROM ` + q + ` WHERE scope = ? AND id = ? FOR UPDATE NOWAIT`,

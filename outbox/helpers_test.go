@@ -140,7 +140,7 @@ func newSQL(t *testing.T, dialect outbox.Dialect) *db {
 	)
 	switch dialect {
 	case outbox.MySQL:
-		sdb, err = mysql.Open(testenv.MySQLDSN(t))
+		sdb, err = mysql.Open(ctx, testenv.MySQLDSN(t))
 		if err != nil {
 			t.Fatal(err)
 		}

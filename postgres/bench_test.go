@@ -26,7 +26,7 @@ func BenchmarkAlternating(b *testing.B) {
 		cfg  postgres.Config
 	}{
 		{"Default", postgres.Config{}},
-		{"LookupFirst", postgres.Config{LookupFirst: true}},
+		{"LookupAlways", postgres.Config{Lookup: idempotency.LookupAlways}},
 	} {
 		b.Run(c.name, func(b *testing.B) {
 			ctx := context.Background()

@@ -26,12 +26,12 @@ func BenchmarkStore(b *testing.B) { conformance.Benchmark(b, harness(postgres.Co
 //	go test -run '^$' -bench BenchmarkScale -benchtime 500x ./postgres
 func BenchmarkScale(b *testing.B) { conformance.BenchmarkScale(b, harness(postgres.Config{})) }
 
-// BenchmarkLookupFirst is BenchmarkStore with Config.LookupFirst (its own
-// name, so that idembench's default pattern does not mix the two):
+// BenchmarkLookupAlways is BenchmarkStore with Config.Lookup LookupAlways
+// (its own name, so that idembench's default pattern does not mix the two):
 //
-//	go test -run '^$' -bench BenchmarkLookupFirst -benchmem ./postgres | go run ./cmd/idembench -parse
-func BenchmarkLookupFirst(b *testing.B) {
-	conformance.Benchmark(b, harness(postgres.Config{LookupFirst: true}))
+//	go test -run '^$' -bench BenchmarkLookupAlways -benchmem ./postgres | go run ./cmd/idembench -parse
+func BenchmarkLookupAlways(b *testing.B) {
+	conformance.Benchmark(b, harness(postgres.Config{Lookup: idempotency.LookupAlways}))
 }
 
 // TestConformance runs the shared suite under each isolation level a pool
@@ -49,8 +49,8 @@ func TestConformance(t *testing.T) {
 	t.Run("TxOptionsSerializable", func(t *testing.T) {
 		conformance.Run(t, harness(postgres.Config{TxOptions: pgx.TxOptions{IsoLevel: pgx.Serializable}}))
 	})
-	t.Run("LookupFirst", func(t *testing.T) {
-		conformance.Run(t, harness(postgres.Config{LookupFirst: true}))
+	t.Run("LookupAlways", func(t *testing.T) {
+		conformance.Run(t, harness(postgres.Config{Lookup: idempotency.LookupAlways}))
 	})
 	// The simple protocol, as used behind PgBouncer: batches become one
 	// multi-statement query.

@@ -43,7 +43,8 @@
 // sends it while most of its recent first tries (those of callers that did
 // not wait for a held key) found a completed key, and stops once new keys
 // dominate again, so that a stream of replays costs 1 round trip each and a
-// stream of new keys 3 each. [Config.LookupFirst] sends it always.
+// stream of new keys 3 each. [Config.Lookup] sends it always
+// ([idempotency.LookupAlways]) or never ([idempotency.LookupNever]).
 //
 // # Waiting
 //

@@ -9,7 +9,6 @@ import (
 	"time"
 
 	"github.com/jackc/pgx/v5"
-	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/go-idempotency/idempotency"
 	"github.com/go-idempotency/idempotency/internal/testenv"
@@ -23,7 +22,7 @@ import (
 // store on dsn and pays amount once per key.
 func readmeQuickStart(ctx context.Context, dsn string, key idempotency.Key, fp string, amount int) (idempotency.Response, error) {
 	// readme:begin readme-quickstart-postgres
-	pool, err := pgxpool.New(ctx, dsn) // dsn: "postgres://app@db:5432/app"
+	pool, err := postgres.Open(ctx, dsn) // dsn: "postgres://app@db:5432/app"; pinged
 	if err != nil {
 		return idempotency.Response{}, err
 	}

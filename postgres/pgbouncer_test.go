@@ -308,7 +308,7 @@ func TestPgBouncerReplicas(t *testing.T) {
 // TestPgBouncerNoLeak runs every path of the store (a new key, a replay, fn
 // failing, a caller waiting for a key another replica holds and then
 // replaying it or, its holder failing, running fn itself, a take-over
-// of an expired key, LookupFirst, SERIALIZABLE's pending row, Purge)
+// of an expired key, LookupAlways, SERIALIZABLE's pending row, Purge)
 // through a PgBouncer of two server connections, then checks, as a new
 // client of each of those server connections, that the store left nothing
 // behind: the timeouts it bounds are the server's defaults, no advisory
@@ -325,7 +325,7 @@ func TestPgBouncerNoLeak(t *testing.T) {
 	for i, cfg := range []postgres.Config{
 		{Table: f.table, Clock: clock},
 		{Table: f.table, Clock: clock},
-		{Table: f.table, Clock: clock, LookupFirst: true},
+		{Table: f.table, Clock: clock, Lookup: idempotency.LookupAlways},
 		{Table: f.table, Clock: clock, TxOptions: pgx.TxOptions{IsoLevel: pgx.Serializable}},
 	} {
 		s, err := postgres.New(pools[i%2], &cfg)

@@ -23,8 +23,9 @@ import (
 // [idempotency.ErrInProgress]; otherwise Reserve waits for it up to r.Wait,
 // or until ctx's deadline if that comes first, and while ctx lives. A live
 // completed row is returned and the transaction ended; otherwise the
-// transaction holds the key. A plain look-up comes first with
-// [Config.LookupFirst], or while most recent first tries were replays.
+// transaction holds the key. A plain look-up comes first as
+// [Config.Lookup] says: by default while most recent first tries were
+// replays.
 func (s *Store) Reserve(ctx context.Context, r idempotency.Reservation) (idempotency.Txn[pgx.Tx], *idempotency.Record, error) {
 	now, err := s.now()
 	if err != nil {

@@ -35,6 +35,9 @@ func TestInvalidTable(t *testing.T) {
 	if _, err := postgres.New(pool, &postgres.Config{TxOptions: pgx.TxOptions{AccessMode: pgx.ReadOnly}}); !errors.Is(err, idempotency.ErrInvalidConfig) {
 		t.Errorf("New with a read-only TxOptions: got %v, want ErrInvalidConfig", err)
 	}
+	if _, err := postgres.New(pool, &postgres.Config{Lookup: idempotency.LookupNever + 1}); !errors.Is(err, idempotency.ErrInvalidConfig) {
+		t.Errorf("New with an unknown Lookup: got %v, want ErrInvalidConfig", err)
+	}
 	if _, err := postgres.New(nil, nil); !errors.Is(err, idempotency.ErrInvalidConfig) {
 		t.Errorf("New(nil pool): got %v, want ErrInvalidConfig", err)
 	}

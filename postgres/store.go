@@ -10,7 +10,7 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/go-idempotency/idempotency"
-	"github.com/go-idempotency/idempotency/internal/firsttry"
+	"github.com/go-idempotency/idempotency/internal/lookup"
 )
 
 // rollbackTimeout bounds the ROLLBACK sent when a transaction is abandoned,
@@ -32,18 +32,16 @@ type Config struct {
 	// access mode cannot be read only). Defaults to the zero value: a plain
 	// BEGIN, at the session's default isolation level.
 	TxOptions pgx.TxOptions
-	// LookupFirst makes Reserve always read the key with a plain SELECT,
-	// outside any transaction, before it begins the transaction: a replay
-	// of a completed key then costs one round trip instead of two, and a
-	// new key four instead of three. Defaults to false: the store does so
-	// only while most of its recent reservations found a completed key
-	// (see the package documentation).
-	LookupFirst bool
-	// SkipLookup is ignored.
-	//
-	// Deprecated: the look-up travels with BEGIN by default now; see
-	// LookupFirst for the opposite trade.
-	SkipLookup bool
+	// Lookup says when Reserve reads the key with a plain SELECT, outside
+	// any transaction, before it begins the transaction. With it a replay
+	// of a completed key costs one round trip instead of two, and a new
+	// key four instead of three. [idempotency.LookupAlways] always sends
+	// it; [idempotency.LookupNever] never does (the look-up that travels
+	// with BEGIN still answers replays). Defaults to
+	// [idempotency.LookupAdaptive]: the store sends it only while most of
+	// its recent first tries found a completed key (see the package
+	// documentation).
+	Lookup idempotency.LookupPolicy
 	// Clock is for tests only: when set, the store reads it instead of the
 	// server's clock wherever it judges or stores a time (a record's
 	// expiry, its creation, Purge), and sends the reading with each
@@ -60,32 +58,40 @@ type Config struct {
 // Store is an [idempotency.KeyStore] on a PostgreSQL table. It is safe for
 // concurrent use; build it with [New].
 type Store struct {
-	pool        *pgxpool.Pool
-	table       string // as configured, validated
-	quoted      string // table, quoted for SQL
-	tableName   string // the table's name without its schema
-	schemaName  string // the table's schema, "" if not qualified
-	txOptions   pgx.TxOptions
-	lookupFirst bool
-	clock       func() time.Time // Config.Clock: nil for the server's
-	commitSQL   string
-	schema      string
-	sql         statements
-	tracer      pgx.QueryTracer // the pool's, for the batches of sendBatch
+	pool       *pgxpool.Pool
+	table      string // as configured, validated
+	quoted     string // table, quoted for SQL
+	tableName  string // the table's name without its schema
+	schemaName string // the table's schema, "" if not qualified
+	txOptions  pgx.TxOptions
+	lookup     idempotency.LookupPolicy
+	clock      func() time.Time // Config.Clock: nil for the server's
+	commitSQL  string
+	schema     string
+	sql        statements
+	tracer     pgx.QueryTracer // the pool's, for the batches of sendBatch
 	// rowMode: reserve with a pending row too (see beginRow), because the
 	// transactions are REPEATABLE READ or SERIALIZABLE.
 	rowMode atomic.Bool
 	// firstTries: while most recent first tries found a completed key,
 	// Reserve looks the key up first.
-	firstTries firsttry.Tally
+	firstTries lookup.Tally
 }
 
 // lookingFirst reports whether Reserve should look the key up first.
-func (s *Store) lookingFirst() bool { return s.lookupFirst || s.firstTries.Replays() }
+func (s *Store) lookingFirst() bool {
+	switch s.lookup {
+	case idempotency.LookupAlways:
+		return true
+	case idempotency.LookupNever:
+		return false
+	}
+	return s.firstTries.Replays()
+}
 
 // New returns a Store on pool. A nil cfg means the defaults. A bad table
-// name gives an error wrapping [idempotency.ErrInvalidConfig]; New sends no
-// SQL (see [Store.Migrate]).
+// name, access mode or look-up policy gives an error wrapping
+// [idempotency.ErrInvalidConfig]; New sends no SQL (see [Store.Migrate]).
 func New(pool *pgxpool.Pool, cfg *Config) (*Store, error) {
 	if pool == nil {
 		return nil, fmt.Errorf("%w: postgres: nil pool", idempotency.ErrInvalidConfig)
@@ -101,21 +107,24 @@ func New(pool *pgxpool.Pool, cfg *Config) (*Store, error) {
 	if err != nil {
 		return nil, err
 	}
+	if err := c.Lookup.Check(); err != nil {
+		return nil, fmt.Errorf("postgres: Config.Lookup: %w", err)
+	}
 	if c.TxOptions.AccessMode == pgx.ReadOnly {
 		return nil, fmt.Errorf("%w: postgres: TxOptions.AccessMode read only: the key is written in that transaction", idempotency.ErrInvalidConfig)
 	}
 	s := &Store{
-		pool:        pool,
-		table:       c.Table,
-		quoted:      q,
-		tableName:   c.Table,
-		txOptions:   c.TxOptions,
-		lookupFirst: c.LookupFirst,
-		clock:       c.Clock,
-		commitSQL:   "commit",
-		schema:      schemaSQL(c.Table, q),
-		sql:         newStatements(c.Table, q),
-		tracer:      pool.Config().ConnConfig.Tracer,
+		pool:      pool,
+		table:     c.Table,
+		quoted:    q,
+		tableName: c.Table,
+		txOptions: c.TxOptions,
+		lookup:    c.Lookup,
+		clock:     c.Clock,
+		commitSQL: "commit",
+		schema:    schemaSQL(c.Table, q),
+		sql:       newStatements(c.Table, q),
+		tracer:    pool.Config().ConnConfig.Tracer,
 	}
 	if i := strings.IndexByte(c.Table, '.'); i >= 0 {
 		s.schemaName, s.tableName = c.Table[:i], c.Table[i+1:]

@@ -6,7 +6,9 @@ import (
 	"crypto/sha256"
 	"encoding/binary"
 	"encoding/hex"
+	"errors"
 	"fmt"
+	"net"
 	"strconv"
 	"strings"
 	"sync"
@@ -125,6 +127,49 @@ func cleanupContext(ctx context.Context) (context.Context, context.CancelFunc) {
 		bound = min(bound, max(time.Until(dl), 0)+abandonTimeout)
 	}
 	return context.WithTimeout(context.WithoutCancel(ctx), bound)
+}
+
+// Open connects to one Redis server and pings it under ctx. url is a
+// redis:// URL, a rediss:// URL (TLS) or a bare host:port (as
+// [goredis.Options].Addr takes), with the options go-redis's ParseURL
+// reads from its query (pool_size, dial_timeout and the like). Anything
+// else is refused with an error wrapping [idempotency.ErrInvalidConfig]
+// before a connection is made; a failed ping closes the client and is
+// returned. For a Cluster or a Sentinel set-up, build the client with
+// go-redis itself. The caller closes the returned client.
+func Open(ctx context.Context, url string) (goredis.UniversalClient, error) {
+	opt, err := parseURL(url)
+	if err != nil {
+		return nil, err
+	}
+	client := goredis.NewClient(opt)
+	if err := client.Ping(ctx).Err(); err != nil {
+		return nil, errors.Join(fmt.Errorf("redis: open %s: %w", opt.Addr, err), client.Close())
+	}
+	return client, nil
+}
+
+// parseURL turns the url of [Open] into the client's options.
+func parseURL(url string) (*goredis.Options, error) {
+	scheme, _, hasScheme := strings.Cut(url, "://")
+	switch {
+	case hasScheme && (scheme == "redis" || scheme == "rediss"):
+		opt, err := goredis.ParseURL(url)
+		if err != nil {
+			return nil, fmt.Errorf("%w: redis URL: %w", idempotency.ErrInvalidConfig, err)
+		}
+		return opt, nil
+	case hasScheme:
+		return nil, fmt.Errorf("%w: redis URL: scheme %q, want redis:// or rediss://", idempotency.ErrInvalidConfig, scheme)
+	}
+	host, port, err := net.SplitHostPort(url)
+	if err == nil && host != "" {
+		_, err = strconv.ParseUint(port, 10, 16)
+	}
+	if err != nil || host == "" {
+		return nil, fmt.Errorf("%w: redis address %q: want redis://host:port, rediss://host:port or host:port", idempotency.ErrInvalidConfig, url)
+	}
+	return &goredis.Options{Addr: url}, nil
 }
 
 // New returns a Store on client. A nil cfg means the defaults; a bad field

@@ -16,7 +16,7 @@ const seedTop = "Seed"
 
 // targets are issue 11's ratios to the bare effect transaction (median of
 // the rounds), per package and case of BenchmarkStore (or of any other
-// library benchmark, such as BenchmarkLookupFirst).
+// library benchmark, such as BenchmarkLookupAlways).
 var targets = map[string]map[string]float64{
 	"postgres": {"NewKey": 1.45, "Replay": 0.25, "SameKey20": 1.5},
 	"mysql":    {"NewKey": 2.0, "Replay": 0.30, "SameKey20": 1.5},

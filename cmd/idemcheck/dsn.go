@@ -1,13 +1,10 @@
 package main
 
 import (
-	"errors"
 	"fmt"
 	"net"
-	"net/url"
 	"strings"
 
-	gomysql "github.com/go-sql-driver/mysql"
 	"github.com/jackc/pgx/v5/pgxpool"
 	goredis "github.com/redis/go-redis/v9"
 
@@ -20,7 +17,7 @@ type target struct {
 	kind   string // "sqlite", "postgres", "mysql" or "redis"
 	sqlite string // SQLite file path; "" means a temporary database
 	pg     *pgxpool.Config
-	my     string // go-sql-driver/mysql DSN, checked by mysql.CheckDSN
+	my     string // MySQL DSN in either form, checked by mysql.ParseDSN
 	rd     *goredis.Options
 }
 
@@ -85,13 +82,9 @@ func classifyStore(dsn string) (t target, reason string, err error) {
 		}
 		return target{kind: "postgres", pg: cfg}, "", nil
 	case hasScheme && scheme == "mysql":
-		cfg, err := parseMySQLURL(dsn)
+		t, err := mysqlTarget(dsn)
 		if err != nil {
 			return target{}, "invalid MySQL URL", err
-		}
-		t, err := mysqlTarget(cfg.FormatDSN())
-		if err != nil {
-			return target{}, "unusable MySQL DSN", err
 		}
 		return t, "", nil
 	case hasScheme && (scheme == "redis" || scheme == "rediss"):
@@ -160,9 +153,10 @@ func sqliteTarget(path string) (target, string, error) {
 	return target{kind: "sqlite", sqlite: path}, "", nil
 }
 
-// mysqlTarget checks a driver DSN with the mysql package's own rules.
+// mysqlTarget checks a DSN, in the driver's form or the URL form, with
+// the mysql package's own rules.
 func mysqlTarget(dsn string) (target, error) {
-	if err := mysql.CheckDSN(dsn); err != nil {
+	if _, err := mysql.ParseDSN(dsn); err != nil {
 		return target{}, err
 	}
 	return target{kind: "mysql", my: dsn}, nil
@@ -178,32 +172,4 @@ func looksLikeMySQLNative(dsn string) bool {
 	rest := dsn[at+1:]
 	open := strings.Index(rest, "(")
 	return open > 0 && strings.Contains(rest[open:], ")/")
-}
-
-// parseMySQLURL translates mysql://user:pass@host:port/db?params into the
-// driver's configuration.
-func parseMySQLURL(dsn string) (*gomysql.Config, error) {
-	u, err := url.Parse(dsn)
-	if err != nil {
-		return nil, fmt.Errorf("mysql DSN: %w", err)
-	}
-	if u.Host == "" {
-		return nil, errors.New("mysql DSN: no host")
-	}
-	db := strings.TrimPrefix(u.Path, "/")
-	if db == "" || strings.Contains(db, "/") {
-		return nil, fmt.Errorf("mysql DSN: want one database name in the path, got %q", u.Path)
-	}
-	addr := u.Host
-	if u.Port() == "" {
-		addr = net.JoinHostPort(u.Hostname(), "3306")
-	}
-	// The driver parses the parameters (and refuses unknown values).
-	cfg, err := gomysql.ParseDSN("tcp(" + addr + ")/" + db + "?" + u.RawQuery)
-	if err != nil {
-		return nil, fmt.Errorf("mysql DSN: %w", err)
-	}
-	cfg.User = u.User.Username()
-	cfg.Passwd, _ = u.User.Password()
-	return cfg, nil
 }

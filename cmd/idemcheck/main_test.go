@@ -147,7 +147,7 @@ func TestMySQL(t *testing.T) {
 	t.Parallel()
 	dsn := testenv.MySQLDSN(t)
 	ctx := testkit.Context(t, 30*time.Second)
-	db, err := mysql.Open(dsn)
+	db, err := mysql.Open(ctx, dsn)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -249,7 +249,7 @@ func TestParseStore(t *testing.T) {
 			t.Errorf("parseStore(%q) = %q, %v; want mysql", dsn, got.kind, err)
 			continue
 		}
-		cfg, err := gomysql.ParseDSN(got.my)
+		cfg, err := mysql.ParseDSN(got.my)
 		if err != nil {
 			t.Fatalf("parseStore(%q) gave DSN %q: %v", dsn, got.my, err)
 		}

@@ -6,24 +6,19 @@ import (
 	"errors"
 	"fmt"
 
-	gomysql "github.com/go-sql-driver/mysql"
-
 	"github.com/go-idempotency/idempotency/mysql"
 )
 
 // openMySQL wires the MySQL/MariaDB store, in tables unique to this run.
-// dsn has been checked by mysql.CheckDSN.
+// dsn has been checked by mysql.ParseDSN.
 func openMySQL(ctx context.Context, dsn string, naiveConns int) (b *backend, err error) {
-	db, err := mysql.Open(dsn)
+	db, err := mysql.Open(ctx, dsn)
 	if err != nil {
 		return nil, err
 	}
-	naiveDB, err := mysql.Open(dsn)
+	naiveDB, err := mysql.Open(ctx, dsn)
 	if err != nil {
 		return nil, errors.Join(err, db.Close())
-	}
-	if err := db.PingContext(ctx); err != nil {
-		return nil, errors.Join(fmt.Errorf("mysql: %w", err), naiveDB.Close(), db.Close())
 	}
 	payments, naiveKeys, keys := tableNames()
 	t := sqlTables{db: db, naiveDB: naiveDB, payments: payments, naiveKeys: naiveKeys, keys: keys}
@@ -50,7 +45,7 @@ func openMySQL(ctx context.Context, dsn string, naiveConns int) (b *backend, err
 		return nil, fmt.Errorf("mysql: %w", err)
 	}
 	where := "MySQL"
-	if cfg, err := gomysql.ParseDSN(dsn); err == nil {
+	if cfg, err := mysql.ParseDSN(dsn); err == nil {
 		where = "MySQL " + cfg.Addr + "/" + cfg.DBName
 	}
 	return &backend{

@@ -42,7 +42,7 @@ func Example_galeraStreaming() {
 	// readme:begin scale-galera-dsn
 	// One statement per fragment: the key's row is replicated and locked on
 	// every node before fn runs, so callers on other nodes wait for it.
-	db, err := mysql.Open("app@tcp(galera-node-1:3306)/app?interpolateParams=true" +
+	db, err := mysql.Open(ctx, "app@tcp(galera-node-1:3306)/app?interpolateParams=true"+
 		"&wsrep_trx_fragment_unit=%27statements%27&wsrep_trx_fragment_size=1")
 	// readme:end scale-galera-dsn
 	if err != nil {

@@ -82,7 +82,7 @@ func newGaleraFixture(t testing.TB, g *Galera, maxConns int, dsnExtra string, cl
 	f := &galeraFixture{table: testkit.Name("ha_")}
 	f.effects = f.table + "_fx"
 	for i := range GaleraNodes {
-		db, err := mysql.Open(g.DSN(i, "test") + dsnExtra)
+		db, err := mysql.Open(ctx, g.DSN(i, "test")+dsnExtra)
 		if err != nil {
 			t.Fatal(err)
 		}

@@ -77,7 +77,7 @@ func newRestartService(t testing.TB, s *Single) *restartService {
 			},
 		}
 	case KindMariaDB:
-		db, err := mysql.Open(s.MySQLDSN())
+		db, err := mysql.Open(ctx, s.MySQLDSN())
 		if err != nil {
 			t.Fatal(err)
 		}

@@ -104,7 +104,7 @@ func setup(ctx context.Context, store, ordersTable, keysTable string) (*app, err
 		err     error
 	)
 	if dsn, ok := strings.CutPrefix(store, "mysql:"); ok {
-		if db, err = mysql.Open(dsn); err != nil {
+		if db, err = mysql.Open(ctx, dsn); err != nil {
 			return nil, err
 		}
 		dialect = mysqldialect.New()

@@ -86,7 +86,7 @@ func main() {
 
 // setup opens the pool, GORM on it, the orders table and the keys table.
 func setup(ctx context.Context, dsn, ordersTable, keysTable string) (*idempotency.Guard[*sql.Tx], *gorm.DB, *sql.DB, error) {
-	db, err := mysql.Open(dsn)
+	db, err := mysql.Open(ctx, dsn)
 	if err != nil {
 		return nil, nil, nil, err
 	}

@@ -1,4 +1,4 @@
-package firsttry
+package lookup
 
 import (
 	"sync"

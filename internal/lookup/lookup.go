@@ -1,9 +1,9 @@
-// Package firsttry lets a SQL store choose, per reservation, between looking
+// Package lookup lets a SQL store choose, per reservation, between looking
 // a key up before reserving it (one cheap read that answers a replay at
 // once, wasted on a new key) and reserving it straight away (a new key
 // saves the read, a replay pays a few round trips more), by following what
 // the store's recent first tries found.
-package firsttry
+package lookup
 
 import (
 	"sync/atomic"
