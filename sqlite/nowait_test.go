@@ -77,7 +77,7 @@ func TestNoWaitOtherKeyBusy(t *testing.T) {
 func TestNoWaitDo(t *testing.T) {
 	ctx := testkit.Context(t, testTimeout)
 	f := openFixture(t, 0)
-	g := guard(t, f.store, &idempotency.Config{NoWait: true})
+	g := guard(t, f.store, &idempotency.Config{WaitTimeout: -1})
 	entered, release := make(chan struct{}), make(chan struct{})
 	aDone := make(chan error, 1)
 	go func() {

@@ -30,7 +30,7 @@ func TestStatementsPerCall(t *testing.T) {
 	db := sql.OpenDB(countingConnector(t, filepath.Join(t.TempDir(), "count.db")+"?"+sqlitestore.DSNOptions, &n))
 	f := newFixture(t, db, 1) // one connection: every statement is prepared on it once
 	g := guard(t, f.store, nil)
-	gNoWait := guard(t, f.store, &idempotency.Config{NoWait: true})
+	gNoWait := guard(t, f.store, &idempotency.Config{WaitTimeout: -1})
 	fn := func(tx *sql.Tx) (idempotency.Response, error) {
 		return idempotency.Response{Status: 201, Body: []byte("ok")}, f.fx.Effect(ctx, tx, "x")
 	}
