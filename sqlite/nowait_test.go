@@ -71,7 +71,7 @@ func TestNoWaitOtherKeyBusy(t *testing.T) {
 	}
 }
 
-// TestNoWaitDo: the same through Guard.Do with Config.NoWait: tenant B's
+// TestNoWaitDo: the same through Guard.Do with a negative WaitTimeout: tenant B's
 // new key, met while tenant A's call holds the writer, fails at once with
 // ErrStore and without running fn; retried once A is done, it runs once.
 func TestNoWaitDo(t *testing.T) {
