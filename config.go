@@ -107,8 +107,8 @@ type Config struct {
 	// math.MaxInt64 means "never". Defaults to 24h.
 	TTL time.Duration
 	// WaitTimeout bounds how long Do waits for another caller holding the
-	// same key before it returns [ErrInProgress]. Defaults to 30s. The
-	// caller's context bounds it too.
+	// same key before it returns [ErrInProgress]. Zero means the default,
+	// 30s. The caller's context bounds it too.
 	//
 	// It bounds the whole call until fn runs, whatever the store reports
 	// on the way: every reservation attempt, the retries of [ErrConflict]
@@ -119,12 +119,13 @@ type Config struct {
 	// [ErrInProgress]; a store still failing with conflicts, on a key
 	// nobody is known to hold, gives [ErrStore] with [ErrConflict]. The
 	// time fn runs is not counted: see [Guard.Do].
+	//
+	// A negative WaitTimeout means "do not wait": Do returns ErrInProgress
+	// at once instead of waiting for a caller that is running fn with the
+	// same key (on SQLite, also when another process holds the database's
+	// one write lock: it may hold the key, and SQLite cannot tell without
+	// waiting). Conflicts are then still retried within [DefaultWaitTimeout].
 	WaitTimeout time.Duration
-	// NoWait makes Do return [ErrInProgress] at once instead of waiting
-	// for a caller that is running fn with the same key (on SQLite, also
-	// when another process holds the database's one write lock: it may
-	// hold the key, and SQLite cannot tell without waiting).
-	NoWait bool
 	// MaxWaiters bounds how many calls of this Guard may wait inside the
 	// store at once for keys held elsewhere (by another process or
 	// Guard); each such wait may hold one of the store's connections.
@@ -169,6 +170,12 @@ const (
 
 // New returns a Guard on store. A nil cfg means the defaults; a field out of
 // range gives an error wrapping [ErrInvalidConfig].
+//
+// Build one Guard per Store. Its callers of one key wait in memory for the
+// one among them that is in the store. Several Guards on one Store (or
+// several processes on one database) stay correct: the store decides who
+// gets a key. But each Guard keeps its own in-memory queue, so their
+// callers of one key meet only in the store.
 func New[Tx any](store KeyStore[Tx], cfg *Config) (*Guard[Tx], error) {
 	if store == nil {
 		return nil, fmt.Errorf("%w: nil store", ErrInvalidConfig)
@@ -180,8 +187,6 @@ func New[Tx any](store KeyStore[Tx], cfg *Config) (*Guard[Tx], error) {
 	switch {
 	case c.TTL < 0:
 		return nil, fmt.Errorf("%w: negative TTL %v", ErrInvalidConfig, c.TTL)
-	case c.WaitTimeout < 0:
-		return nil, fmt.Errorf("%w: negative WaitTimeout %v", ErrInvalidConfig, c.WaitTimeout)
 	case c.RetryBackoff < 0:
 		return nil, fmt.Errorf("%w: negative RetryBackoff %v", ErrInvalidConfig, c.RetryBackoff)
 	case c.RetryBackoff > MaxRetryBackoff:
@@ -194,8 +199,9 @@ func New[Tx any](store KeyStore[Tx], cfg *Config) (*Guard[Tx], error) {
 	if c.TTL == 0 {
 		c.TTL = DefaultTTL
 	}
-	if c.WaitTimeout == 0 {
-		c.WaitTimeout = DefaultWaitTimeout
+	noWait := c.WaitTimeout < 0
+	if c.WaitTimeout <= 0 {
+		c.WaitTimeout = DefaultWaitTimeout // also the bound of a no-wait call's retries
 	}
 	if c.MaxRetries < 0 {
 		c.MaxRetries = 0 // no retries
@@ -217,5 +223,5 @@ func New[Tx any](store KeyStore[Tx], cfg *Config) (*Guard[Tx], error) {
 	default:
 		waiters = make(chan struct{}, c.MaxWaiters)
 	}
-	return &Guard[Tx]{store: store, cfg: c, calls: make(map[Key]*call), waiters: waiters}, nil
+	return &Guard[Tx]{store: store, cfg: c, noWait: noWait, calls: make(map[Key]*call), waiters: waiters}, nil
 }

@@ -93,11 +93,15 @@ func TestNewDefaults(t *testing.T) {
 	if g.cfg.MaxRetries != 0 || g.waiters != nil {
 		t.Fatalf("negative MaxRetries/MaxWaiters: got %d retries, waiter slots %v; want 0 and no bound", g.cfg.MaxRetries, g.waiters)
 	}
+	g = mustNew(t, &fakeStore{}, &Config{WaitTimeout: -1})
+	if !g.noWait || g.cfg.WaitTimeout != DefaultWaitTimeout {
+		t.Fatalf("negative WaitTimeout: got noWait %v, retry bound %v; want true, %v", g.noWait, g.cfg.WaitTimeout, DefaultWaitTimeout)
+	}
 }
 
 func TestNewRefusesOutOfRange(t *testing.T) {
 	for _, cfg := range []Config{
-		{TTL: -1}, {TTL: time.Millisecond - 1}, {TTL: 1}, {WaitTimeout: -1}, {RetryBackoff: -1}, {PurgeBatch: -1},
+		{TTL: -1}, {TTL: time.Millisecond - 1}, {TTL: 1}, {RetryBackoff: -1}, {PurgeBatch: -1},
 		{RetryBackoff: MaxRetryBackoff + 1},
 	} {
 		if _, err := New[int](&fakeStore{}, &cfg); !errors.Is(err, ErrInvalidConfig) {
@@ -205,7 +209,7 @@ func TestClockRange(t *testing.T) {
 // deadline.
 func TestReservationFields(t *testing.T) {
 	s := &fakeStore{}
-	g := mustNew(t, s, &Config{TTL: time.Hour, NoWait: true})
+	g := mustNew(t, s, &Config{TTL: time.Hour, WaitTimeout: -1})
 	_, err := g.Do(context.Background(), Key{Scope: "s", ID: "k"}, "fp", func(int) (Response, error) {
 		return Response{Status: 201}, nil
 	})
@@ -242,7 +246,7 @@ func TestStoreErrorsGetErrStore(t *testing.T) {
 	if !errors.Is(err, ErrStore) || !errors.Is(err, cause) {
 		t.Fatalf("got %v, want ErrStore and the cause", err)
 	}
-	g = mustNew(t, &fakeStore{err: fmt.Errorf("%w: held", ErrInProgress)}, &Config{NoWait: true})
+	g = mustNew(t, &fakeStore{err: fmt.Errorf("%w: held", ErrInProgress)}, &Config{WaitTimeout: -1})
 	if _, err := g.Do(context.Background(), Key{ID: "k"}, "fp", nil); !errors.Is(err, ErrInvalidResponse) {
 		t.Fatalf("nil fn: %v, want ErrInvalidResponse", err)
 	}
@@ -378,22 +382,21 @@ func TestWaitsInStoreWhenHeldElsewhere(t *testing.T) {
 	if _, err := g2.Do(context.Background(), Key{ID: "k"}, "fp", answer200); !errors.Is(err, ErrInProgress) || len(h2.waits) != 1 {
 		t.Fatalf("no free slot: %v after %d reservations; want ErrInProgress after 1", err, len(h2.waits))
 	}
-	// NoWait: refused at once too.
+	// A negative WaitTimeout (do not wait): refused at once too.
 	h3 := &heldOnce{}
-	g3 := mustNew(t, h3, &Config{NoWait: true})
+	g3 := mustNew(t, h3, &Config{WaitTimeout: -1})
 	if _, err := g3.Do(context.Background(), Key{ID: "k"}, "fp", answer200); !errors.Is(err, ErrInProgress) || len(h3.waits) != 1 {
-		t.Fatalf("NoWait: %v after %d reservations; want ErrInProgress after 1", err, len(h3.waits))
+		t.Fatalf("no wait: %v after %d reservations; want ErrInProgress after 1", err, len(h3.waits))
 	}
 }
 
 func answer200(int) (Response, error) { return Response{Status: 200}, nil }
 
-// TestSharedWaitBound: the waiters of one call share one timer, set at the
-// first waiter's bound, yet each gives up at its own bound: a waiter whose
-// bound is later keeps waiting past the shared one, one whose bound is
-// earlier gives up first, and all of them get the answer when the call
-// ends before their bounds.
-func TestSharedWaitBound(t *testing.T) {
+// TestWaitBoundPerWaiter: each waiter of one call gives up at its own
+// bound, whoever came first: a waiter whose bound is later keeps waiting
+// past the first one's, one whose bound is earlier gives up first, and all
+// of them get the answer when the call ends before their bounds.
+func TestWaitBoundPerWaiter(t *testing.T) {
 	ctx := context.Background()
 	c := &call{done: make(chan struct{}), ran: make(chan struct{})}
 	start := time.Now()
@@ -409,7 +412,7 @@ func TestSharedWaitBound(t *testing.T) {
 			err := c.wait(ctx, nil, start.Add(b))
 			results[i] = result{err, time.Since(start)}
 		})
-		time.Sleep(5 * time.Millisecond) // the first waiter sets the shared bound
+		time.Sleep(5 * time.Millisecond) // the waiters arrive in order
 	}
 	wg.Wait()
 	for i, r := range results {

@@ -3,7 +3,6 @@ package idempotency
 import (
 	"bytes"
 	"context"
-	"errors"
 	"fmt"
 	"sync"
 	"time"
@@ -16,14 +15,6 @@ type call struct {
 	ran  chan struct{} // closed when the call won the key and runs fn
 	once sync.Once
 	ans  *answer // nil: the call failed, waiters compete again
-
-	// One timer serves all the waiters of the call: it closes expired at
-	// bound, the wait bound of the first waiter; waiters whose own bound is
-	// later wait the rest on their own. mu guards the three.
-	mu      sync.Mutex
-	bound   time.Time
-	expired chan struct{}
-	timer   *time.Timer
 }
 
 // answer is a committed answer handed to the waiters of a call.
@@ -64,35 +55,6 @@ func (g *Guard[Tx]) leave(key Key, c *call, ans *answer) {
 	g.mu.Unlock()
 	c.ans = ans
 	close(c.done)
-	c.mu.Lock()
-	if c.timer != nil {
-		c.timer.Stop()
-	}
-	c.mu.Unlock()
-}
-
-// expiry returns a channel closed at the call's shared wait bound, and
-// that bound, starting the shared timer at deadline if no waiter did. A
-// nil channel means the shared bound is later than deadline, or the call
-// is over already: the caller must time its wait itself (or finds the call
-// over).
-func (c *call) expiry(deadline time.Time) (<-chan struct{}, time.Time) {
-	c.mu.Lock()
-	defer c.mu.Unlock()
-	if c.over() {
-		// leave may have passed its Stop: start no timer that nothing
-		// would stop.
-		return nil, deadline
-	}
-	if c.expired == nil {
-		ch := make(chan struct{})
-		c.bound, c.expired = deadline, ch
-		c.timer = time.AfterFunc(time.Until(deadline), func() { close(ch) })
-	}
-	if deadline.Before(c.bound) {
-		return nil, c.bound
-	}
-	return c.expired, c.bound
 }
 
 // follow waits for the call ahead of the caller. handed is true when it
@@ -100,8 +62,8 @@ func (c *call) expiry(deadline time.Time) (<-chan struct{}, time.Time) {
 // error, when that call failed and the caller must compete for the key.
 func (g *Guard[Tx]) follow(ctx context.Context, c *call, fp string, deadline time.Time) (resp Response, handed bool, err error) {
 	ran := c.ran
-	if !g.cfg.NoWait {
-		ran = nil // only NoWait callers give up once fn runs
+	if !g.noWait {
+		ran = nil // only callers that do not wait give up once fn runs
 	}
 	if err := c.wait(ctx, ran, deadline); err != nil {
 		return Response{}, false, err
@@ -145,24 +107,25 @@ func cloneResponse(r Response) Response {
 	return r
 }
 
-// wait waits until c is over (nil), ran is closed or deadline passes (an
-// error wrapping ErrInProgress), or ctx is done (ctx's error). A call that is
-// over already wins over every other case.
+// wait waits until c is over (nil), ran is closed (errRunning), deadline
+// passes (errHeldAtBound) or ctx is done (ctx's error). Each waiter has its
+// own timer. A call that is over already wins over every other case.
 func (c *call) wait(ctx context.Context, ran <-chan struct{}, deadline time.Time) error {
 	if c.over() {
 		return nil // and no timer to start
 	}
-	// Most waiters share the call's timer; one whose bound comes first,
-	// or comes after the shared one fired, times the rest itself.
-	if expired, bound := c.expiry(deadline); expired != nil {
-		err := awaitCall(ctx, c, ran, expired)
-		if !errors.Is(err, errHeldAtBound) || !bound.Before(deadline) {
-			return err
-		}
-	}
 	timer := time.NewTimer(time.Until(deadline))
 	defer timer.Stop()
-	return awaitCall(ctx, c, ran, timer.C)
+	select {
+	case <-c.done:
+		return nil
+	case <-ran:
+		return errRunning
+	case <-timer.C:
+		return errHeldAtBound
+	case <-ctx.Done():
+		return ctx.Err()
+	}
 }
 
 // over reports whether c has ended.
@@ -172,25 +135,6 @@ func (c *call) over() bool {
 		return true
 	default:
 		return false
-	}
-}
-
-// awaitCall waits until c is over (nil), ran is closed (errRunning), bound
-// fires (errHeldAtBound) or ctx is done (ctx's error). A call that is over
-// already wins over every other case.
-func awaitCall[T any](ctx context.Context, c *call, ran <-chan struct{}, bound <-chan T) error {
-	if c.over() {
-		return nil
-	}
-	select {
-	case <-c.done:
-		return nil
-	case <-ran:
-		return errRunning
-	case <-bound:
-		return errHeldAtBound
-	case <-ctx.Done():
-		return ctx.Err()
 	}
 }
 

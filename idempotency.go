@@ -39,8 +39,9 @@ var (
 	// ErrMismatch: the key was completed by a request with another
 	// fingerprint. fn was not called. (HTTP 422.)
 	ErrMismatch = errors.New("idempotency: key reused with a different request")
-	// ErrInProgress: another caller holds the key and the wait bound (or
-	// [Config.NoWait]) ran out before it finished. fn was not called. (HTTP 409.)
+	// ErrInProgress: another caller holds the key and the wait bound
+	// ([Config.WaitTimeout]) ran out before it finished, at once when it is
+	// negative. fn was not called. (HTTP 409.)
 	ErrInProgress = errors.New("idempotency: request with this key is in progress")
 	// ErrConflict: a retryable store conflict (serialization failure,
 	// deadlock, lock wait timeout, busy database). Stores wrap such errors
@@ -83,6 +84,9 @@ type Response struct {
 type Guard[Tx any] struct {
 	store KeyStore[Tx]
 	cfg   Config
+	// noWait: a negative [Config.WaitTimeout]; cfg.WaitTimeout then holds
+	// the default, the bound of the call's conflict retries.
+	noWait bool
 	// waiters has one slot per call allowed to wait inside the store; nil
 	// means no bound.
 	waiters chan struct{}
@@ -102,7 +106,7 @@ type Guard[Tx any] struct {
 //  3. Completed key, other fingerprint: an error wrapping [ErrMismatch].
 //  4. Key held by a running caller: Do waits for it, then behaves as 2 or 3,
 //     or competes again if that caller failed. Past [Config.WaitTimeout] (at
-//     once with [Config.NoWait]) it returns an error wrapping [ErrInProgress];
+//     once when it is negative) it returns an error wrapping [ErrInProgress];
 //     ctx bounds the wait too. Callers of one key in this Guard wait in
 //     memory for the one among them that is in the store, and are handed
 //     its answer; see [Config.MaxWaiters] for waits inside the store.
@@ -276,9 +280,9 @@ func (g *Guard[Tx]) attempt(ctx context.Context, c *call, key Key, fp string, de
 	if err := ctx.Err(); err != nil {
 		return Response{}, err
 	}
-	r := Reservation{Key: key, Fingerprint: fp, TTL: g.cfg.TTL, NoWait: g.cfg.NoWait, Deadline: deadline}
+	r := Reservation{Key: key, Fingerprint: fp, TTL: g.cfg.TTL, NoWait: g.noWait, Deadline: deadline}
 	txn, rec, err := g.store.Reserve(ctx, r)
-	if wait := time.Until(deadline); errors.Is(err, ErrInProgress) && !g.cfg.NoWait && wait > 0 {
+	if wait := time.Until(deadline); errors.Is(err, ErrInProgress) && !g.noWait && wait > 0 {
 		if !g.takeWaiter() {
 			return Response{}, fmt.Errorf("%w: the key is held elsewhere and %d calls already wait in the store (Config.MaxWaiters)",
 				ErrInProgress, g.cfg.MaxWaiters)

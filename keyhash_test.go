@@ -108,7 +108,7 @@ func TestDoErrorsNameKeyHash(t *testing.T) {
 		done <- err
 	}()
 	<-entered
-	_, err = newGuard(t, s, &idempotency.Config{NoWait: true}).Do(ctx, key, "fp-a", ok("x"))
+	_, err = newGuard(t, s, &idempotency.Config{WaitTimeout: -1}).Do(ctx, key, "fp-a", ok("x"))
 	keyleak.Err(t, "held in the store, NoWait", err, idempotency.ErrInProgress, key)
 	_, err = gw.Do(ctx, key, "fp-a", ok("x"))
 	keyleak.Err(t, "held by the call ahead past the wait bound", err, idempotency.ErrInProgress, key)

@@ -230,16 +230,19 @@ type Reservation struct {
 	// Wait bounds how long Reserve may wait for a key another caller holds;
 	// zero means do not wait.
 	Wait time.Duration
-	// NoWait is set when the caller asked not to wait at all
-	// ([Config.NoWait]). A store that serialises writers (one write
-	// transaction at a time for the whole database) then does not wait for
-	// its turn either. While a caller of another key that it knows of (in
-	// the same store value) holds the writer, it reports an error wrapping
-	// [ErrStore] at once (the truth: the store is busy, the key is not
-	// held; retrying the same key later is safe). While a writer it cannot
-	// see into holds it (SQLite: another process or connection), that
-	// writer may hold the key, which cannot be told without waiting: it
-	// reports [ErrInProgress] at once, unless the key is found completed.
+	// NoWait is set when the caller does not wait at all (a negative
+	// [Config.WaitTimeout]); Wait is then zero. Every store honours it as it
+	// honours Wait == 0: a key held gives [ErrInProgress] at once. A store
+	// that would wait for a lock on a first try (see Deadline) waits for
+	// none either. While a caller of another key that it knows of (in the
+	// same store value) holds the lock, it reports an error wrapping
+	// [ErrStore] at once (the store is busy, the key is not held; retrying
+	// later is safe). While a writer it cannot see into holds it (SQLite:
+	// another process or connection), that writer may hold the key: it
+	// reports ErrInProgress at once, unless the key is found completed.
+	//
+	// Deadline stays the bound of the call's conflict retries, so NoWait is
+	// a field of its own rather than a Deadline already passed.
 	NoWait bool
 	// Deadline is when the whole call's wait bound ([Config.WaitTimeout],
 	// counted from the start of [Guard.Do]) runs out; zero means no bound

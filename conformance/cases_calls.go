@@ -227,7 +227,7 @@ func (s *suite[Tx]) noWait(t *testing.T) {
 	hg := e.guard(nil)
 	key := idempotency.Key{ID: uniq("k")}
 	release, done := e.hold(hg, key, "payment")
-	g := e.guard(&idempotency.Config{NoWait: true})
+	g := e.guard(&idempotency.Config{WaitTimeout: -1})
 	var err error
 	within(t, 10*time.Second, "a NoWait caller", func() {
 		_, err = g.Do(e.ctx, key, "fp", e.effectFn("waiter", new(atomic.Int64)))

@@ -116,7 +116,7 @@ func (s *suite[Tx]) invalidInput(t *testing.T) {
 		t.Fatalf("255-byte id, scope and fingerprint: got %+v, %v; want executed", r, err)
 	}
 	e.count("bad", 1, "only the valid call")
-	for _, cfg := range []idempotency.Config{{TTL: -time.Second}, {WaitTimeout: -1}, {PurgeBatch: -1}, {RetryBackoff: -1}} {
+	for _, cfg := range []idempotency.Config{{TTL: -time.Second}, {PurgeBatch: -1}, {RetryBackoff: -1}} {
 		if _, err := idempotency.New(e.f.Store, &cfg); !errors.Is(err, idempotency.ErrInvalidConfig) {
 			t.Fatalf("config %+v: got %v, want ErrInvalidConfig", cfg, err)
 		}

@@ -85,8 +85,8 @@ func (s *suite[Tx]) headerBytes(t *testing.T) {
 	sent := header.Clone()
 	body := []byte("caf\xe9\x00\xff")
 	key := idempotency.Key{ID: uniq("k")}
-	// The answer reaches a caller waiting on another Guard (handed over by
-	// the store), then a later caller (read back).
+	// The answer reaches a caller waiting on another Guard, then a later
+	// caller (read back).
 	release := make(chan struct{})
 	held := make(chan struct{})
 	signal := closer(held) // fn may run again after a retried conflict

@@ -277,7 +277,7 @@ func (s *suite[Tx]) clockExtremes(t *testing.T) {
 	// Nor did it leave the key held or completed: it runs as a new key.
 	clk.Set(time.Now().Truncate(time.Millisecond))
 	within(t, 20*time.Second, "the key a clock out of range was refused for", func() {
-		e.executes(e.guard(&idempotency.Config{NoWait: true}), out, "out", "after the clock came back in range")
+		e.executes(e.guard(&idempotency.Config{WaitTimeout: -1}), out, "out", "after the clock came back in range")
 	})
 
 	// The latest readings: the expiry is clamped to MaxExpiry.

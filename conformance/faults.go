@@ -319,7 +319,7 @@ func (s *faultSuite[Tx]) attempt(t *testing.T, st faultStep, a faultproxy.Action
 	// (so that a forwarded step reaches the server first).
 	ctx, cancel := context.WithTimeout(context.Background(), max(h.Bound, h.PartitionBound)+30*time.Second)
 	defer cancel()
-	retry, err := idempotency.New(r.clean.Store, &idempotency.Config{NoWait: true})
+	retry, err := idempotency.New(r.clean.Store, &idempotency.Config{WaitTimeout: -1})
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -181,7 +181,7 @@ func testInProgress[Tx any](t *testing.T, b backend[Tx]) {
 	p := newPKI(t)
 	srv := &payServer[Tx]{insert: b.insert, started: make(chan struct{}, 1), release: make(chan struct{})}
 	addr := serve(t, p.serverCreds(t), srv,
-		idemgrpc.UnaryServerInterceptor(b.guard(t, &idempotency.Config{NoWait: true}), &idemgrpc.ServerOptions{NewReply: structReply}))
+		idemgrpc.UnaryServerInterceptor(b.guard(t, &idempotency.Config{WaitTimeout: -1}), &idemgrpc.ServerOptions{NewReply: structReply}))
 	conn := dial(t, addr, p.clientCreds(t, "spiffe://test/client-a"))
 	kctx := idemgrpc.WithKey(ctx, "slow")
 

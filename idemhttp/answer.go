@@ -111,7 +111,7 @@ func (h *handler[Tx]) fail(w http.ResponseWriter, r *http.Request, ev *Event, er
 		return
 	case errors.Is(err, idempotency.ErrInProgress) && !errors.Is(err, idempotency.ErrStore):
 		// Only a key that is truly held is "in progress": a store that is
-		// busy (SQLite's writer held by another key under NoWait) is a 503.
+		// busy (SQLite's writer held by another key, not waiting) is a 503.
 		ev.Outcome = OutcomeInProgress
 		h.problem(w, r, ev, &Problem{Type: ProblemInProgress, Title: "A request with this " + h.c.header + " is in progress", Status: http.StatusConflict,
 			Detail: "Retry later with the same key to get its response.", Header: retryAfterHeader()})

@@ -121,7 +121,7 @@ func testInvalidJSON[Tx any](t *testing.T, e env[Tx]) {
 
 func testInProgressNoWait[Tx any](t *testing.T, e env[Tx]) {
 	entered, release := make(chan struct{}), make(chan struct{})
-	s := startServer(t, e, &idempotency.Config{NoWait: true}, nil, func(n int64, w http.ResponseWriter, r *http.Request) {
+	s := startServer(t, e, &idempotency.Config{WaitTimeout: -1}, nil, func(n int64, w http.ResponseWriter, r *http.Request) {
 		if n == 1 {
 			close(entered)
 			<-release

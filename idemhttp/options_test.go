@@ -174,7 +174,7 @@ func testRenderProblem[Tx any](t *testing.T, e env[Tx]) {
 	}
 	// Retry-After reaches a custom renderer on 409.
 	entered, release := make(chan struct{}), make(chan struct{})
-	b := startServer(t, e, &idempotency.Config{NoWait: true}, &idemhttp.Options{
+	b := startServer(t, e, &idempotency.Config{WaitTimeout: -1}, &idemhttp.Options{
 		RenderProblem: func(w http.ResponseWriter, r *http.Request, p *idemhttp.Problem) {
 			for k, v := range p.Header {
 				w.Header()[k] = v

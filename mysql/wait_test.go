@@ -254,7 +254,7 @@ func TestLockNearTheKeyIsNotInProgress(t *testing.T) {
 			db := openDB(t, testConfig(t, func(c *gomysql.Config) { c.InterpolateParams = true }), 0)
 			f := newFixture(t, db, nil)
 			s := newStore(t, db, f.table, p)
-			g, err := idempotency.New(s, &idempotency.Config{NoWait: true, RetryBackoff: 20 * time.Millisecond})
+			g, err := idempotency.New(s, &idempotency.Config{WaitTimeout: -1, RetryBackoff: 20 * time.Millisecond})
 			if err != nil {
 				t.Fatal(err)
 			}

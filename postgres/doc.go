@@ -50,7 +50,7 @@
 //
 // A key held by another open transaction is reported at once with
 // [idempotency.ErrInProgress] when the reservation must not wait (the
-// core's first try, or [idempotency.Config.NoWait]). Otherwise Reserve waits
+// core's first try, or a negative [idempotency.Config.WaitTimeout]). Otherwise Reserve waits
 // for the lock under a lock_timeout (the wait bound, or the time left before
 // ctx's deadline if that is shorter) that the statement sets before it waits
 // and restores once it has the lock, so fn's statements keep the session's

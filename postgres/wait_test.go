@@ -150,7 +150,7 @@ func TestLockTimeoutScopedToReservation(t *testing.T) {
 	}{
 		{"ServerDefault", nil, nil, "0"},
 		{"SessionSetting", []func(*pgxpool.Config){sessionTimeout}, &idempotency.Config{WaitTimeout: 300 * time.Millisecond}, "7s"},
-		{"SessionSettingNoWait", []func(*pgxpool.Config){sessionTimeout}, &idempotency.Config{NoWait: true}, "7s"},
+		{"SessionSettingNoWait", []func(*pgxpool.Config){sessionTimeout}, &idempotency.Config{WaitTimeout: -1}, "7s"},
 	}
 	for _, c := range cases {
 		t.Run(c.name, func(t *testing.T) {
@@ -192,7 +192,7 @@ func TestReplayLocksNothing(t *testing.T) {
 	pool := newPool(t, 2)
 	f := newFixture(t, pool, postgres.Config{})
 	for _, noWait := range []bool{false, true} {
-		g := f.guard(t, &idempotency.Config{NoWait: noWait})
+		g := f.guard(t, &idempotency.Config{WaitTimeout: map[bool]time.Duration{false: 0, true: -1}[noWait]})
 		key := idempotency.Key{ID: fmt.Sprintf("k-%v", noWait)}
 		fn := func(tx pgx.Tx) (idempotency.Response, error) {
 			return idempotency.Response{Status: 201, Body: []byte("once")}, f.effect(ctx, tx, "locks")
@@ -230,7 +230,7 @@ func TestKeysDoNotShareLock(t *testing.T) {
 	ctx := testkit.Context(t, testTimeout)
 	f := newFixture(t, newPool(t, 3), postgres.Config{})
 	holder := startHolder(t, ctx, f.guard(t, nil), f, idempotency.Key{Scope: "a", ID: "bc"}, 1)
-	g := f.guard(t, &idempotency.Config{NoWait: true})
+	g := f.guard(t, &idempotency.Config{WaitTimeout: -1})
 	for _, k := range []idempotency.Key{{Scope: "ab", ID: "c"}, {Scope: "", ID: "abc"}, {Scope: "a", ID: "BC"}, {Scope: "A", ID: "bc"}} {
 		r, err := g.Do(ctx, k, "fp", func(tx pgx.Tx) (idempotency.Response, error) {
 			return idempotency.Response{Status: 201}, f.effect(ctx, tx, "other")

@@ -47,8 +47,6 @@
 // returns 0. A completed record whose expiry is not after Redis's clock
 // counts as absent and is taken over atomically.
 //
-// Callers of one key in one [Store] that arrive while another of them runs
-// the reservation script wait for its answer instead of sending their own.
 // A caller that finds a key pending waits for the holder's completion or
 // rollback, for its lease to run out, or for its wait bound or context to
 // end. When the holder is a reservation of the same Store (Redis names

@@ -135,7 +135,7 @@ func TestRetryAfterLostReply(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	other, err := idempotency.New(l.other, &idempotency.Config{NoWait: true})
+	other, err := idempotency.New(l.other, &idempotency.Config{WaitTimeout: -1})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -197,7 +197,7 @@ func TestLostReplyNotReleased(t *testing.T) {
 	if txn, rec, err := l.other.Reserve(ctx, reservation(key, "fp", 0)); !errors.Is(err, idempotency.ErrInProgress) {
 		t.Fatalf("another process: got %v, %+v, %v; want ErrInProgress (the lost token holds the key)", txn, rec, err)
 	}
-	g, err := idempotency.New(l.store, &idempotency.Config{NoWait: true})
+	g, err := idempotency.New(l.store, &idempotency.Config{WaitTimeout: -1})
 	if err != nil {
 		t.Fatal(err)
 	}

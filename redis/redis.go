@@ -95,8 +95,6 @@ type Store struct {
 
 	mu      sync.Mutex
 	holds   map[string]*hold // by token: the reservations this Store is making or holds
-	looking map[string]*hold // by record key: the caller running the reservation script
-	looks   uint64           // looks started so far
 	waiting atomic.Int32     // callers waiting for a key held by another
 	seen    seenKeys         // keys lately found completed
 }
@@ -216,7 +214,6 @@ func New(client goredis.UniversalClient, cfg *Config) (*Store, error) {
 		abandonScript: goredis.NewScript(abandonLua),
 		tokens:        rand.Text() + ".",
 		holds:         make(map[string]*hold),
-		looking:       make(map[string]*hold),
 	}, nil
 }
 
@@ -280,9 +277,8 @@ func (s *Store) testNow() (string, error) {
 	return strconv.FormatInt(now.UnixMilli(), 10), nil
 }
 
-// liveInMemory reports whether rec, a record this Store's callers hand one
-// another in memory (completed by a holder of this Store, or found by a
-// reservation script a caller joined), is still live: by the test clock,
+// liveInMemory reports whether rec, a record a holder of this Store
+// completed and hands its waiters in memory, is still live: by the test clock,
 // or else by the monotonic deadline until, taken when Redis judged or
 // wrote it.
 func (s *Store) liveInMemory(rec *idempotency.Record, until time.Time) bool {

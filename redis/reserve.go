@@ -12,8 +12,8 @@ import (
 )
 
 // Reserve implements [idempotency.KeyStore]. One call of the reservation
-// script (a single round trip, shared by the callers of the same key that
-// arrive while it runs) reserves a free key or returns a completed record.
+// script (a single round trip) reserves a free key or returns a completed
+// record.
 // A caller that finds the key pending waits, as the package doc describes:
 // for a holder in this Store, on the holder itself; for any other, on the
 // key's wake-up channel, subscribed before it looks again.
@@ -34,8 +34,7 @@ func (s *Store) Reserve(ctx context.Context, r idempotency.Reservation) (idempot
 	// find the holder as soon as Redis names it.
 	own := s.addHold(token)
 	var w *waiter
-	var dead string  // a token of this Store, over, that Redis still names
-	var after uint64 // looks up to this one are older than what this caller waits to see
+	var dead string // a token of this Store, over, that Redis still names
 	defer func() {
 		w.close()
 		if own != nil {
@@ -43,7 +42,7 @@ func (s *Store) Reserve(ctx context.Context, r idempotency.Reservation) (idempot
 		}
 	}()
 	for {
-		out, err := s.look(ctx, k, r, own, after, dead)
+		out, err := s.try(ctx, k, r, own.token, dead)
 		if err != nil {
 			return nil, nil, err
 		}
@@ -62,7 +61,6 @@ func (s *Store) Reserve(ctx context.Context, r idempotency.Reservation) (idempot
 			// from its token (the script does it only if Redis still names
 			// that token).
 			dead = out.owner
-			after = s.lookSeq()
 			continue
 		}
 		remaining := time.Until(deadline)
@@ -75,7 +73,6 @@ func (s *Store) Reserve(ctx context.Context, r idempotency.Reservation) (idempot
 			if w, err = s.subscribe(ctx, k.wake, remaining); err != nil {
 				return nil, nil, fmt.Errorf("%w: waiting for key %v: %w", idempotency.ErrInProgress, r.Key, err)
 			}
-			after = s.lookSeq()
 			continue
 		}
 		d := min(remaining, s.poll)
@@ -85,7 +82,6 @@ func (s *Store) Reserve(ctx context.Context, r idempotency.Reservation) (idempot
 		s.waiting.Add(1)
 		rec, err := wait(ctx, h, w, d)
 		s.waiting.Add(-1)
-		after = s.lookSeq()
 		if err != nil {
 			return nil, nil, fmt.Errorf("%w: waiting for key %v: %w", idempotency.ErrInProgress, r.Key, err)
 		}
@@ -104,7 +100,7 @@ type tryResult struct {
 	until    time.Time     // completed: the monotonic instant rec expires, by Redis's clock when it was read
 	owner    string        // pending: the holder's token
 	// reserved on a connection of its own, with WATCH armed on the record
-	// (see tryWatched); nil otherwise, and never handed to joined callers.
+	// (see tryWatched); nil otherwise.
 	conn *pinned
 }
 

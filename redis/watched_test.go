@@ -32,7 +32,7 @@ func TestNoWatchLeftOnPool(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	g, err := idempotency.New(f.store, &idempotency.Config{NoWait: true})
+	g, err := idempotency.New(f.store, &idempotency.Config{WaitTimeout: -1})
 	if err != nil {
 		t.Fatal(err)
 	}

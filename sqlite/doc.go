@@ -18,22 +18,23 @@
 // caller that holds a key holds the database's write lock until it commits
 // or rolls back.
 //
-// Within one Store the callers wait in memory, in order, and each wait ends
-// as soon as the caller ahead is done: callers of the same key wait for the
-// caller ahead of them and receive the record it committed (or found);
-// writers of other keys queue for the Store's write turn. Waiting for a key
-// is bounded by [idempotency.Reservation.Wait] (the Guard's WaitTimeout) and
-// by ctx; past the bound [Store.Reserve] returns an error wrapping
-// [idempotency.ErrInProgress]. Waiting for the write turn, which callers of
-// other keys hold, is never "key in progress": it lasts until the call's
-// wait bound ([idempotency.Reservation.Deadline]; without one, r.Wait or 5s,
-// whichever is longer), then gives [idempotency.ErrConflict] (a busy
-// database; at the bound the Guard reports it with
-// [idempotency.ErrStore]). With [idempotency.Config.NoWait] a caller does
-// not wait for the write turn either: while a caller of another key holds
-// it, Do fails at once with an error wrapping [idempotency.ErrStore] (the
-// database is busy and the key is not held; retrying the same key later is
-// safe), and a caller of a held key gets ErrInProgress at once.
+// The writers of one Store queue in memory for its write turn, in order,
+// each woken as soon as the one ahead is done. Callers of one key meet
+// there too, as any two writers do: a Guard lets one of its callers of a
+// key reach the Store, and the others wait for it in the Guard. Waiting for
+// a key is bounded by [idempotency.Reservation.Wait] (the Guard's
+// WaitTimeout) and by ctx; past the bound [Store.Reserve] returns an error
+// wrapping [idempotency.ErrInProgress]. Waiting for the write turn, which
+// callers of other keys hold, is never "key in progress": it lasts until
+// the call's wait bound ([idempotency.Reservation.Deadline]; without one,
+// r.Wait or 5s, whichever is longer), then gives [idempotency.ErrConflict]
+// (a busy database; at the bound the Guard reports it with
+// [idempotency.ErrStore]). A caller that does not wait (a negative
+// [idempotency.Config.WaitTimeout]) does not wait for the write turn
+// either: while a caller of another key holds it, Do fails at once with an
+// error wrapping [idempotency.ErrStore] (the database is busy and the key
+// is not held; retrying the same key later is safe), and a caller of a
+// held key gets ErrInProgress at once.
 //
 // # Several processes on one file
 //
@@ -49,10 +50,10 @@
 // from the start of the call (the busy timeout is lowered for the
 // reservation when it would overshoot, and set back before fn runs), then
 // returns [idempotency.ErrInProgress], unless the key was found completed
-// meanwhile; with NoWait it returns ErrInProgress at once. The callers of
-// other keys of the Store, queued for its write turn behind the one that
-// waits for the lock, get ErrInProgress at their bound too (at once with
-// NoWait): what holds them up may hold their key. The guarantee
+// meanwhile; without a wait it returns ErrInProgress at once. The callers
+// of other keys of the Store, queued for its write turn behind the one that
+// waits for the lock, get ErrInProgress at their bound too (at once without
+// a wait): what holds them up may hold their key. The guarantee
 // does not depend on any of this: the key's row and fn's effects commit in
 // one transaction under one write lock, so whichever process wins the key
 // runs fn, and every other caller, in any process, replays its answer.
@@ -81,15 +82,14 @@
 // WAL. With [Open]'s settings:
 //
 //   - a replay of a completed key: 1 statement, a prepared SELECT outside
-//     any transaction on any pooled connection (callers of that key
-//     waiting in the same Store: none, the record is handed over);
+//     any transaction on any pooled connection;
 //   - a new key: 5 statements besides fn's, one fsync: the SELECT, BEGIN
 //     IMMEDIATE, the INSERT of the reservation, then fn's statements, the
 //     UPDATE storing the response and COMMIT;
 //   - the bare effect transaction, for comparison: 2 statements besides
 //     the effect's (BEGIN IMMEDIATE, COMMIT), one fsync.
 //
-// A reservation with a wait bound or NoWait also reads the connection's
+// A reservation with a wait bound or r.NoWait also reads the connection's
 // busy timeout, and sets it (and back) when the bound is shorter; so does
 // a first try whose call has less of its WaitTimeout left than the busy
 // timeout read when the statements were prepared (5s with Open): with a

@@ -71,13 +71,13 @@ func TestNoWaitOtherKeyBusy(t *testing.T) {
 	}
 }
 
-// TestNoWaitDo: the same through Guard.Do with Config.NoWait: tenant B's
+// TestNoWaitDo: the same through Guard.Do with a negative WaitTimeout: tenant B's
 // new key, met while tenant A's call holds the writer, fails at once with
 // ErrStore and without running fn; retried once A is done, it runs once.
 func TestNoWaitDo(t *testing.T) {
 	ctx := testkit.Context(t, testTimeout)
 	f := openFixture(t, 0)
-	g := guard(t, f.store, &idempotency.Config{NoWait: true})
+	g := guard(t, f.store, &idempotency.Config{WaitTimeout: -1})
 	entered, release := make(chan struct{}), make(chan struct{})
 	aDone := make(chan error, 1)
 	go func() {

@@ -234,10 +234,10 @@ func TestProcessHeldKey(t *testing.T) {
 		min, max time.Duration
 	}{
 		{"WaitTimeout 2s", &idempotency.Config{WaitTimeout: wait}, "held", wait, wait + margin},
-		{"NoWait", &idempotency.Config{NoWait: true}, "held", 0, 500 * time.Millisecond},
+		{"NoWait", &idempotency.Config{WaitTimeout: -1}, "held", 0, 500 * time.Millisecond},
 		{"WaitTimeout 1s, MaxRetries default", &idempotency.Config{WaitTimeout: time.Second}, "held", time.Second, time.Second + margin},
 		{"another key, WaitTimeout 1s", &idempotency.Config{WaitTimeout: time.Second}, "other", time.Second, time.Second + margin},
-		{"another key, NoWait", &idempotency.Config{NoWait: true}, "other", 0, 500 * time.Millisecond},
+		{"another key, NoWait", &idempotency.Config{WaitTimeout: -1}, "other", 0, 500 * time.Millisecond},
 	} {
 		took, err := call(c.cfg, c.id)
 		t.Logf("%s, key %q: %v after %v", c.name, c.id, err, took)
@@ -248,7 +248,7 @@ func TestProcessHeldKey(t *testing.T) {
 	// Callers of several keys at once in this process: one waits for the
 	// lock, the others for the Store's write turn; all are told the same.
 	g := guard(t, f.store, &idempotency.Config{WaitTimeout: time.Second})
-	ng := guard(t, f.store, &idempotency.Config{NoWait: true})
+	ng := guard(t, f.store, &idempotency.Config{WaitTimeout: -1})
 	const many = 4
 	errs := make([]error, many)
 	tookMany := make([]time.Duration, many)

@@ -2,6 +2,7 @@ package sqlite
 
 import (
 	"context"
+	"time"
 )
 
 // Purge implements [idempotency.KeyStore]: it deletes at most limit keys
@@ -40,11 +41,11 @@ const purgeChunk = 100
 
 // deleteExpired deletes at most limit expired keys in one statement.
 func (s *Store) deleteExpired(ctx context.Context, before any, limit int) (int, error) {
-	if err := s.acquire(ctx, false, forever); err != nil {
+	if err := s.acquire(ctx, nil, false, time.Time{}, forever); err != nil {
 		return 0, err
 	}
 	res, err := s.db.ExecContext(ctx, s.q.purge, before, limit)
-	<-s.writer
+	s.releaseTurn()
 	if err != nil {
 		return 0, mapError(ctx, "purge", err)
 	}

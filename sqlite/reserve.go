@@ -8,29 +8,29 @@ import (
 	"time"
 
 	"github.com/go-idempotency/idempotency"
-	"github.com/go-idempotency/idempotency/internal/keywait"
 )
 
 // Reserve implements [idempotency.KeyStore].
 //
-// Callers of one key in one Store go one at a time: while a caller looks
-// the key up, reserves it or holds it, the others wait in memory, holding
-// no connection, until it is done. A caller that found the key completed,
-// or completed it, hands the record over, so that they answer without a
-// statement of their own (each gets its own copy). A caller whose r.Wait
-// runs out first looks the key up itself: the record if it is completed,
-// else an error wrapping [idempotency.ErrInProgress].
+// It first looks the key up with one prepared SELECT on any connection of
+// the pool, outside any transaction: a completed, live key is returned at
+// once. Otherwise it takes the Store's write turn (SQLite has one writer at
+// a time), then a connection, and begins a transaction whose first
+// statement inserts the reservation.
 //
-// The caller whose turn it is looks the key up with one prepared SELECT on
-// any connection of the pool, outside any transaction: a completed, live
-// key is returned at once. Otherwise it takes the Store's write turn
-// (SQLite has one writer at a time), then a connection, and begins a
-// transaction whose first statement inserts the reservation. While a
-// caller of another key holds the write turn, a caller with r.NoWait gets
-// an error wrapping [idempotency.ErrStore] at once (the database is busy,
-// the key is not held; retrying later is safe); any other caller waits for
-// the turn, until r.Deadline (without one: r.Wait or 5s, whichever is
-// longer), then gets [idempotency.ErrConflict].
+// Callers of one key in one Store meet at the write turn as any two
+// writers do (a [idempotency.Guard] lets only one of its callers of a key
+// reach the Store). The turn's holder may hold the caller's key: the caller
+// then waits for the turn up to r.Wait, then looks the key up again and
+// gets the record if it is completed, else an error wrapping
+// [idempotency.ErrInProgress]. A caller that gets the turn after the key's
+// holder is done finds the key's row and returns the record.
+//
+// While a caller of another key holds the write turn, a caller with
+// r.NoWait gets an error wrapping [idempotency.ErrStore] at once (the
+// database is busy, the key is not held; retrying later is safe); any other
+// caller waits for the turn, until r.Deadline (without one: r.Wait or 5s,
+// whichever is longer), then gets [idempotency.ErrConflict].
 //
 // Writers outside the Store (another Store, another process, plain
 // transactions on db) meet it at SQLite's write lock, and may hold the key
@@ -55,39 +55,25 @@ func (s *Store) Reserve(ctx context.Context, r idempotency.Reservation) (idempot
 		return nil, nil, err
 	}
 	deadline := time.Now().Add(r.Wait)
-	for {
-		turn, mine := s.keys.Take(r.Key)
-		if mine {
-			break
-		}
-		rec, handed, err := turn.Wait(ctx, deadline)
-		switch {
-		case errors.Is(err, keywait.ErrDeadline):
-			// The caller ahead may only be looking the key up: look too.
-			if rec, err := s.lookup(ctx, st, r, now); err != nil || rec != nil {
-				return nil, rec, err
-			}
-			return nil, nil, fmt.Errorf("%w: sqlite: key %v is held by another caller past the wait bound %v",
-				idempotency.ErrInProgress, r.Key, r.Wait)
-		case err != nil:
-			return nil, nil, fmt.Errorf("sqlite: reserve: waiting for key %v: %w", r.Key, err)
-		case handed && rec.ExpiresAt.After(s.hostNow()):
-			return nil, copyRecord(rec), nil
-		}
-	}
 	rec, err := s.lookup(ctx, st, r, now)
 	if err != nil || rec != nil {
-		s.keys.Leave(r.Key, handOver(rec))
 		return nil, rec, err
 	}
 	by := lockBound(r, deadline)
-	if err := s.acquire(ctx, r.NoWait, turnWait(r, by)); err != nil {
+	if err := s.acquire(ctx, &r.Key, r.NoWait, deadline, turnWait(r, by)); err != nil {
+		if errors.Is(err, idempotency.ErrInProgress) {
+			// The key's holder may have committed and not yet given the
+			// turn back.
+			if rec, lerr := s.lookup(ctx, st, r, now); lerr == nil && rec != nil {
+				return nil, rec, nil
+			}
+			return nil, nil, err
+		}
 		if errors.Is(err, idempotency.ErrConflict) || errors.Is(err, idempotency.ErrStore) {
 			// The turn's holder may be stuck behind a writer outside the
 			// Store, which may hold this key too.
 			if started := s.lockWait.Load(); started != 0 && time.Since(time.Unix(0, started)) >= outsideAfter {
 				if rec, lerr := s.lookup(ctx, st, r, now); lerr == nil && rec != nil {
-					s.keys.Leave(r.Key, handOver(rec))
 					return nil, rec, nil
 				}
 				// Not wrapped: the key may be held, not a conflict to retry.
@@ -95,7 +81,6 @@ func (s *Store) Reserve(ctx context.Context, r idempotency.Reservation) (idempot
 					idempotency.ErrInProgress, r.Key, err)
 			}
 		}
-		s.keys.Leave(r.Key, nil)
 		return nil, nil, err
 	}
 	t, rec, err := s.reserve(ctx, st, r, now, by)
@@ -106,8 +91,7 @@ func (s *Store) Reserve(ctx context.Context, r idempotency.Reservation) (idempot
 		}
 	}
 	if t == nil {
-		<-s.writer
-		s.keys.Leave(r.Key, handOver(rec))
+		s.releaseTurn()
 		return nil, rec, err
 	}
 	return t, nil, nil
@@ -128,15 +112,6 @@ func lockBound(r idempotency.Reservation, deadline time.Time) time.Time {
 		by = deadline
 	}
 	return by
-}
-
-// handOver returns what hands a copy of rec to the waiters of a turn, or
-// nil when rec is nil.
-func handOver(rec *idempotency.Record) func() (*idempotency.Record, bool) {
-	if rec == nil {
-		return nil
-	}
-	return func() (*idempotency.Record, bool) { return copyRecord(rec), true }
 }
 
 // lookup returns the key if it is completed and live. A lookup that finds
@@ -236,7 +211,7 @@ func (s *Store) reserve(ctx context.Context, st *stmts, r idempotency.Reservatio
 		}
 		attempt := time.Now()
 		s.lockWait.Store(attempt.UnixNano())
-		tx, created, won, err := s.begin(ctx, conn, st, r, now)
+		tx, won, err := s.begin(ctx, conn, st, r, now)
 		s.lockWait.Store(0)
 		if err != nil {
 			if again && ctx.Err() == nil && isBusy(err) && time.Since(attempt) >= time.Duration(own)*time.Millisecond {
@@ -264,7 +239,7 @@ func (s *Store) reserve(ctx context.Context, st *stmts, r idempotency.Reservatio
 		}
 		return &txn{
 			s: s, conn: conn, tx: tx, complete: st.complete,
-			key: r.Key, fp: r.Fingerprint, created: created, ttl: r.TTL,
+			key: r.Key, fp: r.Fingerprint, ttl: r.TTL,
 			busyTimeout: orig, commitBusyTimeout: commit,
 		}, nil, nil
 	}
@@ -279,21 +254,21 @@ func (s *Store) reserve(ctx context.Context, st *stmts, r idempotency.Reservatio
 // INSERT does. Either way no snapshot is read before the lock is taken, so
 // the wait is the busy handler's and the row read after it is the latest
 // committed one.
-func (s *Store) begin(ctx context.Context, conn *sql.Conn, st *stmts, r idempotency.Reservation, now any) (*sql.Tx, int64, bool, error) {
+func (s *Store) begin(ctx context.Context, conn *sql.Conn, st *stmts, r idempotency.Reservation, now any) (*sql.Tx, bool, error) {
 	tx, err := conn.BeginTx(ctx, nil)
 	if err != nil {
-		return nil, 0, false, err
+		return nil, false, err
 	}
 	var created int64
 	err = tx.StmtContext(ctx, st.reserve).QueryRowContext(ctx, r.Key.Scope, r.Key.ID, r.Fingerprint, now, int64(r.TTL)).Scan(&created)
 	if errors.Is(err, sql.ErrNoRows) {
-		return tx, 0, false, nil // a live row is in the way
+		return tx, false, nil // a live row is in the way
 	}
 	if err != nil {
 		rollback(conn, tx)
-		return nil, 0, false, err
+		return nil, false, err
 	}
-	return tx, created, true, nil
+	return tx, true, nil
 }
 
 // readLive reads the live row that another caller committed (the write

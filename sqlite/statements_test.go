@@ -4,13 +4,11 @@ import (
 	"context"
 	"database/sql"
 	"database/sql/driver"
-	"errors"
 	"path/filepath"
 	"slices"
 	"strings"
 	"sync"
 	"testing"
-	"time"
 
 	"modernc.org/sqlite"
 
@@ -30,7 +28,7 @@ func TestStatementsPerCall(t *testing.T) {
 	db := sql.OpenDB(countingConnector(t, filepath.Join(t.TempDir(), "count.db")+"?"+sqlitestore.DSNOptions, &n))
 	f := newFixture(t, db, 1) // one connection: every statement is prepared on it once
 	g := guard(t, f.store, nil)
-	gNoWait := guard(t, f.store, &idempotency.Config{NoWait: true})
+	gNoWait := guard(t, f.store, &idempotency.Config{WaitTimeout: -1})
 	fn := func(tx *sql.Tx) (idempotency.Response, error) {
 		return idempotency.Response{Status: 201, Body: []byte("ok")}, f.fx.Effect(ctx, tx, "x")
 	}
@@ -62,69 +60,6 @@ func TestStatementsPerCall(t *testing.T) {
 		if got := do(c.g, c.id); strings.Join(got, "; ") != strings.Join(c.want, "; ") {
 			t.Errorf("%s: sent %d:\n  %s\nwant %d:\n  %s", c.name, len(got), strings.Join(got, "\n  "), len(c.want), strings.Join(c.want, "\n  "))
 		}
-	}
-}
-
-// TestStatementsPerWaiter: a caller of another Guard (so not waiting in the
-// Guard's memory) that finds the key held sends one lookup (its first try
-// does not wait), then gets the holder's record handed over in memory.
-func TestStatementsPerWaiter(t *testing.T) {
-	ctx := testkit.Context(t, testTimeout)
-	var n counter
-	db := sql.OpenDB(countingConnector(t, filepath.Join(t.TempDir(), "count.db")+"?"+sqlitestore.DSNOptions, &n))
-	f := newFixture(t, db, 2) // the holder's connection and the waiter's
-	holder, waiter := guard(t, f.store, nil), guard(t, f.store, nil)
-	fn := func(tx *sql.Tx) (idempotency.Response, error) {
-		return idempotency.Response{Status: 201, Body: []byte("ok")}, f.fx.Effect(ctx, tx, "x")
-	}
-	key := idempotency.Key{ID: "waited"}
-	entered, release := make(chan struct{}), make(chan struct{})
-	held := make(chan error, 1)
-	go func() {
-		_, err := holder.Do(ctx, key, "fp", func(tx *sql.Tx) (idempotency.Response, error) {
-			close(entered)
-			<-release
-			return fn(tx)
-		})
-		held <- err
-	}()
-	<-entered
-	n.start()
-	waited := make(chan error, 1)
-	go func() {
-		r, err := waiter.Do(ctx, key, "fp", mustNotRun)
-		if err == nil && !r.Replayed {
-			err = errors.New("not a replay")
-		}
-		waited <- err
-	}()
-	// The waiter's first try joins the holder's turn, looks the key up and
-	// reports it held; its second try joins the turn again and waits. Only
-	// then may the holder end: had it ended before, the waiter would look
-	// the key up itself (one more statement, also correct).
-	for !n.has("query lookup") || sqlitestore.JoinedTurn(f.store, key) < 2 {
-		if ctx.Err() != nil {
-			t.Fatal("the waiter never waited for the holder's turn")
-		}
-		time.Sleep(time.Millisecond)
-	}
-	close(release)
-	if err := <-held; err != nil {
-		t.Fatal(err)
-	}
-	if err := <-waited; err != nil {
-		t.Fatal(err)
-	}
-	var got []string
-	for _, s := range n.stop() {
-		if !strings.HasPrefix(s, "prepare ") { // the second connection's first use
-			got = append(got, s)
-		}
-	}
-	// The holder's end (effect, complete, commit) is counted too.
-	want := []string{"query lookup", "exec effect", "query complete", "commit"}
-	if strings.Join(got, "; ") != strings.Join(want, "; ") {
-		t.Errorf("waiter (with the holder's end): sent %q, want %q", got, want)
 	}
 }
 

@@ -10,7 +10,6 @@ import (
 	"time"
 
 	"github.com/go-idempotency/idempotency"
-	"github.com/go-idempotency/idempotency/internal/keywait"
 )
 
 var _ idempotency.KeyStore[*sql.Tx] = (*Store)(nil)
@@ -60,10 +59,11 @@ type Store struct {
 	mu       sync.Mutex            // serialises preparing and Close
 	closed   bool
 
-	// keys orders the Store's callers of one key; the completed record is
-	// handed to the waiters of a turn.
-	keys   keywait.Queue[idempotency.Key, *idempotency.Record]
 	writer chan struct{} // the Store's write turn: a token, capacity 1
+	// turnKey is the key of the caller holding the write turn, nil while
+	// nobody does: a caller of that key waits for the key, not for a busy
+	// database.
+	turnKey atomic.Pointer[idempotency.Key]
 	// lockWait is when the holder of the write turn began to wait for
 	// SQLite's write lock (unix nanoseconds), 0 when it is not waiting.
 	lockWait atomic.Int64
@@ -111,7 +111,7 @@ func (st *stmts) close() {
 // is read once, when the statements are prepared.
 //
 // Use one Store per table and database: the callers of a Store queue for
-// keys and for the write lock in memory (see [Store.Reserve]); two Stores
+// the write lock in memory (see [Store.Reserve]); two Stores
 // on one database meet only at SQLite's lock, like any two writers.
 func New(db *sql.DB, cfg *Config) (*Store, error) {
 	if db == nil {
@@ -223,14 +223,4 @@ func (s *Store) testNow() (any, error) {
 		return nil, fmt.Errorf("sqlite: Config.Clock: %w", err)
 	}
 	return now.UnixNano(), nil
-}
-
-// hostNow is the clock a record handed over in memory is judged by: the
-// test clock, or else the host's, which is SQLite's own (its date
-// functions read the same system clock).
-func (s *Store) hostNow() time.Time {
-	if s.clock != nil {
-		return s.clock()
-	}
-	return time.Now()
 }

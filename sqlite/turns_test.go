@@ -20,7 +20,7 @@ import (
 func TestNoWaitReplaysTogether(t *testing.T) {
 	ctx := testkit.Context(t, testTimeout)
 	f := openFixture(t, 0)
-	g := guard(t, f.store, &idempotency.Config{NoWait: true})
+	g := guard(t, f.store, &idempotency.Config{WaitTimeout: -1})
 	key := idempotency.Key{ID: testkit.Name("k_")}
 	if _, err := g.Do(ctx, key, "fp", func(tx *sql.Tx) (idempotency.Response, error) {
 		return idempotency.Response{Status: 200, Body: []byte("ok")}, f.fx.Effect(ctx, tx, "x")

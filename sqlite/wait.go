@@ -35,16 +35,37 @@ const busyUnknown = -1
 // busy handler's schedule. Writers outside the Store still meet at
 // SQLite's lock.
 //
-// The turn is held by callers of other keys (the key itself is this
-// caller's: see Store.keys), so not getting it is a busy database, never
-// "key in progress". With noWait it reports that at once, wrapping
-// [idempotency.ErrStore]. Otherwise it waits up to d (forever: no bound)
-// while ctx lives, then reports [idempotency.ErrConflict].
-func (s *Store) acquire(ctx context.Context, noWait bool, d time.Duration) error {
+// key is the caller's key, nil for a writer of no key (Purge). A turn held
+// by a caller of key means the key is held: from keyBy on (the end of the
+// reservation's Wait; at once when it is zero) acquire reports that with
+// [idempotency.ErrInProgress]. A turn held by callers of other keys is a
+// busy database, never "key in progress": with noWait acquire reports it
+// at once, wrapping [idempotency.ErrStore]; otherwise it waits up to d
+// (forever: no bound) while ctx lives, then reports
+// [idempotency.ErrConflict].
+func (s *Store) acquire(ctx context.Context, key *idempotency.Key, noWait bool, keyBy time.Time, d time.Duration) error {
 	select {
 	case s.writer <- struct{}{}:
+		s.turnKey.Store(key)
 		return nil
 	default:
+	}
+	held := func() error {
+		if k := s.turnKey.Load(); key != nil && k != nil && *k == *key {
+			return fmt.Errorf("%w: sqlite: key %v is held by another caller of the Store past the wait bound",
+				idempotency.ErrInProgress, *key)
+		}
+		return nil
+	}
+	var byKey <-chan time.Time
+	if wait := time.Until(keyBy); wait <= 0 {
+		if err := held(); err != nil {
+			return err
+		}
+	} else {
+		timer := time.NewTimer(wait)
+		defer timer.Stop()
+		byKey = timer.C
 	}
 	if noWait {
 		return fmt.Errorf("%w: sqlite: the database is busy writing for other keys (one writer at a time); retry later",
@@ -56,15 +77,32 @@ func (s *Store) acquire(ctx context.Context, noWait bool, d time.Duration) error
 		defer timer.Stop()
 		bound = timer.C
 	}
-	select {
-	case s.writer <- struct{}{}:
-		return nil
-	case <-ctx.Done():
-		return fmt.Errorf("sqlite: waiting for the write turn: %w", ctx.Err())
-	case <-bound:
-		return fmt.Errorf("%w: sqlite: the database's one writer stayed busy with other keys for %v",
-			idempotency.ErrConflict, max(d, 0).Round(time.Millisecond))
+	for {
+		select {
+		case s.writer <- struct{}{}:
+			s.turnKey.Store(key)
+			return nil
+		case <-ctx.Done():
+			return fmt.Errorf("sqlite: waiting for the write turn: %w", ctx.Err())
+		case <-byKey:
+			if err := held(); err != nil {
+				return err
+			}
+			byKey = nil // the turn is another key's: wait on for it
+		case <-bound:
+			if err := held(); err != nil {
+				return err
+			}
+			return fmt.Errorf("%w: sqlite: the database's one writer stayed busy with other keys for %v",
+				idempotency.ErrConflict, max(d, 0).Round(time.Millisecond))
+		}
 	}
+}
+
+// releaseTurn gives the Store's write turn back.
+func (s *Store) releaseTurn() {
+	s.turnKey.Store(nil)
+	<-s.writer
 }
 
 // forever is the bound of a wait for the write turn that only ctx ends.

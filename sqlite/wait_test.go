@@ -19,7 +19,7 @@ import (
 func TestWaitBoundDoesNotLeak(t *testing.T) {
 	ctx := testkit.Context(t, testTimeout)
 	f := openFixture(t, 1)
-	g := guard(t, f.store, &idempotency.Config{NoWait: true})
+	g := guard(t, f.store, &idempotency.Config{WaitTimeout: -1})
 	var inFn int
 	_, err := g.Do(ctx, idempotency.Key{ID: "k"}, "fp", func(tx *sql.Tx) (idempotency.Response, error) {
 		return idempotency.Response{Status: 200}, tx.QueryRowContext(ctx, "PRAGMA busy_timeout").Scan(&inFn)

@@ -56,7 +56,7 @@ func Err(t testing.TB, what string, err error, want error, key idempotency.Key) 
 }
 
 // Check runs, on store, a mismatch against a stored record and a key held
-// by a reservation (refused at once with NoWait, and past a short wait
+// by a reservation (refused at once without a wait, and past a short wait
 // bound), and on broken (a store of the same kind on a closed pool or
 // client) a store failure; each error Do returns must pass [Err].
 func Check[Tx any](t *testing.T, store, broken idempotency.KeyStore[Tx]) {
@@ -86,7 +86,7 @@ func Check[Tx any](t *testing.T, store, broken idempotency.KeyStore[Tx]) {
 	if err != nil || txn == nil || rec != nil {
 		t.Fatalf("Reserve: %v, %v, %v; want a reservation", txn, rec, err)
 	}
-	_, err = newGuard(&idempotency.Config{NoWait: true}).Do(ctx, key, "fp", fn)
+	_, err = newGuard(&idempotency.Config{WaitTimeout: -1}).Do(ctx, key, "fp", fn)
 	Err(t, "held, NoWait", err, idempotency.ErrInProgress, key)
 	_, err = newGuard(&idempotency.Config{WaitTimeout: 300 * time.Millisecond}).Do(ctx, key, "fp", fn)
 	Err(t, "held past the wait bound", err, idempotency.ErrInProgress, key)
