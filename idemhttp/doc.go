@@ -1,5 +1,5 @@
 // Package idemhttp puts an [idempotency.Guard] in front of net/http handlers
-// and gives clients a retrying [Client] that keeps one key per operation,
+// and gives clients a retrying [Transport] that keeps one key per operation,
 // following the IETF draft "The Idempotency-Key HTTP Header Field".
 //
 // # Server
@@ -98,13 +98,13 @@
 //
 // # Client
 //
-// [Client] (and [Transport], the same as an http.RoundTripper) gives each
+// [Transport], an http.RoundTripper for any http.Client, gives each
 // logical request one key, generated before the first attempt (or the
 // caller's own key header), and retries, always with the same key and
-// body, what [DefaultRetry] (or [Client].Retry) allows: transport errors,
+// body, what [DefaultRetry] (or [Transport].Retry) allows: transport errors,
 // 5xx except 501 and 505, 429, and a 409 only when it is the server's
 // in-progress answer ([ProblemInProgress] or Retry-After), never a business
 // 409. Exponential backoff with full jitter, honouring Retry-After;
-// [Client].OnRetry is told about each retry; a shared [RetryBudget] bounds
+// [Transport].OnRetry is told about each retry; a shared [RetryBudget] bounds
 // retries across calls.
 package idemhttp

@@ -85,7 +85,7 @@ func accountID(r *http.Request) string { return r.Header.Get("X-Account") }
 // attempt carries.
 func readmePay(ctx context.Context, url string, body []byte) (*http.Response, string, error) {
 	// readme:begin readme-http-client
-	client := &idemhttp.Client{HTTPClient: http.DefaultClient} // zero value works too
+	client := &http.Client{Transport: &idemhttp.Transport{}} // its zero value sends through http.DefaultTransport
 	req, err := http.NewRequestWithContext(ctx, http.MethodPost, url, bytes.NewReader(body))
 	if err != nil {
 		return nil, "", err

@@ -172,7 +172,7 @@ func FuzzRetryAfter(f *testing.F) {
 		case ok:
 			t.Fatalf("retryAfter(%q) = %v, accepted neither seconds nor an HTTP-date", v, d)
 		}
-		p := &policy{base: time.Millisecond, maxDelay: time.Second}
+		p := &Transport{BaseDelay: time.Millisecond, MaxDelay: time.Second}
 		resp := &http.Response{Header: http.Header{"Retry-After": {v}}}
 		if w, allowed := p.delay(3, resp, now); w < 0 || (allowed && w > time.Second) {
 			t.Fatalf("delay with Retry-After %q = %v, %v; want 0..MaxDelay when allowed", v, w, allowed)

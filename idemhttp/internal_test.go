@@ -94,7 +94,7 @@ func TestRetryAfter(t *testing.T) {
 
 func TestDelayBounds(t *testing.T) {
 	t.Parallel()
-	c := (&Client{BaseDelay: 10 * time.Millisecond, MaxDelay: 50 * time.Millisecond}).policy()
+	c := &Transport{BaseDelay: 10 * time.Millisecond, MaxDelay: 50 * time.Millisecond}
 	now := time.Now()
 	for attempt := 1; attempt <= 70; attempt++ {
 		ceil := min(10*time.Millisecond<<min(attempt-1, 20), 50*time.Millisecond)

@@ -299,13 +299,13 @@ func testPanicRollsBack[Tx any](t *testing.T, e env[Tx]) {
 		}
 		created(n, w, r)
 	})
-	// The panicking attempt drops the connection; the Client retries it with
+	// The panicking attempt drops the connection; the Transport retries it with
 	// the same key and the handler runs again.
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
 	req, _ := http.NewRequestWithContext(ctx, http.MethodPost, s.URL+"/things", strings.NewReader(`{"p":1}`))
 	req.Header.Set("Content-Type", "application/json")
-	c := &idemhttp.Client{HTTPClient: s.Client(), BaseDelay: time.Millisecond}
+	c := &http.Client{Transport: &idemhttp.Transport{Base: s.Client().Transport, BaseDelay: time.Millisecond}}
 	resp, err := c.Do(req)
 	if err != nil {
 		t.Fatal(err)

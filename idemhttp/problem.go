@@ -28,7 +28,7 @@ const (
 	ProblemInvalidBody = problemBase + "ProblemInvalidBody"
 	// ProblemInProgress (409): a request with the same key is still being
 	// processed. Retry later with the same key (the response carries
-	// Retry-After). [Client] retries this problem type.
+	// Retry-After). [Transport] retries this problem type.
 	ProblemInProgress = problemBase + "ProblemInProgress"
 	// ProblemRequestTooLarge (413): the request body is larger than
 	// [Options].MaxRequestBody. Nothing was stored.
