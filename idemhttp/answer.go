@@ -48,7 +48,7 @@ func (s *statusWriter) Write(p []byte) (int, error) {
 func (s *statusWriter) Unwrap() http.ResponseWriter { return s.ResponseWriter }
 
 // refuseNoScope answers a guarded request of a middleware mounted without
-// [Options].Scope: nothing ran, nothing was stored.
+// [Config].Scope: nothing ran, nothing was stored.
 func (h *handler[Tx]) refuseNoScope(w http.ResponseWriter, r *http.Request, ev *Event) {
 	ev.Outcome, ev.Err = OutcomeInternal, ErrNoScope
 	h.warnOnce(&h.st.noScope, r, ErrNoScope)

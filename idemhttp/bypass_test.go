@@ -58,8 +58,8 @@ type reports struct {
 	events []idemhttp.Event
 }
 
-func (rp *reports) options() *idemhttp.Options {
-	return &idemhttp.Options{
+func (rp *reports) options() *idemhttp.Config {
+	return &idemhttp.Config{
 		Scope:   idemhttp.SharedScope, // one test client
 		OnError: func(_ *http.Request, err error) { rp.mu.Lock(); rp.errs = append(rp.errs, err); rp.mu.Unlock() },
 		Observer: func(_ context.Context, ev idemhttp.Event) {
@@ -88,7 +88,7 @@ type bypassServer[Tx any] struct {
 	runs atomic.Int64
 }
 
-func startBypass[Tx any](t *testing.T, e env[Tx], opts *idemhttp.Options, errorLog *log.Logger) *bypassServer[Tx] {
+func startBypass[Tx any](t *testing.T, e env[Tx], opts *idemhttp.Config, errorLog *log.Logger) *bypassServer[Tx] {
 	t.Helper()
 	s := &bypassServer[Tx]{env: e}
 	mw := idemhttp.Middleware(e.newGuard(nil), opts)
@@ -278,13 +278,13 @@ func testBypassConcurrent[Tx any](t *testing.T, e env[Tx]) {
 	}
 }
 
-// testBypassServerErrorLog: without Options.OnError, the one report goes
+// testBypassServerErrorLog: without Config.OnError, the one report goes
 // to the http.Server's ErrorLog.
 func testBypassServerErrorLog[Tx any](t *testing.T, e env[Tx]) {
 	var mu sync.Mutex
 	var buf bytes.Buffer
 	logger := log.New(writerFunc(func(p []byte) (int, error) { mu.Lock(); defer mu.Unlock(); return buf.Write(p) }), "", 0)
-	s := startBypass(t, e, &idemhttp.Options{Scope: idemhttp.SharedScope}, logger)
+	s := startBypass(t, e, &idemhttp.Config{Scope: idemhttp.SharedScope}, logger)
 	for i := range 3 {
 		s.post(t, fmt.Sprintf("l-%d", i))
 	}

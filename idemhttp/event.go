@@ -6,7 +6,7 @@ import (
 	"github.com/go-idempotency/idempotency"
 )
 
-// Outcome is how a guarded request ended, as told to [Options].Observer.
+// Outcome is how a guarded request ended, as told to [Config].Observer.
 // Its values are short labels, fit for a metric attribute.
 type Outcome string
 
@@ -18,11 +18,11 @@ const (
 	// OutcomeReplayed: a stored response was sent; the handler did not run.
 	OutcomeReplayed Outcome = "replayed"
 	// OutcomeNotStored: the handler ran and answered a status below 500
-	// that [Options].Store refuses (a 400, a 409...): sent, rolled back,
+	// that [Config].Store refuses (a 400, a 409...): sent, rolled back,
 	// the key left free.
 	OutcomeNotStored Outcome = "not_stored"
 	// OutcomeHandlerError: the handler answered 5xx, panicked, wrote no
-	// response at all, or wrote a response over [Options].MaxResponseBody;
+	// response at all, or wrote a response over [Config].MaxResponseBody;
 	// its writes were rolled back and the key left free.
 	OutcomeHandlerError Outcome = "handler_error"
 	// OutcomeMismatch: the key was used with another request (422).
@@ -48,18 +48,18 @@ const (
 )
 
 // Event describes one guarded request, once answered; see
-// [Options].Observer.
+// [Config].Observer.
 type Event struct {
 	// Key is the request's key; its ID is empty when the request had no
 	// valid key, its Scope empty until Scope ran. Log [Event.KeyHash]
 	// rather than its fields, and never make either a metric label.
 	Key idempotency.Key
-	// Method and Route are the request's method and [Options].Route.
+	// Method and Route are the request's method and [Config].Route.
 	Method, Route string
 	// Outcome says how the request ended.
 	Outcome Outcome
 	// Status is the status sent to the client: for an answer of the
-	// middleware's own, the one [Options].RenderProblem wrote, which may
+	// middleware's own, the one [Config].RenderProblem wrote, which may
 	// differ from the problem's (0 after a panic, or after a handler that
 	// wrote around the middleware to a writer that does not report its
 	// status).

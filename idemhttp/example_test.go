@@ -50,7 +50,7 @@ func ExampleMiddleware() {
 
 	// POST and PATCH need a key; each account has its own key space.
 	// readme:begin http-servemux
-	mw := idemhttp.Middleware(guard, &idemhttp.Options{
+	mw := idemhttp.Middleware(guard, &idemhttp.Config{
 		Scope: accountScope, // the authenticated account (idemhttp.SharedScope: one tenant)
 	})
 	mux := http.NewServeMux()

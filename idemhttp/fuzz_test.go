@@ -97,7 +97,7 @@ func FuzzKeyHeader(f *testing.F) {
 	f.Add(`"x`, "", true, false)
 	f.Add(strings.Repeat("k", 256), "", false, true)
 	f.Fuzz(func(t *testing.T, v1, v2 string, otherHeader, uuid bool) {
-		opts := &Options{Scope: SharedScope} // the key header is what is fuzzed
+		opts := &Config{Scope: SharedScope} // the key header is what is fuzzed
 		name := HeaderKey
 		if otherHeader {
 			name, opts.KeyHeader = "X-Idempotency-Key", "x-idempotency-key"

@@ -18,19 +18,19 @@ func testNoScope[Tx any](t *testing.T, e env[Tx]) {
 	const body = `{"amount":100,"to":"acct-of-a"}`
 	type mounting struct {
 		name string
-		opts func(*idemhttp.Options) *idemhttp.Options // the observer and OnError to add
+		opts func(*idemhttp.Config) *idemhttp.Config // the observer and OnError to add
 	}
 	for _, m := range []mounting{
-		{"nil", func(*idemhttp.Options) *idemhttp.Options { return nil }},
-		{"empty", func(*idemhttp.Options) *idemhttp.Options { return &idemhttp.Options{} }},
-		{"observed", func(o *idemhttp.Options) *idemhttp.Options { return o }},
-		{"KeyOptional", func(o *idemhttp.Options) *idemhttp.Options { o.KeyOptional = true; return o }},
+		{"nil", func(*idemhttp.Config) *idemhttp.Config { return nil }},
+		{"empty", func(*idemhttp.Config) *idemhttp.Config { return &idemhttp.Config{} }},
+		{"observed", func(o *idemhttp.Config) *idemhttp.Config { return o }},
+		{"KeyOptional", func(o *idemhttp.Config) *idemhttp.Config { o.KeyOptional = true; return o }},
 	} {
 		t.Run(m.name, func(t *testing.T) {
 			rc := &recorded{}
 			var mu sync.Mutex
 			var reported []error
-			o := &idemhttp.Options{Observer: rc.observe, OnError: func(_ *http.Request, err error) {
+			o := &idemhttp.Config{Observer: rc.observe, OnError: func(_ *http.Request, err error) {
 				mu.Lock()
 				reported = append(reported, err)
 				mu.Unlock()
@@ -84,7 +84,7 @@ func testNoScope[Tx any](t *testing.T, e env[Tx]) {
 	}
 
 	t.Run("SharedScope", func(t *testing.T) {
-		opts := &idemhttp.Options{Scope: idemhttp.SharedScope}
+		opts := &idemhttp.Config{Scope: idemhttp.SharedScope}
 		if err := opts.Validate(); err != nil {
 			t.Errorf("Validate() = %v, want nil", err)
 		}

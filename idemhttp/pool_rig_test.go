@@ -163,7 +163,7 @@ func newPoolService(tb testing.TB, d *poolDB, size int32, cfg *idempotency.Confi
 		w.WriteHeader(http.StatusCreated)
 		fmt.Fprintf(w, `{"tag":%q,"run":%d}`, tag, runs.Add(1))
 	})
-	mw := idemhttp.Middleware(g, &idemhttp.Options{Scope: func(r *http.Request) (string, error) { return r.Header.Get("X-Tenant"), nil }})
+	mw := idemhttp.Middleware(g, &idemhttp.Config{Scope: func(r *http.Request) (string, error) { return r.Header.Get("X-Tenant"), nil }})
 	mux := http.NewServeMux()
 	guarded := mw(pay)
 	mux.Handle("POST /pay", http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {

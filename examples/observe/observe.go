@@ -1,5 +1,5 @@
 // Package observe feeds the events of the idemhttp middleware
-// ([idemhttp.Options].Observer) to log/slog and to OpenTelemetry metrics: a
+// ([idemhttp.Config].Observer) to log/slog and to OpenTelemetry metrics: a
 // counter of requests by outcome and a histogram of their duration. It is
 // its own module so that the OpenTelemetry SDK never enters the core
 // module's requirements; the package itself needs only the OpenTelemetry
@@ -28,7 +28,7 @@ const (
 	DurationMetric = "idempotency.http.duration"
 )
 
-// New returns an observer for [idemhttp.Options].Observer that logs every
+// New returns an observer for [idemhttp.Config].Observer that logs every
 // event to logger (nil: no log) and records it on meter's instruments
 // (nil: no metrics). Events whose outcome is an error of the server
 // (handler_error, store_error, internal) are logged at Error level, the

@@ -4,12 +4,12 @@
 // PostgreSQL) and the example that show it, so that chi never enters the
 // requirements of the core module.
 //
-//	opts := &idemhttp.Options{Scope: accountScope} // required: the authenticated account
+//	cfg := &idemhttp.Config{Scope: accountScope} // required: the authenticated account
 //	r := chi.NewRouter()
 //	r.Use(middleware.Recoverer)
-//	r.With(idemhttp.Middleware(guard, opts)).Post("/payments", createPayment)
+//	r.With(idemhttp.Middleware(guard, cfg)).Post("/payments", createPayment)
 //
-// opts.Scope is required, as everywhere: mounted without it the middleware
+// cfg.Scope is required, as everywhere: mounted without it the middleware
 // answers every guarded request 500 ([idemhttp.ErrNoScope]) rather than
 // share one key space between clients.
 //

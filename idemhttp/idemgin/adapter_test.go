@@ -99,8 +99,8 @@ type collector struct {
 	events []idemhttp.Event
 }
 
-func (cl *collector) options() *idemhttp.Options {
-	return &idemhttp.Options{
+func (cl *collector) options() *idemhttp.Config {
+	return &idemhttp.Config{
 		Scope:   idemhttp.SharedScope, // one test client
 		OnError: func(_ *http.Request, err error) { cl.mu.Lock(); defer cl.mu.Unlock(); cl.errs = append(cl.errs, err) },
 		Observer: func(_ context.Context, ev idemhttp.Event) {
