@@ -14,6 +14,7 @@ import (
 	"sync/atomic"
 	"testing"
 
+	"github.com/go-idempotency/idempotency"
 	"github.com/go-idempotency/idempotency/idemhttp"
 	"github.com/go-idempotency/idempotency/internal/testkit"
 )
@@ -203,15 +204,15 @@ func testBypassRefusedAfter[Tx any](t *testing.T, e env[Tx]) {
 	if len(events) != 7 {
 		t.Fatalf("%d events, want 7", len(events))
 	}
-	if events[0].Outcome != idemhttp.OutcomeExecuted || events[5].Outcome != idemhttp.OutcomeReplayed {
+	if events[0].Outcome != idempotency.Executed || events[5].Outcome != idempotency.Replayed {
 		t.Errorf("events %+v; want ok-1 executed, then replayed", events)
 	}
 	events = append(events[1:5], events[6])
-	if ev := events[0]; ev.Outcome != idemhttp.OutcomeInternal || !errors.Is(ev.Err, idemhttp.ErrWriterBypassed) || ev.Key.ID != "pay-1" {
+	if ev := events[0]; ev.Outcome != idempotency.Internal || !errors.Is(ev.Err, idemhttp.ErrWriterBypassed) || ev.Key.ID != "pay-1" {
 		t.Errorf("first event %+v; want outcome internal, ErrWriterBypassed, key pay-1", ev)
 	}
 	for _, ev := range events[1:] {
-		if ev.Outcome != idemhttp.OutcomeInternal || ev.Status != 500 || ev.Key.ID == "" || !errors.Is(ev.Err, idemhttp.ErrBypassRefused) || errors.Is(ev.Err, idemhttp.ErrWriterBypassed) {
+		if ev.Outcome != idempotency.Internal || ev.Status != 500 || ev.Key.ID == "" || !errors.Is(ev.Err, idemhttp.ErrBypassRefused) || errors.Is(ev.Err, idemhttp.ErrWriterBypassed) {
 			t.Errorf("later event %+v; want outcome internal, 500, ErrBypassRefused", ev)
 		}
 	}

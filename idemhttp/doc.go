@@ -58,7 +58,7 @@
 // [MinKeyLength]), render problems ([Config].RenderProblem), shape the
 // fingerprint ([Config].FingerprintHeaders, [Config].IgnoreFields,
 // [Config].Fingerprint) and observe every guarded request, refusals
-// included ([Config].Observer, [Event], [Outcome]).
+// included ([Config].Observer, [Event], [idempotency.Outcome]).
 //
 // A later request with the same key and the same fingerprint gets the stored
 // status, the stored headers that pass the allowlist ([Config].ReplayHeaders;

@@ -131,12 +131,12 @@ func FuzzKeyHeader(f *testing.F) {
 			t.Fatalf("answer %d %q is not a problem: %v", rec.Code, rec.Body.Bytes(), jerr)
 		}
 		if refused {
-			if rec.Code != http.StatusBadRequest || p.Type != ProblemInvalidKey || ev.Outcome != OutcomeRejected || !errors.Is(ev.Err, idempotency.ErrInvalidKey) {
+			if rec.Code != http.StatusBadRequest || p.Type != ProblemInvalidKey || ev.Outcome != idempotency.Rejected || !errors.Is(ev.Err, idempotency.ErrInvalidKey) {
 				t.Fatalf("%q %q: %d %s, event %+v; want 400 %s with an error wrapping ErrInvalidKey", v1, v2, rec.Code, p.Type, ev, ProblemInvalidKey)
 			}
 			return
 		}
-		if rec.Code != http.StatusInternalServerError || p.Type != ProblemInternal || ev.Key.ID != id || ev.Outcome != OutcomeInternal {
+		if rec.Code != http.StatusInternalServerError || p.Type != ProblemInternal || ev.Key.ID != id || ev.Outcome != idempotency.Internal {
 			t.Fatalf("%q: %d %s, event %+v; want the key %q through to the (nil) guard", v1, rec.Code, p.Type, ev, id)
 		}
 	})

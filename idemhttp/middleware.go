@@ -124,7 +124,7 @@ func (h *handler[Tx]) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		h.next.ServeHTTP(w, r)
 		return
 	}
-	ev := &Event{Method: r.Method, Outcome: OutcomeHandlerError}
+	ev := &Event{Method: r.Method, Outcome: idempotency.HandlerError}
 	if h.c.observer != nil {
 		start := time.Now()
 		ev.Route = h.c.route(r)
@@ -132,7 +132,7 @@ func (h *handler[Tx]) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		defer func() {
 			ev.Duration = time.Since(start)
 			if !finished { // the handler panicked (re-raised): rolled back
-				ev.Outcome, ev.Status, ev.Err = OutcomeHandlerError, 0, errors.New("idemhttp: the handler panicked")
+				ev.Outcome, ev.Status, ev.Err = idempotency.HandlerError, 0, errors.New("idemhttp: the handler panicked")
 			}
 			h.c.observer(r.Context(), *ev)
 		}()
@@ -264,10 +264,10 @@ func (h *handler[Tx]) serve(w http.ResponseWriter, r *http.Request, values []str
 	}
 	switch {
 	case err == nil && resp.Replayed:
-		ev.Outcome, ev.Status = OutcomeReplayed, resp.Status
+		ev.Outcome, ev.Status = idempotency.Replayed, resp.Status
 		writeResponse(w, resp.Status, h.c.storedHeader(resp.Header), resp.Body, true)
 	case err == nil:
-		ev.Outcome, ev.Status = OutcomeExecuted, first.status
+		ev.Outcome, ev.Status = idempotency.Executed, first.status
 		writeResponse(w, first.status, first.sent, first.body.Bytes(), false)
 	default:
 		h.fail(w, r, ev, err)

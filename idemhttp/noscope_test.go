@@ -7,6 +7,7 @@ import (
 	"sync"
 	"testing"
 
+	"github.com/go-idempotency/idempotency"
 	"github.com/go-idempotency/idempotency/idemhttp"
 )
 
@@ -72,7 +73,7 @@ func testNoScope[Tx any](t *testing.T, e env[Tx]) {
 				return
 			}
 			ev := rc.last(t)
-			if ev.Outcome != idemhttp.OutcomeInternal || ev.Status != http.StatusInternalServerError || !errors.Is(ev.Err, idemhttp.ErrNoScope) {
+			if ev.Outcome != idempotency.Internal || ev.Status != http.StatusInternalServerError || !errors.Is(ev.Err, idemhttp.ErrNoScope) {
 				t.Errorf("event %+v; want internal, 500, ErrNoScope", ev)
 			}
 			mu.Lock()

@@ -14,13 +14,14 @@ import (
 	"go.opentelemetry.io/otel/attribute"
 	"go.opentelemetry.io/otel/metric"
 
+	"github.com/go-idempotency/idempotency"
 	"github.com/go-idempotency/idempotency/idemhttp"
 )
 
 // Metric names.
 const (
 	// RequestsMetric counts guarded requests, with the attributes
-	// idempotency.outcome (an [idemhttp.Outcome]), http.request.method and
+	// idempotency.outcome (an [idempotency.Outcome] label), http.request.method and
 	// http.response.status_code.
 	RequestsMetric = "idempotency.http.requests"
 	// DurationMetric is the time from the middleware's start to its
@@ -52,7 +53,7 @@ func New(logger *slog.Logger, meter metric.Meter) (func(context.Context, idemhtt
 	}
 	return func(ctx context.Context, ev idemhttp.Event) {
 		if meter != nil {
-			outcome := attribute.String("idempotency.outcome", string(ev.Outcome))
+			outcome := attribute.String("idempotency.outcome", ev.Outcome.String())
 			requests.Add(ctx, 1, metric.WithAttributes(outcome,
 				attribute.String("http.request.method", ev.Method),
 				attribute.Int("http.response.status_code", ev.Status)))
@@ -63,13 +64,13 @@ func New(logger *slog.Logger, meter metric.Meter) (func(context.Context, idemhtt
 		}
 		level := slog.LevelDebug
 		switch ev.Outcome {
-		case idemhttp.OutcomeHandlerError, idemhttp.OutcomeStoreError, idemhttp.OutcomeInternal:
+		case idempotency.HandlerError, idempotency.StoreError, idempotency.Internal:
 			level = slog.LevelError
-		case idemhttp.OutcomeRejected, idemhttp.OutcomeMismatch, idemhttp.OutcomeInProgress:
+		case idempotency.Rejected, idempotency.Mismatch, idempotency.InProgress:
 			level = slog.LevelInfo
 		}
 		attrs := []slog.Attr{
-			slog.String("outcome", string(ev.Outcome)),
+			slog.String("outcome", ev.Outcome.String()),
 			slog.String("method", ev.Method),
 			slog.String("route", ev.Route),
 			slog.Int("status", ev.Status),
