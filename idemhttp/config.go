@@ -167,13 +167,6 @@ type Config struct {
 	// are not).
 	Store func(status int) bool
 
-	// Transient is the former way to refuse statuses below 500; when Store
-	// is nil and Transient is set, a status is stored when it is below 500
-	// and Transient reports false.
-	//
-	// Deprecated: use Store.
-	Transient func(status int) bool
-
 	// RenderProblem, if set, writes every error the middleware answers
 	// itself, instead of the default application/problem+json document
 	// ([WriteProblem]). p.Header holds the fields the answer must carry
@@ -275,11 +268,7 @@ func newSettings(o *Config) *settings {
 		}
 	}
 	if c.store == nil {
-		if t := o.Transient; t != nil {
-			c.store = func(s int) bool { return s < 500 && !t(s) }
-		} else {
-			c.store = DefaultStore
-		}
+		c.store = DefaultStore
 	}
 	if c.render == nil {
 		c.render = func(w http.ResponseWriter, _ *http.Request, p *Problem) { WriteProblem(w, p) }
