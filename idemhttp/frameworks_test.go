@@ -14,7 +14,7 @@ import (
 
 	"github.com/go-idempotency/idempotency"
 	"github.com/go-idempotency/idempotency/idemhttp"
-	"github.com/go-idempotency/idempotency/idemhttp/internal/frameworktest"
+	"github.com/go-idempotency/idempotency/internal/frameworktest"
 )
 
 // serveMux mounts the middleware per route on an http.ServeMux.

@@ -20,7 +20,7 @@ import (
 	"github.com/go-idempotency/idempotency"
 	"github.com/go-idempotency/idempotency/idemhttp"
 	"github.com/go-idempotency/idempotency/idemhttp/idemecho"
-	"github.com/go-idempotency/idempotency/idemhttp/internal/frameworktest"
+	"github.com/go-idempotency/idempotency/internal/frameworktest"
 )
 
 type mount struct{}

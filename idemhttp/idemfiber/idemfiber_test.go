@@ -15,7 +15,7 @@ import (
 	"github.com/go-idempotency/idempotency"
 	"github.com/go-idempotency/idempotency/idemhttp"
 	"github.com/go-idempotency/idempotency/idemhttp/idemfiber"
-	"github.com/go-idempotency/idempotency/idemhttp/internal/frameworktest"
+	"github.com/go-idempotency/idempotency/internal/frameworktest"
 )
 
 type mount struct{}

@@ -14,7 +14,7 @@ import (
 	"github.com/go-idempotency/idempotency"
 	"github.com/go-idempotency/idempotency/idemhttp"
 	"github.com/go-idempotency/idempotency/idemhttp/idemgin"
-	"github.com/go-idempotency/idempotency/idemhttp/internal/frameworktest"
+	"github.com/go-idempotency/idempotency/internal/frameworktest"
 )
 
 type mount struct{}

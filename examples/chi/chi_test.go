@@ -1,4 +1,4 @@
-package idemchi_test
+package chiexample_test
 
 import (
 	"database/sql"
@@ -16,7 +16,7 @@ import (
 
 	"github.com/go-idempotency/idempotency"
 	"github.com/go-idempotency/idempotency/idemhttp"
-	"github.com/go-idempotency/idempotency/idemhttp/internal/frameworktest"
+	"github.com/go-idempotency/idempotency/internal/frameworktest"
 )
 
 type mount struct{}

@@ -1,4 +1,4 @@
-package idemchi_test
+package chiexample_test
 
 import (
 	"context"
@@ -49,8 +49,6 @@ func exampleGuard() (*idempotency.Guard[*sql.Tx], *sql.DB, func()) {
 	return guard, db, func() { db.Close(); os.RemoveAll(dir) }
 }
 
-// pay posts the same payment twice with one key and prints the answers and
-// the number of payment rows.
 // accountScope is the example's Config.Scope: the account of the
 // request's credential, as the service's authentication verified it (here,
 // standing for it, the bearer token), and 401 without one. Never a value
@@ -63,6 +61,8 @@ func accountScope(r *http.Request) (string, error) {
 	return "", &idemhttp.Problem{Type: "about:blank", Title: "Unauthorized", Status: http.StatusUnauthorized}
 }
 
+// pay posts the same payment twice with one key and prints the answers and
+// the number of payment rows.
 func pay(url string, db *sql.DB) {
 	for range 2 {
 		req, _ := http.NewRequest(http.MethodPost, url, strings.NewReader(`{"amount":1999}`))
