@@ -147,7 +147,7 @@ func (s *bypassServer[Tx]) effects(t *testing.T, key string) int {
 	return (&server[Tx]{env: s.env}).effects(t, "/"+key)
 }
 
-// testBypassRefusedAfter is the failure of the issue, in net/http terms:
+// testBypassRefusedAfter is the bypass failure, in net/http terms:
 // the client was told 201 "approved" while the middleware, seeing no
 // answer, rolled the payment back, and every retry did it again. The first
 // request cannot be taken back (201 reached the client, nothing

@@ -17,9 +17,9 @@ import (
 	"github.com/go-idempotency/idempotency"
 )
 
-// The fuzz targets of idemhttp's parsers (issue 9, "make the next edge
-// findable"). Their seeds are in testdata/fuzz/<target>; CI runs each for
-// about 20 s:
+// The fuzz targets of idemhttp's parsers, so that the next edge case is
+// found by a machine. Their corpora are in testdata/fuzz/<target>; CI runs
+// each for a bounded time:
 //
 //	go test -run '^$' -fuzz '^FuzzParseKey$' -fuzztime 20s ./idemhttp/
 //	go test -run '^$' -fuzz '^FuzzKeyHeader$' -fuzztime 20s ./idemhttp/
@@ -28,7 +28,7 @@ import (
 //	go test -run '^$' -fuzz '^FuzzIgnoreFields$' -fuzztime 20s ./idemhttp/
 //	go test -run '^$' -fuzz '^FuzzUUIDKey$' -fuzztime 20s ./idemhttp/
 //
-// A plain go test runs every seed.
+// A plain go test runs every corpus entry.
 
 // sfStringRe is the sf-string grammar of RFC 8941 section 3.3.3.
 var sfStringRe = regexp.MustCompile(`^"(?:[\x20\x21\x23-\x5b\x5d-\x7e]|\\["\\])*"$`)

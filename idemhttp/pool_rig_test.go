@@ -23,11 +23,11 @@ import (
 	"github.com/go-idempotency/idempotency/postgres"
 )
 
-// The rig of issue 10.2: a service on PostgreSQL with a pool of 4
+// The rig of the pool starvation tests: a service on PostgreSQL with a pool of 4
 // connections, a guarded route whose handler can be held on a key (the
 // slow key), and an unguarded route that queries the same pool.
 
-// poolSize is the pool of the issue: pgxpool's default on a small machine.
+// poolSize is the pool of the rig: pgxpool's default on a small machine.
 const poolSize = 4
 
 // holds lets a test keep a key's handler running until it releases it.

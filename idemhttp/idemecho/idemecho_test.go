@@ -86,7 +86,7 @@ func TestEcho(t *testing.T) {
 	frameworktest.Run(t, mount{})
 }
 
-// TestWrapMiddlewareNotStored is the failure of the issue: through
+// TestWrapMiddlewareNotStored is the failure of the usual adapter: through
 // echo.WrapMiddleware, a handler that inserts and returns
 // echo.NewHTTPError(502) used to give an empty 200, a committed row and a
 // stored key. Now the middleware sees no answer: it rolls back, stores

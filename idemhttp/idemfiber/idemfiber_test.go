@@ -96,7 +96,7 @@ func TestFiber(t *testing.T) {
 	frameworktest.Run(t, mount{})
 }
 
-// TestAdaptorNotStored is the failure of the issue: adaptor.HTTPMiddleware
+// TestAdaptorNotStored is the failure of the usual adapter: adaptor.HTTPMiddleware
 // runs the handler after the middleware returned, so the middleware used
 // to commit and store an empty 200 before the handler ran. Now it sees no
 // answer: it rolls back and stores nothing, and the handler, run later

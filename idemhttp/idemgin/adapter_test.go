@@ -33,7 +33,7 @@ var adapters = []struct {
 	wrap   func(mw func(http.Handler) http.Handler) gin.HandlerFunc
 }{
 	{"usual", false, func(mw func(http.Handler) http.Handler) gin.HandlerFunc {
-		// The issue's adapter: c.Request = r; c.Next().
+		// The usual adapter: c.Request = r; c.Next().
 		return func(c *gin.Context) {
 			h := mw(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 				c.Request = r
@@ -118,7 +118,7 @@ func (cl *collector) get() ([]error, []idemhttp.Event) {
 	return append([]error(nil), cl.errs...), append([]idemhttp.Event(nil), cl.events...)
 }
 
-// TestUsualAdapterBypass is the issue: with the generic middleware mounted
+// TestUsualAdapterBypass is the bypass failure: with the generic middleware mounted
 // through a net/http adapter, a gin handler that inserts a payment through
 // the transaction and answers 201 on c.Writer told the client "approved"
 // while the middleware, seeing no answer, rolled the payment back; every
@@ -304,7 +304,7 @@ func (s split) Write(p []byte) (int, error) { return s.w.Write(p) }
 // through the middleware: stored, replayed, no bypass. c.AbortWithStatus
 // sends gin's own status around it: the middleware still saw the 202, so
 // the payment is committed and the 202 stored as usual (rolling it back
-// after a 2xx went out would be the issue again), the bypass is reported
+// after a 2xx went out would be the bypass failure again), the bypass is reported
 // once, and new keys are refused before the handler runs.
 func TestSplitAdapter(t *testing.T) {
 	t.Parallel()
