@@ -21,10 +21,12 @@ func MaxExpiry() time.Time { return time.Unix(0, math.MaxInt64).UTC() }
 // clock can be out of range; see [CheckClock].
 func MinClock() time.Time { return time.Unix(0, math.MinInt64).UTC() }
 
-// Outcome says how a call of [Guard.Do] ended; see [Event].
+// Outcome says how a guarded operation ended: a call of [Guard.Do] (see
+// [Event]) or a request an integration such as idemhttp answered.
 type Outcome int
 
-// The outcomes an [Observer] is told about.
+// The outcomes an [Observer] is told about. [Guard.Do] reports the first
+// five; the others are those of integrations that tell more apart.
 const (
 	// Executed: fn ran and its response was committed with the key.
 	Executed Outcome = iota + 1
@@ -36,10 +38,28 @@ const (
 	InProgress
 	// Failed: fn, the store or validation returned an error.
 	Failed
+	// NotStored: fn ran and gave an answer that is not stored (an HTTP
+	// 400 or 409): sent, its writes rolled back, the key left free.
+	NotStored
+	// HandlerError: fn failed, panicked or gave no answer; its writes were
+	// rolled back and the key left free.
+	HandlerError
+	// Rejected: the request was refused before the store was reached (a
+	// missing or invalid key, an invalid body).
+	Rejected
+	// StoreError: the key store failed ([ErrStore]); fn did not run or
+	// was rolled back.
+	StoreError
+	// Canceled: the caller went away before an answer; nothing was stored.
+	Canceled
+	// Internal: the integration is misconfigured, so the request was
+	// refused without running fn.
+	Internal
 )
 
 // String returns the outcome as a metrics label: "executed", "replayed",
-// "mismatch", "in_progress" or "error".
+// "mismatch", "in_progress", "failed", "not_stored", "handler_error",
+// "rejected", "store_error", "canceled" or "internal".
 func (o Outcome) String() string {
 	switch o {
 	case Executed:
@@ -51,7 +71,19 @@ func (o Outcome) String() string {
 	case InProgress:
 		return "in_progress"
 	case Failed:
-		return "error"
+		return "failed"
+	case NotStored:
+		return "not_stored"
+	case HandlerError:
+		return "handler_error"
+	case Rejected:
+		return "rejected"
+	case StoreError:
+		return "store_error"
+	case Canceled:
+		return "canceled"
+	case Internal:
+		return "internal"
 	}
 	return fmt.Sprintf("Outcome(%d)", int(o))
 }

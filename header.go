@@ -2,15 +2,12 @@ package idempotency
 
 import (
 	"encoding/binary"
-	"encoding/json"
 	"errors"
 	"fmt"
 	"net/http"
 )
 
 // headerFormat is the first byte of an encoding made by [MarshalHeader].
-// Encodings made before it existed are JSON objects (first byte '{') or
-// the JSON literal null, which [UnmarshalHeader] still reads.
 const headerFormat = 0x01
 
 // ErrInvalidHeader: bytes given to [UnmarshalHeader] are not an encoding
@@ -61,19 +58,14 @@ func uvarintLen(n int) int {
 	return size
 }
 
-// UnmarshalHeader decodes what [MarshalHeader] encoded (and the JSON
-// encoding that earlier versions stored). Empty input gives a nil header.
-// Malformed input gives an error wrapping [ErrInvalidHeader].
+// UnmarshalHeader decodes what [MarshalHeader] encoded. Empty input gives
+// a nil header. Any other input gives an error wrapping [ErrInvalidHeader].
 func UnmarshalHeader(b []byte) (http.Header, error) {
 	if len(b) == 0 {
 		return nil, nil
 	}
 	if b[0] != headerFormat {
-		var h http.Header
-		if err := json.Unmarshal(b, &h); err != nil {
-			return nil, fmt.Errorf("%w: %w", ErrInvalidHeader, err)
-		}
-		return h, nil
+		return nil, fmt.Errorf("%w: format byte %#x, want %#x", ErrInvalidHeader, b[0], headerFormat)
 	}
 	d := headerDecoder{b: b[1:]}
 	names := d.count()

@@ -117,7 +117,10 @@ func TestNewRefusesBadConfig(t *testing.T) {
 
 func TestOutcomeString(t *testing.T) {
 	for o, want := range map[idempotency.Outcome]string{idempotency.Executed: "executed", idempotency.Replayed: "replayed",
-		idempotency.Mismatch: "mismatch", idempotency.InProgress: "in_progress", idempotency.Failed: "error", 0: "Outcome(0)"} {
+		idempotency.Mismatch: "mismatch", idempotency.InProgress: "in_progress", idempotency.Failed: "failed",
+		idempotency.NotStored: "not_stored", idempotency.HandlerError: "handler_error", idempotency.Rejected: "rejected",
+		idempotency.StoreError: "store_error", idempotency.Canceled: "canceled", idempotency.Internal: "internal",
+		0: "Outcome(0)", 99: "Outcome(99)"} {
 		if o.String() != want {
 			t.Errorf("%d: got %q, want %q", int(o), o.String(), want)
 		}

@@ -48,9 +48,9 @@ func (s *statusWriter) Write(p []byte) (int, error) {
 func (s *statusWriter) Unwrap() http.ResponseWriter { return s.ResponseWriter }
 
 // refuseNoScope answers a guarded request of a middleware mounted without
-// [Options].Scope: nothing ran, nothing was stored.
+// [Config].Scope: nothing ran, nothing was stored.
 func (h *handler[Tx]) refuseNoScope(w http.ResponseWriter, r *http.Request, ev *Event) {
-	ev.Outcome, ev.Err = OutcomeInternal, ErrNoScope
+	ev.Outcome, ev.Err = idempotency.Internal, ErrNoScope
 	h.warnOnce(&h.st.noScope, r, ErrNoScope)
 	h.problem(w, r, ev, &Problem{Type: ProblemInternal, Title: "Idempotency middleware failed", Status: http.StatusInternalServerError,
 		Detail: "The idempotency middleware is mounted without a key scope; the request was not processed."})
@@ -58,7 +58,7 @@ func (h *handler[Tx]) refuseNoScope(w http.ResponseWriter, r *http.Request, ev *
 
 // reject answers a refusal that happened before the store was reached.
 func (h *handler[Tx]) reject(w http.ResponseWriter, r *http.Request, ev *Event, p *Problem, cause error) {
-	ev.Outcome, ev.Err = OutcomeRejected, cause
+	ev.Outcome, ev.Err = idempotency.Rejected, cause
 	if cause == nil {
 		ev.Err = p
 	}
@@ -79,7 +79,7 @@ func (h *handler[Tx]) invalidKey(w http.ResponseWriter, r *http.Request, ev *Eve
 
 // internal answers 500 [ProblemInternal] for a misconfiguration.
 func (h *handler[Tx]) internal(w http.ResponseWriter, r *http.Request, ev *Event, err error) {
-	ev.Outcome, ev.Err = OutcomeInternal, err
+	ev.Outcome, ev.Err = idempotency.Internal, err
 	if h.c.onError != nil {
 		h.c.onError(r, err)
 	}
@@ -91,9 +91,9 @@ func (h *handler[Tx]) fail(w http.ResponseWriter, r *http.Request, ev *Event, er
 	ev.Err = err
 	if f, ok := errors.AsType[*handlerFailure](err); ok {
 		// The handler's own response, rolled back and not stored.
-		ev.Outcome, ev.Status = OutcomeNotStored, f.c.status
+		ev.Outcome, ev.Status = idempotency.NotStored, f.c.status
 		if f.c.status >= 500 {
-			ev.Outcome = OutcomeHandlerError
+			ev.Outcome = idempotency.HandlerError
 		} else {
 			ev.Err = nil
 		}
@@ -105,14 +105,14 @@ func (h *handler[Tx]) fail(w http.ResponseWriter, r *http.Request, ev *Event, er
 		h.refuseBypassed(w, r, ev)
 		return
 	case errors.Is(err, idempotency.ErrMismatch):
-		ev.Outcome = OutcomeMismatch
+		ev.Outcome = idempotency.Mismatch
 		h.problem(w, r, ev, &Problem{Type: ProblemKeyReused, Title: h.c.header + " is already used", Status: http.StatusUnprocessableEntity,
 			Detail: "This key was used with a different request (method, route or body); use a new key for a new request."})
 		return
 	case errors.Is(err, idempotency.ErrInProgress) && !errors.Is(err, idempotency.ErrStore):
 		// Only a key that is truly held is "in progress": a store that is
-		// busy (SQLite's writer held by another key, not waiting) is a 503.
-		ev.Outcome = OutcomeInProgress
+		// busy (SQLite's writer held by another key not waiting) is a 503.
+		ev.Outcome = idempotency.InProgress
 		h.problem(w, r, ev, &Problem{Type: ProblemInProgress, Title: "A request with this " + h.c.header + " is in progress", Status: http.StatusConflict,
 			Detail: "Retry later with the same key to get its response.", Header: retryAfterHeader()})
 		return
@@ -123,22 +123,22 @@ func (h *handler[Tx]) fail(w http.ResponseWriter, r *http.Request, ev *Event, er
 	}
 	switch {
 	case errors.Is(err, ErrNoResponse):
-		ev.Outcome = OutcomeHandlerError
+		ev.Outcome = idempotency.HandlerError
 		h.problem(w, r, ev, &Problem{Type: ProblemNoResponse, Title: "The handler wrote no response", Status: http.StatusInternalServerError,
 			Detail: "The operation was rolled back; retry with the same key."})
 	case errors.Is(err, errResponseTooLarge):
-		ev.Outcome = OutcomeHandlerError
+		ev.Outcome = idempotency.HandlerError
 		h.problem(w, r, ev, &Problem{Type: ProblemResponseTooLarge, Title: "Response too large to store", Status: http.StatusInternalServerError,
 			Detail: "The response was larger than the idempotency store accepts; the operation was rolled back."})
 	case errors.Is(err, idempotency.ErrInvalidResponse), errors.Is(err, idempotency.ErrInvalidKey), errors.Is(err, idempotency.ErrInvalidFingerprint):
-		ev.Outcome = OutcomeInternal
+		ev.Outcome = idempotency.Internal
 		h.problem(w, r, ev, &Problem{Type: ProblemInternal, Title: "Idempotency middleware failed", Status: http.StatusInternalServerError})
 	default:
 		// idempotency.ErrStore (connection cut, timeout, busy database,
 		// conflicts past the retries) and any other store error: fail closed.
-		ev.Outcome = OutcomeStoreError
+		ev.Outcome = idempotency.StoreError
 		if canceled {
-			ev.Outcome = OutcomeCanceled
+			ev.Outcome = idempotency.Canceled
 		}
 		h.problem(w, r, ev, &Problem{Type: ProblemStoreUnavailable, Title: "Idempotency store busy or unavailable", Status: http.StatusServiceUnavailable,
 			Detail: storeDetail, Header: retryAfterHeader()})

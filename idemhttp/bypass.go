@@ -7,13 +7,15 @@ import (
 	"net/http"
 	"slices"
 	"sync/atomic"
+
+	"github.com/go-idempotency/idempotency"
 )
 
 // ErrBypassRefused: the request was refused with 500 [ProblemInternal]
 // before the handler ran, because an earlier request through the same
 // [Middleware] wrote its answer around the middleware ([ErrWriterBypassed]).
 // Nothing ran, nothing was stored; a key whose answer was stored before
-// is still replayed. Reported in [Event].Err; [Options].OnError hears
+// is still replayed. Reported in [Event].Err; [Config].OnError hears
 // about the bypass once, not about each refusal.
 var ErrBypassRefused = errors.New("idemhttp: refused without running the handler: an earlier request wrote around this middleware's ResponseWriter")
 
@@ -23,7 +25,7 @@ var ErrBypassRefused = errors.New("idemhttp: refused without running the handler
 type mountState struct {
 	bypassed atomic.Bool // a handler wrote around the middleware: refuse from now on
 	warned   atomic.Bool // the loud report was made
-	noScope  atomic.Bool // the loud report of a missing Options.Scope was made
+	noScope  atomic.Bool // the loud report of a missing Config.Scope was made
 }
 
 // written is implemented by framework writers that know whether they sent
@@ -218,7 +220,7 @@ func (h *handler[Tx]) newBypass(p *outerProbe, partial bool) *bypassError {
 // as gin's c.Status(201) must not go out when the handler's writes were
 // rolled back.
 func (h *handler[Tx]) answerBypass(w http.ResponseWriter, r *http.Request, ev *Event, p *outerProbe, err *bypassError) {
-	ev.Outcome, ev.Err = OutcomeInternal, err
+	ev.Outcome, ev.Err = idempotency.Internal, err
 	h.warn(r, err)
 	if err.sent {
 		ev.Status = err.status
@@ -232,13 +234,13 @@ func (h *handler[Tx]) answerBypass(w http.ResponseWriter, r *http.Request, ev *E
 // refuseBypassed answers a request refused after a bypass: the handler
 // did not run, the key was released.
 func (h *handler[Tx]) refuseBypassed(w http.ResponseWriter, r *http.Request, ev *Event) {
-	ev.Outcome, ev.Err = OutcomeInternal, ErrBypassRefused
+	ev.Outcome, ev.Err = idempotency.Internal, ErrBypassRefused
 	h.problem(w, r, ev, &Problem{Type: ProblemInternal, Title: "Idempotency middleware failed", Status: http.StatusInternalServerError,
 		Detail: "The idempotency middleware is mounted so that it cannot see the handler's answer; the request was not processed."})
 }
 
 // warn reports the bypass once per [Middleware], loudly: to
-// [Options].OnError, or, without one, to the error log of the http.Server
+// [Config].OnError, or, without one, to the error log of the http.Server
 // serving r (net/http's own choice for its errors: the log package's
 // standard logger when the server has no ErrorLog).
 func (h *handler[Tx]) warn(r *http.Request, err error) {
@@ -246,7 +248,7 @@ func (h *handler[Tx]) warn(r *http.Request, err error) {
 }
 
 // warnOnce makes the loud report of err the first time flag is set:
-// to [Options].OnError, or to the http.Server's error log.
+// to [Config].OnError, or to the http.Server's error log.
 func (h *handler[Tx]) warnOnce(flag *atomic.Bool, r *http.Request, err error) {
 	if !flag.CompareAndSwap(false, true) {
 		return

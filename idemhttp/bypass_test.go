@@ -14,6 +14,7 @@ import (
 	"sync/atomic"
 	"testing"
 
+	"github.com/go-idempotency/idempotency"
 	"github.com/go-idempotency/idempotency/idemhttp"
 	"github.com/go-idempotency/idempotency/internal/testkit"
 )
@@ -58,8 +59,8 @@ type reports struct {
 	events []idemhttp.Event
 }
 
-func (rp *reports) options() *idemhttp.Options {
-	return &idemhttp.Options{
+func (rp *reports) options() *idemhttp.Config {
+	return &idemhttp.Config{
 		Scope:   idemhttp.SharedScope, // one test client
 		OnError: func(_ *http.Request, err error) { rp.mu.Lock(); rp.errs = append(rp.errs, err); rp.mu.Unlock() },
 		Observer: func(_ context.Context, ev idemhttp.Event) {
@@ -88,7 +89,7 @@ type bypassServer[Tx any] struct {
 	runs atomic.Int64
 }
 
-func startBypass[Tx any](t *testing.T, e env[Tx], opts *idemhttp.Options, errorLog *log.Logger) *bypassServer[Tx] {
+func startBypass[Tx any](t *testing.T, e env[Tx], opts *idemhttp.Config, errorLog *log.Logger) *bypassServer[Tx] {
 	t.Helper()
 	s := &bypassServer[Tx]{env: e}
 	mw := idemhttp.Middleware(e.newGuard(nil), opts)
@@ -146,7 +147,7 @@ func (s *bypassServer[Tx]) effects(t *testing.T, key string) int {
 	return (&server[Tx]{env: s.env}).effects(t, "/"+key)
 }
 
-// testBypassRefusedAfter is the failure of the issue, in net/http terms:
+// testBypassRefusedAfter is the bypass failure, in net/http terms:
 // the client was told 201 "approved" while the middleware, seeing no
 // answer, rolled the payment back, and every retry did it again. The first
 // request cannot be taken back (201 reached the client, nothing
@@ -203,15 +204,15 @@ func testBypassRefusedAfter[Tx any](t *testing.T, e env[Tx]) {
 	if len(events) != 7 {
 		t.Fatalf("%d events, want 7", len(events))
 	}
-	if events[0].Outcome != idemhttp.OutcomeExecuted || events[5].Outcome != idemhttp.OutcomeReplayed {
+	if events[0].Outcome != idempotency.Executed || events[5].Outcome != idempotency.Replayed {
 		t.Errorf("events %+v; want ok-1 executed, then replayed", events)
 	}
 	events = append(events[1:5], events[6])
-	if ev := events[0]; ev.Outcome != idemhttp.OutcomeInternal || !errors.Is(ev.Err, idemhttp.ErrWriterBypassed) || ev.Key.ID != "pay-1" {
+	if ev := events[0]; ev.Outcome != idempotency.Internal || !errors.Is(ev.Err, idemhttp.ErrWriterBypassed) || ev.Key.ID != "pay-1" {
 		t.Errorf("first event %+v; want outcome internal, ErrWriterBypassed, key pay-1", ev)
 	}
 	for _, ev := range events[1:] {
-		if ev.Outcome != idemhttp.OutcomeInternal || ev.Status != 500 || ev.Key.ID == "" || !errors.Is(ev.Err, idemhttp.ErrBypassRefused) || errors.Is(ev.Err, idemhttp.ErrWriterBypassed) {
+		if ev.Outcome != idempotency.Internal || ev.Status != 500 || ev.Key.ID == "" || !errors.Is(ev.Err, idemhttp.ErrBypassRefused) || errors.Is(ev.Err, idemhttp.ErrWriterBypassed) {
 			t.Errorf("later event %+v; want outcome internal, 500, ErrBypassRefused", ev)
 		}
 	}
@@ -278,13 +279,13 @@ func testBypassConcurrent[Tx any](t *testing.T, e env[Tx]) {
 	}
 }
 
-// testBypassServerErrorLog: without Options.OnError, the one report goes
+// testBypassServerErrorLog: without Config.OnError, the one report goes
 // to the http.Server's ErrorLog.
 func testBypassServerErrorLog[Tx any](t *testing.T, e env[Tx]) {
 	var mu sync.Mutex
 	var buf bytes.Buffer
 	logger := log.New(writerFunc(func(p []byte) (int, error) { mu.Lock(); defer mu.Unlock(); return buf.Write(p) }), "", 0)
-	s := startBypass(t, e, &idemhttp.Options{Scope: idemhttp.SharedScope}, logger)
+	s := startBypass(t, e, &idemhttp.Config{Scope: idemhttp.SharedScope}, logger)
 	for i := range 3 {
 		s.post(t, fmt.Sprintf("l-%d", i))
 	}

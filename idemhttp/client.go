@@ -10,22 +10,27 @@ import (
 	"time"
 )
 
-// Defaults of [Client] and [Transport].
+// Defaults of [Transport].
 const (
 	DefaultMaxAttempts = 5
 	DefaultBaseDelay   = 100 * time.Millisecond
 	DefaultMaxDelay    = 5 * time.Second
 )
 
-// Client sends requests with an idempotency key and retries them safely.
+// Transport is an http.RoundTripper that sends each request with an
+// idempotency key and retries it safely, so that any http.Client (or a
+// generated API client that takes one) gets safe retries:
+//
+//	hc := &http.Client{Transport: &idemhttp.Transport{Budget: idemhttp.NewRetryBudget(0.2, 10)}}
+//
 // The zero value is ready to use; it is safe for concurrent use as long as
 // its fields are not changed.
 //
-// Each call of [Client.Do] is one logical operation with ONE key, fixed
-// before the first attempt and never changed: the caller's own key header
-// if the request has one, otherwise, for the methods in Methods, a fresh
-// random key ([NewKey]) sent as an sf-string ("8e03978e-..."), the draft's
-// form. The key of a call can be read back from the response:
+// Each request is one logical operation with ONE key, fixed before the
+// first attempt and never changed: the caller's own key header if the
+// request has one, otherwise, for the methods in Methods, a fresh random
+// key ([NewKey]) sent as an sf-string ("8e03978e-..."), the draft's form.
+// The key of a request can be read back from the response:
 // resp.Request.Header.Get("Idempotency-Key").
 //
 // A request with a key is retried when Retry says so ([DefaultRetry]:
@@ -42,18 +47,16 @@ const (
 // The body is sent again on each attempt through req.GetBody (set by
 // http.NewRequest for in-memory bodies); a body without GetBody is read into
 // memory first. All attempts run under the request's context.
-//
-// [Transport] does the same as an http.RoundTripper.
-type Client struct {
-	// HTTPClient sends each attempt. Defaults to http.DefaultClient.
-	HTTPClient *http.Client
+type Transport struct {
+	// Base sends each attempt. Defaults to http.DefaultTransport.
+	Base http.RoundTripper
 	// Methods get a generated key when the request has none. Defaults to
 	// [DefaultMethods] (POST and PATCH).
 	Methods []string
 	// KeyHeader is the header that carries the key. Defaults to
 	// [HeaderKey] ("Idempotency-Key").
 	KeyHeader string
-	// MaxAttempts bounds the attempts per call, the first included.
+	// MaxAttempts bounds the attempts per request, the first included.
 	// Defaults to [DefaultMaxAttempts]; 1 disables retries.
 	MaxAttempts int
 	// BaseDelay is the backoff before the second attempt. Defaults to
@@ -68,14 +71,14 @@ type Client struct {
 	// to [DefaultRetry].
 	Retry func(resp *http.Response, err error) bool
 	// OnRetry, if set, is called before each wait for a retry, on the
-	// calling goroutine.
+	// goroutine that called RoundTrip.
 	OnRetry func(RetryEvent)
-	// Budget, if set, bounds the retries of every call that shares it: a
+	// Budget, if set, bounds the retries of every request that shares it: a
 	// retry it refuses returns the attempt's answer at once.
 	Budget *RetryBudget
 }
 
-// RetryEvent describes a retry about to happen; see [Client].OnRetry.
+// RetryEvent describes a retry about to happen; see [Transport].OnRetry.
 type RetryEvent struct {
 	// Request is the attempt that failed.
 	Request *http.Request
@@ -86,87 +89,27 @@ type RetryEvent struct {
 	Response *http.Response
 	// Err is the transport error, or nil.
 	Err error
-	// Wait is how long the client waits before the next attempt.
+	// Wait is how long the transport waits before the next attempt.
 	Wait time.Duration
 }
 
-// Do sends req as one logical operation, retrying as described on [Client].
-// It returns the last attempt's response (the caller closes its body) or,
-// when the last attempt failed, its error wrapped with the attempt count.
-// req is not modified; each attempt is a clone of it.
-func (c *Client) Do(req *http.Request) (*http.Response, error) {
-	hc := c.HTTPClient
-	if hc == nil {
-		hc = http.DefaultClient
-	}
-	return c.policy().do(req, hc.Do)
-}
-
-func (c *Client) policy() *policy {
-	return &policy{methods: c.Methods, header: c.KeyHeader, maxAttempts: c.MaxAttempts, base: c.BaseDelay,
-		maxDelay: c.MaxDelay, retry: c.Retry, onRetry: c.OnRetry, budget: c.Budget}
-}
-
-// Transport is an http.RoundTripper that gives each request one key and
-// retries it like [Client] does, so that any http.Client (or a generated
-// API client that takes one) gets safe retries:
-//
-//	hc := &http.Client{Transport: &idemhttp.Transport{Budget: idemhttp.NewRetryBudget(0.2, 10)}}
-//
-// Its fields mean what the same fields of [Client] mean. It is safe for
-// concurrent use as long as its fields are not changed.
-type Transport struct {
-	// Base sends each attempt. Defaults to http.DefaultTransport.
-	Base http.RoundTripper
-	// Methods get a generated key; see [Client].Methods.
-	Methods []string
-	// KeyHeader carries the key; see [Client].KeyHeader.
-	KeyHeader string
-	// MaxAttempts bounds the attempts; see [Client].MaxAttempts.
-	MaxAttempts int
-	// BaseDelay is the first backoff; see [Client].BaseDelay.
-	BaseDelay time.Duration
-	// MaxDelay caps every wait; see [Client].MaxDelay.
-	MaxDelay time.Duration
-	// Retry decides what is retried; see [Client].Retry.
-	Retry func(resp *http.Response, err error) bool
-	// OnRetry is told about each retry; see [Client].OnRetry.
-	OnRetry func(RetryEvent)
-	// Budget bounds retries across requests; see [Client].Budget.
-	Budget *RetryBudget
-}
-
-// RoundTrip sends req with retries; see [Transport].
+// RoundTrip sends req as one logical operation, retrying as described on
+// [Transport]. It returns the last attempt's response (the caller closes
+// its body) or, when the last attempt failed, its error wrapped with the
+// attempt count. req is not modified; each attempt is a clone of it.
 func (t *Transport) RoundTrip(req *http.Request) (*http.Response, error) {
-	base := t.Base
-	if base == nil {
-		base = http.DefaultTransport
+	send := t.Base
+	if send == nil {
+		send = http.DefaultTransport
 	}
-	p := &policy{methods: t.Methods, header: t.KeyHeader, maxAttempts: t.MaxAttempts, base: t.BaseDelay,
-		maxDelay: t.MaxDelay, retry: t.Retry, onRetry: t.OnRetry, budget: t.Budget}
-	return p.do(req, base.RoundTrip)
-}
-
-type policy struct {
-	methods     []string
-	header      string
-	maxAttempts int
-	base        time.Duration
-	maxDelay    time.Duration
-	retry       func(*http.Response, error) bool
-	onRetry     func(RetryEvent)
-	budget      *RetryBudget
-}
-
-func (c *policy) do(req *http.Request, send func(*http.Request) (*http.Response, error)) (*http.Response, error) {
-	header := c.header
+	header := t.KeyHeader
 	if header == "" {
 		header = HeaderKey
 	}
 	key := ""
 	if len(req.Header.Values(header)) == 0 {
-		if !c.keyed(req.Method) {
-			return send(req)
+		if !t.keyed(req.Method) {
+			return send.RoundTrip(req)
 		}
 		key = quoteKey(NewKey())
 	}
@@ -174,16 +117,16 @@ func (c *policy) do(req *http.Request, send func(*http.Request) (*http.Response,
 	if err != nil {
 		return nil, err
 	}
-	retry := c.retry
+	retry := t.Retry
 	if retry == nil {
 		retry = DefaultRetry
 	}
 	ctx := req.Context()
-	maxAttempts := c.maxAttempts
+	maxAttempts := t.MaxAttempts
 	if maxAttempts <= 0 {
 		maxAttempts = DefaultMaxAttempts
 	}
-	c.budget.deposit()
+	t.Budget.deposit()
 	for attempt := 1; ; attempt++ {
 		areq := req.Clone(ctx)
 		if key != "" {
@@ -195,7 +138,7 @@ func (c *policy) do(req *http.Request, send func(*http.Request) (*http.Response,
 			}
 			areq.GetBody = getBody
 		}
-		resp, err := send(areq)
+		resp, err := send.RoundTrip(areq)
 		if err != nil && ctx.Err() != nil {
 			return nil, fmt.Errorf("idemhttp: attempt %d of %d: %w", attempt, maxAttempts, err)
 		}
@@ -208,11 +151,11 @@ func (c *policy) do(req *http.Request, send func(*http.Request) (*http.Response,
 		if attempt >= maxAttempts || !retry(resp, err) {
 			return answer()
 		}
-		wait, ok := c.delay(attempt, resp, time.Now())
+		wait, ok := t.delay(attempt, resp, time.Now())
 		if dl, has := ctx.Deadline(); ok && has && time.Now().Add(wait).After(dl) {
 			ok = false
 		}
-		if !ok || !c.budget.withdraw() { // waiting is not allowed: this attempt is the answer
+		if !ok || !t.Budget.withdraw() { // waiting is not allowed: this attempt is the answer
 			return answer()
 		}
 		if resp != nil {
@@ -220,8 +163,8 @@ func (c *policy) do(req *http.Request, send func(*http.Request) (*http.Response,
 			_, _ = io.Copy(io.Discard, io.LimitReader(resp.Body, 64<<10))
 			_ = resp.Body.Close()
 		}
-		if c.onRetry != nil {
-			c.onRetry(RetryEvent{Request: areq, Attempt: attempt, Response: resp, Err: err, Wait: wait})
+		if t.OnRetry != nil {
+			t.OnRetry(RetryEvent{Request: areq, Attempt: attempt, Response: resp, Err: err, Wait: wait})
 		}
 		if serr := sleep(ctx, wait); serr != nil {
 			if err != nil {
@@ -232,8 +175,8 @@ func (c *policy) do(req *http.Request, send func(*http.Request) (*http.Response,
 	}
 }
 
-func (c *policy) keyed(method string) bool {
-	methods := c.methods
+func (t *Transport) keyed(method string) bool {
+	methods := t.Methods
 	if methods == nil {
 		methods = DefaultMethods()
 	}

@@ -28,9 +28,9 @@ func businessConflict(w http.ResponseWriter, _ *http.Request) {
 	_, _ = io.WriteString(w, `{"type":"https://shop.example/already-captured","title":"Order already captured","status":409}`)
 }
 
-// TestClientBusinessConflictNotRetried is the failure of the issue: a
+// TestTransportBusinessConflictNotRetried : a
 // business 409 ("order already captured") used to be sent 5 times.
-func TestClientBusinessConflictNotRetried(t *testing.T) {
+func TestTransportBusinessConflictNotRetried(t *testing.T) {
 	t.Parallel()
 	for name, h := range map[string]func(http.ResponseWriter, *http.Request){
 		"Problem": businessConflict,
@@ -39,7 +39,7 @@ func TestClientBusinessConflictNotRetried(t *testing.T) {
 		t.Run(name, func(t *testing.T) {
 			t.Parallel()
 			rec, srv := startRecorder(t, h, status(http.StatusCreated))
-			c := fastClient(srv)
+			c := fastTransport(srv)
 			c.MaxAttempts = 5
 			resp, body := do(t, c, post(t, testkit.Context(t, 20*time.Second), srv.URL, `{}`))
 			if resp.StatusCode != http.StatusConflict || !strings.Contains(body, "onflict") && !strings.Contains(body, "captured") {
@@ -50,12 +50,12 @@ func TestClientBusinessConflictNotRetried(t *testing.T) {
 	}
 }
 
-// TestClientReadsInProgressBody: the predicate peeks at the body and the
+// TestTransportReadsInProgressBody: the predicate peeks at the body and the
 // caller still reads all of it.
-func TestClientReadsInProgressBody(t *testing.T) {
+func TestTransportReadsInProgressBody(t *testing.T) {
 	t.Parallel()
 	_, srv := startRecorder(t, inProgress)
-	c := fastClient(srv)
+	c := fastTransport(srv)
 	c.MaxAttempts = 2
 	resp, body := do(t, c, post(t, testkit.Context(t, 20*time.Second), srv.URL, `{}`))
 	if resp.StatusCode != http.StatusConflict || !strings.HasPrefix(body, `{"type":"`+idemhttp.ProblemInProgress) || !strings.HasSuffix(body, `"status":409}`) {
@@ -84,11 +84,11 @@ func TestDefaultRetry(t *testing.T) {
 	}
 }
 
-func TestClientRetryPredicateAndHook(t *testing.T) {
+func TestTransportRetryPredicateAndHook(t *testing.T) {
 	t.Parallel()
 	rec, srv := startRecorder(t, status(http.StatusBadRequest), status(http.StatusBadRequest), status(http.StatusCreated))
 	var events []idemhttp.RetryEvent
-	c := fastClient(srv)
+	c := fastTransport(srv)
 	c.Retry = func(resp *http.Response, err error) bool {
 		return err == nil && resp.StatusCode == http.StatusBadRequest
 	}
@@ -145,7 +145,7 @@ func TestRetryBudget(t *testing.T) {
 	}))
 	t.Cleanup(srv.Close)
 	budget := idemhttp.NewRetryBudget(0.5, 3)
-	c := fastClient(srv)
+	c := fastTransport(srv)
 	c.MaxAttempts = 5
 	c.Budget = budget
 	for range 4 {

@@ -70,9 +70,12 @@ func startRecorder(t *testing.T, script ...func(http.ResponseWriter, *http.Reque
 	return rec, srv
 }
 
-func fastClient(srv *httptest.Server) *idemhttp.Client {
-	return &idemhttp.Client{HTTPClient: srv.Client(), MaxAttempts: 4, BaseDelay: time.Millisecond, MaxDelay: 20 * time.Millisecond}
+func fastTransport(srv *httptest.Server) *idemhttp.Transport {
+	return &idemhttp.Transport{Base: srv.Client().Transport, MaxAttempts: 4, BaseDelay: time.Millisecond, MaxDelay: 20 * time.Millisecond}
 }
+
+// client returns an http.Client that sends through tr.
+func client(tr *idemhttp.Transport) *http.Client { return &http.Client{Transport: tr} }
 
 func post(t *testing.T, ctx context.Context, url, body string) *http.Request {
 	t.Helper()
@@ -84,9 +87,9 @@ func post(t *testing.T, ctx context.Context, url, body string) *http.Request {
 	return req
 }
 
-func do(t *testing.T, c *idemhttp.Client, req *http.Request) (*http.Response, string) {
+func do(t *testing.T, c *idemhttp.Transport, req *http.Request) (*http.Response, string) {
 	t.Helper()
-	resp, err := c.Do(req)
+	resp, err := client(c).Do(req)
 	if err != nil {
 		t.Fatalf("Do: %v", err)
 	}
@@ -116,7 +119,7 @@ func sameKey(t *testing.T, rec *recorder, wantAttempts int, wantBody string) str
 	return keys[0]
 }
 
-func TestClientRetriesWithOneKey(t *testing.T) {
+func TestTransportRetriesWithOneKey(t *testing.T) {
 	t.Parallel()
 	for _, tc := range []struct {
 		name  string
@@ -132,7 +135,7 @@ func TestClientRetriesWithOneKey(t *testing.T) {
 		t.Run(tc.name, func(t *testing.T) {
 			t.Parallel()
 			rec, srv := startRecorder(t, tc.first, tc.first, status(http.StatusCreated))
-			resp, body := do(t, fastClient(srv), post(t, testkit.Context(t, 20*time.Second), srv.URL, `{"a":1}`))
+			resp, body := do(t, fastTransport(srv), post(t, testkit.Context(t, 20*time.Second), srv.URL, `{"a":1}`))
 			if resp.StatusCode != http.StatusCreated || body != "Created" {
 				t.Fatalf("got %d %q, want 201 Created", resp.StatusCode, body)
 			}
@@ -144,10 +147,10 @@ func TestClientRetriesWithOneKey(t *testing.T) {
 	}
 }
 
-func TestClientGeneratesDistinctQuotedKeys(t *testing.T) {
+func TestTransportGeneratesDistinctQuotedKeys(t *testing.T) {
 	t.Parallel()
 	rec, srv := startRecorder(t, status(http.StatusCreated))
-	c := fastClient(srv)
+	c := fastTransport(srv)
 	for range 3 {
 		do(t, c, post(t, testkit.Context(t, 20*time.Second), srv.URL, `{}`))
 	}
@@ -162,12 +165,12 @@ func TestClientGeneratesDistinctQuotedKeys(t *testing.T) {
 	}
 }
 
-func TestClientKeepsCallersKey(t *testing.T) {
+func TestTransportKeepsCallersKey(t *testing.T) {
 	t.Parallel()
 	rec, srv := startRecorder(t, status(http.StatusServiceUnavailable), status(http.StatusOK))
 	req := post(t, testkit.Context(t, 20*time.Second), srv.URL, `x`)
 	req.Header.Set(idemhttp.HeaderKey, "my-own-key")
-	resp, _ := do(t, fastClient(srv), req)
+	resp, _ := do(t, fastTransport(srv), req)
 	if resp.StatusCode != http.StatusOK {
 		t.Fatalf("status %d, want 200", resp.StatusCode)
 	}
@@ -179,11 +182,11 @@ func TestClientKeepsCallersKey(t *testing.T) {
 	}
 }
 
-func TestClientNeverRetriesOther4xx(t *testing.T) {
+func TestTransportNeverRetriesOther4xx(t *testing.T) {
 	t.Parallel()
 	for _, code := range []int{400, 401, 404, 413, 422} {
 		rec, srv := startRecorder(t, status(code), status(http.StatusCreated))
-		resp, body := do(t, fastClient(srv), post(t, testkit.Context(t, 20*time.Second), srv.URL, `{}`))
+		resp, body := do(t, fastTransport(srv), post(t, testkit.Context(t, 20*time.Second), srv.URL, `{}`))
 		if resp.StatusCode != code || body != http.StatusText(code) {
 			t.Errorf("got %d %q, want %d", resp.StatusCode, body, code)
 		}
@@ -191,7 +194,7 @@ func TestClientNeverRetriesOther4xx(t *testing.T) {
 	}
 }
 
-func TestClientNoKeyNoRetry(t *testing.T) {
+func TestTransportNoKeyNoRetry(t *testing.T) {
 	t.Parallel()
 	for _, method := range []string{http.MethodGet, http.MethodPut, http.MethodDelete} {
 		rec, srv := startRecorder(t, status(http.StatusServiceUnavailable), status(http.StatusOK))
@@ -199,7 +202,7 @@ func TestClientNoKeyNoRetry(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		resp, _ := do(t, fastClient(srv), req)
+		resp, _ := do(t, fastTransport(srv), req)
 		keys, _ := rec.seen()
 		if resp.StatusCode != http.StatusServiceUnavailable || len(keys) != 1 || keys[0] != "<none>" {
 			t.Errorf("%s: status %d, keys %q; want one attempt without a key, 503", method, resp.StatusCode, keys)
@@ -209,43 +212,43 @@ func TestClientNoKeyNoRetry(t *testing.T) {
 	rec, srv := startRecorder(t, status(http.StatusServiceUnavailable), status(http.StatusOK))
 	req, _ := http.NewRequestWithContext(testkit.Context(t, 20*time.Second), http.MethodPut, srv.URL, strings.NewReader("p"))
 	req.Header.Set(idemhttp.HeaderKey, `"k"`)
-	if resp, _ := do(t, fastClient(srv), req); resp.StatusCode != http.StatusOK {
+	if resp, _ := do(t, fastTransport(srv), req); resp.StatusCode != http.StatusOK {
 		t.Errorf("PUT with a key: status %d, want 200 after a retry", resp.StatusCode)
 	}
 	sameKey(t, rec, 2, "p")
 }
 
-func TestClientGivesUpAfterMaxAttempts(t *testing.T) {
+func TestTransportGivesUpAfterMaxAttempts(t *testing.T) {
 	t.Parallel()
 	rec, srv := startRecorder(t, status(http.StatusBadGateway))
-	resp, body := do(t, fastClient(srv), post(t, testkit.Context(t, 20*time.Second), srv.URL, `{}`))
+	resp, body := do(t, fastTransport(srv), post(t, testkit.Context(t, 20*time.Second), srv.URL, `{}`))
 	if resp.StatusCode != http.StatusBadGateway || body != "Bad Gateway" {
 		t.Errorf("got %d %q; want the last 502 with its body", resp.StatusCode, body)
 	}
 	sameKey(t, rec, 4, `{}`)
 
 	rec, srv = startRecorder(t, hangUp)
-	_, err := fastClient(srv).Do(post(t, testkit.Context(t, 20*time.Second), srv.URL, `{}`))
+	_, err := client(fastTransport(srv)).Do(post(t, testkit.Context(t, 20*time.Second), srv.URL, `{}`))
 	if err == nil || !strings.Contains(err.Error(), "attempt 4 of 4") {
 		t.Errorf("err = %v; want the last network error after 4 attempts", err)
 	}
 	sameKey(t, rec, 4, `{}`)
 }
 
-func TestClientBodyWithoutGetBody(t *testing.T) {
+func TestTransportBodyWithoutGetBody(t *testing.T) {
 	t.Parallel()
 	rec, srv := startRecorder(t, status(http.StatusServiceUnavailable), status(http.StatusCreated))
 	req := post(t, testkit.Context(t, 20*time.Second), srv.URL, "")
 	req.Body = io.NopCloser(io.MultiReader(strings.NewReader("one "), strings.NewReader("stream")))
 	req.GetBody = nil
 	req.ContentLength = -1
-	if resp, _ := do(t, fastClient(srv), req); resp.StatusCode != http.StatusCreated {
+	if resp, _ := do(t, fastTransport(srv), req); resp.StatusCode != http.StatusCreated {
 		t.Fatalf("status %d, want 201", resp.StatusCode)
 	}
 	sameKey(t, rec, 2, "one stream")
 }
 
-func TestClientHonoursRetryAfter(t *testing.T) {
+func TestTransportHonoursRetryAfter(t *testing.T) {
 	t.Parallel()
 	for _, tc := range []struct {
 		name  string
@@ -273,7 +276,7 @@ func TestClientHonoursRetryAfter(t *testing.T) {
 					stamp(status(http.StatusTooManyRequests, "Retry-After", tc.value()))(w, r)
 				},
 				stamp(status(http.StatusCreated)))
-			c := fastClient(srv)
+			c := fastTransport(srv)
 			c.MaxDelay = 5 * time.Second
 			c.BaseDelay = time.Millisecond
 			if resp, _ := do(t, c, post(t, testkit.Context(t, 20*time.Second), srv.URL, `{}`)); resp.StatusCode != http.StatusCreated {
@@ -287,26 +290,26 @@ func TestClientHonoursRetryAfter(t *testing.T) {
 	}
 }
 
-func TestClientRetryAfterBeyondMaxDelay(t *testing.T) {
+func TestTransportRetryAfterBeyondMaxDelay(t *testing.T) {
 	t.Parallel()
 	rec, srv := startRecorder(t, status(http.StatusServiceUnavailable, "Retry-After", "3600"), status(http.StatusCreated))
-	resp, _ := do(t, fastClient(srv), post(t, testkit.Context(t, 20*time.Second), srv.URL, `{}`))
+	resp, _ := do(t, fastTransport(srv), post(t, testkit.Context(t, 20*time.Second), srv.URL, `{}`))
 	if resp.StatusCode != http.StatusServiceUnavailable || resp.Header.Get("Retry-After") != "3600" {
 		t.Errorf("status %d; want the 503 returned as is when Retry-After exceeds MaxDelay", resp.StatusCode)
 	}
 	sameKey(t, rec, 1, `{}`)
 }
 
-func TestClientStopsWithContext(t *testing.T) {
+func TestTransportStopsWithContext(t *testing.T) {
 	t.Parallel()
 	rec, srv := startRecorder(t, status(http.StatusServiceUnavailable, "Retry-After", "600"))
 	ctx, cancel := context.WithCancel(context.Background()) // no deadline: the wait starts
 	defer cancel()
-	c := fastClient(srv)
+	c := fastTransport(srv)
 	c.MaxDelay = time.Hour
 	done := make(chan error, 1)
 	go func() {
-		_, err := c.Do(post(t, ctx, srv.URL, `{}`))
+		_, err := client(c).Do(post(t, ctx, srv.URL, `{}`))
 		done <- err
 	}()
 	for {
@@ -329,7 +332,7 @@ func TestClientStopsWithContext(t *testing.T) {
 	// A wait that would pass the deadline is not started: the last
 	// response is returned.
 	rec, srv = startRecorder(t, status(http.StatusServiceUnavailable, "Retry-After", "2"))
-	c = fastClient(srv)
+	c = fastTransport(srv)
 	c.MaxDelay = time.Minute
 	dctx, dcancel := context.WithTimeout(testkit.Context(t, 20*time.Second), time.Second)
 	defer dcancel()

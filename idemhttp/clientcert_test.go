@@ -91,7 +91,7 @@ func TestClientCertScope(t *testing.T) {
 	alice := ca.client(t, 2, "alice", "spiffe://example.org/alice")
 	bob := ca.client(t, 3, "bob", "")
 	var runs atomic.Int64
-	handler := idemhttp.Middleware(e.newGuard(nil), &idemhttp.Options{Scope: idemhttp.ClientCertScope})(
+	handler := idemhttp.Middleware(e.newGuard(nil), &idemhttp.Config{Scope: idemhttp.ClientCertScope})(
 		http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 			n := runs.Add(1)
 			tx, _ := idemhttp.TxFrom[*sql.Tx](r.Context())

@@ -1,5 +1,5 @@
 // Package idemhttp puts an [idempotency.Guard] in front of net/http handlers
-// and gives clients a retrying [Client] that keeps one key per operation,
+// and gives clients a retrying [Transport] that keeps one key per operation,
 // following the IETF draft "The Idempotency-Key HTTP Header Field".
 //
 // # Server
@@ -11,7 +11,7 @@
 // with [TxFrom] and does its writes through it, so the writes, the key and
 // the stored response commit together or not at all:
 //
-//	mw := idemhttp.Middleware(guard, &idemhttp.Options{
+//	mw := idemhttp.Middleware(guard, &idemhttp.Config{
 //		// The authenticated account, set by the authentication middleware.
 //		Scope: func(r *http.Request) (string, error) { return accountID(r), nil },
 //	})
@@ -22,7 +22,7 @@
 //
 // The handler writes to a buffer. When it returns:
 //
-//   - a status that [Options].Store accepts ([DefaultStore]: 2xx, 3xx and
+//   - a status that [Config].Store accepts ([DefaultStore]: 2xx, 3xx and
 //     the 4xx that are the operation's outcome, such as 402) is stored with
 //     the key and committed with the handler's writes, then sent to the
 //     client exactly as the handler wrote it;
@@ -53,24 +53,24 @@
 // deadlines but not Flush or Hijack: streaming responses, 1xx informational
 // responses (dropped) and trailers are not supported behind the middleware.
 //
-// Options change the key header ([Options].KeyHeader, e.g.
-// X-Idempotency-Key), validate keys ([Options].ValidateKey, [UUIDKey],
-// [MinKeyLength]), render problems ([Options].RenderProblem), shape the
-// fingerprint ([Options].FingerprintHeaders, [Options].IgnoreFields,
-// [Options].Fingerprint) and observe every guarded request, refusals
-// included ([Options].Observer, [Event], [Outcome]).
+// Config change the key header ([Config].KeyHeader, e.g.
+// X-Idempotency-Key), validate keys ([Config].ValidateKey, [UUIDKey],
+// [MinKeyLength]), render problems ([Config].RenderProblem), shape the
+// fingerprint ([Config].FingerprintHeaders, [Config].IgnoreFields,
+// [Config].Fingerprint) and observe every guarded request, refusals
+// included ([Config].Observer, [Event], [idempotency.Outcome]).
 //
 // A later request with the same key and the same fingerprint gets the stored
-// status, the stored headers that pass the allowlist ([Options].ReplayHeaders;
+// status, the stored headers that pass the allowlist ([Config].ReplayHeaders;
 // never Set-Cookie, never hop-by-hop fields), the body byte-exact and the
 // header "Idempotent-Replayed: true", without running the handler. The same
 // key with another request is refused with 422.
 //
-// Keys are scoped by [Options].Scope, which is required: the same key in two
+// Keys are scoped by [Config].Scope, which is required: the same key in two
 // scopes never meets. There is no shared default, where one client's key and
 // body would replay another client's response: a middleware mounted without
 // Scope answers every guarded request 500 [ProblemInternal] and runs nothing
-// ([ErrNoScope]; [Options.Validate] finds it at start-up). Scope by the
+// ([ErrNoScope]; [Config.Validate] finds it at start-up). Scope by the
 // authenticated account, by the verified client certificate
 // ([ClientCertScope]), or, for a service with a single tenant, share one key
 // space on purpose with [SharedScope].
@@ -86,9 +86,9 @@
 //	400     ProblemInvalidKey        the key is not a valid sf-string / not 1..255 printable ASCII, or appears twice
 //	400     ProblemInvalidBody       a JSON content type with a body that is not one valid JSON value, or an unreadable body
 //	409     ProblemInProgress        a request with the same key is still running (sent with Retry-After)
-//	413     ProblemRequestTooLarge   the request body exceeds Options.MaxRequestBody
+//	413     ProblemRequestTooLarge   the request body exceeds Config.MaxRequestBody
 //	422     ProblemKeyReused         the key was used with another request (method, route or body)
-//	500     ProblemResponseTooLarge  the handler's response body exceeded Options.MaxResponseBody; its writes were rolled back
+//	500     ProblemResponseTooLarge  the handler's response body exceeded Config.MaxResponseBody; its writes were rolled back
 //	500     ProblemNoResponse        the handler wrote nothing; its writes were rolled back
 //	500     ProblemInternal          misconfiguration (no Scope: every guarded request; nil guard, failing Scope, invalid
 //	                                 scope, invalid status, the handler wrote around the middleware: then every later
@@ -98,13 +98,13 @@
 //
 // # Client
 //
-// [Client] (and [Transport], the same as an http.RoundTripper) gives each
+// [Transport], an http.RoundTripper for any http.Client, gives each
 // logical request one key, generated before the first attempt (or the
 // caller's own key header), and retries, always with the same key and
-// body, what [DefaultRetry] (or [Client].Retry) allows: transport errors,
+// body, what [DefaultRetry] (or [Transport].Retry) allows: transport errors,
 // 5xx except 501 and 505, 429, and a 409 only when it is the server's
 // in-progress answer ([ProblemInProgress] or Retry-After), never a business
 // 409. Exponential backoff with full jitter, honouring Retry-After;
-// [Client].OnRetry is told about each retry; a shared [RetryBudget] bounds
+// [Transport].OnRetry is told about each retry; a shared [RetryBudget] bounds
 // retries across calls.
 package idemhttp

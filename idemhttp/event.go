@@ -6,60 +6,21 @@ import (
 	"github.com/go-idempotency/idempotency"
 )
 
-// Outcome is how a guarded request ended, as told to [Options].Observer.
-// Its values are short labels, fit for a metric attribute.
-type Outcome string
-
-// The outcomes of a guarded request.
-const (
-	// OutcomeExecuted: the handler ran and its response was stored with
-	// the key, committed with its writes.
-	OutcomeExecuted Outcome = "executed"
-	// OutcomeReplayed: a stored response was sent; the handler did not run.
-	OutcomeReplayed Outcome = "replayed"
-	// OutcomeNotStored: the handler ran and answered a status below 500
-	// that [Options].Store refuses (a 400, a 409...): sent, rolled back,
-	// the key left free.
-	OutcomeNotStored Outcome = "not_stored"
-	// OutcomeHandlerError: the handler answered 5xx, panicked, wrote no
-	// response at all, or wrote a response over [Options].MaxResponseBody;
-	// its writes were rolled back and the key left free.
-	OutcomeHandlerError Outcome = "handler_error"
-	// OutcomeMismatch: the key was used with another request (422).
-	OutcomeMismatch Outcome = "mismatch"
-	// OutcomeInProgress: the key is held by a running request (409).
-	OutcomeInProgress Outcome = "in_progress"
-	// OutcomeRejected: refused before the store was reached: missing or
-	// invalid key, invalid or too large body, a Scope problem (4xx).
-	OutcomeRejected Outcome = "rejected"
-	// OutcomeStoreError: the key store failed (503); the handler did not
-	// run or was rolled back.
-	OutcomeStoreError Outcome = "store_error"
-	// OutcomeCanceled: the client went away (its context was cancelled)
-	// before an answer; nothing was stored.
-	OutcomeCanceled Outcome = "canceled"
-	// OutcomeInternal: the middleware is misconfigured (500): no Scope
-	// ([ErrNoScope]), nil guard, failing Scope, invalid scope or status;
-	// a handler that wrote around the middleware ([ErrWriterBypassed]:
-	// rolled back, and Status is the handler's own when its answer had
-	// already gone out) and every request refused after it
-	// ([ErrBypassRefused]).
-	OutcomeInternal Outcome = "internal"
-)
-
 // Event describes one guarded request, once answered; see
-// [Options].Observer.
+// [Config].Observer.
 type Event struct {
 	// Key is the request's key; its ID is empty when the request had no
 	// valid key, its Scope empty until Scope ran. Log [Event.KeyHash]
 	// rather than its fields, and never make either a metric label.
 	Key idempotency.Key
-	// Method and Route are the request's method and [Options].Route.
+	// Method and Route are the request's method and [Config].Route.
 	Method, Route string
-	// Outcome says how the request ended.
-	Outcome Outcome
+	// Outcome says how the request ended: Executed, Replayed, NotStored,
+	// HandlerError, Mismatch, InProgress, Rejected, StoreError, Canceled or
+	// Internal ([idempotency.Outcome]). Its String is the metric label.
+	Outcome idempotency.Outcome
 	// Status is the status sent to the client: for an answer of the
-	// middleware's own, the one [Options].RenderProblem wrote, which may
+	// middleware's own, the one [Config].RenderProblem wrote, which may
 	// differ from the problem's (0 after a panic, or after a handler that
 	// wrote around the middleware to a writer that does not report its
 	// status).

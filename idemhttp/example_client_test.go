@@ -15,7 +15,7 @@ import (
 // A retry predicate of one's own: retry what DefaultRetry retries and also
 // a provider's 423 Locked; count the retries; share one budget; send the
 // key in X-Idempotency-Key.
-func ExampleClient_retry() {
+func ExampleTransport_retry() {
 	var attempts atomic.Int32
 	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		switch attempts.Add(1) {
@@ -30,7 +30,7 @@ func ExampleClient_retry() {
 
 	// readme:begin http-client-retry
 	budget := idemhttp.NewRetryBudget(0.1, 10) // one per service, shared by all its clients
-	client := &idemhttp.Client{
+	client := &http.Client{Transport: &idemhttp.Transport{
 		KeyHeader:   "X-Idempotency-Key", // default "Idempotency-Key"
 		MaxAttempts: 4,
 		BaseDelay:   10 * time.Millisecond,
@@ -39,7 +39,7 @@ func ExampleClient_retry() {
 			return idemhttp.DefaultRetry(resp, err) || resp != nil && resp.StatusCode == http.StatusLocked
 		},
 		OnRetry: func(ev idemhttp.RetryEvent) { retries.Add(1) },
-	}
+	}}
 	req, _ := http.NewRequest(http.MethodPost, srv.URL+"/payments", strings.NewReader(`{"amount":1999}`))
 	req.Header.Set("Content-Type", "application/json")
 	resp, err := client.Do(req) // one key, generated before the first attempt, on every attempt

@@ -45,7 +45,7 @@ func newMux(ctx context.Context, pool *pgxpool.Pool) (*http.ServeMux, error) {
 	if err != nil {
 		return nil, err
 	}
-	mw := idemhttp.Middleware(guard, &idemhttp.Options{
+	mw := idemhttp.Middleware(guard, &idemhttp.Config{
 		// Multi-tenant services MUST scope keys, typically by the authenticated account.
 		Scope: func(r *http.Request) (string, error) { return accountID(r), nil },
 	})
@@ -61,7 +61,7 @@ func createPayment(w http.ResponseWriter, r *http.Request) {
 		Amount  int64 `json:"amount"`
 	}
 	if err := json.NewDecoder(r.Body).Decode(&p); err != nil {
-		http.Error(w, "invalid payment", http.StatusBadRequest) // 400: sent, not stored (Options.Store)
+		http.Error(w, "invalid payment", http.StatusBadRequest) // 400: sent, not stored (Config.Store)
 		return
 	}
 	// Do every write of the operation through tx: it commits with the key and the response.
@@ -85,7 +85,7 @@ func accountID(r *http.Request) string { return r.Header.Get("X-Account") }
 // attempt carries.
 func readmePay(ctx context.Context, url string, body []byte) (*http.Response, string, error) {
 	// readme:begin readme-http-client
-	client := &idemhttp.Client{HTTPClient: http.DefaultClient} // zero value works too
+	client := &http.Client{Transport: &idemhttp.Transport{}} // its zero value sends through http.DefaultTransport
 	req, err := http.NewRequestWithContext(ctx, http.MethodPost, url, bytes.NewReader(body))
 	if err != nil {
 		return nil, "", err
@@ -128,7 +128,7 @@ func ExampleClient_readme() {
 	}
 	var attempts atomic.Int32
 	keys := make(chan string, 10)
-	one := &idemhttp.Options{Scope: idemhttp.SharedScope} // the example's one client
+	one := &idemhttp.Config{Scope: idemhttp.SharedScope} // the example's one client
 	srv := httptest.NewServer(idemhttp.Middleware(guard, one)(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		keys <- r.Header.Get("Idempotency-Key")
 		if attempts.Add(1) == 1 {

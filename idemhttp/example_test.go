@@ -50,7 +50,7 @@ func ExampleMiddleware() {
 
 	// POST and PATCH need a key; each account has its own key space.
 	// readme:begin http-servemux
-	mw := idemhttp.Middleware(guard, &idemhttp.Options{
+	mw := idemhttp.Middleware(guard, &idemhttp.Config{
 		Scope: accountScope, // the authenticated account (idemhttp.SharedScope: one tenant)
 	})
 	mux := http.NewServeMux()
@@ -91,9 +91,9 @@ func ExampleMiddleware() {
 	// orders: 1
 }
 
-// The Client sends one key for all attempts of one operation and retries
+// Transport sends one key for all attempts of one operation and retries
 // 5xx, 429, the server's in-progress 409 and network errors.
-func ExampleClient() {
+func ExampleTransport_oneKey() {
 	var attempts atomic.Int32
 	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		if attempts.Add(1) < 3 {
@@ -104,7 +104,7 @@ func ExampleClient() {
 	}))
 	defer srv.Close()
 
-	client := &idemhttp.Client{MaxAttempts: 5}
+	client := &http.Client{Transport: &idemhttp.Transport{MaxAttempts: 5}}
 	req, _ := http.NewRequest(http.MethodPost, srv.URL+"/payments", strings.NewReader(`{"orderId":42,"amount":1999}`))
 	req.Header.Set("Content-Type", "application/json")
 	resp, err := client.Do(req)

@@ -13,7 +13,7 @@ import (
 
 // fingerprint hashes method, route, media type and body (canonical JSON for
 // JSON media types, minus the ignored fields), then the configured header
-// fields; or whatever Options.Fingerprint returns.
+// fields; or whatever Config.Fingerprint returns.
 func (h *handler[Tx]) fingerprint(r *http.Request, body []byte) (string, error) {
 	if h.c.fpFunc != nil {
 		s, err := h.c.fpFunc(r, body)

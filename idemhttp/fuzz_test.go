@@ -17,9 +17,9 @@ import (
 	"github.com/go-idempotency/idempotency"
 )
 
-// The fuzz targets of idemhttp's parsers (issue 9, "make the next edge
-// findable"). Their seeds are in testdata/fuzz/<target>; CI runs each for
-// about 20 s:
+// The fuzz targets of idemhttp's parsers, so that the next edge case is
+// found by a machine. Their corpora are in testdata/fuzz/<target>; CI runs
+// each for a bounded time:
 //
 //	go test -run '^$' -fuzz '^FuzzParseKey$' -fuzztime 20s ./idemhttp/
 //	go test -run '^$' -fuzz '^FuzzKeyHeader$' -fuzztime 20s ./idemhttp/
@@ -28,7 +28,7 @@ import (
 //	go test -run '^$' -fuzz '^FuzzIgnoreFields$' -fuzztime 20s ./idemhttp/
 //	go test -run '^$' -fuzz '^FuzzUUIDKey$' -fuzztime 20s ./idemhttp/
 //
-// A plain go test runs every seed.
+// A plain go test runs every corpus entry.
 
 // sfStringRe is the sf-string grammar of RFC 8941 section 3.3.3.
 var sfStringRe = regexp.MustCompile(`^"(?:[\x20\x21\x23-\x5b\x5d-\x7e]|\\["\\])*"$`)
@@ -97,7 +97,7 @@ func FuzzKeyHeader(f *testing.F) {
 	f.Add(`"x`, "", true, false)
 	f.Add(strings.Repeat("k", 256), "", false, true)
 	f.Fuzz(func(t *testing.T, v1, v2 string, otherHeader, uuid bool) {
-		opts := &Options{Scope: SharedScope} // the key header is what is fuzzed
+		opts := &Config{Scope: SharedScope} // the key header is what is fuzzed
 		name := HeaderKey
 		if otherHeader {
 			name, opts.KeyHeader = "X-Idempotency-Key", "x-idempotency-key"
@@ -131,12 +131,12 @@ func FuzzKeyHeader(f *testing.F) {
 			t.Fatalf("answer %d %q is not a problem: %v", rec.Code, rec.Body.Bytes(), jerr)
 		}
 		if refused {
-			if rec.Code != http.StatusBadRequest || p.Type != ProblemInvalidKey || ev.Outcome != OutcomeRejected || !errors.Is(ev.Err, idempotency.ErrInvalidKey) {
+			if rec.Code != http.StatusBadRequest || p.Type != ProblemInvalidKey || ev.Outcome != idempotency.Rejected || !errors.Is(ev.Err, idempotency.ErrInvalidKey) {
 				t.Fatalf("%q %q: %d %s, event %+v; want 400 %s with an error wrapping ErrInvalidKey", v1, v2, rec.Code, p.Type, ev, ProblemInvalidKey)
 			}
 			return
 		}
-		if rec.Code != http.StatusInternalServerError || p.Type != ProblemInternal || ev.Key.ID != id || ev.Outcome != OutcomeInternal {
+		if rec.Code != http.StatusInternalServerError || p.Type != ProblemInternal || ev.Key.ID != id || ev.Outcome != idempotency.Internal {
 			t.Fatalf("%q: %d %s, event %+v; want the key %q through to the (nil) guard", v1, rec.Code, p.Type, ev, id)
 		}
 	})
@@ -172,7 +172,7 @@ func FuzzRetryAfter(f *testing.F) {
 		case ok:
 			t.Fatalf("retryAfter(%q) = %v, accepted neither seconds nor an HTTP-date", v, d)
 		}
-		p := &policy{base: time.Millisecond, maxDelay: time.Second}
+		p := &Transport{BaseDelay: time.Millisecond, MaxDelay: time.Second}
 		resp := &http.Response{Header: http.Header{"Retry-After": {v}}}
 		if w, allowed := p.delay(3, resp, now); w < 0 || (allowed && w > time.Second) {
 			t.Fatalf("delay with Retry-After %q = %v, %v; want 0..MaxDelay when allowed", v, w, allowed)

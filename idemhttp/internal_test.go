@@ -94,7 +94,7 @@ func TestRetryAfter(t *testing.T) {
 
 func TestDelayBounds(t *testing.T) {
 	t.Parallel()
-	c := (&Client{BaseDelay: 10 * time.Millisecond, MaxDelay: 50 * time.Millisecond}).policy()
+	c := &Transport{BaseDelay: 10 * time.Millisecond, MaxDelay: 50 * time.Millisecond}
 	now := time.Now()
 	for attempt := 1; attempt <= 70; attempt++ {
 		ceil := min(10*time.Millisecond<<min(attempt-1, 20), 50*time.Millisecond)
@@ -144,7 +144,7 @@ func TestCaptureMimicsNetHTTP(t *testing.T) {
 
 func TestStoredHeader(t *testing.T) {
 	t.Parallel()
-	c := newConfig(&Options{ReplayHeaders: []string{"content-type", "x-keep", "set-cookie", "connection", "transfer-encoding", "proxy-foo", "x-nominated"}})
+	c := newSettings(&Config{ReplayHeaders: []string{"content-type", "x-keep", "set-cookie", "connection", "transfer-encoding", "proxy-foo", "x-nominated"}})
 	h := http.Header{
 		"Content-Type":      {"application/json"},
 		"X-Keep":            {"1", "2"},
@@ -168,7 +168,7 @@ func TestStoredHeader(t *testing.T) {
 // says the store is busy or unavailable.
 func TestFailTruthful(t *testing.T) {
 	t.Parallel()
-	h := &handler[any]{c: newConfig(nil)}
+	h := &handler[any]{c: newSettings(nil)}
 	for _, c := range []struct {
 		err    error
 		status int

@@ -77,7 +77,7 @@ func quoteKey(id string) string {
 	return `"` + r.Replace(id) + `"`
 }
 
-// MinKeyLength returns an [Options].ValidateKey that refuses keys shorter
+// MinKeyLength returns a [Config].ValidateKey that refuses keys shorter
 // than n bytes: a cheap guard against low-entropy keys ("1", "order").
 func MinKeyLength(n int) func(id string) error {
 	return func(id string) error {
@@ -88,7 +88,7 @@ func MinKeyLength(n int) func(id string) error {
 	}
 }
 
-// UUIDKey is an [Options].ValidateKey that accepts only UUIDs (8-4-4-4-12
+// UUIDKey is a [Config].ValidateKey that accepts only UUIDs (8-4-4-4-12
 // hexadecimal digits, any version, either case), the key form the draft
 // suggests.
 func UUIDKey(id string) error {

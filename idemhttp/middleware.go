@@ -12,7 +12,7 @@ import (
 	"github.com/go-idempotency/idempotency"
 )
 
-// Errors the middleware reports to [Options].OnError and in [Event].Err;
+// Errors the middleware reports to [Config].OnError and in [Event].Err;
 // match them with errors.Is.
 var (
 	// ErrNoResponse: the handler returned without writing anything: no
@@ -39,40 +39,40 @@ var (
 	// usual, and nothing more is written to a writer that says it sent.
 	// From then on the same [Middleware] refuses every guarded request
 	// before running the handler ([ErrBypassRefused]). The error, in
-	// [Event].Err and once in [Options].OnError, says what to mount
+	// [Event].Err and once in [Config].OnError, says what to mount
 	// instead (idemgin, idemecho, idemfiber).
 	ErrWriterBypassed = errors.New("idemhttp: the handler wrote around the middleware's ResponseWriter")
 	// ErrResponseTooLarge: the handler's response body went past
-	// [Options].MaxResponseBody; rolled back, answered 500
+	// [Config].MaxResponseBody; rolled back, answered 500
 	// [ProblemResponseTooLarge].
 	ErrResponseTooLarge = errResponseTooLarge
 )
 
 // Middleware returns a middleware that runs guarded requests (see
-// [Options].Methods) through g: the first request with a key runs the
+// [Config].Methods) through g: the first request with a key runs the
 // handler inside g's transaction and stores its response with the key;
 // later requests with the same key and fingerprint get that response
 // replayed. See the package documentation for the statuses it answers.
 //
 // The handler finds the transaction with [TxFrom] and must do every write
 // of the operation through it. The fingerprint is the method, the route
-// ([Options].Route), the media type and the body (canonical JSON for
+// ([Config].Route), the media type and the body (canonical JSON for
 // application/json and +json types, the bytes otherwise; an empty body is
-// never parsed), plus [Options].FingerprintHeaders.
+// never parsed), plus [Config].FingerprintHeaders.
 //
-// opts.Scope is required: it says whose key space a request's key is in.
-// Mounted without it (nil opts included), the middleware shares answers
+// cfg.Scope is required: it says whose key space a request's key is in.
+// Mounted without it (nil cfg included), the middleware shares answers
 // with nobody: it answers every request of a guarded method 500
 // [ProblemInternal] without running the handler ([ErrNoScope], reported
 // once). A service with a single tenant says so with [SharedScope]. The
 // refusal is a 500 rather than an error returned here so that Middleware
 // keeps the shape every router's Use takes and still never panics; call
-// [Options.Validate] to fail at start-up instead.
+// [Config.Validate] to fail at start-up instead.
 //
 // A nil g makes every guarded request fail with 500 [ProblemInternal]: the
 // handler never runs unprotected.
-func Middleware[Tx any](g *idempotency.Guard[Tx], opts *Options) func(http.Handler) http.Handler {
-	c := newConfig(opts)
+func Middleware[Tx any](g *idempotency.Guard[Tx], cfg *Config) func(http.Handler) http.Handler {
+	c := newSettings(cfg)
 	st := &mountState{}
 	return func(next http.Handler) http.Handler {
 		return &handler[Tx]{g: g, c: c, st: st, next: next}
@@ -81,7 +81,7 @@ func Middleware[Tx any](g *idempotency.Guard[Tx], opts *Options) func(http.Handl
 
 type handler[Tx any] struct {
 	g    *idempotency.Guard[Tx]
-	c    *config
+	c    *settings
 	st   *mountState
 	next http.Handler
 }
@@ -106,7 +106,7 @@ func KeyFrom(ctx context.Context) (idempotency.Key, bool) {
 }
 
 // handlerFailure carries a response that must not be stored (a 5xx, or a
-// status [Options].Store refuses) out of Guard.Do, which rolls back on any
+// status [Config].Store refuses) out of Guard.Do, which rolls back on any
 // error.
 type handlerFailure struct{ c *capture }
 
@@ -124,7 +124,7 @@ func (h *handler[Tx]) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		h.next.ServeHTTP(w, r)
 		return
 	}
-	ev := &Event{Method: r.Method, Outcome: OutcomeHandlerError}
+	ev := &Event{Method: r.Method, Outcome: idempotency.HandlerError}
 	if h.c.observer != nil {
 		start := time.Now()
 		ev.Route = h.c.route(r)
@@ -132,7 +132,7 @@ func (h *handler[Tx]) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		defer func() {
 			ev.Duration = time.Since(start)
 			if !finished { // the handler panicked (re-raised): rolled back
-				ev.Outcome, ev.Status, ev.Err = OutcomeHandlerError, 0, errors.New("idemhttp: the handler panicked")
+				ev.Outcome, ev.Status, ev.Err = idempotency.HandlerError, 0, errors.New("idemhttp: the handler panicked")
 			}
 			h.c.observer(r.Context(), *ev)
 		}()
@@ -180,11 +180,11 @@ func (h *handler[Tx]) serve(w http.ResponseWriter, r *http.Request, values []str
 			h.reject(w, r, ev, p, err)
 			return
 		}
-		h.internal(w, r, ev, fmt.Errorf("idemhttp: Options.Scope: %w", err))
+		h.internal(w, r, ev, fmt.Errorf("idemhttp: Config.Scope: %w", err))
 		return
 	}
 	if err := key.Validate(); err != nil {
-		h.internal(w, r, ev, fmt.Errorf("idemhttp: Options.Scope returned an invalid scope: %w", err))
+		h.internal(w, r, ev, fmt.Errorf("idemhttp: Config.Scope returned an invalid scope: %w", err))
 		return
 	}
 	ev.Key.Scope = key.Scope
@@ -264,10 +264,10 @@ func (h *handler[Tx]) serve(w http.ResponseWriter, r *http.Request, values []str
 	}
 	switch {
 	case err == nil && resp.Replayed:
-		ev.Outcome, ev.Status = OutcomeReplayed, resp.Status
+		ev.Outcome, ev.Status = idempotency.Replayed, resp.Status
 		writeResponse(w, resp.Status, h.c.storedHeader(resp.Header), resp.Body, true)
 	case err == nil:
-		ev.Outcome, ev.Status = OutcomeExecuted, first.status
+		ev.Outcome, ev.Status = idempotency.Executed, first.status
 		writeResponse(w, first.status, first.sent, first.body.Bytes(), false)
 	default:
 		h.fail(w, r, ev, err)

@@ -65,7 +65,7 @@ func testMissingKey[Tx any](t *testing.T, e env[Tx]) {
 	s.wantCalls(t, 2)
 
 	// With KeyOptional, a request without key goes through unprotected.
-	o := startServer(t, e, nil, &idemhttp.Options{KeyOptional: true}, created)
+	o := startServer(t, e, nil, &idemhttp.Config{KeyOptional: true}, created)
 	wantStatus(t, o.post(t, `{}`), http.StatusTeapot)
 	o.wantCalls(t, 1)
 }
@@ -149,7 +149,7 @@ func testInProgressNoWait[Tx any](t *testing.T, e env[Tx]) {
 }
 
 func testRequestTooLarge[Tx any](t *testing.T, e env[Tx]) {
-	s := startServer(t, e, nil, &idemhttp.Options{MaxRequestBody: 16}, created)
+	s := startServer(t, e, nil, &idemhttp.Config{MaxRequestBody: 16}, created)
 	wantProblem(t, s.post(t, `{"a":"1234567890"}`, "big"), http.StatusRequestEntityTooLarge, idemhttp.ProblemRequestTooLarge)
 	// Without a Content-Length (chunked), the limit holds while reading.
 	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
@@ -233,7 +233,7 @@ func testReplay[Tx any](t *testing.T, e env[Tx]) {
 	s.wantEffects(t, "/replay", 1)
 
 	// A custom allowlist replays what it lists, never cookies.
-	c := startServer(t, e, nil, &idemhttp.Options{ReplayHeaders: []string{"x-not-listed", "Set-Cookie"}}, func(n int64, w http.ResponseWriter, r *http.Request) {
+	c := startServer(t, e, nil, &idemhttp.Config{ReplayHeaders: []string{"x-not-listed", "Set-Cookie"}}, func(n int64, w http.ResponseWriter, r *http.Request) {
 		w.Header().Set("X-Not-Listed", "kept")
 		http.SetCookie(w, &http.Cookie{Name: "session", Value: "secret"})
 		_, _ = io.WriteString(w, "plain text")
@@ -299,13 +299,13 @@ func testPanicRollsBack[Tx any](t *testing.T, e env[Tx]) {
 		}
 		created(n, w, r)
 	})
-	// The panicking attempt drops the connection; the Client retries it with
+	// The panicking attempt drops the connection; the Transport retries it with
 	// the same key and the handler runs again.
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
 	req, _ := http.NewRequestWithContext(ctx, http.MethodPost, s.URL+"/things", strings.NewReader(`{"p":1}`))
 	req.Header.Set("Content-Type", "application/json")
-	c := &idemhttp.Client{HTTPClient: s.Client(), BaseDelay: time.Millisecond}
+	c := &http.Client{Transport: &idemhttp.Transport{Base: s.Client().Transport, BaseDelay: time.Millisecond}}
 	resp, err := c.Do(req)
 	if err != nil {
 		t.Fatal(err)
@@ -322,7 +322,7 @@ func testPanicRollsBack[Tx any](t *testing.T, e env[Tx]) {
 
 func testResponseTooLarge[Tx any](t *testing.T, e env[Tx]) {
 	var writeErr atomic.Value
-	s := startServer(t, e, nil, &idemhttp.Options{MaxResponseBody: 10}, func(n int64, w http.ResponseWriter, r *http.Request) {
+	s := startServer(t, e, nil, &idemhttp.Config{MaxResponseBody: 10}, func(n int64, w http.ResponseWriter, r *http.Request) {
 		if n == 1 {
 			_, err := io.WriteString(w, "0123456789A")
 			writeErr.Store(fmt.Sprint(err))

@@ -7,6 +7,7 @@ import (
 	"sync"
 	"testing"
 
+	"github.com/go-idempotency/idempotency"
 	"github.com/go-idempotency/idempotency/idemhttp"
 )
 
@@ -18,19 +19,19 @@ func testNoScope[Tx any](t *testing.T, e env[Tx]) {
 	const body = `{"amount":100,"to":"acct-of-a"}`
 	type mounting struct {
 		name string
-		opts func(*idemhttp.Options) *idemhttp.Options // the observer and OnError to add
+		opts func(*idemhttp.Config) *idemhttp.Config // the observer and OnError to add
 	}
 	for _, m := range []mounting{
-		{"nil", func(*idemhttp.Options) *idemhttp.Options { return nil }},
-		{"empty", func(*idemhttp.Options) *idemhttp.Options { return &idemhttp.Options{} }},
-		{"observed", func(o *idemhttp.Options) *idemhttp.Options { return o }},
-		{"KeyOptional", func(o *idemhttp.Options) *idemhttp.Options { o.KeyOptional = true; return o }},
+		{"nil", func(*idemhttp.Config) *idemhttp.Config { return nil }},
+		{"empty", func(*idemhttp.Config) *idemhttp.Config { return &idemhttp.Config{} }},
+		{"observed", func(o *idemhttp.Config) *idemhttp.Config { return o }},
+		{"KeyOptional", func(o *idemhttp.Config) *idemhttp.Config { o.KeyOptional = true; return o }},
 	} {
 		t.Run(m.name, func(t *testing.T) {
 			rc := &recorded{}
 			var mu sync.Mutex
 			var reported []error
-			o := &idemhttp.Options{Observer: rc.observe, OnError: func(_ *http.Request, err error) {
+			o := &idemhttp.Config{Observer: rc.observe, OnError: func(_ *http.Request, err error) {
 				mu.Lock()
 				reported = append(reported, err)
 				mu.Unlock()
@@ -72,7 +73,7 @@ func testNoScope[Tx any](t *testing.T, e env[Tx]) {
 				return
 			}
 			ev := rc.last(t)
-			if ev.Outcome != idemhttp.OutcomeInternal || ev.Status != http.StatusInternalServerError || !errors.Is(ev.Err, idemhttp.ErrNoScope) {
+			if ev.Outcome != idempotency.Internal || ev.Status != http.StatusInternalServerError || !errors.Is(ev.Err, idemhttp.ErrNoScope) {
 				t.Errorf("event %+v; want internal, 500, ErrNoScope", ev)
 			}
 			mu.Lock()
@@ -84,7 +85,7 @@ func testNoScope[Tx any](t *testing.T, e env[Tx]) {
 	}
 
 	t.Run("SharedScope", func(t *testing.T) {
-		opts := &idemhttp.Options{Scope: idemhttp.SharedScope}
+		opts := &idemhttp.Config{Scope: idemhttp.SharedScope}
 		if err := opts.Validate(); err != nil {
 			t.Errorf("Validate() = %v, want nil", err)
 		}

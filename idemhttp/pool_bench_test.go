@@ -11,7 +11,7 @@ import (
 	"github.com/go-idempotency/idempotency/internal/testkit"
 )
 
-// BenchmarkUnrelatedLatency measures issue 10.2 on PostgreSQL, over real
+// BenchmarkUnrelatedLatency measures the pool starvation by waiters on PostgreSQL, over real
 // HTTP, with a pool of 4 connections: the latency of unrelated traffic (an
 // unguarded route that queries the same pool, and another tenant's new
 // key) while one slow key is held, with 50 waiters of that key and without

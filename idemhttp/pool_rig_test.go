@@ -23,11 +23,11 @@ import (
 	"github.com/go-idempotency/idempotency/postgres"
 )
 
-// The rig of issue 10.2: a service on PostgreSQL with a pool of 4
+// The rig of the pool starvation tests: a service on PostgreSQL with a pool of 4
 // connections, a guarded route whose handler can be held on a key (the
 // slow key), and an unguarded route that queries the same pool.
 
-// poolSize is the pool of the issue: pgxpool's default on a small machine.
+// poolSize is the pool of the rig: pgxpool's default on a small machine.
 const poolSize = 4
 
 // holds lets a test keep a key's handler running until it releases it.
@@ -163,7 +163,7 @@ func newPoolService(tb testing.TB, d *poolDB, size int32, cfg *idempotency.Confi
 		w.WriteHeader(http.StatusCreated)
 		fmt.Fprintf(w, `{"tag":%q,"run":%d}`, tag, runs.Add(1))
 	})
-	mw := idemhttp.Middleware(g, &idemhttp.Options{Scope: func(r *http.Request) (string, error) { return r.Header.Get("X-Tenant"), nil }})
+	mw := idemhttp.Middleware(g, &idemhttp.Config{Scope: func(r *http.Request) (string, error) { return r.Header.Get("X-Tenant"), nil }})
 	mux := http.NewServeMux()
 	guarded := mw(pay)
 	mux.Handle("POST /pay", http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {

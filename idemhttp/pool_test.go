@@ -11,7 +11,7 @@ import (
 	"github.com/go-idempotency/idempotency/internal/testkit"
 )
 
-// TestWaitersHoldNoPool is issue 10.2, over real HTTP on PostgreSQL with a
+// TestWaitersHoldNoPool is the pool starvation by waiters, over real HTTP on PostgreSQL with a
 // pool of 4 connections: one slow key and 50 waiters of that key used to
 // take every connection of the pool (an unguarded route on the same pool
 // took 2.15 s instead of 2 ms, another tenant's key 5 s). Now the waiters

@@ -19,7 +19,7 @@ const (
 	ProblemMissingKey = problemBase + "ProblemMissingKey"
 	// ProblemInvalidKey (400): the Idempotency-Key header is not a valid
 	// sf-string or bare key of 1 to 255 printable ASCII bytes, it was sent
-	// more than once, or [Options].ValidateKey refused it. Nothing was
+	// more than once, or [Config].ValidateKey refused it. Nothing was
 	// stored.
 	ProblemInvalidKey = problemBase + "ProblemInvalidKey"
 	// ProblemInvalidBody (400): the request has a JSON content type and its
@@ -28,16 +28,16 @@ const (
 	ProblemInvalidBody = problemBase + "ProblemInvalidBody"
 	// ProblemInProgress (409): a request with the same key is still being
 	// processed. Retry later with the same key (the response carries
-	// Retry-After). [Client] retries this problem type.
+	// Retry-After). [Transport] retries this problem type.
 	ProblemInProgress = problemBase + "ProblemInProgress"
 	// ProblemRequestTooLarge (413): the request body is larger than
-	// [Options].MaxRequestBody. Nothing was stored.
+	// [Config].MaxRequestBody. Nothing was stored.
 	ProblemRequestTooLarge = problemBase + "ProblemRequestTooLarge"
 	// ProblemKeyReused (422): the key was already used with another
 	// request (another method, route or body). The handler did not run.
 	ProblemKeyReused = problemBase + "ProblemKeyReused"
 	// ProblemResponseTooLarge (500): the handler wrote a response body
-	// larger than [Options].MaxResponseBody. Its writes were rolled back
+	// larger than [Config].MaxResponseBody. Its writes were rolled back
 	// and the key is free.
 	ProblemResponseTooLarge = problemBase + "ProblemResponseTooLarge"
 	// ProblemNoResponse (500): the handler returned without writing a
@@ -63,8 +63,8 @@ const (
 const ProblemContentType = "application/problem+json"
 
 // Problem is an RFC 9457 problem details object. The middleware writes one
-// for every error it answers itself; a [Options].Scope or
-// [Options].ValidateKey function may return one (as error) to choose the
+// for every error it answers itself; a [Config].Scope or
+// [Config].ValidateKey function may return one (as error) to choose the
 // answer, e.g. a 401 with a WWW-Authenticate header.
 type Problem struct {
 	// Type is a URI identifying the problem type.
@@ -91,7 +91,7 @@ func (p *Problem) Error() string {
 
 // WriteProblem answers p as an application/problem+json document with
 // Cache-Control: no-store, plus the fields of p.Header. It is the default
-// [Options].RenderProblem; a custom renderer may call it after changing p.
+// [Config].RenderProblem; a custom renderer may call it after changing p.
 func WriteProblem(w http.ResponseWriter, p *Problem) {
 	body, err := json.Marshal(p)
 	if err != nil { // a Problem always marshals; keep the status anyway

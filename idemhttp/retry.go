@@ -15,8 +15,8 @@ import (
 
 // delay returns how long to wait after a failed attempt, and false when the
 // response's Retry-After asks for longer than MaxDelay.
-func (c *policy) delay(attempt int, resp *http.Response, now time.Time) (time.Duration, bool) {
-	base, maxDelay := c.base, c.maxDelay
+func (t *Transport) delay(attempt int, resp *http.Response, now time.Time) (time.Duration, bool) {
+	base, maxDelay := t.BaseDelay, t.MaxDelay
 	if base <= 0 {
 		base = DefaultBaseDelay
 	}
@@ -55,7 +55,7 @@ func retryAfter(v string, now time.Time) (time.Duration, bool) {
 	return max(t.Sub(now), 0), true
 }
 
-// DefaultRetry is the default retry predicate of [Client] and [Transport]:
+// DefaultRetry is the default retry predicate of [Transport]:
 // it retries transport errors (the request may or may not have arrived:
 // the key makes a second arrival harmless), every 5xx except 501 and 505
 // (which no retry can cure), 429, and a 409 that is the server's "request

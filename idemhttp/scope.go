@@ -7,35 +7,35 @@ import (
 	"github.com/go-idempotency/idempotency"
 )
 
-// ErrNoScope: [Middleware] was mounted without [Options].Scope (nil
-// Options included). Without a scope every client would share one key
+// ErrNoScope: [Middleware] was mounted without [Config].Scope (nil
+// Config included). Without a scope every client would share one key
 // space, and a client that sends another client's key and body would get
 // that client's stored answer. Such a middleware answers every request of
 // a guarded method 500 [ProblemInternal] without running the handler or
 // reaching the store; the error is in [Event].Err and is reported once per
-// [Middleware] to [Options].OnError (or to the http.Server's error log).
-// [Options.Validate] returns it at set-up. Set Scope to the authenticated
+// [Middleware] to [Config].OnError (or to the http.Server's error log).
+// [Config.Validate] returns it at set-up. Set Scope to the authenticated
 // account, or to [SharedScope] for a service with a single tenant.
-var ErrNoScope = errors.New("idemhttp: MISCONFIGURED: Options.Scope is not set, so every client would share one key space " +
+var ErrNoScope = errors.New("idemhttp: MISCONFIGURED: Config.Scope is not set, so every client would share one key space " +
 	"and a client sending another client's key and body would get that client's stored answer; " +
-	"set Options.Scope to the authenticated account (or to idemhttp.SharedScope for a single-tenant service). " +
+	"set Config.Scope to the authenticated account (or to idemhttp.SharedScope for a single-tenant service). " +
 	"Until then this middleware answers every guarded request 500 without running the handler")
 
-// Validate reports whether [Middleware] would refuse o at run time: it
-// returns [ErrNoScope] when o is nil or o.Scope is nil. Call it at
+// Validate reports whether [Middleware] would refuse c at run time: it
+// returns [ErrNoScope] when c is nil or c.Scope is nil. Call it at
 // start-up to fail there rather than on the first guarded request:
 //
-//	if err := opts.Validate(); err != nil {
+//	if err := cfg.Validate(); err != nil {
 //		return err
 //	}
-func (o *Options) Validate() error {
-	if o == nil || o.Scope == nil {
+func (c *Config) Validate() error {
+	if c == nil || c.Scope == nil {
 		return ErrNoScope
 	}
 	return nil
 }
 
-// SharedScope is an [Options].Scope that puts every request in one key
+// SharedScope is a [Config].Scope that puts every request in one key
 // space (the empty scope): any client that sends a key and the same
 // request gets the answer stored for it, whoever sent it first. Use it
 // only for a service whose clients are one tenant (an internal service
@@ -43,7 +43,7 @@ func (o *Options) Validate() error {
 // authenticated account instead.
 func SharedScope(*http.Request) (string, error) { return "", nil }
 
-// ClientCertScope is an [Options].Scope that scopes keys by the client
+// ClientCertScope is a [Config].Scope that scopes keys by the client
 // certificate the server verified (an http.Server whose TLSConfig sets
 // ClientAuth to tls.VerifyClientCertIfGiven or
 // tls.RequireAndVerifyClientCert): its first URI SAN (a SPIFFE ID) if it

@@ -56,9 +56,9 @@ func created(n int64, w http.ResponseWriter, r *http.Request) {
 // startServer mounts the middleware with opts. The suite's clients are one
 // tenant: options that set no Scope get [idemhttp.SharedScope], on
 // purpose (the middleware itself refuses a missing Scope; see mount).
-func startServer[Tx any](t *testing.T, e env[Tx], cfg *idempotency.Config, opts *idemhttp.Options, s step) *server[Tx] {
+func startServer[Tx any](t *testing.T, e env[Tx], cfg *idempotency.Config, opts *idemhttp.Config, s step) *server[Tx] {
 	t.Helper()
-	o := idemhttp.Options{}
+	o := idemhttp.Config{}
 	if opts != nil {
 		o = *opts
 	}
@@ -69,7 +69,7 @@ func startServer[Tx any](t *testing.T, e env[Tx], cfg *idempotency.Config, opts 
 }
 
 // mount mounts the middleware with opts as they are (nil included).
-func mount[Tx any](t *testing.T, e env[Tx], cfg *idempotency.Config, opts *idemhttp.Options, s step) *server[Tx] {
+func mount[Tx any](t *testing.T, e env[Tx], cfg *idempotency.Config, opts *idemhttp.Config, s step) *server[Tx] {
 	t.Helper()
 	srv := &server[Tx]{env: e}
 	g := e.newGuard(cfg)

@@ -1,5 +1,5 @@
 // Package observe feeds the events of the idemhttp middleware
-// ([idemhttp.Options].Observer) to log/slog and to OpenTelemetry metrics: a
+// ([idemhttp.Config].Observer) to log/slog and to OpenTelemetry metrics: a
 // counter of requests by outcome and a histogram of their duration. It is
 // its own module so that the OpenTelemetry SDK never enters the core
 // module's requirements; the package itself needs only the OpenTelemetry
@@ -14,13 +14,14 @@ import (
 	"go.opentelemetry.io/otel/attribute"
 	"go.opentelemetry.io/otel/metric"
 
+	"github.com/go-idempotency/idempotency"
 	"github.com/go-idempotency/idempotency/idemhttp"
 )
 
 // Metric names.
 const (
 	// RequestsMetric counts guarded requests, with the attributes
-	// idempotency.outcome (an [idemhttp.Outcome]), http.request.method and
+	// idempotency.outcome (an [idempotency.Outcome] label), http.request.method and
 	// http.response.status_code.
 	RequestsMetric = "idempotency.http.requests"
 	// DurationMetric is the time from the middleware's start to its
@@ -28,7 +29,7 @@ const (
 	DurationMetric = "idempotency.http.duration"
 )
 
-// New returns an observer for [idemhttp.Options].Observer that logs every
+// New returns an observer for [idemhttp.Config].Observer that logs every
 // event to logger (nil: no log) and records it on meter's instruments
 // (nil: no metrics). Events whose outcome is an error of the server
 // (handler_error, store_error, internal) are logged at Error level, the
@@ -52,7 +53,7 @@ func New(logger *slog.Logger, meter metric.Meter) (func(context.Context, idemhtt
 	}
 	return func(ctx context.Context, ev idemhttp.Event) {
 		if meter != nil {
-			outcome := attribute.String("idempotency.outcome", string(ev.Outcome))
+			outcome := attribute.String("idempotency.outcome", ev.Outcome.String())
 			requests.Add(ctx, 1, metric.WithAttributes(outcome,
 				attribute.String("http.request.method", ev.Method),
 				attribute.Int("http.response.status_code", ev.Status)))
@@ -63,13 +64,13 @@ func New(logger *slog.Logger, meter metric.Meter) (func(context.Context, idemhtt
 		}
 		level := slog.LevelDebug
 		switch ev.Outcome {
-		case idemhttp.OutcomeHandlerError, idemhttp.OutcomeStoreError, idemhttp.OutcomeInternal:
+		case idempotency.HandlerError, idempotency.StoreError, idempotency.Internal:
 			level = slog.LevelError
-		case idemhttp.OutcomeRejected, idemhttp.OutcomeMismatch, idemhttp.OutcomeInProgress:
+		case idempotency.Rejected, idempotency.Mismatch, idempotency.InProgress:
 			level = slog.LevelInfo
 		}
 		attrs := []slog.Attr{
-			slog.String("outcome", string(ev.Outcome)),
+			slog.String("outcome", ev.Outcome.String()),
 			slog.String("method", ev.Method),
 			slog.String("route", ev.Route),
 			slog.Int("status", ev.Status),

@@ -46,7 +46,7 @@ func newGuard(t *testing.T, ctx context.Context) (*idempotency.Guard[*sql.Tx], *
 	return g, db
 }
 
-// accountScope is the example's Options.Scope: the account of the request's
+// accountScope is the example's Config.Scope: the account of the request's
 // credential, as the service's authentication verified it (here, standing
 // for it, the bearer token), and 401 without one.
 func accountScope(r *http.Request) (string, error) {
@@ -71,7 +71,7 @@ func TestObserver(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	mw := idemhttp.Middleware(guard, &idemhttp.Options{Scope: accountScope, Observer: observer})
+	mw := idemhttp.Middleware(guard, &idemhttp.Config{Scope: accountScope, Observer: observer})
 	// readme:end http-observe
 
 	h := mw(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
@@ -174,7 +174,7 @@ func TestObserverLogsKeyHash(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	mw := idemhttp.Middleware(guard, &idemhttp.Options{Observer: observer,
+	mw := idemhttp.Middleware(guard, &idemhttp.Config{Observer: observer,
 		Scope: func(*http.Request) (string, error) { return scope, nil }})
 	srv := httptest.NewServer(mw(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		w.WriteHeader(http.StatusCreated)

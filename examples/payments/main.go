@@ -129,9 +129,9 @@ type receipt struct {
 func newHandler[Tx any](g *idempotency.Guard[Tx], insert func(ctx context.Context, tx Tx, p payment) (int64, error)) http.Handler {
 	// This demo has no authentication: it says so with SharedScope, one key
 	// space for all its clients. A real, multi-tenant service sets
-	// Options.Scope to the authenticated account (the middleware refuses
+	// Config.Scope to the authenticated account (the middleware refuses
 	// to run without a Scope).
-	guarded := idemhttp.Middleware(g, &idemhttp.Options{Scope: idemhttp.SharedScope})
+	guarded := idemhttp.Middleware(g, &idemhttp.Config{Scope: idemhttp.SharedScope})
 	mux := http.NewServeMux()
 	mux.Handle("POST /payments", guarded(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		tx, ok := idemhttp.TxFrom[Tx](r.Context())

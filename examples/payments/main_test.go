@@ -92,7 +92,7 @@ func testPayments(t *testing.T, a *app) {
 	ctx := testkit.Context(t, 60*time.Second)
 	srv := httptest.NewServer(a.handler)
 	t.Cleanup(srv.Close)
-	client := &idemhttp.Client{HTTPClient: srv.Client()}
+	client := &http.Client{Transport: &idemhttp.Transport{Base: srv.Client().Transport}}
 	key := `"` + idemhttp.NewKey() + `"`
 
 	// 20 concurrent requests, one key, released together.

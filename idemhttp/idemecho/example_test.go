@@ -52,7 +52,7 @@ func exampleGuard() (*idempotency.Guard[*sql.Tx], *sql.DB, func()) {
 
 // pay posts the same payment twice with one key and prints the answers and
 // the number of payment rows.
-// accountScope is the example's Options.Scope: the account of the
+// accountScope is the example's Config.Scope: the account of the
 // request's credential, as the service's authentication verified it (here,
 // standing for it, the bearer token), and 401 without one. Never a value
 // the client may set to anything: that would let it pick another
@@ -104,7 +104,7 @@ func ExampleMiddleware() {
 			return echo.NewHTTPError(http.StatusBadGateway, "payment failed") // 5xx: rolled back
 		}
 		return c.JSON(http.StatusCreated, map[string]int64{"id": id})
-	}, idemecho.Middleware(guard, &idemhttp.Options{Scope: accountScope}))
+	}, idemecho.Middleware(guard, &idemhttp.Config{Scope: accountScope}))
 	// readme:end http-echo
 
 	e.HideBanner, e.HidePort = true, true

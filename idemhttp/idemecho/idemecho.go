@@ -9,10 +9,10 @@
 // error's own status is what the policy judges (a 502 or a 400 is rolled
 // back and not stored) and what the client gets:
 //
-//	opts := &idemhttp.Options{Scope: accountScope} // required: the authenticated account
+//	cfg := &idemhttp.Config{Scope: accountScope} // required: the authenticated account
 //	e := echo.New()
 //	e.Use(middleware.Recover())
-//	e.POST("/payments", createPayment, idemecho.Middleware(guard, opts))
+//	e.POST("/payments", createPayment, idemecho.Middleware(guard, cfg))
 //
 //	func createPayment(c echo.Context) error {
 //		tx, _ := idemecho.TxFrom[*sql.Tx](c)
@@ -34,19 +34,12 @@ import (
 	"github.com/go-idempotency/idempotency/idemhttp"
 )
 
-// Middleware returns an echo middleware that runs the handler through
-// [idemhttp.Middleware] on g with opts: the first request with a key runs
-// it inside g's transaction and stores its answer (errors it returns
-// included, as echo's HTTPErrorHandler renders them) with the key; later
-// requests with the same key and request get that answer replayed without
-// running the handler.
-//
-// opts.Scope is required: without it (nil opts included) every guarded
-// request is answered 500 without running the handler
-// ([idemhttp.ErrNoScope]), never from another client's key space; use
-// [idemhttp.SharedScope] for a single-tenant service.
-func Middleware[Tx any](g *idempotency.Guard[Tx], opts *idemhttp.Options) echo.MiddlewareFunc {
-	mw := idemhttp.Middleware(g, opts)
+// Middleware returns an echo middleware that guards the handler as
+// [idemhttp.Middleware] does with g and cfg. An error the handler returns
+// is rendered by echo's HTTPErrorHandler first, and that answer is what is
+// judged, stored and replayed. cfg.Scope is required ([idemhttp.ErrNoScope]).
+func Middleware[Tx any](g *idempotency.Guard[Tx], cfg *idemhttp.Config) echo.MiddlewareFunc {
+	mw := idemhttp.Middleware(g, cfg)
 	return func(next echo.HandlerFunc) echo.HandlerFunc {
 		return func(c echo.Context) error {
 			outer := c.Response()

@@ -20,16 +20,16 @@ import (
 	"github.com/go-idempotency/idempotency"
 	"github.com/go-idempotency/idempotency/idemhttp"
 	"github.com/go-idempotency/idempotency/idemhttp/idemecho"
-	"github.com/go-idempotency/idempotency/idemhttp/internal/frameworktest"
+	"github.com/go-idempotency/idempotency/internal/frameworktest"
 )
 
 type mount struct{}
 
-func (mount) SQLite(t *testing.T, g *idempotency.Guard[*sql.Tx], o *idemhttp.Options, h frameworktest.Handlers) string {
+func (mount) SQLite(t *testing.T, g *idempotency.Guard[*sql.Tx], o *idemhttp.Config, h frameworktest.Handlers) string {
 	return start(t, idemecho.Middleware(g, o), h)
 }
 
-func (mount) Postgres(t *testing.T, g *idempotency.Guard[pgx.Tx], o *idemhttp.Options, h frameworktest.Handlers) string {
+func (mount) Postgres(t *testing.T, g *idempotency.Guard[pgx.Tx], o *idemhttp.Config, h frameworktest.Handlers) string {
 	return start(t, idemecho.Middleware(g, o), h)
 }
 
@@ -86,7 +86,7 @@ func TestEcho(t *testing.T) {
 	frameworktest.Run(t, mount{})
 }
 
-// TestWrapMiddlewareNotStored is the failure of the issue: through
+// TestWrapMiddlewareNotStored is the failure of the usual adapter: through
 // echo.WrapMiddleware, a handler that inserts and returns
 // echo.NewHTTPError(502) used to give an empty 200, a committed row and a
 // stored key. Now the middleware sees no answer: it rolls back, stores
@@ -102,7 +102,7 @@ func TestWrapMiddlewareNotStored(t *testing.T) {
 			return err
 		}
 		return echo.NewHTTPError(http.StatusBadGateway, "upstream failed")
-	}, echo.WrapMiddleware(idemhttp.Middleware(env.Guard(t, nil), &idemhttp.Options{Scope: idemhttp.SharedScope})))
+	}, echo.WrapMiddleware(idemhttp.Middleware(env.Guard(t, nil), &idemhttp.Config{Scope: idemhttp.SharedScope})))
 	srv := httptest.NewServer(e)
 	t.Cleanup(srv.Close)
 	for i := 1; i <= 2; i++ {
@@ -125,7 +125,7 @@ func TestWrapMiddlewareWritesThrough(t *testing.T) {
 	t.Parallel()
 	env := frameworktest.SQLite(t)
 	var bypass atomic.Int64
-	opts := &idemhttp.Options{Scope: idemhttp.SharedScope, Observer: func(_ context.Context, ev idemhttp.Event) {
+	opts := &idemhttp.Config{Scope: idemhttp.SharedScope, Observer: func(_ context.Context, ev idemhttp.Event) {
 		if errors.Is(ev.Err, idemhttp.ErrWriterBypassed) || errors.Is(ev.Err, idemhttp.ErrBypassRefused) {
 			bypass.Add(1)
 		}
@@ -179,7 +179,7 @@ func TestHandRolledAdapterBypass(t *testing.T) {
 			env := frameworktest.SQLite(t)
 			var reports []error
 			var mu sync.Mutex
-			mw := idemhttp.Middleware(env.Guard(t, nil), &idemhttp.Options{Scope: idemhttp.SharedScope, OnError: func(_ *http.Request, err error) {
+			mw := idemhttp.Middleware(env.Guard(t, nil), &idemhttp.Config{Scope: idemhttp.SharedScope, OnError: func(_ *http.Request, err error) {
 				mu.Lock()
 				defer mu.Unlock()
 				reports = append(reports, err)

@@ -52,7 +52,7 @@ func exampleGuard() (*idempotency.Guard[*sql.Tx], *sql.DB, func()) {
 
 // pay posts the same payment twice with one key and prints the answers and
 // the number of payment rows.
-// accountScope is the example's Options.Scope: the account of the
+// accountScope is the example's Config.Scope: the account of the
 // request's credential, as the service's authentication verified it (here,
 // standing for it, the bearer token), and 401 without one. Never a value
 // the client may set to anything: that would let it pick another
@@ -90,7 +90,7 @@ func ExampleMiddleware() {
 	// readme:begin http-fiber
 	app := fiber.New(fiber.Config{DisableStartupMessage: true})
 	app.Use(recover.New())
-	app.Post("/payments", idemfiber.Middleware(guard, &idemhttp.Options{Scope: accountScope}), func(c *fiber.Ctx) error {
+	app.Post("/payments", idemfiber.Middleware(guard, &idemhttp.Config{Scope: accountScope}), func(c *fiber.Ctx) error {
 		tx, _ := idemfiber.TxFrom[*sql.Tx](c) // also in c.UserContext()
 		var in struct {
 			Amount int `json:"amount"`

@@ -9,10 +9,10 @@
 // ErrorHandler there, and hands the fiber response (status, headers, body)
 // to the middleware, which stores it with the key or rolls it back:
 //
-//	opts := &idemhttp.Options{Scope: accountScope} // required: the authenticated account
+//	cfg := &idemhttp.Config{Scope: accountScope} // required: the authenticated account
 //	app := fiber.New()
 //	app.Use(recover.New())
-//	app.Post("/payments", idemfiber.Middleware(guard, opts), createPayment)
+//	app.Post("/payments", idemfiber.Middleware(guard, cfg), createPayment)
 //
 //	func createPayment(c *fiber.Ctx) error {
 //		tx, _ := idemfiber.TxFrom[*sql.Tx](c)
@@ -43,18 +43,11 @@ import (
 // there afterwards, it means the handler set none.
 const unset = 1
 
-// Middleware returns a fiber handler that runs the rest of the chain
-// through [idemhttp.Middleware] on g with opts: the first request with a
-// key runs it inside g's transaction and stores its answer with the key;
-// later requests with the same key and request get that answer replayed
-// without running the chain.
-//
-// opts.Scope is required: without it (nil opts included) every guarded
-// request is answered 500 without running the chain
-// ([idemhttp.ErrNoScope]), never from another client's key space; use
-// [idemhttp.SharedScope] for a single-tenant service.
-func Middleware[Tx any](g *idempotency.Guard[Tx], opts *idemhttp.Options) fiber.Handler {
-	mw := idemhttp.Middleware(g, opts)
+// Middleware returns a fiber handler that guards the rest of the chain as
+// [idemhttp.Middleware] does with g and cfg, on the net/http request fiber
+// converts from its own. cfg.Scope is required ([idemhttp.ErrNoScope]).
+func Middleware[Tx any](g *idempotency.Guard[Tx], cfg *idemhttp.Config) fiber.Handler {
+	mw := idemhttp.Middleware(g, cfg)
 	return func(c *fiber.Ctx) error {
 		req, err := request(c)
 		if err != nil {

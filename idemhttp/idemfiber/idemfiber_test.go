@@ -15,16 +15,16 @@ import (
 	"github.com/go-idempotency/idempotency"
 	"github.com/go-idempotency/idempotency/idemhttp"
 	"github.com/go-idempotency/idempotency/idemhttp/idemfiber"
-	"github.com/go-idempotency/idempotency/idemhttp/internal/frameworktest"
+	"github.com/go-idempotency/idempotency/internal/frameworktest"
 )
 
 type mount struct{}
 
-func (mount) SQLite(t *testing.T, g *idempotency.Guard[*sql.Tx], o *idemhttp.Options, h frameworktest.Handlers) string {
+func (mount) SQLite(t *testing.T, g *idempotency.Guard[*sql.Tx], o *idemhttp.Config, h frameworktest.Handlers) string {
 	return start(t, idemfiber.Middleware(g, o), h)
 }
 
-func (mount) Postgres(t *testing.T, g *idempotency.Guard[pgx.Tx], o *idemhttp.Options, h frameworktest.Handlers) string {
+func (mount) Postgres(t *testing.T, g *idempotency.Guard[pgx.Tx], o *idemhttp.Config, h frameworktest.Handlers) string {
 	return start(t, idemfiber.Middleware(g, o), h)
 }
 
@@ -96,7 +96,7 @@ func TestFiber(t *testing.T) {
 	frameworktest.Run(t, mount{})
 }
 
-// TestAdaptorNotStored is the failure of the issue: adaptor.HTTPMiddleware
+// TestAdaptorNotStored is the failure of the usual adapter: adaptor.HTTPMiddleware
 // runs the handler after the middleware returned, so the middleware used
 // to commit and store an empty 200 before the handler ran. Now it sees no
 // answer: it rolls back and stores nothing, and the handler, run later
@@ -105,7 +105,7 @@ func TestAdaptorNotStored(t *testing.T) {
 	t.Parallel()
 	env := frameworktest.SQLite(t)
 	app := fiber.New(fiber.Config{DisableStartupMessage: true})
-	app.Post("/pay", adaptor.HTTPMiddleware(idemhttp.Middleware(env.Guard(t, nil), &idemhttp.Options{Scope: idemhttp.SharedScope})), func(c *fiber.Ctx) error {
+	app.Post("/pay", adaptor.HTTPMiddleware(idemhttp.Middleware(env.Guard(t, nil), &idemhttp.Config{Scope: idemhttp.SharedScope})), func(c *fiber.Ctx) error {
 		env.Handlers.Run()
 		if err := env.Handlers.Effect(c.UserContext()); err != nil {
 			return fiber.NewError(fiber.StatusInternalServerError, err.Error())

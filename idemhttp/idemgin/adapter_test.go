@@ -15,9 +15,10 @@ import (
 
 	"github.com/gin-gonic/gin"
 
+	"github.com/go-idempotency/idempotency"
 	"github.com/go-idempotency/idempotency/idemhttp"
 	"github.com/go-idempotency/idempotency/idemhttp/idemgin"
-	"github.com/go-idempotency/idempotency/idemhttp/internal/frameworktest"
+	"github.com/go-idempotency/idempotency/internal/frameworktest"
 	"github.com/go-idempotency/idempotency/internal/testkit"
 )
 
@@ -32,7 +33,7 @@ var adapters = []struct {
 	wrap   func(mw func(http.Handler) http.Handler) gin.HandlerFunc
 }{
 	{"usual", false, func(mw func(http.Handler) http.Handler) gin.HandlerFunc {
-		// The issue's adapter: c.Request = r; c.Next().
+		// The usual adapter: c.Request = r; c.Next().
 		return func(c *gin.Context) {
 			h := mw(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 				c.Request = r
@@ -99,8 +100,8 @@ type collector struct {
 	events []idemhttp.Event
 }
 
-func (cl *collector) options() *idemhttp.Options {
-	return &idemhttp.Options{
+func (cl *collector) options() *idemhttp.Config {
+	return &idemhttp.Config{
 		Scope:   idemhttp.SharedScope, // one test client
 		OnError: func(_ *http.Request, err error) { cl.mu.Lock(); defer cl.mu.Unlock(); cl.errs = append(cl.errs, err) },
 		Observer: func(_ context.Context, ev idemhttp.Event) {
@@ -117,7 +118,7 @@ func (cl *collector) get() ([]error, []idemhttp.Event) {
 	return append([]error(nil), cl.errs...), append([]idemhttp.Event(nil), cl.events...)
 }
 
-// TestUsualAdapterBypass is the issue: with the generic middleware mounted
+// TestUsualAdapterBypass is the bypass failure: with the generic middleware mounted
 // through a net/http adapter, a gin handler that inserts a payment through
 // the transaction and answers 201 on c.Writer told the client "approved"
 // while the middleware, seeing no answer, rolled the payment back; every
@@ -187,7 +188,7 @@ func TestUsualAdapterBypass(t *testing.T) {
 					t.Fatalf("%d events, want 4: %+v", len(events), events)
 				}
 				wantStatus := map[bool]int{true: http.StatusInternalServerError, false: http.StatusCreated}[st.pending]
-				if ev := events[0]; !errors.Is(ev.Err, idemhttp.ErrWriterBypassed) || ev.Outcome != idemhttp.OutcomeInternal || ev.Status != wantStatus {
+				if ev := events[0]; !errors.Is(ev.Err, idemhttp.ErrWriterBypassed) || ev.Outcome != idempotency.Internal || ev.Status != wantStatus {
 					t.Errorf("first event %+v; want internal, ErrWriterBypassed, status %d", ev, wantStatus)
 				}
 				for _, ev := range events[1:] {
@@ -303,7 +304,7 @@ func (s split) Write(p []byte) (int, error) { return s.w.Write(p) }
 // through the middleware: stored, replayed, no bypass. c.AbortWithStatus
 // sends gin's own status around it: the middleware still saw the 202, so
 // the payment is committed and the 202 stored as usual (rolling it back
-// after a 2xx went out would be the issue again), the bypass is reported
+// after a 2xx went out would be the bypass failure again), the bypass is reported
 // once, and new keys are refused before the handler runs.
 func TestSplitAdapter(t *testing.T) {
 	t.Parallel()
@@ -372,7 +373,7 @@ func TestSplitAdapter(t *testing.T) {
 	if len(errs) != 1 || !errors.Is(errs[0], idemhttp.ErrWriterBypassed) {
 		t.Fatalf("OnError got %v; want one ErrWriterBypassed", errs)
 	}
-	if ev := events[2]; ev.Outcome != idemhttp.OutcomeExecuted || ev.Status != http.StatusOK || !errors.Is(ev.Err, idemhttp.ErrWriterBypassed) {
+	if ev := events[2]; ev.Outcome != idempotency.Executed || ev.Status != http.StatusOK || !errors.Is(ev.Err, idemhttp.ErrWriterBypassed) {
 		t.Errorf("abort event %+v; want executed, status 200 (what the client got), ErrWriterBypassed", ev)
 	}
 }

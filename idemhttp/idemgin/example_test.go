@@ -51,7 +51,7 @@ func exampleGuard() (*idempotency.Guard[*sql.Tx], *sql.DB, func()) {
 
 // pay posts the same payment twice with one key and prints the answers and
 // the number of payment rows.
-// accountScope is the example's Options.Scope: the account of the
+// accountScope is the example's Config.Scope: the account of the
 // request's credential, as the service's authentication verified it (here,
 // standing for it, the bearer token), and 401 without one. Never a value
 // the client may set to anything: that would let it pick another
@@ -90,7 +90,7 @@ func ExampleMiddleware() {
 	// readme:begin http-gin
 	r := gin.New()
 	r.Use(gin.Recovery())
-	r.POST("/payments", idemgin.Middleware(guard, &idemhttp.Options{Scope: accountScope}), func(c *gin.Context) {
+	r.POST("/payments", idemgin.Middleware(guard, &idemhttp.Config{Scope: accountScope}), func(c *gin.Context) {
 		tx, _ := idemgin.TxFrom[*sql.Tx](c)
 		var in struct {
 			Amount int `json:"amount" binding:"required"`

@@ -7,7 +7,7 @@
 // answer (201 "approved") reaches the client while the middleware, seeing
 // none, rolls the handler's writes back. idemhttp cannot intercept
 // c.Writer; it notices afterwards ([idemhttp.ErrWriterBypassed], reported
-// once to Options.OnError), and from then on that middleware answers every
+// once to Config.OnError), and from then on that middleware answers every
 // guarded request 500 without running the handler in a transaction
 // ([idemhttp.ErrBypassRefused]). An adapter that does not c.Abort() when
 // the middleware answered lets gin run the handler anyway, after it and
@@ -15,10 +15,10 @@
 // replaces c.Writer for the rest of the chain, so that gin's handlers, and
 // the middleware after this one, write into the middleware's buffer:
 //
-//	opts := &idemhttp.Options{Scope: accountScope} // required: the authenticated account
+//	cfg := &idemhttp.Config{Scope: accountScope} // required: the authenticated account
 //	r := gin.New()
 //	r.Use(gin.Recovery())
-//	r.POST("/payments", idemgin.Middleware(guard, opts), createPayment)
+//	r.POST("/payments", idemgin.Middleware(guard, cfg), createPayment)
 //
 //	func createPayment(c *gin.Context) {
 //		tx, _ := idemgin.TxFrom[*sql.Tx](c)
@@ -50,19 +50,12 @@ import (
 	"github.com/go-idempotency/idempotency/idemhttp"
 )
 
-// Middleware returns a gin handler that runs the rest of the chain through
-// [idemhttp.Middleware] on g with opts: the first request with a key runs
-// the chain inside g's transaction and stores its answer with the key;
-// later requests with the same key and request get that answer replayed
-// without running the chain. Mount it on the routes (or groups) it
-// guards; put gin.Recovery before it.
-//
-// opts.Scope is required: without it (nil opts included) every guarded
-// request is answered 500 without running the chain
-// ([idemhttp.ErrNoScope]), never from another client's key space; use
-// [idemhttp.SharedScope] for a single-tenant service.
-func Middleware[Tx any](g *idempotency.Guard[Tx], opts *idemhttp.Options) gin.HandlerFunc {
-	mw := idemhttp.Middleware(g, opts)
+// Middleware returns a gin handler that guards the rest of the chain as
+// [idemhttp.Middleware] does with g and cfg; the chain writes into the
+// middleware's buffer through c.Writer. Mount it on the routes (or groups)
+// it guards, after gin.Recovery. cfg.Scope is required ([idemhttp.ErrNoScope]).
+func Middleware[Tx any](g *idempotency.Guard[Tx], cfg *idemhttp.Config) gin.HandlerFunc {
+	mw := idemhttp.Middleware(g, cfg)
 	return func(c *gin.Context) {
 		outer := c.Writer
 		ran := false
@@ -164,9 +157,8 @@ func (w *writer) Hijack() (net.Conn, *bufio.ReadWriter, error) { return nil, nil
 // buffered until the handler returns.
 func (w *writer) Flush() { w.WriteHeaderNow() }
 
-// CloseNotify never fires; use the request's context.
-//
-// Deprecated: as http.CloseNotifier.
+// CloseNotify never fires; use the request's context. It is here because
+// gin.ResponseWriter includes http.CloseNotifier.
 func (w *writer) CloseNotify() <-chan bool { return make(chan bool) }
 
 func (w *writer) Pusher() http.Pusher { return nil }

@@ -1,4 +1,4 @@
-package idemchi_test
+package chiexample_test
 
 import (
 	"database/sql"
@@ -16,16 +16,16 @@ import (
 
 	"github.com/go-idempotency/idempotency"
 	"github.com/go-idempotency/idempotency/idemhttp"
-	"github.com/go-idempotency/idempotency/idemhttp/internal/frameworktest"
+	"github.com/go-idempotency/idempotency/internal/frameworktest"
 )
 
 type mount struct{}
 
-func (mount) SQLite(t *testing.T, g *idempotency.Guard[*sql.Tx], o *idemhttp.Options, h frameworktest.Handlers) string {
+func (mount) SQLite(t *testing.T, g *idempotency.Guard[*sql.Tx], o *idemhttp.Config, h frameworktest.Handlers) string {
 	return start(t, idemhttp.Middleware(g, o), h)
 }
 
-func (mount) Postgres(t *testing.T, g *idempotency.Guard[pgx.Tx], o *idemhttp.Options, h frameworktest.Handlers) string {
+func (mount) Postgres(t *testing.T, g *idempotency.Guard[pgx.Tx], o *idemhttp.Config, h frameworktest.Handlers) string {
 	return start(t, idemhttp.Middleware(g, o), h)
 }
 

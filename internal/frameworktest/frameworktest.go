@@ -77,8 +77,8 @@ func Body(n int64) map[string]any {
 // URL; it stops it with t.Cleanup. Each method is the same generic code of
 // the framework's test, instantiated with the store's transaction type.
 type Mount interface {
-	SQLite(t *testing.T, g *idempotency.Guard[*sql.Tx], opts *idemhttp.Options, h Handlers) string
-	Postgres(t *testing.T, g *idempotency.Guard[pgx.Tx], opts *idemhttp.Options, h Handlers) string
+	SQLite(t *testing.T, g *idempotency.Guard[*sql.Tx], opts *idemhttp.Config, h Handlers) string
+	Postgres(t *testing.T, g *idempotency.Guard[pgx.Tx], opts *idemhttp.Config, h Handlers) string
 }
 
 // Run runs the suite on SQLite and PostgreSQL.
@@ -86,14 +86,14 @@ func Run(t *testing.T, m Mount) {
 	t.Run("SQLite", func(t *testing.T) {
 		t.Parallel()
 		e := SQLite(t)
-		runCases(t, e, func(t *testing.T, opts *idemhttp.Options) string {
+		runCases(t, e, func(t *testing.T, opts *idemhttp.Config) string {
 			return m.SQLite(t, e.Guard(t, nil), opts, e.Handlers)
 		})
 	})
 	t.Run("Postgres", func(t *testing.T) {
 		t.Parallel()
 		e := Postgres(t)
-		runCases(t, e, func(t *testing.T, opts *idemhttp.Options) string {
+		runCases(t, e, func(t *testing.T, opts *idemhttp.Config) string {
 			return m.Postgres(t, e.Guard(t, nil), opts, e.Handlers)
 		})
 	})
@@ -276,15 +276,15 @@ func Post(t *testing.T, url, key, body string) Result {
 	return Result{Status: resp.StatusCode, Header: resp.Header, Body: b}
 }
 
-func runCases[Tx any](t *testing.T, e *Env[Tx], start func(*testing.T, *idemhttp.Options) string) {
-	base := start(t, &idemhttp.Options{Scope: idemhttp.SharedScope}) // the suite's clients are one tenant
+func runCases[Tx any](t *testing.T, e *Env[Tx], start func(*testing.T, *idemhttp.Config) string) {
+	base := start(t, &idemhttp.Config{Scope: idemhttp.SharedScope}) // the suite's clients are one tenant
 	count := func(id string) int { return e.Count(t, "", id) }
 
-	// NoScope: mounted without Options.Scope, the integration shares no
+	// NoScope: mounted without Config.Scope, the integration shares no
 	// answer between clients: every guarded request is refused with 500
 	// before the chain runs, nothing is stored.
 	t.Run("NoScope", func(t *testing.T) {
-		for name, opts := range map[string]*idemhttp.Options{"nil": nil, "empty": {}} {
+		for name, opts := range map[string]*idemhttp.Config{"nil": nil, "empty": {}} {
 			url := start(t, opts)
 			runs := e.Runs()
 			for i := range 2 { // client A, then client B with A's key and body

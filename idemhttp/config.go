@@ -7,11 +7,11 @@ import (
 	"strings"
 )
 
-// Defaults of [Options].
+// Defaults of [Config].
 const (
-	// DefaultMaxRequestBody is the default [Options].MaxRequestBody: 1 MiB.
+	// DefaultMaxRequestBody is the default [Config].MaxRequestBody: 1 MiB.
 	DefaultMaxRequestBody = 1 << 20
-	// DefaultMaxResponseBody is the default [Options].MaxResponseBody: 1 MiB.
+	// DefaultMaxResponseBody is the default [Config].MaxResponseBody: 1 MiB.
 	DefaultMaxResponseBody = 1 << 20
 )
 
@@ -19,7 +19,7 @@ const (
 // PATCH.
 func DefaultMethods() []string { return []string{http.MethodPost, http.MethodPatch} }
 
-// DefaultReplayHeaders returns the default [Options].ReplayHeaders: the
+// DefaultReplayHeaders returns the default [Config].ReplayHeaders: the
 // representation and location fields a replay needs to mean what the first
 // response meant. Cache-Control, Content-Disposition, Content-Encoding,
 // Content-Language, Content-Location, Content-Type, ETag, Expires,
@@ -32,7 +32,7 @@ func DefaultReplayHeaders() []string {
 	}
 }
 
-// DefaultStore is the default [Options].Store: it reports whether a status
+// DefaultStore is the default [Config].Store: it reports whether a status
 // written by the handler is the result of the operation, to be stored with
 // the key and replayed, rather than an answer the client should be able to
 // retry with the same key.
@@ -67,9 +67,9 @@ func DefaultStore(status int) bool {
 	return true
 }
 
-// Options configure [Middleware]. Scope is required; every other field's
+// Config configures [Middleware]. Scope is required; every other field's
 // zero value means its default.
-type Options struct {
+type Config struct {
 	// Methods are the request methods the middleware guards. Requests with
 	// other methods go to the handler untouched, without a transaction.
 	// Defaults to [DefaultMethods] (POST and PATCH).
@@ -167,13 +167,6 @@ type Options struct {
 	// are not).
 	Store func(status int) bool
 
-	// Transient is the former way to refuse statuses below 500; when Store
-	// is nil and Transient is set, a status is stored when it is below 500
-	// and Transient reports false.
-	//
-	// Deprecated: use Store.
-	Transient func(status int) bool
-
 	// RenderProblem, if set, writes every error the middleware answers
 	// itself, instead of the default application/problem+json document
 	// ([WriteProblem]). p.Header holds the fields the answer must carry
@@ -198,7 +191,7 @@ type Options struct {
 	Observer func(ctx context.Context, ev Event)
 }
 
-type config struct {
+type settings struct {
 	methods   map[string]bool
 	header    string
 	optional  bool
@@ -217,11 +210,11 @@ type config struct {
 	observer  func(context.Context, Event)
 }
 
-func newConfig(o *Options) *config {
+func newSettings(o *Config) *settings {
 	if o == nil {
-		o = &Options{}
+		o = &Config{}
 	}
-	c := &config{
+	c := &settings{
 		methods:  map[string]bool{},
 		header:   o.KeyHeader,
 		optional: o.KeyOptional,
@@ -275,11 +268,7 @@ func newConfig(o *Options) *config {
 		}
 	}
 	if c.store == nil {
-		if t := o.Transient; t != nil {
-			c.store = func(s int) bool { return s < 500 && !t(s) }
-		} else {
-			c.store = DefaultStore
-		}
+		c.store = DefaultStore
 	}
 	if c.render == nil {
 		c.render = func(w http.ResponseWriter, _ *http.Request, p *Problem) { WriteProblem(w, p) }
@@ -300,7 +289,7 @@ func neverStored(name string) bool {
 
 // storedHeader returns the fields of h that the allowlist keeps, minus any
 // field that h's Connection header nominates as hop-by-hop.
-func (c *config) storedHeader(h http.Header) http.Header {
+func (c *settings) storedHeader(h http.Header) http.Header {
 	var nominated map[string]bool
 	for _, v := range h.Values("Connection") {
 		for _, f := range strings.Split(v, ",") {

@@ -52,7 +52,7 @@ func accountOf(r *http.Request) string {
 	return strings.TrimPrefix(r.Header.Get("Authorization"), "Bearer ")
 }
 
-// accountScope is the examples' Options.Scope: the account of the request's
+// accountScope is the examples' Config.Scope: the account of the request's
 // credential, as the service's authentication verified it (here, standing
 // for it, the bearer token), and 401 without one. Never a header or field
 // the client may set to anything: that would let it pick another account's
@@ -64,15 +64,15 @@ func accountScope(r *http.Request) (string, error) {
 	return "", &idemhttp.Problem{Type: "about:blank", Title: "Unauthorized", Status: http.StatusUnauthorized}
 }
 
-// Options that users of Stripe, Powertools and IdempotentAPI ask for: another
+// Settings that users of Stripe, Powertools and IdempotentAPI ask for: another
 // header name, a key validator, a 401 with WWW-Authenticate, the stored
 // statuses, the fingerprint's parts and a renderer of one's own.
-func ExampleOptions() {
+func ExampleConfig() {
 	guard, _, cleanup := exampleGuard()
 	defer cleanup()
 
-	// readme:begin http-options
-	opts := &idemhttp.Options{
+	// readme:begin http-config
+	cfg := &idemhttp.Config{
 		KeyHeader:   "X-Idempotency-Key",       // default "Idempotency-Key"
 		ValidateKey: idemhttp.MinKeyLength(16), // or idemhttp.UUIDKey: refuse low-entropy keys (400)
 		Scope: func(r *http.Request) (string, error) {
@@ -93,9 +93,9 @@ func ExampleOptions() {
 		},
 		MaxRequestBody: 64 << 10,
 	}
-	// readme:end http-options
+	// readme:end http-config
 
-	h := idemhttp.Middleware(guard, opts)(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+	h := idemhttp.Middleware(guard, cfg)(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		w.WriteHeader(http.StatusCreated)
 		fmt.Fprintf(w, `{"ok":true}`)
 	}))
@@ -181,8 +181,8 @@ func ExampleMiddleware_handler() {
 		_, _ = io.WriteString(w, `{"status":"approved"}`)
 		// Returning without writing anything is answered 500 and rolled back, never stored.
 	})
-	mw := idemhttp.Middleware(guard, &idemhttp.Options{Scope: accountScope}) // each account its own key space
-	srv := httptest.NewServer(mw(pay))                                       // or http.ListenAndServe(addr, ...)
+	mw := idemhttp.Middleware(guard, &idemhttp.Config{Scope: accountScope}) // each account its own key space
+	srv := httptest.NewServer(mw(pay))                                      // or http.ListenAndServe(addr, ...)
 	// readme:end http-nethttp
 	defer srv.Close()
 

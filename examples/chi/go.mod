@@ -1,4 +1,4 @@
-module github.com/go-idempotency/idempotency/idemhttp/idemchi
+module github.com/go-idempotency/idempotency/examples/chi
 
 go 1.26.0
 

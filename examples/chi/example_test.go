@@ -1,4 +1,4 @@
-package idemchi_test
+package chiexample_test
 
 import (
 	"context"
@@ -49,9 +49,7 @@ func exampleGuard() (*idempotency.Guard[*sql.Tx], *sql.DB, func()) {
 	return guard, db, func() { db.Close(); os.RemoveAll(dir) }
 }
 
-// pay posts the same payment twice with one key and prints the answers and
-// the number of payment rows.
-// accountScope is the example's Options.Scope: the account of the
+// accountScope is the example's Config.Scope: the account of the
 // request's credential, as the service's authentication verified it (here,
 // standing for it, the bearer token), and 401 without one. Never a value
 // the client may set to anything: that would let it pick another
@@ -63,6 +61,8 @@ func accountScope(r *http.Request) (string, error) {
 	return "", &idemhttp.Problem{Type: "about:blank", Title: "Unauthorized", Status: http.StatusUnauthorized}
 }
 
+// pay posts the same payment twice with one key and prints the answers and
+// the number of payment rows.
 func pay(url string, db *sql.DB) {
 	for range 2 {
 		req, _ := http.NewRequest(http.MethodPost, url, strings.NewReader(`{"amount":1999}`))
@@ -90,7 +90,7 @@ func Example() {
 	r := chi.NewRouter()
 	r.Use(middleware.Recoverer)
 	r.Route("/payments", func(r chi.Router) {
-		r.Use(idemhttp.Middleware(guard, &idemhttp.Options{Scope: accountScope})) // guards POST and PATCH; GET passes through
+		r.Use(idemhttp.Middleware(guard, &idemhttp.Config{Scope: accountScope})) // guards POST and PATCH; GET passes through
 		r.Post("/", func(w http.ResponseWriter, r *http.Request) {
 			tx, _ := idemhttp.TxFrom[*sql.Tx](r.Context())
 			var id int64

@@ -41,7 +41,7 @@ func (s *server[Tx]) do(t *testing.T, path, body string, header ...string) resul
 func testNoResponse[Tx any](t *testing.T, e env[Tx]) {
 	var causes []error
 	var mu sync.Mutex
-	s := startServer(t, e, nil, &idemhttp.Options{OnError: func(_ *http.Request, err error) {
+	s := startServer(t, e, nil, &idemhttp.Config{OnError: func(_ *http.Request, err error) {
 		mu.Lock()
 		causes = append(causes, err)
 		mu.Unlock()
@@ -70,7 +70,7 @@ func testNoResponse[Tx any](t *testing.T, e env[Tx]) {
 }
 
 // testStorePolicy: the default stores neither validation failures nor
-// conflicts (Stripe's rule); Options.Store changes it.
+// conflicts (Stripe's rule); Config.Store changes it.
 func testStorePolicy[Tx any](t *testing.T, e env[Tx]) {
 	for _, code := range []int{400, 401, 403, 404, 409, 422} {
 		s := startServer(t, e, nil, nil, func(n int64, w http.ResponseWriter, r *http.Request) {
@@ -87,7 +87,7 @@ func testStorePolicy[Tx any](t *testing.T, e env[Tx]) {
 		s.wantEffects(t, "/policy", 0)
 	}
 	// A custom policy that stores 400 replays it.
-	s := startServer(t, e, nil, &idemhttp.Options{Store: func(st int) bool { return st < 500 }}, func(n int64, w http.ResponseWriter, r *http.Request) {
+	s := startServer(t, e, nil, &idemhttp.Config{Store: func(st int) bool { return st < 500 }}, func(n int64, w http.ResponseWriter, r *http.Request) {
 		w.WriteHeader(http.StatusBadRequest)
 		_, _ = io.WriteString(w, "bad")
 	})
@@ -96,7 +96,7 @@ func testStorePolicy[Tx any](t *testing.T, e env[Tx]) {
 	s.wantCalls(t, 1)
 	s.wantEffects(t, "/policy-400", 1)
 	// A custom policy refusing a 201 rolls it back.
-	r := startServer(t, e, nil, &idemhttp.Options{Store: func(int) bool { return false }}, created)
+	r := startServer(t, e, nil, &idemhttp.Config{Store: func(int) bool { return false }}, created)
 	wantStatus(t, r.post(t, `{}`, "never"), http.StatusCreated)
 	r.wantEffects(t, "/never", 0)
 	for _, c := range []struct {
@@ -112,7 +112,7 @@ func testStorePolicy[Tx any](t *testing.T, e env[Tx]) {
 
 // testKeyHeader: the key may come in another header.
 func testKeyHeader[Tx any](t *testing.T, e env[Tx]) {
-	s := startServer(t, e, nil, &idemhttp.Options{KeyHeader: "x-idempotency-key"}, created)
+	s := startServer(t, e, nil, &idemhttp.Config{KeyHeader: "x-idempotency-key"}, created)
 	first := s.do(t, "/things", `{}`, "X-Idempotency-Key", "xk-1")
 	wantStatus(t, first, http.StatusCreated)
 	wantReplay(t, first, s.do(t, "/things", `{}`, "X-Idempotency-Key", `"xk-1"`))
@@ -127,12 +127,12 @@ func testKeyHeader[Tx any](t *testing.T, e env[Tx]) {
 
 // testValidateKey: low-entropy keys are refused before anything is stored.
 func testValidateKey[Tx any](t *testing.T, e env[Tx]) {
-	s := startServer(t, e, nil, &idemhttp.Options{ValidateKey: idemhttp.UUIDKey}, created)
+	s := startServer(t, e, nil, &idemhttp.Config{ValidateKey: idemhttp.UUIDKey}, created)
 	wantProblem(t, s.post(t, `{}`, "1"), 400, idemhttp.ProblemInvalidKey)
 	wantProblem(t, s.post(t, `{}`, "8e03978e-40d5-43e8-bc93-6894a57f932x"), 400, idemhttp.ProblemInvalidKey)
 	s.wantCalls(t, 0)
 	wantStatus(t, s.post(t, `{}`, "8e03978e-40d5-43e8-bc93-6894a57f9324"), http.StatusCreated)
-	m := startServer(t, e, nil, &idemhttp.Options{ValidateKey: idemhttp.MinKeyLength(16)}, created)
+	m := startServer(t, e, nil, &idemhttp.Config{ValidateKey: idemhttp.MinKeyLength(16)}, created)
 	wantProblem(t, m.post(t, `{}`, "short"), 400, idemhttp.ProblemInvalidKey)
 	wantStatus(t, m.post(t, `{}`, "long-enough-key-0001"), http.StatusCreated)
 	m.wantCalls(t, 1)
@@ -141,7 +141,7 @@ func testValidateKey[Tx any](t *testing.T, e env[Tx]) {
 // testRenderProblem: a renderer replaces problem+json, and a Scope 401
 // carries WWW-Authenticate.
 func testRenderProblem[Tx any](t *testing.T, e env[Tx]) {
-	s := startServer(t, e, nil, &idemhttp.Options{
+	s := startServer(t, e, nil, &idemhttp.Config{
 		Scope: func(r *http.Request) (string, error) {
 			if r.Header.Get("Authorization") == "" {
 				return "", &idemhttp.Problem{Type: "about:blank", Title: "Unauthorized", Status: 401,
@@ -163,7 +163,7 @@ func testRenderProblem[Tx any](t *testing.T, e env[Tx]) {
 		t.Errorf("got %d %v %q; want the custom 401 with WWW-Authenticate", res.status, res.header, res.body)
 	}
 	// The default renderer sends Problem.Header too.
-	d := startServer(t, e, nil, &idemhttp.Options{Scope: func(*http.Request) (string, error) {
+	d := startServer(t, e, nil, &idemhttp.Config{Scope: func(*http.Request) (string, error) {
 		return "", &idemhttp.Problem{Type: "about:blank", Title: "Unauthorized", Status: 401, Detail: "log in",
 			Header: http.Header{"Www-Authenticate": {"Basic"}}}
 	}}, created)
@@ -174,7 +174,7 @@ func testRenderProblem[Tx any](t *testing.T, e env[Tx]) {
 	}
 	// Retry-After reaches a custom renderer on 409.
 	entered, release := make(chan struct{}), make(chan struct{})
-	b := startServer(t, e, &idempotency.Config{WaitTimeout: -1}, &idemhttp.Options{
+	b := startServer(t, e, &idempotency.Config{WaitTimeout: -1}, &idemhttp.Config{
 		RenderProblem: func(w http.ResponseWriter, r *http.Request, p *idemhttp.Problem) {
 			for k, v := range p.Header {
 				w.Header()[k] = v
@@ -202,7 +202,7 @@ func testRenderProblem[Tx any](t *testing.T, e env[Tx]) {
 
 // testFingerprintOptions: headers in, fields out, or a function of one's own.
 func testFingerprintOptions[Tx any](t *testing.T, e env[Tx]) {
-	s := startServer(t, e, nil, &idemhttp.Options{
+	s := startServer(t, e, nil, &idemhttp.Config{
 		FingerprintHeaders: []string{"x-account"},
 		IgnoreFields:       []string{"sent_at", "meta.trace"},
 	}, created)
@@ -215,7 +215,7 @@ func testFingerprintOptions[Tx any](t *testing.T, e env[Tx]) {
 	wantProblem(t, s.do(t, "/things", `{"amount":5,"sent_at":"10:00","meta":{"trace":"a","v":1}}`, "Idempotency-Key", "fp", "X-Account", "B"), 422, idemhttp.ProblemKeyReused)
 	s.wantCalls(t, 1)
 
-	f := startServer(t, e, nil, &idemhttp.Options{Fingerprint: func(r *http.Request, body []byte) (string, error) {
+	f := startServer(t, e, nil, &idemhttp.Config{Fingerprint: func(r *http.Request, body []byte) (string, error) {
 		if len(body) == 0 {
 			return "", &idemhttp.Problem{Type: "about:blank", Title: "Empty body", Status: 400, Detail: "send a body"}
 		}
@@ -253,7 +253,7 @@ func (rc *recorded) last(t *testing.T) idemhttp.Event {
 // before the store and the handler's own failures included.
 func testObserver[Tx any](t *testing.T, e env[Tx]) {
 	rc := &recorded{}
-	s := startServer(t, e, nil, &idemhttp.Options{Observer: rc.observe, MaxRequestBody: 32}, func(n int64, w http.ResponseWriter, r *http.Request) {
+	s := startServer(t, e, nil, &idemhttp.Config{Observer: rc.observe, MaxRequestBody: 32}, func(n int64, w http.ResponseWriter, r *http.Request) {
 		switch r.URL.Path {
 		case "/fail":
 			w.WriteHeader(http.StatusBadGateway)
@@ -265,7 +265,7 @@ func testObserver[Tx any](t *testing.T, e env[Tx]) {
 			created(n, w, r)
 		}
 	})
-	check := func(res result, outcome idemhttp.Outcome, status int, id string, wantErr bool) {
+	check := func(res result, outcome idempotency.Outcome, status int, id string, wantErr bool) {
 		t.Helper()
 		ev := rc.last(t)
 		if ev.Outcome != outcome || ev.Status != status || ev.Key.ID != id || (ev.Err != nil) != wantErr || ev.Duration <= 0 || ev.Method != http.MethodPost {
@@ -275,15 +275,15 @@ func testObserver[Tx any](t *testing.T, e env[Tx]) {
 			t.Errorf("sent %d, event says %d", res.status, status)
 		}
 	}
-	check(s.post(t, `{}`), idemhttp.OutcomeRejected, 400, "", true)
-	check(s.post(t, `{}`, "a", "b"), idemhttp.OutcomeRejected, 400, "", true)
-	check(s.post(t, `{"a":"0123456789012345678901234567890"}`, "big"), idemhttp.OutcomeRejected, 413, "big", true)
-	check(s.post(t, `{"a":`, "bad"), idemhttp.OutcomeRejected, 400, "bad", true)
-	check(s.post(t, `{}`, "ok"), idemhttp.OutcomeExecuted, 201, "ok", false)
-	check(s.post(t, `{}`, "ok"), idemhttp.OutcomeReplayed, 201, "ok", false)
-	check(s.post(t, `{"x":1}`, "ok"), idemhttp.OutcomeMismatch, 422, "ok", true)
-	check(s.send(t, http.MethodPost, "/fail", "application/json", `{}`, "f"), idemhttp.OutcomeHandlerError, 502, "f", true)
-	check(s.send(t, http.MethodPost, "/invalid", "application/json", `{}`, "i"), idemhttp.OutcomeNotStored, 422, "i", false)
+	check(s.post(t, `{}`), idempotency.Rejected, 400, "", true)
+	check(s.post(t, `{}`, "a", "b"), idempotency.Rejected, 400, "", true)
+	check(s.post(t, `{"a":"0123456789012345678901234567890"}`, "big"), idempotency.Rejected, 413, "big", true)
+	check(s.post(t, `{"a":`, "bad"), idempotency.Rejected, 400, "bad", true)
+	check(s.post(t, `{}`, "ok"), idempotency.Executed, 201, "ok", false)
+	check(s.post(t, `{}`, "ok"), idempotency.Replayed, 201, "ok", false)
+	check(s.post(t, `{"x":1}`, "ok"), idempotency.Mismatch, 422, "ok", true)
+	check(s.send(t, http.MethodPost, "/fail", "application/json", `{}`, "f"), idempotency.HandlerError, 502, "f", true)
+	check(s.send(t, http.MethodPost, "/invalid", "application/json", `{}`, "i"), idempotency.NotStored, 422, "i", false)
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancel()
 	req, _ := http.NewRequestWithContext(ctx, http.MethodPost, s.URL+"/panic", strings.NewReader(`{}`))
@@ -291,7 +291,7 @@ func testObserver[Tx any](t *testing.T, e env[Tx]) {
 	if resp, err := s.Client().Do(req); err == nil {
 		resp.Body.Close()
 	}
-	check(result{}, idemhttp.OutcomeHandlerError, 0, "p", true)
+	check(result{}, idempotency.HandlerError, 0, "p", true)
 	// Unguarded methods are not events.
 	rc.mu.Lock()
 	n := len(rc.evs)
@@ -308,11 +308,11 @@ func testObserver[Tx any](t *testing.T, e env[Tx]) {
 // the handler's 5xx.
 func testObserverStoreDown[Tx any](t *testing.T, e env[Tx]) {
 	rc := &recorded{}
-	s := startServer(t, e, nil, &idemhttp.Options{Observer: rc.observe}, created)
+	s := startServer(t, e, nil, &idemhttp.Config{Observer: rc.observe}, created)
 	e.breakStore()
 	res := s.post(t, `{}`, "down")
 	wantProblem(t, res, http.StatusServiceUnavailable, idemhttp.ProblemStoreUnavailable)
-	if ev := rc.last(t); ev.Outcome != idemhttp.OutcomeStoreError || ev.Status != 503 || ev.Err == nil {
+	if ev := rc.last(t); ev.Outcome != idempotency.StoreError || ev.Status != 503 || ev.Err == nil {
 		t.Errorf("event %+v; want store_error 503 with the cause", ev)
 	}
 }
