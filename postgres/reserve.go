@@ -297,13 +297,13 @@ func release(conn *pgxpool.Conn) {
 }
 
 // dropIfBroken closes the socket of a connection the driver gave up on: one
-// whose statement's ctx ended, or that failed under a statement. pgx ends
-// such a connection in the background, politely: it sends Terminate and
-// then waits up to 15s for the server to close its end before it closes
-// the socket. A server that never got the Terminate (its reply was lost,
-// the path to it stalls) keeps the session until the socket closes, and
-// the session keeps the transaction and the key's advisory lock: the key
-// would stay held for those 15s after the caller gave up. Once the socket
+// whose statement's ctx ended, or that failed under a statement. On its
+// own, pgx ends such a connection in the background, politely. It sends
+// Terminate, then waits up to 15s for the server to close its end before
+// it closes the socket. A server that never got the Terminate (its reply
+// was lost, the path to it stalls) keeps the session until the socket
+// closes. The session keeps the transaction and the key's advisory lock:
+// the key would stay held for those 15s after the caller gave up. Once the socket
 // is closed, the server ends the session, rolling its transaction back and
 // freeing the key, as soon as it reads the close. A healthy connection is
 // left alone.

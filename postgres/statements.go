@@ -17,10 +17,10 @@ type statements struct {
 	// isolation level and the server's process id (see noteBackend).
 	tryLock string
 	// waitLock waits for the key's advisory lock ($1) under a lock_timeout
-	// local to the statement ($2, see lockTimeout): it saves the session's
-	// lock_timeout, sets the bound, waits, then restores the saved value,
-	// so that fn's statements run under the session's own setting; it
-	// reports what tryLock does.
+	// local to the statement ($2, see lockTimeout). It saves the session's
+	// lock_timeout, sets the bound, waits, then restores the saved value.
+	// So fn's statements run under the session's own setting. It reports
+	// what tryLock does.
 	waitLock string
 	// lookup reads the key's row if it is completed or expired ($3 is the
 	// clock parameter, see clockSQL), and whether it has expired.
@@ -100,10 +100,10 @@ func nowFrom(param int) string {
 // reservationSQL returns the two statements that reserve a key with a
 // pending row on the quoted table q: insertSQL inserts it, takeOverSQL turns
 // an expired row into it. Their parameters: scope $1, id $2, fingerprint
-// $3, the clock $4 (NULL: the server's, see nowFrom), the TTL $5 (the
-// provisional expiry is the clock plus the TTL) and the wait bound $6 (a
-// lock_timeout value);
-// every one is cast, so that the simple protocol works too. Each returns
+// $3, the clock $4 (NULL: the server's, see nowFrom), the TTL $5 and the
+// wait bound $6 (a lock_timeout value). The provisional expiry is the
+// clock plus the TTL. Every parameter is cast, so that the simple protocol
+// works too. Each returns
 // the ctid of the row it reserved, or no row.
 //
 // They serve REPEATABLE READ and SERIALIZABLE transactions, whose snapshot
