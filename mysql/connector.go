@@ -7,10 +7,10 @@ import (
 	"errors"
 )
 
-// connector wraps the driver's connector for the pools [Open] returns, so
-// that a [Store] can save two round trips per new key on MariaDB: the
-// START TRANSACTION of its transaction travels with the reservation, and
-// the COMMIT with the stored response (see "Round trips" in the package
+// connector wraps the driver's connector for the pools [Open] returns. With
+// it a [Store] saves two round trips per new key on MariaDB. The START
+// TRANSACTION of its transaction travels with the reservation, and the
+// COMMIT with the stored response (see "Round trips" in the package
 // documentation). Every other use of the pool goes to the driver as it is.
 type connector struct {
 	inner driver.Connector
