@@ -61,6 +61,7 @@ func (s *Store) IsConflict(err error) bool {
 
 // mapError is the package's one translation of driver errors. It marks
 // err by its error number:
+//
 //   - a duplicate key with errDuplicate;
 //   - the folded completion's SIGNAL with errPendingGone;
 //   - a deadlock or snapshot conflict with [idempotency.ErrConflict];
@@ -69,10 +70,10 @@ func (s *Store) IsConflict(err error) bool {
 //     waited for a key under the reservation's wait bound (another caller
 //     still holds the key), else with [idempotency.ErrConflict].
 //
-// An error
-// marked already is kept as it is. Once ctx is done it makes sure ctx.Err()
-// is in the chain (the driver may report a cancelled statement as a broken
-// connection). A non-empty format prefixes the message. A nil err stays nil.
+// An error marked already is kept as it is. Once ctx is done it makes sure
+// ctx.Err() is in the chain (the driver may report a cancelled statement as
+// a broken connection). A non-empty format prefixes the message. A nil err
+// stays nil.
 func mapError(ctx context.Context, err error, waiting bool, format string, args ...any) error {
 	if err == nil {
 		return nil
