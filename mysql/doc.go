@@ -10,7 +10,7 @@
 // (SELECT VERSION(), on its first reservation).
 //
 //   - MariaDB bounds the one statement that may wait for a key: SET
-//     STATEMENT innodb_lock_wait_timeout=N FOR INSERT .... With N = 0 it
+//     STATEMENT innodb_lock_wait_timeout=N FOR INSERT ..., and N = 0
 //     refuses to wait at all. The session is never changed.
 //   - MySQL has no per-statement innodb_lock_wait_timeout (its optimizer
 //     hint SET_VAR does not take it) and no value below 1 second. So the

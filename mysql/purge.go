@@ -9,8 +9,9 @@ import (
 // Purge implements [idempotency.KeyStore]. In one READ COMMITTED
 // transaction it locks up to limit expired rows with FOR UPDATE SKIP
 // LOCKED: rows held by open transactions are skipped, never waited for. It
-// deletes them by primary key, purgeChunk rows per statement, and commits. Expired
-// means expires_at <= the server's clock (or the test clock, Config.Clock).
+// deletes them by primary key, purgeChunk rows per statement, and commits.
+// Expired means expires_at <= the server's clock (or the test clock,
+// [Config.Clock]).
 func (s *Store) Purge(ctx context.Context, limit int) (int, error) {
 	if limit <= 0 {
 		return 0, nil

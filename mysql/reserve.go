@@ -150,9 +150,9 @@ func (s *Store) lookingFirst(r idempotency.Reservation) bool {
 // committed version under every isolation level. It then either takes the
 // row over (expired) or returns it (completed). The statements that may
 // wait for the key are prefixed by bound (statementWait), which is empty
-// when the session bounds them. A non-empty begin (Store.beginSQL) says that tx's BeginTx was
-// deferred: the first statement begins the transaction. now is the test
-// clock's reading, nil for the server's clock.
+// when the session bounds them. A non-empty begin (Store.beginSQL) says
+// that tx's BeginTx was deferred: the first statement begins the
+// transaction. now is the test clock's reading, nil for the server's clock.
 func (s *Store) claim(ctx context.Context, tx *sql.Tx, k key, r idempotency.Reservation, bound, begin string, sawExpired bool, now any) (bool, *idempotency.Record, error) {
 	left, ttl := ttlArgs(r.TTL)
 	fp := []byte(r.Fingerprint)

@@ -303,10 +303,10 @@ func release(conn *pgxpool.Conn) {
 // it closes the socket. A server that never got the Terminate (its reply
 // was lost, the path to it stalls) keeps the session until the socket
 // closes. The session keeps the transaction and the key's advisory lock:
-// the key would stay held for those 15s after the caller gave up. Once the socket
-// is closed, the server ends the session, rolling its transaction back and
-// freeing the key, as soon as it reads the close. A healthy connection is
-// left alone.
+// the key would stay held for those 15s after the caller gave up. Once the
+// socket is closed, the server ends the session as soon as it reads the
+// close, rolling its transaction back and freeing the key. A healthy
+// connection is left alone.
 func dropIfBroken(pg *pgconn.PgConn) {
 	if pg.IsClosed() {
 		_ = pg.Conn().Close()
