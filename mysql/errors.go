@@ -50,10 +50,11 @@ func lockRefused(err error) bool {
 	return errors.As(err, &me) && (me.Number == erLockWaitTimeout || me.Number == erLockNowait)
 }
 
-// IsConflict implements [idempotency.ConflictClassifier]: a deadlock
-// (1213), a lock wait timeout (1205, or 3572 for NOWAIT) or a snapshot
-// conflict (1020) met by one of fn's own statements makes
-// [idempotency.Guard.Do] roll back and run the attempt again.
+// IsConflict implements [idempotency.ConflictClassifier]. Errors it
+// matches are a deadlock (1213), a lock wait timeout (1205, or 3572 for
+// NOWAIT) and a snapshot conflict (1020). Met by one of fn's own
+// statements, they make [idempotency.Guard.Do] roll back and run the
+// attempt again.
 func (s *Store) IsConflict(err error) bool {
 	var me *gomysql.MySQLError
 	return errors.As(err, &me) && isConflictCode(me.Number)

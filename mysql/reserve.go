@@ -224,9 +224,9 @@ func takeOver(ctx context.Context, tx *sql.Tx, query string, k key, fp []byte, n
 	return res.RowsAffected()
 }
 
-// release ends a Reserve that holds no reservation: it rolls tx back (if
-// any), restores the lock wait timeout (if changed) and returns conn to the
-// pool, or closes it when its session state is unknown.
+// release ends a Reserve that holds no reservation. It rolls tx back (if
+// any) and restores the lock wait timeout (if changed). It returns conn to
+// the pool, or closes it when its session state is unknown.
 func release(ctx context.Context, conn *sql.Conn, tx *sql.Tx, restore string) {
 	if tx != nil {
 		if err := tx.Rollback(); err != nil && !errors.Is(err, sql.ErrTxDone) {

@@ -20,9 +20,9 @@ import (
 // connection that does not have them, or that another client already
 // prepared them on.
 //
-// So until a connection is known to reach one server session (see
-// noteBackend), sendBatch sends a batch of the store as unnamed statements
-// of the extended protocol, in one round trip. Their parameters' types are
+// So sendBatch sends a batch of the store as unnamed statements of the
+// extended protocol, in one round trip, until a connection is known to
+// reach one server session (see noteBackend). Their parameters' types are
 // named and their values encoded here. A single statement goes through pgx
 // with [pgx.QueryExecModeExec], or without arguments, which pgx sends with
 // the simple protocol. On a
@@ -116,9 +116,9 @@ func (s *Store) sendBatch(ctx context.Context, conn *pgx.Conn, b *pgx.Batch) *st
 }
 
 // adoptTx returns the pgx transaction of conn for the transaction that a
-// batch of sendBatch begins, without sending anything: pgx hands out a
-// transaction for a batch that begins one (Batch.BeginTx), and a batch with
-// nothing queued is not sent.
+// batch of sendBatch begins, without sending anything. It works because pgx
+// hands out a transaction for a batch that begins one (Batch.BeginTx), and
+// a batch with nothing queued is not sent.
 func adoptTx(ctx context.Context, conn *pgx.Conn, opts pgx.TxOptions) pgx.Tx {
 	b := &pgx.Batch{}
 	b.BeginTx(opts)
