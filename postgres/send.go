@@ -20,9 +20,9 @@ import (
 // connection that does not have them, or that another client already
 // prepared them on.
 //
-// So sendBatch sends a batch of the store as unnamed statements of the
-// extended protocol, in one round trip, until a connection is known to
-// reach one server session (see noteBackend). Their parameters' types are
+// So, until a connection is known to reach one server session (see
+// noteBackend), sendBatch sends the store's batches as unnamed
+// extended-protocol statements in one round trip. Their parameters' types are
 // named and their values encoded here. A single statement goes through pgx
 // with [pgx.QueryExecModeExec], or without arguments, which pgx sends with
 // the simple protocol. On a
