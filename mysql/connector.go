@@ -7,10 +7,10 @@ import (
 	"errors"
 )
 
-// connector wraps the driver's connector for the pools [Open] returns, so
-// that a [Store] can save two round trips per new key on MariaDB: the
-// START TRANSACTION of its transaction travels with the reservation, and
-// the COMMIT with the stored response (see "Round trips" in the package
+// connector wraps the driver's connector for the pools [Open] returns. With
+// it a [Store] saves two round trips per new key on MariaDB. The START
+// TRANSACTION of its transaction travels with the reservation, and the
+// COMMIT with the stored response (see "Round trips" in the package
 // documentation). Every other use of the pool goes to the driver as it is.
 type connector struct {
 	inner driver.Connector
@@ -32,8 +32,8 @@ func (c *connector) Connect(ctx context.Context) (driver.Conn, error) {
 func (c *connector) Driver() driver.Driver { return c.inner.Driver() }
 
 // foldConn is a driver connection of a connector. Only a Store, through
-// sql.Conn.Raw, asks it to defer a BeginTx; each such transaction is then
-// begun and ended by the Store's own statements, and its Commit or Rollback
+// sql.Conn.Raw, asks it to defer a BeginTx. Each such transaction is then
+// begun and ended by the Store's own statements. Its Commit or Rollback
 // sends nothing unless the server may still have it open.
 type foldConn struct {
 	inner       driver.Conn
@@ -50,10 +50,10 @@ var (
 	errTxEnded       = errors.New("mysql: the transaction was ended before Complete (by fn?)")
 )
 
-// deferBegin asks conn's driver connection, when it is a connector's
-// (opened by Open) that interpolates arguments, to send nothing for the
-// next BeginTx: the caller then sends START TRANSACTION itself, in its
-// first statement. Any other call of the driver connection clears the
+// deferBegin asks conn's driver connection to send nothing for the next
+// BeginTx, when it is a connector's (opened by Open) that interpolates
+// arguments. The caller then sends START TRANSACTION itself, in its first
+// statement. Any other call of the driver connection clears the
 // request. It reports whether the request was taken.
 func deferBegin(conn *sql.Conn) bool {
 	taken := false
@@ -67,11 +67,11 @@ func deferBegin(conn *sql.Conn) bool {
 }
 
 // execCommitting runs query with args straight on conn's driver connection
-// (a foldConn, with a transaction whose BeginTx was deferred), a statement
-// that ends with COMMIT: once it succeeds the transaction is over, and its
-// Commit sends nothing. It reports driver.ErrSkip when the driver cannot
-// send query as it is (not a foldConn, or the statement is too large to
-// interpolate): nothing was sent then.
+// (a foldConn, with a transaction whose BeginTx was deferred). The query
+// is a statement that ends with COMMIT. Once it succeeds the transaction
+// is over, and its Commit sends nothing. It reports driver.ErrSkip when
+// the driver cannot send query as it is (not a foldConn, or the statement
+// is too large to interpolate): nothing was sent then.
 func execCommitting(ctx context.Context, conn *sql.Conn, query string, args []driver.NamedValue) error {
 	var err error
 	// The callback never returns an error: one that said ErrBadConn would

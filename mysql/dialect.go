@@ -70,8 +70,8 @@ func setLockWaitSQL(seconds int64) string {
 }
 
 // saveAndSetLockWaitSQL saves the session's innodb_lock_wait_timeout in a
-// user variable and sets it to seconds; restoreSavedLockWaitSQL restores it
-// and clears the variable; each is right whether the server evaluates the
+// user variable and sets it to seconds. restoreSavedLockWaitSQL restores it
+// and clears the variable. Each is right whether the server evaluates the
 // values of a SET one by one or all before assigning any.
 func saveAndSetLockWaitSQL(seconds int64) string {
 	return "SET @idempotency_lock_wait = @@SESSION.innodb_lock_wait_timeout, SESSION innodb_lock_wait_timeout = " + strconv.FormatInt(seconds, 10)

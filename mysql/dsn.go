@@ -23,10 +23,10 @@ import (
 // otherwise the driver's. The caller closes the returned *sql.DB.
 //
 // Unless dsn sets interpolateParams itself, Open turns it on (when the
-// driver allows it with dsn's collation): a statement with arguments is
-// then one round trip instead of two (prepare, execute), for the store and
-// for fn's statements alike. Write interpolateParams=false to keep
-// server-side prepared statements.
+// driver allows it with dsn's collation). A statement with arguments is
+// then one round trip instead of two (prepare, execute). This holds for
+// the store and for fn's statements alike. Write interpolateParams=false
+// to keep server-side prepared statements.
 func Open(ctx context.Context, dsn string) (*sql.DB, error) {
 	db, err := openPool(dsn)
 	if err != nil {

@@ -50,25 +50,31 @@ func lockRefused(err error) bool {
 	return errors.As(err, &me) && (me.Number == erLockWaitTimeout || me.Number == erLockNowait)
 }
 
-// IsConflict implements [idempotency.ConflictClassifier]: a deadlock
-// (1213), a lock wait timeout (1205, or 3572 for NOWAIT) or a snapshot
-// conflict (1020) met by one of fn's own statements makes
-// [idempotency.Guard.Do] roll back and run the attempt again.
+// IsConflict implements [idempotency.ConflictClassifier]. Errors it
+// matches are a deadlock (1213), a lock wait timeout (1205, or 3572 for
+// NOWAIT) and a snapshot conflict (1020). Met by one of fn's own
+// statements, they make [idempotency.Guard.Do] roll back and run the
+// attempt again.
 func (s *Store) IsConflict(err error) bool {
 	var me *gomysql.MySQLError
 	return errors.As(err, &me) && isConflictCode(me.Number)
 }
 
 // mapError is the package's one translation of driver errors. It marks
-// err by its error number: a duplicate key with errDuplicate; the folded
-// completion's SIGNAL with errPendingGone; a deadlock or
-// snapshot conflict with [idempotency.ErrConflict]; a lock wait timeout (or
-// a NOWAIT refusal) with [idempotency.ErrInProgress] when waiting says that
-// the statement waited for a key under the reservation's wait bound (another
-// caller still holds the key), else with [idempotency.ErrConflict]. An error
-// marked already is kept as it is. Once ctx is done it makes sure ctx.Err()
-// is in the chain (the driver may report a cancelled statement as a broken
-// connection). A non-empty format prefixes the message. A nil err stays nil.
+// err by its error number:
+//
+//   - a duplicate key with errDuplicate;
+//   - the folded completion's SIGNAL with errPendingGone;
+//   - a deadlock or snapshot conflict with [idempotency.ErrConflict];
+//   - a lock wait timeout (or a NOWAIT refusal) with
+//     [idempotency.ErrInProgress] when waiting says that the statement
+//     waited for a key under the reservation's wait bound (another caller
+//     still holds the key), else with [idempotency.ErrConflict].
+//
+// An error marked already is kept as it is. Once ctx is done it makes sure
+// ctx.Err() is in the chain (the driver may report a cancelled statement as
+// a broken connection). A non-empty format prefixes the message. A nil err
+// stays nil.
 func mapError(ctx context.Context, err error, waiting bool, format string, args ...any) error {
 	if err == nil {
 		return nil

@@ -6,11 +6,12 @@ import (
 	"encoding/hex"
 )
 
-// Purge implements [idempotency.KeyStore]: in one READ COMMITTED
-// transaction it locks up to limit expired rows with FOR UPDATE SKIP LOCKED
-// (rows held by open transactions are skipped, never waited for), deletes
-// them by primary key, purgeChunk rows per statement, and commits. Expired
-// means expires_at <= the server's clock (or the test clock, Config.Clock).
+// Purge implements [idempotency.KeyStore]. In one READ COMMITTED
+// transaction it locks up to limit expired rows with FOR UPDATE SKIP
+// LOCKED: rows held by open transactions are skipped, never waited for. It
+// deletes them by primary key, purgeChunk rows per statement, and commits.
+// Expired means expires_at <= the server's clock (or the test clock,
+// [Config.Clock]).
 func (s *Store) Purge(ctx context.Context, limit int) (int, error) {
 	if limit <= 0 {
 		return 0, nil
@@ -65,15 +66,15 @@ func (s *Store) Purge(ctx context.Context, limit int) (int, error) {
 	return deleted, nil
 }
 
-// purgeChunk is how many rows one DELETE of Purge names: at most about
-// 1 KiB of SQL each (two hex-encoded keys of up to 255 bytes), so that a
+// purgeChunk is how many rows one DELETE of Purge names. Each row takes at
+// most about 1 KiB of SQL (two hex-encoded keys of up to 255 bytes). So a
 // statement stays far below max_allowed_packet (4 MiB at the least).
 const purgeChunk = 250
 
 // appendPurgeDelete appends to q a DELETE of exactly the rows keys (which
 // the transaction has locked already), with the keys as hex literals. The
 // keys form a derived table joined first (STRAIGHT_JOIN) to the keys table
-// through its primary key (FORCE INDEX): each row is found by one unique
+// through its primary key (FORCE INDEX). Each row is found by one unique
 // lookup, so the statement never reads, locks or waits for another row. (A
 // WHERE naming the keys lets the optimizer scan a small table, or all the
 // rows of one scope, and wait for rows that open transactions hold.)

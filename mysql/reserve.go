@@ -101,13 +101,15 @@ func (s *Store) Reserve(ctx context.Context, r idempotency.Reservation) (idempot
 }
 
 // refusedAtOnce ends a first try (r.Wait == 0) whose reservation met a
-// lock and was refused at once (err): the key's own row held by another
-// reservation, or a lock near the key that has nothing to do with it (a
-// purge deleting the rows next to it, a locking read of an absent key that
-// took the gap: InnoDB makes an INSERT wait for those too). It rolls tx
-// back and probes the key's row without waiting: a row held elsewhere
-// keeps err ([idempotency.ErrInProgress]), a row completed meanwhile is
-// returned; otherwise the refusal was a passing conflict
+// lock and was refused at once (err). The lock is the key's own row held
+// by another reservation, or a lock near the key that has nothing to do
+// with it. A purge deleting the rows next to it takes such a lock, and so
+// does a locking read of an absent key that took the gap. InnoDB makes an
+// INSERT wait for those too.
+//
+// It rolls tx back and probes the key's row without waiting. A row held
+// elsewhere keeps err ([idempotency.ErrInProgress]). A row completed
+// meanwhile is returned. Otherwise the refusal was a passing conflict
 // ([idempotency.ErrConflict]), which Do retries after a short backoff,
 // instead of a wait for a key nobody holds. It releases conn.
 func (s *Store) refusedAtOnce(ctx context.Context, conn *sql.Conn, tx *sql.Tx, k key, now any, err error) (*idempotency.Record, error) {
@@ -128,10 +130,10 @@ func (s *Store) refusedAtOnce(ctx context.Context, conn *sql.Conn, tx *sql.Tx, k
 }
 
 // lookingFirst reports whether Reserve looks r's key up before reserving
-// it (MariaDB): always with [idempotency.LookupAlways], never with
-// [idempotency.LookupNever]; otherwise for a caller that waited for the key
-// (its holder may have completed it), and while most recent first tries
-// found a completed key.
+// it (MariaDB). It does always with [idempotency.LookupAlways], never with
+// [idempotency.LookupNever]. Otherwise it does for a caller that waited for
+// the key (its holder may have completed it), and while most recent first
+// tries found a completed key.
 func (s *Store) lookingFirst(r idempotency.Reservation) bool {
 	switch {
 	case s.lookup == idempotency.LookupNever:
@@ -144,13 +146,13 @@ func (s *Store) lookingFirst(r idempotency.Reservation) bool {
 
 // claim takes the key in tx: it takes over the expired row the lookup saw,
 // or inserts the row. When the insert meets a committed row it reads that
-// row with a locking read (which, unlike a consistent read, sees the latest
-// committed version under every isolation level) and either takes it over
-// (expired) or returns it (completed). bound prefixes the statements that
-// may wait for the key (statementWait), or is empty when the session bounds
-// them. A non-empty begin (Store.beginSQL) says that tx's BeginTx was
-// deferred: the first statement begins the transaction. now is the test
-// clock's reading, nil for the server's clock.
+// row with a locking read. Unlike a consistent read, that sees the latest
+// committed version under every isolation level. It then either takes the
+// row over (expired) or returns it (completed). The statements that may
+// wait for the key are prefixed by bound (statementWait), which is empty
+// when the session bounds them. A non-empty begin (Store.beginSQL) says
+// that tx's BeginTx was deferred: the first statement begins the
+// transaction. now is the test clock's reading, nil for the server's clock.
 func (s *Store) claim(ctx context.Context, tx *sql.Tx, k key, r idempotency.Reservation, bound, begin string, sawExpired bool, now any) (bool, *idempotency.Record, error) {
 	left, ttl := ttlArgs(r.TTL)
 	fp := []byte(r.Fingerprint)
@@ -222,9 +224,9 @@ func takeOver(ctx context.Context, tx *sql.Tx, query string, k key, fp []byte, n
 	return res.RowsAffected()
 }
 
-// release ends a Reserve that holds no reservation: it rolls tx back (if
-// any), restores the lock wait timeout (if changed) and returns conn to the
-// pool, or closes it when its session state is unknown.
+// release ends a Reserve that holds no reservation. It rolls tx back (if
+// any) and restores the lock wait timeout (if changed). It returns conn to
+// the pool, or closes it when its session state is unknown.
 func release(ctx context.Context, conn *sql.Conn, tx *sql.Tx, restore string) {
 	if tx != nil {
 		if err := tx.Rollback(); err != nil && !errors.Is(err, sql.ErrTxDone) {

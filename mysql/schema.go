@@ -12,8 +12,8 @@ import (
 const maxTableLen = 63
 
 // Schema returns the DDL of the keys table named table (see [Config.Table]),
-// for users' migrations: one CREATE TABLE IF NOT EXISTS statement, with the
-// index on expires_at that [Store.Purge] uses, safe to run again.
+// for users' migrations. It is one CREATE TABLE IF NOT EXISTS statement,
+// with the index on expires_at that [Store.Purge] uses, safe to run again.
 //
 // Keys are VARBINARY, so they compare byte for byte ("abc", "ABC" and
 // "abc " are three keys). Times are BIGINT Unix nanoseconds, so neither the

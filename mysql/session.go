@@ -76,9 +76,9 @@ func (s *Store) reserveSession(ctx context.Context, conn *sql.Conn, k key, r ide
 	return &txn{s: s, conn: conn, tx: tx, key: k, ttl: r.TTL}, nil, nil
 }
 
-// probe serves r.Wait == 0 on MySQL: a locking read that refuses to wait,
-// in autocommit mode (its lock ends with the statement), tells whether an
-// open transaction holds the row. A held row is read again, because a
+// probe serves r.Wait == 0 on MySQL. It tells whether an open transaction
+// holds the row, with a locking read that refuses to wait, in autocommit
+// mode (its lock ends with the statement). A held row is read again, because a
 // reader of a key completed just now may hold it for a moment: that key is
 // returned, any other gives ErrInProgress. (nil, nil) means not held.
 func (s *Store) probe(ctx context.Context, conn *sql.Conn, k key, now any) (*idempotency.Record, error) {

@@ -50,11 +50,11 @@ type Config struct {
 	// deadlocks (retried as [idempotency.ErrConflict]). No policy ever
 	// runs an effect twice.
 	Lookup idempotency.LookupPolicy
-	// Clock is for tests only: when set, the store reads it instead of the
+	// Clock is for tests only. When set, the store reads it instead of the
 	// server's clock wherever it judges or stores a time (a record's
-	// expiry, its creation, Purge), and sends the reading with each
-	// statement that writes. Nil, the default and the only setting for a
-	// service with several instances, uses the server's own clock
+	// expiry, its creation, Purge). It sends the reading with each
+	// statement that writes. Nil is the default and the only setting for a
+	// service with several instances. It uses the server's own clock
 	// (UTC_TIMESTAMP(6), whatever the session's time zone), which every
 	// instance shares: no time of the application is ever sent. A test
 	// clock must never differ between instances; a reading outside

@@ -12,12 +12,14 @@ import (
 )
 
 // ErrStatementCacheBehindPooler is in the chain of the error of a statement
-// of fn that failed because pgx's statement cache (the pool's default,
-// [pgx.QueryExecModeCacheStatement]) prepared it on another server
-// connection: behind a transaction pooler (PgBouncer, PgCat, RDS Proxy in
-// transaction mode) each transaction may run on another server connection.
+// of fn that failed because pgx's statement cache prepared it on another
+// server connection. That cache is the pool's default
+// ([pgx.QueryExecModeCacheStatement]). Behind a transaction pooler
+// (PgBouncer, PgCat, RDS Proxy in transaction mode) each transaction may
+// run on another server connection.
+//
 // The server's error (SQLSTATE 26000 or 42P05) stays in the chain. The
-// transaction was rolled back, so retrying with the same key is safe, but
+// transaction was rolled back, so retrying with the same key is safe. But
 // the pool needs default_query_exec_mode=exec (or cache_describe) in its
 // DSN, or PgBouncer 1.21 or later with max_prepared_statements set.
 var ErrStatementCacheBehindPooler = errors.New("postgres: a statement of fn lost the prepared statement pgx's cache made for it on another server connection (behind a transaction pooler?): " +

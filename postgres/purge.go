@@ -5,10 +5,10 @@ import (
 	"fmt"
 )
 
-// Purge implements [idempotency.KeyStore]: one DELETE (its own implicit
-// transaction) of at most limit rows whose expires_at <= the server's
-// clock_timestamp() (or the test clock, [Config.Clock]), skipping rows
-// locked by open transactions.
+// Purge implements [idempotency.KeyStore] with one DELETE, in its own
+// implicit transaction. It deletes at most limit rows whose expires_at <=
+// the server's clock_timestamp() (or the test clock, [Config.Clock]). It
+// skips rows locked by open transactions.
 func (s *Store) Purge(ctx context.Context, limit int) (int, error) {
 	if limit <= 0 {
 		return 0, nil

@@ -20,7 +20,7 @@ import (
 // and, in one round trip, begins the transaction, takes the key's advisory
 // lock and reads the key's row (see the package documentation). With r.Wait
 // == 0 a lock held by another transaction is reported at once with
-// [idempotency.ErrInProgress]; otherwise Reserve waits for it up to r.Wait,
+// [idempotency.ErrInProgress]. Otherwise Reserve waits for it up to r.Wait,
 // or until ctx's deadline if that comes first, and while ctx lives. A live
 // completed row is returned and the transaction ended; otherwise the
 // transaction holds the key. A plain look-up comes first as
@@ -68,7 +68,7 @@ func (s *Store) Reserve(ctx context.Context, r idempotency.Reservation) (idempot
 // reservation is returned.
 //
 // Under REPEATABLE READ and SERIALIZABLE the look-up would read in the
-// transaction, from a snapshot possibly older than the lock: the first
+// transaction, from a snapshot possibly older than the lock. So the first
 // transaction that reports such a level switches the store to beginRow
 // for good.
 func (s *Store) begin(ctx context.Context, conn *pgxpool.Conn, r idempotency.Reservation, now any) (*txn, *idempotency.Record, error) {
@@ -123,9 +123,9 @@ func (s *Store) begin(ctx context.Context, conn *pgxpool.Conn, r idempotency.Res
 // keys). A row committed since the snapshot makes the INSERT fail with a
 // serialization failure ([idempotency.ErrConflict]) instead of letting fn
 // run for a key another caller completed. If a committed row is in the
-// way, one more round trip ends the transaction and reads it: a live
-// completed row is returned, an expired one taken over (one more round
-// trip). The caller releases conn unless a reservation is returned.
+// way, one more round trip ends the transaction and reads it. A live
+// completed row is returned. An expired one is taken over, in one more
+// round trip. The caller releases conn unless a reservation is returned.
 func (s *Store) beginRow(ctx context.Context, conn *pgxpool.Conn, r idempotency.Reservation, now any) (*txn, *idempotency.Record, error) {
 	stmt := s.sql.insertPending
 	for range 2 {
@@ -297,16 +297,16 @@ func release(conn *pgxpool.Conn) {
 }
 
 // dropIfBroken closes the socket of a connection the driver gave up on: one
-// whose statement's ctx ended, or that failed under a statement. pgx ends
-// such a connection in the background, politely: it sends Terminate and
-// then waits up to 15s for the server to close its end before it closes
-// the socket. A server that never got the Terminate (its reply was lost,
-// the path to it stalls) keeps the session until the socket closes, and
-// the session keeps the transaction and the key's advisory lock: the key
-// would stay held for those 15s after the caller gave up. Once the socket
-// is closed, the server ends the session, rolling its transaction back and
-// freeing the key, as soon as it reads the close. A healthy connection is
-// left alone.
+// whose statement's ctx ended, or that failed under a statement. On its
+// own, pgx ends such a connection in the background, politely. It sends
+// Terminate, then waits up to 15s for the server to close its end before
+// it closes the socket. A server that never got the Terminate (its reply
+// was lost, the path to it stalls) keeps the session until the socket
+// closes. The session keeps the transaction and the key's advisory lock:
+// the key would stay held for those 15s after the caller gave up. Once the
+// socket is closed, the server ends the session as soon as it reads the
+// close, rolling its transaction back and freeing the key. A healthy
+// connection is left alone.
 func dropIfBroken(pg *pgconn.PgConn) {
 	if pg.IsClosed() {
 		_ = pg.Conn().Close()

@@ -55,7 +55,7 @@ func quoteTable(table string) (string, error) {
 }
 
 // indexName names the expires_at index of table (unqualified, in the
-// table's schema), within 63 bytes: a long name is cut and made unique by a
+// table's schema), within 63 bytes. A long name is cut and made unique by a
 // hash, so that two long table names never share an index name.
 func indexName(table string) string {
 	name := table[strings.LastIndexByte(table, '.')+1:]

@@ -12,18 +12,20 @@ import (
 )
 
 // The store's own statements never depend on session state that a
-// transaction pooler (PgBouncer, PgCat, RDS Proxy in transaction mode) may
-// not carry from one transaction to the next. pgx sends a batch in the
-// connection's default exec mode, and its default,
+// transaction pooler may not carry from one transaction to the next.
+// Poolers are PgBouncer, PgCat and RDS Proxy in transaction mode. The pgx
+// driver sends a batch in the connection's default exec mode. Its default,
 // QueryExecModeCacheStatement, prepares named statements once per client
-// connection: behind a pooler, the next transaction may run on a server
+// connection. Behind a pooler, the next transaction may run on a server
 // connection that does not have them, or that another client already
-// prepared them on. So until a connection is known to reach one server
-// session (see noteBackend), a batch of the store is sent by sendBatch as
-// unnamed statements of the extended protocol, with their parameters'
-// types named and their values encoded here, in one round trip, and a
-// single statement goes through pgx with [pgx.QueryExecModeExec] (or
-// without arguments, which pgx sends with the simple protocol). On a
+// prepared them on.
+//
+// So, until a connection is known to reach one server session (see
+// noteBackend), sendBatch sends the store's batches as unnamed
+// extended-protocol statements in one round trip. Their parameters' types are
+// named and their values encoded here. A single statement goes through pgx
+// with [pgx.QueryExecModeExec], or without arguments, which pgx sends with
+// the simple protocol. On a
 // connection known to be direct, pgx sends them in the pool's own mode,
 // which saves the server parsing and planning them again.
 
@@ -44,8 +46,8 @@ const (
 // server session directly: whether pid, the process id the server reported
 // in a transaction, is the one the connection's start-up gave. A pooler
 // that shares server connections among clients answers their cancel
-// requests itself and gives them an id of its own (PgBouncer does), so the
-// two differ behind one; a TCP proxy, which keeps one client on one
+// requests itself and gives them an id of its own (PgBouncer does). So the
+// two differ behind one. A TCP proxy, which keeps one client on one
 // session, passes the server's through. The first judgement stands for
 // the connection's life.
 func noteBackend(conn *pgx.Conn, pid uint32) {
@@ -114,9 +116,9 @@ func (s *Store) sendBatch(ctx context.Context, conn *pgx.Conn, b *pgx.Batch) *st
 }
 
 // adoptTx returns the pgx transaction of conn for the transaction that a
-// batch of sendBatch begins, without sending anything: pgx hands out a
-// transaction for a batch that begins one (Batch.BeginTx), and a batch with
-// nothing queued is not sent.
+// batch of sendBatch begins, without sending anything. It works because pgx
+// hands out a transaction for a batch that begins one (Batch.BeginTx), and
+// a batch with nothing queued is not sent.
 func adoptTx(ctx context.Context, conn *pgx.Conn, opts pgx.TxOptions) pgx.Tx {
 	b := &pgx.Batch{}
 	b.BeginTx(opts)

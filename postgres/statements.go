@@ -13,14 +13,15 @@ type statements struct {
 	migrate string
 
 	// tryLock takes the key's advisory lock if it is free ($1, the key's
-	// lock id) and reports whether it did, with the transaction's
-	// isolation level and the server's process id (see noteBackend).
+	// lock id) and reports whether it did. It also reports the
+	// transaction's isolation level and the server's process id (see
+	// noteBackend).
 	tryLock string
 	// waitLock waits for the key's advisory lock ($1) under a lock_timeout
-	// local to the statement ($2, see lockTimeout): it saves the session's
-	// lock_timeout, sets the bound, waits, then restores the saved value,
-	// so that fn's statements run under the session's own setting; it
-	// reports what tryLock does.
+	// local to the statement ($2, see lockTimeout). It saves the session's
+	// lock_timeout, sets the bound, waits, then restores the saved value.
+	// So fn's statements run under the session's own setting. It reports
+	// what tryLock does.
 	waitLock string
 	// lookup reads the key's row if it is completed or expired ($3 is the
 	// clock parameter, see clockSQL), and whether it has expired.
@@ -70,9 +71,9 @@ VALUES ($1, $2, $3, 'completed', $4, $5, $6, COALESCE($7::timestamptz, now()), `
 	st.complete = `UPDATE ` + q + ` SET state = 'completed', status = $4, header = $5, body = $6,
 	expires_at = ` + expirySQL(`COALESCE($7::timestamptz, clock_timestamp())`, 8) + `
 WHERE ctid = $1 AND scope = $2 AND id = $3 AND state = 'pending'`
-	// The oldest expired rows, found through the expires_at index (a scan
-	// of the table would walk over the rows earlier batches deleted, which
-	// stay until VACUUM), locked, then deleted by ctid. The clock is read
+	// The oldest expired rows are found through the expires_at index,
+	// locked, then deleted by ctid. A scan of the table would walk over the
+	// rows earlier batches deleted, which stay until VACUUM. The clock is read
 	// once, in an InitPlan, so the index condition can use it.
 	st.purge = `DELETE FROM ` + q + ` WHERE ctid = ANY (ARRAY(SELECT ctid FROM ` + q +
 		` WHERE expires_at <= (SELECT COALESCE($1::timestamptz, clock_timestamp())) ORDER BY expires_at LIMIT $2 FOR UPDATE SKIP LOCKED))`
@@ -83,16 +84,17 @@ WHERE ctid = $1 AND scope = $2 AND id = $3 AND state = 'pending'`
 const maxExpirySQL = `'2262-04-11 23:47:16.854775+00'::timestamptz`
 
 // expirySQL is the expiry of a record whose clock reading is the SQL
-// expression now and whose TTL is parameter $ttl (an interval, sent as a
-// time.Duration: whole microseconds): now plus the TTL, clamped to
-// [idempotency.MaxExpiry].
+// expression now and whose TTL is parameter $ttl. The TTL is an interval,
+// sent as a time.Duration: whole microseconds. The expiry is now plus the
+// TTL, clamped to [idempotency.MaxExpiry].
 func expirySQL(now string, ttl int) string {
 	return fmt.Sprintf(`LEAST(%s + $%d::interval, %s)`, now, ttl, maxExpirySQL)
 }
 
 // nowFrom is a one-row subquery "n" whose column now is the clock reading
-// of a statement: parameter $param (a test clock's reading), or when it is
-// NULL the server's clock_timestamp(), read once for the whole statement.
+// of a statement. That is parameter $param (a test clock's reading). When
+// it is NULL, it is the server's clock_timestamp(), read once for the whole
+// statement.
 func nowFrom(param int) string {
 	return fmt.Sprintf(`(SELECT COALESCE($%d::timestamptz, clock_timestamp()) AS now OFFSET 0) AS n`, param)
 }
@@ -100,14 +102,13 @@ func nowFrom(param int) string {
 // reservationSQL returns the two statements that reserve a key with a
 // pending row on the quoted table q: insertSQL inserts it, takeOverSQL turns
 // an expired row into it. Their parameters: scope $1, id $2, fingerprint
-// $3, the clock $4 (NULL: the server's, see nowFrom), the TTL $5 (the
-// provisional expiry is the clock plus the TTL) and the wait bound $6 (a
-// lock_timeout value);
-// every one is cast, so that the simple protocol works too. Each returns
-// the ctid of the row it reserved, or no row.
+// $3, the clock $4 (NULL: the server's, see nowFrom), the TTL $5 and the
+// wait bound $6 (a lock_timeout value). The provisional expiry is the
+// clock plus the TTL. Every parameter is cast, so that the simple protocol
+// works too. Each returns the ctid of the row it reserved, or no row.
 //
 // They serve REPEATABLE READ and SERIALIZABLE transactions, whose snapshot
-// may predate the advisory lock: a row committed since then makes them fail
+// may predate the advisory lock. A row committed since then makes them fail
 // with a serialization failure instead of letting fn run a second time. The
 // wait bound is set and restored by the statement itself, as in waitLock.
 // The insert is ON CONFLICT DO NOTHING: it locks nothing once a holder has

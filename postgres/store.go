@@ -22,9 +22,10 @@ var _ idempotency.ConflictClassifier = (*Store)(nil)
 
 // Config tunes a [Store]. The zero value (or nil) means the defaults.
 type Config struct {
-	// Table is the keys table: a name of letters, digits and underscores,
-	// not starting with a digit, at most 63 bytes, optionally qualified by
-	// one schema name of the same form ("billing.idempotency_keys"). It is
+	// Table is the keys table. Its name has letters, digits and
+	// underscores, does not start with a digit and has at most 63 bytes. It
+	// may be qualified by one schema name of the same form
+	// ("billing.idempotency_keys"). It is
 	// quoted in SQL, so it is case-sensitive. Defaults to "idempotency_keys".
 	Table string
 	// TxOptions begin the transaction that holds the key and in which fn
@@ -42,15 +43,15 @@ type Config struct {
 	// its recent first tries found a completed key (see the package
 	// documentation).
 	Lookup idempotency.LookupPolicy
-	// Clock is for tests only: when set, the store reads it instead of the
+	// Clock is for tests only. When set, the store reads it instead of the
 	// server's clock wherever it judges or stores a time (a record's
-	// expiry, its creation, Purge), and sends the reading with each
-	// statement. Nil, the default and the only setting for a service with
-	// several instances, uses PostgreSQL's own clock (clock_timestamp(),
-	// and now() for the creation time), which every instance shares: no
-	// time of the application is ever sent. A test clock must never differ
-	// between instances; a reading outside [idempotency.MinClock] ..
-	// [idempotency.MaxExpiry] is refused with
+	// expiry, its creation, Purge). It sends the reading with each
+	// statement. Nil is the default and the only setting for a service
+	// with several instances. It uses PostgreSQL's own clock
+	// (clock_timestamp(), and now() for the creation time), which every
+	// instance shares: no time of the application is ever sent. A test
+	// clock must never differ between instances. A reading outside
+	// [idempotency.MinClock] .. [idempotency.MaxExpiry] is refused with
 	// [idempotency.ErrInvalidConfig] before anything is written.
 	Clock func() time.Time
 }

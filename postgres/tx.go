@@ -129,8 +129,8 @@ func (r errRows) TypeMap() *pgtype.Map                         { return nil }
 
 // storeErr adds [idempotency.ErrStore] to the error of one of fn's
 // statements when the connection failed under it (cut, closed by the
-// server): the store failed, not fn's logic, and retrying the call with
-// the same key is safe. An error after ctx ended is left as it is. Either
+// server). Then the store failed, not fn's logic, and retrying the call
+// with the same key is safe. An error after ctx ended is left as it is. Either
 // way, a connection the driver gave up on has its socket closed at once
 // (see dropIfBroken), so that the key is free while fn still runs. A
 // statement of pgx's cache lost behind a transaction pooler gets
