@@ -48,9 +48,8 @@
 // A key held by another open transaction is reported at once with
 // [idempotency.ErrInProgress] when the reservation must not wait (the
 // core's first try, or a negative [idempotency.Config.WaitTimeout]).
-// Otherwise Reserve waits
-// for the lock under a lock_timeout: the wait bound, or the time left
-// before ctx's deadline if that is shorter. The statement sets this
+// Otherwise Reserve waits for the lock under a lock_timeout: the wait
+// bound, or the time left before ctx's deadline if that is shorter. The statement sets this
 // lock_timeout before it waits and restores it once it has the lock. So
 // fn's statements keep the session's own lock_timeout.
 //
