@@ -16,7 +16,7 @@ var (
 	ruleOneTxn = rule{"keystore.go",
 		"Under concurrent calls with the same key at most one obtains a Txn at any time."}
 	ruleWaitThenRecord = rule{"keystore.go",
-		"While another caller holds the key, Reserve blocks (up to r.Wait and while ctx lives) until that caller completes (then it returns the record) or rolls back or loses its lease (then it competes again for the key)."}
+		"While another caller holds the key, Reserve blocks (up to r.Wait and while ctx lives) until that caller ends its hold. If that caller completes, Reserve returns the record; if it rolls back or loses its lease, Reserve competes again for the key."}
 	ruleInProgress = rule{"keystore.go",
 		"another caller holds the key and still held it when r.Wait ran out (r.Wait == 0: do not wait at all)."}
 	ruleOneConn = rule{"keystore.go",
@@ -42,13 +42,13 @@ var (
 	rulePurgeDeletes = rule{"keystore.go",
 		"Purge deletes at most limit records whose ExpiresAt <= the store's clock now, in one short transaction of its own (one connection), and reports how many it deleted."}
 	rulePurgeHeld = rule{"keystore.go",
-		"Records held by an open transaction are never deleted, and never waited for, except on a store with one writer at a time for the whole database (SQLite), where Purge queues for the write lock like every writer, while ctx lives."}
+		"Records held by an open transaction are never deleted. Purge never waits for them either, except on a store with one writer at a time for the whole database (SQLite). There Purge queues for the write lock like every writer, while ctx lives."}
 	ruleFnEndsTx = rule{"keystore.go",
-		"fn must not commit or roll back Tx itself. A store whose handle lets fn do so anyway (a *sql.Tx) keeps the guarantee, never an answer without its effect nor a second run: after fn's rollback, Complete fails and the key is free; after fn's commit, the key holds fn's answer or stays held (Reserve reports [ErrInProgress]) until the reservation's provisional expiry, the store's clock at the reservation plus [Reservation].TTL."}
+		"fn must not commit or roll back Tx itself. A store whose handle lets fn do so anyway (a *sql.Tx) keeps the guarantee: never an answer without its effect, nor a second run. After fn's rollback, Complete fails and the key is free. After fn's commit, the key holds fn's answer or stays held (Reserve reports [ErrInProgress]) until the reservation's provisional expiry: the store's clock at the reservation plus [Reservation].TTL."}
 	ruleComplete = rule{"keystore.go",
 		"Complete stores resp (status, header, body byte-exact) as the key's record, marks it completed and commits the transaction with it: the effect, the key and the response become visible together or not at all."}
 	ruleAtomic = rule{"keystore.go",
-		"Complete is atomic whatever interrupts it (ctx ending, a cut connection, a crash): the effect and the record are committed together or not at all, and a retry with the same key then replays the record or runs fn once."}
+		"Complete is atomic whatever interrupts it (ctx ending, a cut connection, a crash): the effect and the record are committed together or not at all. A retry with the same key then replays the record or runs fn once."}
 	ruleCompleteDone = rule{"keystore.go",
 		"Called with a ctx that is already done, it either commits nothing and returns an error with ctx.Err() in its chain, or commits everything and returns nil."}
 	ruleRollback = rule{"keystore.go",
