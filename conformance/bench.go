@@ -35,9 +35,10 @@ import (
 // one effect, and SameKey20 that exactly one of its callers ran fn: a store
 // that duplicates an effect fails the benchmark instead of being measured.
 //
-// `go run ./cmd/idembench` runs it in interleaved rounds, with
-// a hand-written contender where a package has one, and prints the ratios to
-// the baseline (median and range over the rounds) with the targets.
+// Command idembench (`go run ./cmd/idembench`) runs it in interleaved
+// rounds, with a hand-written contender where a package has one. It prints
+// the ratios to the baseline (median and range over the rounds) with the
+// targets.
 func Benchmark[Tx any](b *testing.B, h Harness[Tx]) {
 	// A pool larger than the 20 callers of SameKey20, so that it measures
 	// how fast waiters get their answer, not how they queue for connections.

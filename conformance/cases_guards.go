@@ -14,9 +14,9 @@ import (
 const storeInstances = 4
 
 // racingRounds is how many rounds of [Callers] racing callers
-// RacingReserves fires, each caller on a Guard of its own: a store whose
+// RacingReserves fires, each caller on a Guard of its own. A store whose
 // Reserve reads and then writes without a condition lets two of them take
-// one free key in some rounds, and the rounds make "some" most runs.
+// one free key in some rounds; the rounds make "some" most runs.
 const racingRounds = 5
 
 // instances returns up to n instances of the store on the fixture's
@@ -54,9 +54,9 @@ func (e *env[Tx]) guards(n int, cfg *idempotency.Config) []*idempotency.Guard[Tx
 }
 
 // racingReserves: rounds of 20 callers of one new key, each on a Guard of
-// its own over several store instances: the store sees 20 Reserves of one
-// free key at once, and exactly one of them may obtain a Txn (on a
-// multi-primary cluster, exactly one may commit: [Features].MultiPrimary).
+// its own over several store instances. The store sees 20 Reserves of one
+// free key at once, and exactly one of them may obtain a Txn. On a
+// multi-primary cluster, exactly one may commit ([Features].MultiPrimary).
 func (s *suite[Tx]) racingReserves(t *testing.T) {
 	e := s.setup(t, Options{})
 	gs := e.guards(Callers, nil)

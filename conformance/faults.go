@@ -38,10 +38,10 @@ type FaultHarness[Tx any] struct {
 	// on fixtures built with addr == Upstream.
 	NewFixture func(t testing.TB, addr, ns string) Fixture[Tx]
 	// Bound is the store's documented bound on how long a key stays
-	// blocked after a fault the server can see (a cut connection, or a
-	// lost reply after which the faulted caller's context ends and its
-	// connection is closed): a retry with the same key, on another
-	// connection, must succeed at most Bound after the fault. It includes
+	// blocked after a fault the server can see. Such a fault is a cut
+	// connection, or a lost reply after which the faulted caller's context
+	// ends and its connection is closed. A retry with the same key, on
+	// another connection, must succeed at most Bound after the fault. It includes
 	// the faulted caller's CallTimeout. Defaults to CallTimeout + 2s.
 	Bound time.Duration
 	// PartitionBound is the bound after a network partition that outlasts
@@ -70,9 +70,9 @@ type FaultHarness[Tx any] struct {
 	// with that reason unless another check failed.
 	Known func(step string, a faultproxy.Action, check string) string
 	// KnownSteps, if not nil, names the steps of the traced call that are
-	// expected never to fire when armed, with the reason: for a step (its
-	// label, such as "reserve#3", and the printable head of its bytes) it
-	// returns why, or "". A client that multiplexes calls over one
+	// expected never to fire when armed, with the reason. It is given a
+	// step's label (such as "reserve#3") and the printable head of its
+	// bytes, and returns why, or "". A client that multiplexes calls over one
 	// connection (gRPC, HTTP/2) sends control frames (SETTINGS, PING,
 	// WINDOW_UPDATE and their acknowledgements) that the trace sees as
 	// steps but that a later call need not send again. A known step is
@@ -110,9 +110,9 @@ func RunFaultsWarmAndCold[Tx any](t *testing.T, h FaultHarness[Tx]) {
 // RunFaults injects a fault at every step of the store's protocol and
 // checks what a client retrying with the same key gets. It first traces one
 // call through the proxy, naming each round trip by the store call that
-// sent it, then, for every round trip and every [faultproxy.Action] (cut
-// before, cut after, drop the reply, partition, delay), runs one call on a
-// fresh fixture with that fault armed. After each fault, a client on
+// sent it. Then, for every round trip and every [faultproxy.Action] (cut
+// before, cut after, drop the reply, partition, delay), it runs one call on
+// a fresh fixture with that fault armed. After each fault, a client on
 // another connection retries with the same key until it succeeds, and the
 // suite requires:
 //

@@ -15,14 +15,20 @@
 // idempotency.KeyStore and idempotency.Txn) logs, when it fails, the
 // sentence it checks, as testing/slogtest does.
 //
-// Beyond the happy paths, the suite interrupts Complete at many moments of
-// its measured duration and requires the effect and the answer to be
-// committed together or not at all; lets a short lease run out while fn
-// runs (stores with [Features].Leases) and requires the stale owner's
-// Complete to be refused; and checks TTLs counted from completion, clock
-// and TTL extremes, byte-exact headers, record ownership, in-memory
-// waiting and the bound on waits in the store. A store that reserves the
-// key in one transaction and commits the effect in another fails it.
+// Beyond the happy paths, the suite:
+//
+//   - interrupts Complete at many moments of its measured duration, and
+//     requires the effect and the answer to be committed together or not
+//     at all;
+//   - lets a short lease run out while fn runs (stores with
+//     [Features].Leases), and requires the stale owner's Complete to be
+//     refused;
+//   - checks TTLs counted from completion, clock and TTL extremes,
+//     byte-exact headers, record ownership, in-memory waiting and the
+//     bound on waits in the store.
+//
+// A store that reserves the
+// key in one transaction and commits the effect in another fails the suite.
 //
 // Callers of one key race through several Guards and, when the fixture
 // sets [Fixture].Reopen, several instances of the store, so that the store
@@ -59,7 +65,7 @@ type Fixture[Tx any] struct {
 	Count func(ctx context.Context, tag string) (int, error)
 	// Reopen, if not nil, opens another instance of the store on the same
 	// records (the same table or key prefix, a pool or client of its own),
-	// as another process of the service would, and registers its cleanup
+	// as another process of the service would. It registers its cleanup
 	// with the fixture's t. The cases of racing callers then spread them
 	// over several instances, so that Reserve calls for one free key meet
 	// in the database and not in one process's memory. Effect and Count
@@ -122,8 +128,8 @@ type Features struct {
 	NoClock bool
 	// MultiPrimary is true when the fixture's calls go to several primaries
 	// that certify transactions at commit (Galera, MySQL Group Replication
-	// in multi-primary mode): callers of one free key on two nodes can both
-	// obtain a Txn and run fn, and only one of them commits; the other's
+	// in multi-primary mode). Callers of one free key on two nodes can both
+	// obtain a Txn and run fn, and only one of them commits. The other's
 	// Complete fails with [idempotency.ErrConflict], nothing of it
 	// committed, and its retry replays the winner's answer. The racing
 	// cases then require one committed effect and identical answers, not

@@ -6,13 +6,19 @@
 // protocols (PostgreSQL, MySQL, Redis) a step is one round trip: a query, a
 // pipeline, a BEGIN sent together with an INSERT, a COMMIT.
 //
-// A [Fault] picks a step (the k-th step of the n-th connection, the k-th
-// step across all connections, or the first step a predicate accepts) and an
-// [Action]: cut the connection before the step reaches the server, let the
-// step through and cut the connection before the reply, let it through and
-// drop the reply (the connection then hangs until the client gives up),
-// partition the network (nothing passes either way, and neither end learns
-// that the other closed, until the partition heals), or delay the step.
+// A [Fault] picks a step and an [Action]. The step is the k-th step of the
+// n-th connection, the k-th step across all connections, or the first step
+// a predicate accepts. The action is one of:
+//
+//   - cut the connection before the step reaches the server;
+//   - let the step through and cut the connection before the reply;
+//   - let it through and drop the reply (the connection then hangs until
+//     the client gives up);
+//   - partition the network: nothing passes either way, and neither end
+//     learns that the other closed, until the partition heals;
+//   - delay the step.
+//
+// For example:
 //
 //	p, err := faultproxy.New("127.0.0.1:5432", nil)
 //	if err != nil { ... }
