@@ -27,8 +27,8 @@
 //     byte-exact headers, record ownership, in-memory waiting and the
 //     bound on waits in the store.
 //
-// A store that reserves the
-// key in one transaction and commits the effect in another fails the suite.
+// A store that reserves the key in one transaction and commits the effect
+// in another fails the suite.
 //
 // Callers of one key race through several Guards and, when the fixture
 // sets [Fixture].Reopen, several instances of the store, so that the store
