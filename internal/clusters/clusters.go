@@ -1,14 +1,17 @@
 // Package clusters starts private replicated clusters of the servers the
-// stores run on, on loopback, for the failover tests of this module: a
-// three-node MariaDB Galera Cluster ([StartGalera]), a PostgreSQL primary
-// with a streaming standby ([StartPostgres]), a Redis primary with a
-// replica and a Sentinel ([StartRedis]) and a Redis Cluster
-// ([StartRedisCluster]). It also starts single servers that a test crashes
+// stores run on, on loopback, for the failover tests of this module:
+//
+//   - a three-node MariaDB Galera Cluster ([StartGalera]);
+//   - a PostgreSQL primary with a streaming standby ([StartPostgres]);
+//   - a Redis primary with a replica and a Sentinel ([StartRedis]);
+//   - a Redis Cluster ([StartRedisCluster]).
+//
+// It also starts single servers that a test crashes
 // and restarts ([StartSingle]). Library code never imports it.
 //
-// Every helper takes the test's testing.TB, starts its servers as child
-// processes (each in its own process group, so that a kill takes its
-// helpers with it), and stops them and removes their files in t.Cleanup,
+// Every helper takes the test's testing.TB and starts its servers as child
+// processes, each in its own process group, so that a kill takes its
+// helpers with it. It stops them and removes their files in t.Cleanup,
 // also when the test fails. A binary that is missing skips the test, or
 // fails it when IDEMPOTENCY_REQUIRE_ALL=1.
 //

@@ -37,11 +37,11 @@ type Galera struct {
 	sqlPorts []int
 }
 
-// StartGalera starts a three-node MariaDB Galera Cluster on loopback: one
-// option file and data directory per node (initialised with
-// mariadb-install-db, root without a password), the first node started
-// with --wsrep-new-cluster, the other two joining it one after the other
-// (rsync SST). Every port (SQL, group communication, and the IST and SST
+// StartGalera starts a three-node MariaDB Galera Cluster on loopback. Each
+// node gets one option file and data directory (initialised with
+// mariadb-install-db, root without a password). The first node starts with
+// --wsrep-new-cluster; the other two join it one after the other (rsync
+// SST). Every port (SQL, group communication, and the IST and SST
 // ports that joiners use in turn) is found free on loopback at run time.
 // It returns once wsrep_cluster_size is 3 and every node is
 // Synced, with a database named test. The servers run as the system user

@@ -89,7 +89,7 @@ func StartRedis(t testing.TB) *RedisSet {
 		return fmt.Errorf("sentinel replicas: %v", reps)
 	}, r.primary, r.replica, r.sentinel)
 	// A Sentinel whose timer ran late (a loaded machine) enters TILT for
-	// 30 s and acts on nothing meanwhile, then finds its replica's facts
+	// 30 s and acts on nothing meanwhile. Then it finds its replica's facts
 	// too old to promote it: a failover asked for in that time is late by
 	// up to a minute. Start the test once it watches normally.
 	waitFor(t, 45*time.Second, "the Sentinel out of TILT mode", func(ctx context.Context) error {

@@ -1,8 +1,8 @@
 // Package frameworktest is the test suite every framework integration of
-// idemhttp runs (net/http, ServeMux, chi, gin, echo, fiber): over real HTTP,
-// against a real store (SQLite, and PostgreSQL from
-// IDEMPOTENCY_POSTGRES_DSN), it checks that a handler that writes is stored
-// and replayed byte-exact with one effect in the database, and that a
+// idemhttp runs (net/http, ServeMux, chi, gin, echo, fiber). It runs over
+// real HTTP, against a real store: SQLite, and PostgreSQL from
+// IDEMPOTENCY_POSTGRES_DSN. It checks that a handler that writes is stored
+// and replayed byte-exact with one effect in the database. It checks that a
 // handler that returns a framework error, panics, writes nothing or fails
 // request validation leaves no effect and no stored key.
 package frameworktest

@@ -57,8 +57,8 @@ func Err(t testing.TB, what string, err error, want error, key idempotency.Key) 
 
 // Check runs, on store, a mismatch against a stored record and a key held
 // by a reservation (refused at once without a wait, and past a short wait
-// bound), and on broken (a store of the same kind on a closed pool or
-// client) a store failure; each error Do returns must pass [Err].
+// bound). On broken (a store of the same kind on a closed pool or client)
+// it runs a store failure. Each error Do returns must pass [Err].
 func Check[Tx any](t *testing.T, store, broken idempotency.KeyStore[Tx]) {
 	t.Helper()
 	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)

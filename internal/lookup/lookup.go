@@ -1,8 +1,8 @@
-// Package lookup lets a SQL store choose, per reservation, between looking
-// a key up before reserving it (one cheap read that answers a replay at
-// once, wasted on a new key) and reserving it straight away (a new key
-// saves the read, a replay pays a few round trips more), by following what
-// the store's recent first tries found.
+// Package lookup lets a SQL store choose, per reservation, how to take a
+// key. It can look the key up before reserving it: one cheap read that
+// answers a replay at once, wasted on a new key. Or it can reserve the key
+// straight away: a new key saves the read, a replay pays a few round trips
+// more. The choice follows what the store's recent first tries found.
 package lookup
 
 import (

@@ -132,11 +132,14 @@ func lookup(t testing.TB, b Backend) string {
 // those tests will fail instead). It prints nothing when every backend is
 // configured.
 //
-// `go test` without -v discards the output of a passing package, so the
-// line goes where the person running `go test ./...` sees it: with -v, to
-// the test's output; otherwise to the go command's own standard error when
-// that is a terminal, a pipe or a regular file such as a CI log (Linux),
-// else to the terminal (/dev/tty), else to the test's output.
+// Without -v, go test discards the output of a passing package. So the
+// line goes where the person running the tests sees it:
+//
+//   - with -v, to the test's output;
+//   - otherwise to the go command's own standard error, when that is a
+//     terminal, a pipe or a regular file such as a CI log (Linux);
+//   - else to the terminal (/dev/tty);
+//   - else to the test's output.
 func Main(m *testing.M, backends ...Backend) {
 	flag.Parse()
 	name := strings.TrimSuffix(filepath.Base(os.Args[0]), ".test")

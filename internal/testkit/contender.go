@@ -10,11 +10,11 @@ import (
 )
 
 // Contender is an idempotent operation written without this module, such
-// as the plain SQL of the design notes (one transaction: INSERT the key ON
-// CONFLICT DO NOTHING, the effect, UPDATE the key with the response).
-// [BenchmarkContender] measures it with the cases of conformance.Benchmark,
-// so that a table can show the library next to it, both as ratios to the
-// same bare effect transaction.
+// as plain SQL in one transaction: INSERT the key ON CONFLICT DO NOTHING,
+// the effect, UPDATE the key with the response. [BenchmarkContender]
+// measures it with the cases of conformance.Benchmark. A table can then
+// show the library next to it, both as ratios to the same bare effect
+// transaction.
 type Contender struct {
 	// Do performs the operation for key: when key is new, one effect (the
 	// same one-row effect as Fixture.Effect) and the stored answer, in one

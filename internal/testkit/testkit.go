@@ -1,17 +1,22 @@
 // Package testkit holds the helpers that the tests of the packages of this
-// module share instead of each writing its own: a context bounded by a
-// deadline ([Context]), random names for tables, schemas, prefixes and keys
-// ([Name]), a start gate that releases concurrent callers together
-// ([Together]), a channel opened once ([Gate]), a wait for a condition
-// ([WaitUntil]), an effects table on a database/sql database ([Effects]),
-// and the checks that a test counted the effects it expected
-// ([MustCount]), gave back every pooled connection ([CheckReleased]) and
-// left no goroutine behind ([Goroutines]), and a child process of the test
-// binary whose output a test waits on ([StartChild], [WaitForLine]). Its
-// subpackage pgkit holds what needs pgx.
+// module share instead of each writing its own:
+//
+//   - a context bounded by a deadline ([Context]);
+//   - random names for tables, schemas, prefixes and keys ([Name]);
+//   - a start gate that releases concurrent callers together ([Together]);
+//   - a channel opened once ([Gate]);
+//   - a wait for a condition ([WaitUntil]);
+//   - an effects table on a database/sql database ([Effects]);
+//   - the checks that a test counted the effects it expected
+//     ([MustCount]), gave back every pooled connection ([CheckReleased])
+//     and left no goroutine behind ([Goroutines]);
+//   - a child process of the test binary whose output a test waits on
+//     ([StartChild], [WaitForLine]).
+//
+// Its subpackage pgkit holds what needs pgx.
 //
 // It imports only the standard library and "testing", so only _test.go
-// files may import it: a library package that depends on it fails
+// files may import it. A library package that depends on it fails
 // TestLibraryImports (imports_test.go at the module root).
 package testkit
 
@@ -71,10 +76,10 @@ func (g *Gate) Open() { g.open() }
 // Opened returns a channel that is closed once the gate is open.
 func (g *Gate) Opened() <-chan struct{} { return g.c }
 
-// Together runs f(0), ..., f(n-1), each in a goroutine of its own, released
-// at the same moment by a start gate once all n goroutines exist, and
-// returns when every call has returned: the way to put n concurrent
-// callers on one key.
+// Together runs f(0), ..., f(n-1), each in a goroutine of its own. A start
+// gate releases them at the same moment, once all n goroutines exist.
+// Together returns when every call has returned. It is the way to put n
+// concurrent callers on one key.
 func Together(n int, f func(i int)) {
 	gate := make(chan struct{})
 	var wg sync.WaitGroup
@@ -92,10 +97,10 @@ func Together(n int, f func(i int)) {
 // (a holder unwinding, a waiter returning) to give their connections back.
 const releaseWait = 5 * time.Second
 
-// CheckReleased registers a cleanup that fails t unless inUse (the
+// CheckReleased registers a cleanup that fails t unless inUse falls to
+// zero within a few seconds of the end of the test. inUse counts the
 // connections a pool has handed out, as sql.DBStats.InUse or
-// pgxpool.Stat.AcquiredConns count them) falls to zero within a few
-// seconds of the end of the test: a connection that is never given back is
+// pgxpool.Stat.AcquiredConns do. A connection that is never given back is
 // a leak. Register it after the cleanup that closes the pool, so that it
 // runs first.
 func CheckReleased(t testing.TB, what string, inUse func() int) {
