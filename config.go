@@ -134,7 +134,7 @@ type Observer func(ctx context.Context, ev Event)
 type Config struct {
 	// TTL is how long a completed key is remembered, counted by the store's
 	// clock from the moment its answer was committed (however long fn
-	// ran); after it the key counts as new. The application's clock never
+	// ran). After it the key counts as new. The application's clock never
 	// judges expiry (see [KeyStore]). Expiries are clamped to [MaxExpiry], so
 	// math.MaxInt64 means "never". Defaults to 24h.
 	TTL time.Duration

@@ -273,7 +273,7 @@ func outcomeOf(resp Response, err error) Outcome {
 
 // attempt is one reservation and, if it is won, one run of fn.
 //
-// It first asks the store without waiting; only when the key is held
+// It first asks the store without waiting. Only when the key is held
 // elsewhere does it wait inside the store, in one of the Guard's waiter
 // slots, for what remains of the wait bound.
 func (g *Guard[Tx]) attempt(ctx context.Context, c *call, key Key, fp string, deadline time.Time, fn func(Tx) (Response, error)) (Response, error) {
@@ -364,9 +364,10 @@ func sleep(ctx context.Context, d time.Duration) error {
 	}
 }
 
-// Purge deletes the keys expired by the store's clock in batches of [Config.PurgeBatch], each its own
-// short transaction, until a batch comes back short or ctx ends, pausing
-// between batches as [Config.PurgePause] says. A batch that meets a store
+// Purge deletes the keys expired by the store's clock in batches of
+// [Config.PurgeBatch], each its own short transaction. It goes on until a
+// batch comes back short or ctx ends, pausing between batches as
+// [Config.PurgePause] says. A batch that meets a store
 // conflict ([ErrConflict]) is retried like a call of [Guard.Do] (up to
 // [Config.MaxRetries] times in a row). It returns how many keys it
 // deleted.

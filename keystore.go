@@ -140,7 +140,7 @@ type KeyStore[Tx any] interface {
 	//
 	// A record completed while Reserve waited for its holder is judged by
 	// the expiry it was completed with, never by the provisional one of the
-	// reservation: it is returned, never taken over.
+	// reservation. It is returned, never taken over.
 	Reserve(ctx context.Context, r Reservation) (Txn[Tx], *Record, error)
 
 	// Purge deletes at most limit records whose ExpiresAt <= the store's
@@ -152,7 +152,7 @@ type KeyStore[Tx any] interface {
 	// backend whose records expire by themselves may return 0.
 	//
 	// A record re-reserved or completed after Purge chose it is not
-	// deleted: the delete re-checks each record it chose (its expiry, or
+	// deleted. The delete re-checks each record it chose (its expiry, or
 	// the revision the scan saw) in the same atomic step. The count is of
 	// records deleted, not of records chosen, and never more than limit,
 	// however many expired records there are. A store that caps the
@@ -179,7 +179,7 @@ type Txn[Tx any] interface {
 	Tx() Tx
 
 	// Complete stores resp (status, header, body byte-exact) as the key's
-	// record, marks it completed and commits the transaction with it: the
+	// record, marks it completed and commits the transaction with it. The
 	// effect, the key and the response become visible together or not at
 	// all. It may send the update in the same round trip as COMMIT.
 	//
