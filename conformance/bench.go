@@ -32,8 +32,9 @@ import (
 //     replays, BareParallel8 the bare effect (its baseline).
 //
 // Each case of Do then checks with Fixture.Count that every key has exactly
-// one effect, and SameKey20 that exactly one of its callers ran fn: a store
-// that duplicates an effect fails the benchmark instead of being measured.
+// one effect. SameKey20 checks that exactly one of its callers ran fn. A
+// store that duplicates an effect fails the benchmark instead of being
+// measured.
 //
 // Command idembench (`go run ./cmd/idembench`) runs it in interleaved
 // rounds, with a hand-written contender where a package has one. It prints

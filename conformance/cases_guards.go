@@ -40,7 +40,7 @@ func (e *env[Tx]) instances(n int) []idempotency.KeyStore[Tx] {
 }
 
 // guards returns n Guards with cfg, spread round-robin over the store's
-// instances, so that callers of one key on different Guards race in the
+// instances. Callers of one key on different Guards then race in the
 // store, as callers in different processes do, instead of queueing in
 // one Guard's memory.
 func (e *env[Tx]) guards(n int, cfg *idempotency.Config) []*idempotency.Guard[Tx] {
@@ -84,7 +84,7 @@ func (s *suite[Tx]) racingReserves(t *testing.T) {
 }
 
 // racingWinnerFails: the caller that takes the key fails while 19 callers
-// on other Guards wait for it in the store; once it rolled back exactly
+// on other Guards wait for it in the store. Once it rolled back, exactly
 // one of them runs, and the others get that one's answer.
 func (s *suite[Tx]) racingWinnerFails(t *testing.T) {
 	s.winnerFailsOn(t, Callers, idempotency.Key{Scope: "race", ID: uniq("k")}, "the 19 callers on other Guards")

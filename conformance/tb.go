@@ -8,9 +8,9 @@ import (
 	"time"
 )
 
-// lateBound is how long the cleanup of a case waits for a goroutine of the
-// case that outlived it (a hung call of the store) once the case's context
-// has ended, before it gives up on it.
+// lateBound is how long the cleanup of a case waits, once the case's
+// context has ended, for a goroutine of the case that outlived it (a hung
+// call of the store). Then it gives up on it.
 const lateBound = 5 * time.Second
 
 // endedTB is the testing.TB a fixture gets. It passes every call on to the
