@@ -324,7 +324,7 @@ func (c *RedisCluster) awaitOwner(ctx context.Context, slot int, to *RedisNode) 
 // new owner's epoch without consensus, and two such bumps can collide.
 // Until the collision is resolved (one node bumps again), a node with a
 // stale view can send an UPDATE that takes the slot back from its new
-// owner, which then deletes its keys.
+// owner. The new owner then deletes its keys.
 func (c *RedisCluster) epochsSettled(ctx context.Context) (bool, error) {
 	var first map[string]string
 	for _, n := range c.nodes() {

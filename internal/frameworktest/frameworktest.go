@@ -341,8 +341,8 @@ func runCases[Tx any](t *testing.T, e *Env[Tx], start func(*testing.T, *idemhttp
 	})
 
 	// notStored checks that a route answered want (or, for want == 0, a
-	// dropped connection or a 500), left no effect and no stored key: the
-	// same key runs the handler again.
+	// dropped connection or a 500), and left no effect and no stored key.
+	// The same key runs the handler again.
 	notStored := func(t *testing.T, route string, want int, body string, check func(Result)) {
 		t.Helper()
 		key := strings.TrimPrefix(route, "/") + "-1"

@@ -1,5 +1,5 @@
 // Package keyleak checks that the errors of [idempotency.Guard.Do] on a
-// store name the key by its hash only, never by its raw scope or id, and
+// store name the key by its hash only, never by its raw scope or id. They
 // give the raw key to code through [idempotency.KeyError]. Each store's
 // tests run [Check] on a real store.
 package keyleak
@@ -28,9 +28,10 @@ func Key(tag string) idempotency.Key {
 	return idempotency.Key{Scope: Scope, ID: IDPrefix + "-" + tag + "-" + time.Now().Format("150405.000000000")}
 }
 
-// Err fails t unless err wraps want, its text contains neither the key's
-// scope nor its id (nor [Scope] nor [IDPrefix]) but contains its hash, and
-// errors.As finds an [idempotency.KeyError] carrying key.
+// Err fails t unless all of these hold: err wraps want; its text contains
+// neither the key's scope nor its id (nor [Scope] nor [IDPrefix]) but
+// contains its hash; errors.As finds an [idempotency.KeyError] carrying
+// key.
 func Err(t testing.TB, what string, err error, want error, key idempotency.Key) {
 	t.Helper()
 	if !errors.Is(err, want) {

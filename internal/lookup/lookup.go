@@ -14,9 +14,9 @@ import (
 // to change the way once the other kind dominated.
 const Bias = 4
 
-// Tally counts recent first tries (reservations of a caller that has not
-// waited for the key): +1 for each that found a completed key, -1 for each
-// that took the key, saturating at ±Bias. The zero value counts none (and
+// Tally counts recent first tries: reservations of a caller that has not
+// waited for the key. It adds +1 for each that found a completed key and
+// -1 for each that took the key, saturating at ±Bias. The zero value counts none (and
 // favours reserving straight away). It is safe for concurrent use.
 type Tally struct{ n atomic.Int32 }
 

@@ -423,9 +423,9 @@ func publish(proxy, src string, r release, t time.Time) error {
 }
 
 // publicPackages lists the import paths of the packages in the module at
-// dir (path modPath) that another module can import: not main, not
-// internal, not in a nested module, testdata or a directory the go command
-// ignores.
+// dir (path modPath) that another module can import. It leaves out main,
+// internal, and packages in a nested module, in testdata or in a directory
+// the go command ignores.
 func publicPackages(dir, modPath string) ([]string, error) {
 	var pkgs []string
 	err := filepath.WalkDir(dir, func(p string, d fs.DirEntry, err error) error {

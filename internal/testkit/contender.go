@@ -16,9 +16,10 @@ import (
 // show the library next to it, both as ratios to the same bare effect
 // transaction.
 type Contender struct {
-	// Do performs the operation for key: when key is new, one effect (the
-	// same one-row effect as Fixture.Effect) and the stored answer, in one
-	// transaction; otherwise the stored answer, without the effect. It
+	// Do performs the operation for key. When key is new, that is one
+	// effect (the same one-row effect as Fixture.Effect) and the stored
+	// answer, in one transaction. Otherwise it is the stored answer,
+	// without the effect. It
 	// reports whether the answer was a replay. It is called from many
 	// goroutines at once.
 	Do func(ctx context.Context, key string) (replayed bool, err error)

@@ -32,7 +32,7 @@ import (
 
 // Context returns a context that ends d from now, cancelled by a cleanup of
 // t (which runs after the cleanups registered later). Its parent is
-// context.Background, not t.Context, which ends before any cleanup: the
+// context.Background, not t.Context, which ends before any cleanup. So the
 // cleanups a test registers after calling Context (a holder releasing its
 // key, a table dropped) may still use it.
 func Context(t testing.TB, d time.Duration) context.Context {
@@ -42,8 +42,8 @@ func Context(t testing.TB, d time.Duration) context.Context {
 }
 
 // Name returns prefix followed by 12 random lowercase hexadecimal digits
-// (48 random bits): a fresh name for a table, schema, key prefix or key,
-// that no other test nor earlier run uses. It is a valid SQL identifier
+// (48 random bits). It is a fresh name for a table, schema, key prefix or
+// key, that no other test nor earlier run uses. It is a valid SQL identifier
 // when prefix is one.
 func Name(prefix string) string {
 	b := make([]byte, 6)
@@ -98,8 +98,8 @@ func Together(n int, f func(i int)) {
 const releaseWait = 5 * time.Second
 
 // CheckReleased registers a cleanup that fails t unless inUse falls to
-// zero within a few seconds of the end of the test. inUse counts the
-// connections a pool has handed out, as sql.DBStats.InUse or
+// zero within a few seconds of the end of the test. The function inUse
+// counts the connections a pool has handed out, as sql.DBStats.InUse or
 // pgxpool.Stat.AcquiredConns do. A connection that is never given back is
 // a leak. Register it after the cleanup that closes the pool, so that it
 // runs first.
@@ -119,8 +119,9 @@ func CheckReleased(t testing.TB, what string, inUse func() int) {
 const pollEvery = 10 * time.Millisecond
 
 // WaitUntil returns once ok reports true, asking it every few
-// milliseconds, and fails t now if it still reports false after d; what
-// names the awaited state in the failure ("the waiters to queue").
+// milliseconds. It fails t now if ok still reports false after d. The
+// argument what names the awaited state in the failure ("the waiters to
+// queue").
 func WaitUntil(t testing.TB, d time.Duration, what string, ok func() bool) {
 	t.Helper()
 	deadline := time.Now().Add(d)
