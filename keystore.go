@@ -102,7 +102,7 @@ import (
 //     Scope or ID: errors reach logs.
 //  4. If the store keeps its records in a schema of its own, implement
 //     [Migrator]. If it holds resources of its own (prepared statements),
-//     implement io.Closer: Close releases them, never the caller's pool,
+//     implement [io.Closer]: Close releases them, never the caller's pool,
 //     and a reservation already made still completes or rolls back.
 //  5. Run conformance.Run in the store's tests, with honest
 //     conformance.Features and, if it can, a Fixture.Reopen that opens

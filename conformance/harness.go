@@ -12,8 +12,8 @@
 // its concurrent callers together through a start gate. It runs under a
 // watchdog, so a deadlock fails the case instead of hanging the run. A case
 // that checks a rule of the contract (the doc comments of
-// idempotency.KeyStore and idempotency.Txn) logs, when it fails, the
-// sentence it checks, as testing/slogtest does.
+// [idempotency.KeyStore] and [idempotency.Txn]) logs, when it fails, the
+// sentence it checks, as [testing/slogtest] does.
 //
 // Beyond the happy paths, the suite:
 //
