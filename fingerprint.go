@@ -243,9 +243,9 @@ func appendNumber(b []byte, lit string) []byte {
 // lowBase is the base of the low 18 digits of a long exponent, added to as an int64.
 const lowBase = 1e18
 
-// appendExponent appends the decimal value of lit + shift, where lit is a
-// JSON exponent ([+-]digits, or empty for 0) of any length and |shift| is
-// below 1e18 (it is bounded by the length of the input). The sum is done on
+// appendExponent appends the decimal value of lit + shift. Here lit is a
+// JSON exponent ([+-]digits, or empty for 0) of any length. |shift| is
+// below 1e18, as the length of the input bounds it. The sum is done on
 // the decimal digits, in time linear in len(lit): math/big would take time
 // quadratic in the number of digits.
 func appendExponent(b []byte, lit string, shift int) []byte {

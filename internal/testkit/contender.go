@@ -38,7 +38,7 @@ type Contender struct {
 //     is the time until all of them have their answer.
 //
 // Each case then checks that c committed exactly one effect per key and
-// answered every other call as a replay: a contender that duplicates an
+// answered every other call as a replay. A contender that duplicates an
 // effect fails instead of being measured.
 func BenchmarkContender(b *testing.B, c Contender) {
 	if c.Do == nil || c.Effects == nil {
