@@ -7,8 +7,8 @@ import (
 )
 
 // CertScope is the key scope that a verified client certificate names:
-// its first URI SAN, else its subject's distinguished name, replaced by
-// "sha256:" and its hex SHA-256 when longer than [MaxScopeLen]. The HTTP
+// its first URI SAN, else its subject's distinguished name. A name longer
+// than [MaxScopeLen] is replaced by "sha256:" and its hex SHA-256. The HTTP
 // and gRPC integrations scope keys by it; the caller must have verified
 // the certificate's chain.
 func CertScope(leaf *x509.Certificate) string {

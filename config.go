@@ -134,7 +134,7 @@ type Observer func(ctx context.Context, ev Event)
 type Config struct {
 	// TTL is how long a completed key is remembered, counted by the store's
 	// clock from the moment its answer was committed (however long fn
-	// ran); after it the key counts as new. The application's clock never
+	// ran). After it the key counts as new. The application's clock never
 	// judges expiry (see [KeyStore]). Expiries are clamped to [MaxExpiry], so
 	// math.MaxInt64 means "never". Defaults to 24h.
 	TTL time.Duration
@@ -143,24 +143,25 @@ type Config struct {
 	// 30s. The caller's context bounds it too.
 	//
 	// It bounds the whole call until fn runs, whatever the store reports
-	// on the way: every reservation attempt, the retries of [ErrConflict]
-	// and their backoff, and the waits of a store for a lock (SQLite's one
-	// writer, held by this process's callers of other keys or by another
-	// process). When it runs out, a key held, or that the store cannot
-	// tell from held (SQLite's write lock taken by another process), gives
-	// [ErrInProgress]; a store still failing with conflicts, on a key
-	// nobody is known to hold, gives [ErrStore] with [ErrConflict]. The
-	// time fn runs is not counted: see [Guard.Do].
+	// on the way. That covers every reservation attempt, the retries of
+	// [ErrConflict] and their backoff, and the waits of a store for a lock.
+	// (SQLite's one writer may be held by this process's callers of other
+	// keys or by another process.) When it runs out, a key held gives
+	// [ErrInProgress]. So does a key the store cannot tell from held
+	// (SQLite's write lock taken by another process). A store still failing
+	// with conflicts, on a key nobody is known to hold, gives [ErrStore]
+	// with [ErrConflict]. The time fn runs is not counted: see [Guard.Do].
 	//
-	// A negative WaitTimeout means "do not wait": Do returns ErrInProgress
-	// at once instead of waiting for a caller that is running fn with the
-	// same key (on SQLite, also when another process holds the database's
-	// one write lock: it may hold the key, and SQLite cannot tell without
-	// waiting). Conflicts are then still retried within [DefaultWaitTimeout].
+	// A negative WaitTimeout means "do not wait". Do then returns
+	// ErrInProgress at once instead of waiting for a caller that is running
+	// fn with the same key. On SQLite it also does so when another process
+	// holds the database's one write lock: that process may hold the key,
+	// and SQLite cannot tell without waiting. Conflicts are then still
+	// retried within [DefaultWaitTimeout].
 	WaitTimeout time.Duration
 	// MaxWaiters bounds how many calls of this Guard may wait inside the
 	// store at once for keys held elsewhere (by another process or
-	// Guard); each such wait may hold one of the store's connections.
+	// Guard). Each such wait may hold one of the store's connections.
 	// Beyond it, a call whose key is held returns [ErrInProgress] at once
 	// (HTTP 409 with Retry-After), so waiters cannot take the pool from
 	// other traffic. Callers of the same key in this Guard never count:
@@ -179,10 +180,10 @@ type Config struct {
 	// Defaults to 1000.
 	PurgeBatch int
 	// PurgePause is how long [Guard.Purge] pauses between two batches. Zero
-	// (the default) pauses as long as the batch before took, so that a
-	// purge keeps its connection busy at most half the time and the Do
-	// calls meanwhile stay fast, for a purge twice as long; a negative value
-	// means no pause (batches back to back).
+	// (the default) pauses as long as the batch before took. A purge then
+	// keeps its connection busy at most half the time, so the Do calls
+	// meanwhile stay fast, and takes twice as long. A negative value means
+	// no pause (batches back to back).
 	PurgePause time.Duration
 	// Observer, if set, is told about every call's outcome.
 	Observer Observer

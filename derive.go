@@ -18,26 +18,28 @@ const deriveDomain = "go-idempotency/derive/v1"
 var derivedEncoding = base32.NewEncoding("abcdefghijklmnopqrstuvwxyz234567").WithPadding(base32.NoPadding)
 
 // Derive returns a key for one external call made on behalf of the
-// operation keyed by k: pass it to a provider that deduplicates on it (the
+// operation keyed by k. Pass it to a provider that deduplicates on it: the
 // Idempotency-Key header of a payment API, the message id of a broker or an
-// email service). purpose names the call within the operation ("charge",
-// "email", "step", "3", ...): one operation that makes two calls gives each
-// its own purpose.
+// email service. The purpose names the call within the operation
+// ("charge", "email", "step", "3", ...). One operation that makes two
+// calls gives each its own purpose.
 //
-// The result is a pure function of k.Scope, k.ID and purpose: the same
+// The result is a pure function of k.Scope, k.ID and purpose. The same
 // inputs give the same key in every attempt, every process and every
-// version of this package, so a retry of fn that repeats the call sends
-// the provider the key it saw the first time. Different inputs give
-// different keys: another purpose, another id or another scope (two
-// tenants using the same id), and no shift of bytes between the parts
-// (Key{"ab", "c"} and Key{"a", "bc"}, purposes ("a", "bc") and ("ab", "c"))
-// can make two inputs meet, as the parts are length-prefixed before they
-// are hashed; a collision would be a SHA-256 collision.
+// version of this package. So a retry of fn that repeats the call sends
+// the provider the key it saw the first time.
 //
-// The key is [DerivedKeyLen] (52) characters of lower-case base32
-// (a to z and 2 to 7): within the value space of an HTTP header, a URL
-// path segment, an Idempotency-Key ([Key.ID] accepts it) and the 255
-// characters Stripe allows, and unchanged by case folding. It is
+// Different inputs give different keys: another purpose, another id or
+// another scope (two tenants using the same id). No shift of bytes between
+// the parts can make two inputs meet, as the parts are length-prefixed
+// before they are hashed. (Key{"ab", "c"} and Key{"a", "bc"} differ, and
+// so do purposes ("a", "bc") and ("ab", "c").) A collision would be a
+// SHA-256 collision.
+//
+// The key is [DerivedKeyLen] (52) characters of lower-case base32 (a to z
+// and 2 to 7), unchanged by case folding. It fits the value space of an
+// HTTP header, a URL path segment, an Idempotency-Key ([Key.ID] accepts
+// it) and the 255 characters Stripe allows. It is
 //
 //	base32lower(SHA-256("go-idempotency/derive/v1" ||
 //	    u64(len(scope)) || scope || u64(len(id)) || id ||

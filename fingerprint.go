@@ -17,7 +17,7 @@ import (
 )
 
 // FingerprintJSON returns the hex SHA-256 of the canonical form of the JSON
-// value in data (see [CanonicalJSON]): two requests get the same fingerprint
+// value in data (see [CanonicalJSON]). Two requests get the same fingerprint
 // exactly when they hold the same JSON value, whatever their key order,
 // insignificant whitespace, string escapes or number notation. Invalid JSON
 // gives an error wrapping [ErrInvalidJSON].
@@ -57,11 +57,14 @@ func Fingerprint(parts ...[]byte) string {
 //     trailing zero and the exponent N in decimal (1, 1.0, 10e-1 and
 //     0.1E+1 all give 1e0); zero, -0 included, is 0.
 //
-// Refused with an error wrapping [ErrInvalidJSON]: anything but exactly one
-// JSON value (surrounding whitespace allowed), bytes that are not UTF-8,
-// a \u escape of an unpaired UTF-16 surrogate, and an object with the same
-// member name twice (their meaning depends on the parser). Nesting deeper
-// than 10000 levels is refused too.
+// It refuses with an error wrapping [ErrInvalidJSON]:
+//
+//   - anything but exactly one JSON value (surrounding whitespace allowed);
+//   - bytes that are not UTF-8;
+//   - a \u escape of an unpaired UTF-16 surrogate;
+//   - an object with the same member name twice (its meaning depends on
+//     the parser);
+//   - nesting deeper than 10000 levels.
 //
 // The output costs time and memory linear in len(data), whatever the
 // numbers: an exponent is never expanded into digits.
@@ -92,9 +95,9 @@ func CanonicalJSON(data []byte) ([]byte, error) {
 }
 
 // loneSurrogate finds the first \u escape in data that encodes a UTF-16
-// surrogate not paired with its other half, and returns its offset. data
-// must be one syntactically valid JSON text: outside strings it holds no
-// backslash, and inside them every backslash starts an escape.
+// surrogate not paired with its other half, and returns its offset. The
+// data must be one syntactically valid JSON text. Outside strings it holds
+// no backslash, and inside them every backslash starts an escape.
 func loneSurrogate(data []byte) (int, bool) {
 	for i := 0; i < len(data); i++ {
 		if data[i] != '\\' {
@@ -240,9 +243,9 @@ func appendNumber(b []byte, lit string) []byte {
 // lowBase is the base of the low 18 digits of a long exponent, added to as an int64.
 const lowBase = 1e18
 
-// appendExponent appends the decimal value of lit + shift, where lit is a
-// JSON exponent ([+-]digits, or empty for 0) of any length and |shift| is
-// below 1e18 (it is bounded by the length of the input). The sum is done on
+// appendExponent appends the decimal value of lit + shift. Here lit is a
+// JSON exponent ([+-]digits, or empty for 0) of any length. |shift| is
+// below 1e18, as the length of the input bounds it. The sum is done on
 // the decimal digits, in time linear in len(lit): math/big would take time
 // quadratic in the number of digits.
 func appendExponent(b []byte, lit string, shift int) []byte {

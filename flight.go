@@ -9,7 +9,7 @@ import (
 )
 
 // call is the one call of a key that is in the store on behalf of every
-// caller of that key in a Guard; the others wait for it in memory.
+// caller of that key in a Guard. The others wait for it in memory.
 type call struct {
 	done chan struct{} // closed when the call is over; then ans is set
 	ran  chan struct{} // closed when the call won the key and runs fn

@@ -1,14 +1,14 @@
 // Package idempotency makes repeated operations safe when the network fails
 // mid-request.
 //
-// A [Guard] runs a caller's effect under an idempotency key: the first call
-// with a key runs the effect inside the store's transaction and stores its
-// [Response] with the key in that same transaction; every later call with the
-// same key and the same request fingerprint gets the stored response back
-// without running the effect again; the same key with another fingerprint is
-// refused with [ErrMismatch].
+// A [Guard] runs a caller's effect under an idempotency key. The first call
+// with a key runs the effect inside the store's transaction. It stores its
+// [Response] with the key in that same transaction. Every later call with
+// the same key and the same request fingerprint gets the stored response
+// back without running the effect again. The same key with another
+// fingerprint is refused with [ErrMismatch].
 //
-// The storage is a [KeyStore]; backends live in the sqlite, postgres, mysql
+// The storage is a [KeyStore]. Backends live in the sqlite, postgres, mysql
 // and redis packages, and the conformance package checks any implementation.
 package idempotency
 
@@ -59,8 +59,8 @@ var (
 	// database, conflicts still failing after every retry, a lost commit
 	// reply). The driver's error stays in the chain. Whatever the store did,
 	// the guarantee holds: the effect and the key were committed together
-	// or not at all, so retrying the same request with the same key is
-	// safe; it replays the committed answer or runs fn once. (HTTP 503.)
+	// or not at all. So retrying the same request with the same key is
+	// safe: it replays the committed answer or runs fn once. (HTTP 503.)
 	ErrStore = errors.New("idempotency: store failed; retrying with the same key is safe")
 )
 
@@ -273,7 +273,7 @@ func outcomeOf(resp Response, err error) Outcome {
 
 // attempt is one reservation and, if it is won, one run of fn.
 //
-// It first asks the store without waiting; only when the key is held
+// It first asks the store without waiting. Only when the key is held
 // elsewhere does it wait inside the store, in one of the Guard's waiter
 // slots, for what remains of the wait bound.
 func (g *Guard[Tx]) attempt(ctx context.Context, c *call, key Key, fp string, deadline time.Time, fn func(Tx) (Response, error)) (Response, error) {
@@ -364,9 +364,10 @@ func sleep(ctx context.Context, d time.Duration) error {
 	}
 }
 
-// Purge deletes the keys expired by the store's clock in batches of [Config.PurgeBatch], each its own
-// short transaction, until a batch comes back short or ctx ends, pausing
-// between batches as [Config.PurgePause] says. A batch that meets a store
+// Purge deletes the keys expired by the store's clock in batches of
+// [Config.PurgeBatch], each its own short transaction. It goes on until a
+// batch comes back short or ctx ends, pausing between batches as
+// [Config.PurgePause] says. A batch that meets a store
 // conflict ([ErrConflict]) is retried like a call of [Guard.Do] (up to
 // [Config.MaxRetries] times in a row). It returns how many keys it
 // deleted.

@@ -81,16 +81,18 @@ func indexNotPrintable(s string) int {
 const HashLen = 16
 
 // Hash returns a short digest of k that names it in logs and error strings
-// without showing it: the first [HashLen] hex digits of the SHA-256 of the
-// scope's length (8 bytes, big-endian), the scope and the id. The length
-// prefix makes it unambiguous: ("a", "b/c") and ("a/b", "c") differ. It is
-// stable across processes, versions of this package and stores.
+// without showing it. It is the first [HashLen] hex digits of the SHA-256
+// of the scope's length (8 bytes, big-endian), the scope and the id. The
+// length prefix makes it unambiguous: ("a", "b/c") and ("a/b", "c")
+// differ. It is stable across processes, versions of this package and
+// stores.
 //
-// It cannot be reversed, but a key that can be guessed (a short counter
+// It cannot be reversed. But a key that can be guessed (a short counter
 // such as "order-42") can be found by hashing guesses: it hides a random
 // key (a UUID), not a predictable one. Two keys share a hash by chance with
 // probability about n²/2⁶⁵ among n keys (one in 37 million for a million
-// keys): enough to find a key's lines in logs, not to identify a record.
+// keys). That is enough to find a key's lines in logs, not to identify a
+// record.
 func (k Key) Hash() string {
 	h := sha256.New()
 	var n [8]byte
@@ -113,8 +115,8 @@ func (k Key) String() string { return "#" + k.Hash() }
 func (k Key) LogValue() slog.Value { return slog.StringValue(k.String()) }
 
 // KeyError is the error [Guard.Do] returns for a call that reached the
-// store or waited for its key (every error but the validation of its
-// arguments and fn's own error, which Do returns as fn returned it). Its
+// store or waited for its key. That is every error but the validation of
+// its arguments and fn's own error, which Do returns as fn returned it. Its
 // text names the key by its [Key.Hash] only; code gets the raw key with
 // errors.As. It unwraps to the cause, so errors.Is finds every sentinel
 // ([ErrMismatch], [ErrInProgress], [ErrStore]...) as before.

@@ -16,15 +16,15 @@ import (
 // storage primitives and the clock that judges expiry.
 //
 // Which clock decides: the store's own. Every expiry is judged by one clock
-// that every instance of a service shares, the store's (the database
-// server's or Redis's), never by the application's: "expired" means
-// expires_at <= the store's clock now, a completed record expires the TTL
-// after the store's clock at completion, and Purge deletes what the store's
+// that every instance of a service shares: the store's (the database
+// server's or Redis's), never the application's. "Expired" means
+// expires_at <= the store's clock now. A completed record expires the TTL
+// after the store's clock at completion. Purge deletes what the store's
 // clock says has expired. A lease (Redis PX/PEXPIRE) is judged by the store
 // too, so instances whose clocks disagree by hours still agree on every
 // record and every lease. A store may offer a clock for tests in its
-// configuration (a func() time.Time it reads instead of its own, sent with
-// each statement); it is never for production, where every instance would
+// configuration: a func() time.Time it reads instead of its own, sent with
+// each statement. It is never for production, where every instance would
 // need the very same one.
 //
 // Rules every implementation follows:
@@ -102,7 +102,7 @@ import (
 //     Scope or ID: errors reach logs.
 //  4. If the store keeps its records in a schema of its own, implement
 //     [Migrator]. If it holds resources of its own (prepared statements),
-//     implement io.Closer: Close releases them, never the caller's pool,
+//     implement [io.Closer]: Close releases them, never the caller's pool,
 //     and a reservation already made still completes or rolls back.
 //  5. Run conformance.Run in the store's tests, with honest
 //     conformance.Features and, if it can, a Fixture.Reopen that opens
@@ -129,36 +129,36 @@ type KeyStore[Tx any] interface {
 	//     do not wait at all).
 	//
 	// While another caller holds the key, Reserve blocks (up to r.Wait and
-	// while ctx lives) until that caller completes (then it returns the
-	// record) or rolls back or loses its lease (then it competes again for
-	// the key). Under concurrent calls with the same key at most one obtains a
+	// while ctx lives) until that caller ends its hold. If that caller
+	// completes, Reserve returns the record; if it rolls back or loses its
+	// lease, Reserve competes again for the key. Under concurrent calls with the same key at most one obtains a
 	// Txn at any time.
 	//
-	// A backend may send the reservation in the same round trip as its BEGIN
-	// and may first look the key up outside a transaction, so that a replay
-	// costs one round trip.
+	// A backend may send the reservation in the same round trip as its
+	// BEGIN. It may first look the key up outside a transaction, so that a
+	// replay costs one round trip.
 	//
 	// A record completed while Reserve waited for its holder is judged by
 	// the expiry it was completed with, never by the provisional one of the
-	// reservation: it is returned, never taken over.
+	// reservation. It is returned, never taken over.
 	Reserve(ctx context.Context, r Reservation) (Txn[Tx], *Record, error)
 
 	// Purge deletes at most limit records whose ExpiresAt <= the store's
 	// clock now, in one short transaction of its own (one connection), and
-	// reports how many it deleted. Records held by an open transaction are never deleted, and
-	// never waited for, except on a store with one writer at a time for the
-	// whole database (SQLite), where Purge queues for the write lock like
-	// every writer, while ctx lives. A backend whose records expire by
-	// themselves may return 0.
+	// reports how many it deleted. Records held by an open transaction are
+	// never deleted. Purge never waits for them either, except on a store
+	// with one writer at a time for the whole database (SQLite). There
+	// Purge queues for the write lock like every writer, while ctx lives. A
+	// backend whose records expire by themselves may return 0.
 	//
 	// A record re-reserved or completed after Purge chose it is not
-	// deleted: the delete re-checks each record it chose (its expiry, or
+	// deleted. The delete re-checks each record it chose (its expiry, or
 	// the revision the scan saw) in the same atomic step. The count is of
 	// records deleted, not of records chosen, and never more than limit,
 	// however many expired records there are. A store that caps the
 	// operations of one transaction (etcd, DynamoDB) deletes in as many
-	// transactions as it needs, each deleting only what it re-checked, and
-	// reports their sum; it stops at limit.
+	// transactions as it needs, each deleting only what it re-checked. It
+	// reports their sum and stops at limit.
 	Purge(ctx context.Context, limit int) (int, error)
 }
 
@@ -169,38 +169,37 @@ type Txn[Tx any] interface {
 	// Tx is the native transaction handle; the caller's effect runs on it.
 	//
 	// fn must not commit or roll back Tx itself. A store whose handle lets
-	// fn do so anyway (a *sql.Tx) keeps the guarantee, never an answer
-	// without its effect nor a second run: after fn's rollback, Complete
-	// fails and the key is free; after fn's commit, the key holds fn's
+	// fn do so anyway (a *sql.Tx) keeps the guarantee: never an answer
+	// without its effect, nor a second run. After fn's rollback, Complete
+	// fails and the key is free. After fn's commit, the key holds fn's
 	// answer or stays held (Reserve reports [ErrInProgress]) until the
-	// reservation's provisional expiry, the store's clock at the reservation
-	// plus [Reservation].TTL. A store may
-	// instead refuse fn's Commit and Rollback, as package postgres refuses
-	// Commit.
+	// reservation's provisional expiry: the store's clock at the
+	// reservation plus [Reservation].TTL. A store may instead refuse fn's
+	// Commit and Rollback, as package postgres refuses Commit.
 	Tx() Tx
 
 	// Complete stores resp (status, header, body byte-exact) as the key's
-	// record, marks it completed and commits the transaction with it: the
+	// record, marks it completed and commits the transaction with it. The
 	// effect, the key and the response become visible together or not at
 	// all. It may send the update in the same round trip as COMMIT.
 	//
 	// Complete is atomic whatever interrupts it (ctx ending, a cut
 	// connection, a crash): the effect and the record are committed
-	// together or not at all, and a retry with the same key then replays
-	// the record or runs fn once. Called with a ctx that is already done,
+	// together or not at all. A retry with the same key then replays the
+	// record or runs fn once. Called with a ctx that is already done,
 	// it either commits nothing and returns an error with ctx.Err() in its
 	// chain, or commits everything and returns nil.
 	//
 	// The completed record's expiry, stored in place of the reservation's,
 	// is the store's clock at completion plus [Reservation].TTL, clamped to
-	// [MaxExpiry] (see [Expiry]), so a slow call is remembered for the whole
+	// [MaxExpiry] (see [Expiry]). So a slow call is remembered for the whole
 	// TTL after it answered. A store keeps it to at least millisecond
 	// precision, rounding down. After it returns, whatever the error, the
-	// transaction is over for the caller and the connection released (the
+	// transaction is over for the caller and the connection released. The
 	// server may still finish a COMMIT whose reply was lost: a retry of the
-	// key waits for it, then replays). A commit that fails with a retryable conflict
-	// wraps [ErrConflict]; a backend that can tell that it lost the key
-	// (an expired lease taken over) returns [ErrLeaseLost].
+	// key waits for it, then replays. A commit that fails with a retryable
+	// conflict wraps [ErrConflict]. A backend that can tell that it lost the
+	// key (an expired lease taken over) returns [ErrLeaseLost].
 	//
 	// A Complete that returns an error and committed nothing frees the key
 	// as Rollback does: another caller can take it within one second, never
@@ -236,10 +235,11 @@ type Reservation struct {
 	// that would wait for a lock on a first try (see Deadline) waits for
 	// none either. While a caller of another key that it knows of (in the
 	// same store value) holds the lock, it reports an error wrapping
-	// [ErrStore] at once (the store is busy, the key is not held; retrying
-	// later is safe). While a writer it cannot see into holds it (SQLite:
-	// another process or connection), that writer may hold the key: it
-	// reports ErrInProgress at once, unless the key is found completed.
+	// [ErrStore] at once. The store is busy, the key is not held, and
+	// retrying later is safe. While a writer it cannot see into holds the
+	// lock (SQLite: another process or connection), that writer may hold
+	// the key. The store then reports [ErrInProgress] at once, unless the
+	// key is found completed.
 	//
 	// Deadline stays the bound of the call's conflict retries, so NoWait is
 	// a field of its own rather than a Deadline already passed.
@@ -248,7 +248,7 @@ type Reservation struct {
 	// counted from the start of [Guard.Do]) runs out; zero means no bound
 	// was given. A store that waits for a lock on a first try (Wait == 0),
 	// such as SQLite's one write lock held by other writers, waits no later
-	// than Deadline, and reports [ErrInProgress] there if the lock may be
+	// than Deadline. There it reports [ErrInProgress] if the lock may be
 	// the key's (a writer it cannot see into holds it).
 	Deadline time.Time
 }
@@ -294,13 +294,13 @@ func (rec *Record) Response() Response {
 	return Response{Status: rec.Status, Header: rec.Header, Body: rec.Body, Replayed: true}
 }
 
-// ConflictClassifier is an optional interface of a [KeyStore]. When fn
-// returns an error that IsConflict reports as a retryable conflict of the
-// store (a deadlock or serialization failure met by one of fn's own
-// statements on Tx), [Guard.Do] rolls back and retries the whole attempt,
-// fn included, as it does for [ErrConflict]: the rolled-back attempt left
-// no effect through Tx, and callers do not see conflicts unless the retries
-// are exhausted.
+// ConflictClassifier is an optional interface of a [KeyStore]. IsConflict
+// reports whether an error fn returned is a retryable conflict of the
+// store: a deadlock or serialization failure met by one of fn's own
+// statements on Tx. For such an error, [Guard.Do] rolls back and retries
+// the whole attempt, fn included, as it does for [ErrConflict]. The
+// rolled-back attempt left no effect through Tx, and callers do not see
+// conflicts unless the retries are exhausted.
 type ConflictClassifier interface {
 	IsConflict(err error) bool
 }

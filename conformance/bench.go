@@ -19,7 +19,7 @@ import (
 // Benchmark measures a backend against its own bare effect, in the same run
 // and on the same pool. Sub-benchmarks:
 //
-//   - Bare: Fixture.Bare, one effect in a plain transaction (the baseline).
+//   - Bare: [Fixture].Bare, one effect in a plain transaction (the baseline).
 //   - NewKey: Do with a new key each time: reservation, effect, completion.
 //   - Replay: Do with a completed key: the stored response, no effect.
 //   - SameKey20: 20 callers released together on one new key; one op is the
@@ -31,13 +31,15 @@ import (
 //   - BareParallel8, Mixed8: 8 goroutines; Mixed8 does half new keys and half
 //     replays, BareParallel8 the bare effect (its baseline).
 //
-// Each case of Do then checks with Fixture.Count that every key has exactly
-// one effect, and SameKey20 that exactly one of its callers ran fn: a store
-// that duplicates an effect fails the benchmark instead of being measured.
+// Each case of Do then checks with [Fixture].Count that every key has exactly
+// one effect. SameKey20 checks that exactly one of its callers ran fn. A
+// store that duplicates an effect fails the benchmark instead of being
+// measured.
 //
-// `go run ./cmd/idembench` runs it in interleaved rounds, with
-// a hand-written contender where a package has one, and prints the ratios to
-// the baseline (median and range over the rounds) with the targets.
+// Command idembench (`go run ./cmd/idembench`) runs it in interleaved
+// rounds, with a hand-written contender where a package has one. It prints
+// the ratios to the baseline (median and range over the rounds) with the
+// targets.
 func Benchmark[Tx any](b *testing.B, h Harness[Tx]) {
 	// A pool larger than the 20 callers of SameKey20, so that it measures
 	// how fast waiters get their answer, not how they queue for connections.
@@ -205,9 +207,9 @@ func benchFn[Tx any](ctx context.Context, f Fixture[Tx], tag string) func(Tx) (i
 const ScaleKeys = 1_000_000
 
 // BenchmarkScale measures a backend with a large table ([ScaleKeys] rows,
-// written by Fixture.Fill). Sub-benchmarks:
+// written by [Fixture].Fill). Sub-benchmarks:
 //
-//   - NewKeyFull: Do with a new key, alternately on a store with ScaleKeys
+//   - NewKeyFull: Do with a new key, alternately on a store with [ScaleKeys]
 //     live keys and on an empty one (another fixture), op by op, so that
 //     both sides meet the same machine; ns/op is the full store's. It
 //     reports the ratio of the full store's time to the empty one's

@@ -16,9 +16,9 @@ import (
 const interruptions = 40
 
 // completeInterrupted cancels Complete's context at moments spread over its
-// measured duration (from before it starts to after it ends) and checks
-// after each that the effect and the answer are both committed or neither:
-// a retry with the same key replays the answer fn gave, or runs fn once.
+// measured duration, from before it starts to after it ends. After each, it
+// checks that the effect and the answer are both committed or neither: a
+// retry with the same key replays the answer fn gave, or runs fn once.
 // A store that commits the effect and the key in two steps fails it.
 func (s *suite[Tx]) completeInterrupted(t *testing.T) {
 	opts, bound := Options{}, 5*time.Second

@@ -14,9 +14,9 @@ import (
 const storeInstances = 4
 
 // racingRounds is how many rounds of [Callers] racing callers
-// RacingReserves fires, each caller on a Guard of its own: a store whose
+// RacingReserves fires, each caller on a Guard of its own. A store whose
 // Reserve reads and then writes without a condition lets two of them take
-// one free key in some rounds, and the rounds make "some" most runs.
+// one free key in some rounds; the rounds make "some" most runs.
 const racingRounds = 5
 
 // instances returns up to n instances of the store on the fixture's
@@ -40,7 +40,7 @@ func (e *env[Tx]) instances(n int) []idempotency.KeyStore[Tx] {
 }
 
 // guards returns n Guards with cfg, spread round-robin over the store's
-// instances, so that callers of one key on different Guards race in the
+// instances. Callers of one key on different Guards then race in the
 // store, as callers in different processes do, instead of queueing in
 // one Guard's memory.
 func (e *env[Tx]) guards(n int, cfg *idempotency.Config) []*idempotency.Guard[Tx] {
@@ -54,9 +54,9 @@ func (e *env[Tx]) guards(n int, cfg *idempotency.Config) []*idempotency.Guard[Tx
 }
 
 // racingReserves: rounds of 20 callers of one new key, each on a Guard of
-// its own over several store instances: the store sees 20 Reserves of one
-// free key at once, and exactly one of them may obtain a Txn (on a
-// multi-primary cluster, exactly one may commit: [Features].MultiPrimary).
+// its own over several store instances. The store sees 20 Reserves of one
+// free key at once, and exactly one of them may obtain a Txn. On a
+// multi-primary cluster, exactly one may commit ([Features].MultiPrimary).
 func (s *suite[Tx]) racingReserves(t *testing.T) {
 	e := s.setup(t, Options{})
 	gs := e.guards(Callers, nil)
@@ -84,7 +84,7 @@ func (s *suite[Tx]) racingReserves(t *testing.T) {
 }
 
 // racingWinnerFails: the caller that takes the key fails while 19 callers
-// on other Guards wait for it in the store; once it rolled back exactly
+// on other Guards wait for it in the store. Once it rolled back, exactly
 // one of them runs, and the others get that one's answer.
 func (s *suite[Tx]) racingWinnerFails(t *testing.T) {
 	s.winnerFailsOn(t, Callers, idempotency.Key{Scope: "race", ID: uniq("k")}, "the 19 callers on other Guards")

@@ -96,7 +96,7 @@ func (s *suite[Tx]) leaseTakeover(t *testing.T) {
 
 // takeOver reserves key as A on the first store instance, lets A's lease
 // run out, and reserves it as B on another instance (the same one without
-// Fixture.Reopen), each with an effect: it returns both reservations.
+// Fixture.Reopen), each with an effect. It returns both reservations.
 func (e *env[Tx]) takeOver(key idempotency.Key, tagA, tagB string) (a, b idempotency.Txn[Tx]) {
 	e.t.Helper()
 	stores := e.instances(2)

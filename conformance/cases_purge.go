@@ -104,8 +104,8 @@ func (s *suite[Tx]) purgeSkipsHeld(t *testing.T) {
 		releaseNew()
 	}
 	// Only the expired record under the takeover may count as deleted, on
-	// a store that keeps the holder's reservation apart from it (and then
-	// the holder's completion must bring it back, as checked below).
+	// a store that keeps the holder's reservation apart from it. Then the
+	// holder's completion must bring it back, as checked below.
 	want, allowed := len(gone), btoi(!s.h.Features.SerialWriters)
 	if s.h.Features.SelfExpiring {
 		want = 0

@@ -13,7 +13,7 @@ import (
 )
 
 // expiredKeys completes n new keys on g (tag tag), then moves clk past
-// their expiry (TTL an hour): it returns the keys and the clock reading at
+// their expiry (TTL an hour). It returns the keys and the clock reading at
 // which they were completed.
 func (e *env[Tx]) expiredKeys(g *idempotency.Guard[Tx], clk *clock, n int, tag string) ([]idempotency.Key, time.Time) {
 	e.t.Helper()
@@ -27,7 +27,7 @@ func (e *env[Tx]) expiredKeys(g *idempotency.Guard[Tx], clk *clock, n int, tag s
 	return keys, at
 }
 
-// gone reports, for each key, whether its record was deleted: a Guard whose
+// gone reports, for each key, whether its record was deleted. A Guard whose
 // clock reads back (before the records' expiry) replays a record still
 // there and runs fn for a deleted one. It leaves the clock where it was.
 func (e *env[Tx]) gone(clk *clock, back time.Time, keys []idempotency.Key, tag string) []bool {
@@ -190,8 +190,8 @@ func (s *suite[Tx]) purgeCountsDeleted(t *testing.T) {
 }
 
 // failedCompleteFreesKey: a Complete that returns an error and committed
-// nothing (its ctx ended before or while it ran) frees the key at once:
-// another caller takes it within leaseWake, not when a lease runs out.
+// nothing (its ctx ended before or while it ran) frees the key at once.
+// Another caller takes it within leaseWake, not when a lease runs out.
 func (s *suite[Tx]) failedCompleteFreesKey(t *testing.T) {
 	opts := Options{}
 	if s.h.Features.Leases {

@@ -82,9 +82,9 @@ func reservation(key idempotency.Key, wait time.Duration) idempotency.Reservatio
 	return idempotency.Reservation{Key: key, Fingerprint: "fp", TTL: time.Hour, Wait: wait}
 }
 
-// freeBound is how long a key may stay held after its holder ended: none
-// on a transactional store (a short grace for the server to notice a cut
-// connection), a lease on a leased one.
+// freeBound is how long a key may stay held after its holder ended. On a
+// transactional store it is none, with a short grace for the server to
+// notice a cut connection. On a leased one it is a lease.
 func (s *suite[Tx]) freeBound() (Options, time.Duration) {
 	if s.h.Features.Leases {
 		return Options{Lease: 2 * time.Second}, 7 * time.Second

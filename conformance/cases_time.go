@@ -64,7 +64,7 @@ func (e *env[Tx]) slowHolder(g *idempotency.Guard[Tx], key idempotency.Key, tag 
 }
 
 // waiters starts a caller of key on g (the holder's Guard: it waits in
-// memory) and one on a Guard of its own on spy (it waits in the store), and
+// memory) and one on a Guard of its own on spy (it waits in the store). It
 // returns once the latter waits in the store.
 //
 // otherFn is what the caller on the other Guard runs if it wins the key
@@ -119,8 +119,9 @@ func (e *env[Tx]) checkTTLFromCompletion(holder, same, other <-chan result, tag 
 	return h.resp
 }
 
-// ttlFromCompletion is issue 9's report on the wall clock: TTL 1s, the
-// holder's fn takes 2s, callers arrive at 1.3s and wait.
+// ttlFromCompletion checks on the wall clock that the TTL counts from
+// completion: TTL 1s, the holder's fn takes 2s, callers arrive at 1.3s and
+// wait.
 func (s *suite[Tx]) ttlFromCompletion(t *testing.T) {
 	e := s.setup(t, Options{})
 	const ttl = time.Second
@@ -131,10 +132,10 @@ func (s *suite[Tx]) ttlFromCompletion(t *testing.T) {
 	start := time.Now()
 	held, slow := e.slowHolder(g, key, tag, release)
 	// When the holder's call returned, and when the other Guard's caller
-	// ran fn, if it did: on a loaded machine that caller may reach the
+	// ran fn, if it did. On a loaded machine that caller may reach the
 	// store more than the TTL after the holder's commit, when the record
-	// has rightly expired (the clock variant below checks the rule
-	// exactly, with no machine in the way).
+	// has rightly expired. The clock variant below checks the rule
+	// exactly, with no machine in the way.
 	var holderEnd, otherRan atomic.Int64
 	holder := make(chan result, 1)
 	go func() {

@@ -38,15 +38,15 @@ type FaultHarness[Tx any] struct {
 	// on fixtures built with addr == Upstream.
 	NewFixture func(t testing.TB, addr, ns string) Fixture[Tx]
 	// Bound is the store's documented bound on how long a key stays
-	// blocked after a fault the server can see (a cut connection, or a
-	// lost reply after which the faulted caller's context ends and its
-	// connection is closed): a retry with the same key, on another
-	// connection, must succeed at most Bound after the fault. It includes
+	// blocked after a fault the server can see. Such a fault is a cut
+	// connection, or a lost reply after which the faulted caller's context
+	// ends and its connection is closed. A retry with the same key, on
+	// another connection, must succeed at most Bound after the fault. It includes
 	// the faulted caller's CallTimeout. Defaults to CallTimeout + 2s.
 	Bound time.Duration
 	// PartitionBound is the bound after a network partition that outlasts
-	// it (neither end learns that the other is gone): the server's own
-	// timeout on an idle transaction, or the store's lease. Zero skips
+	// it, when neither end learns that the other is gone. It is the
+	// server's own timeout on an idle transaction, or the store's lease. Zero skips
 	// the partition scenarios.
 	PartitionBound time.Duration
 	// CallTimeout is the deadline of the faulted call's context. Defaults
@@ -62,20 +62,20 @@ type FaultHarness[Tx any] struct {
 	Waiters int
 	// Parallel is how many scenarios run at once. Defaults to 6.
 	Parallel int
-	// Known, if not nil, names known bugs: for a scenario (the step
-	// label, such as "fn#1", and the action) and a check that failed
+	// Known, if not nil, names known bugs. It is given a scenario (the
+	// step label, such as "fn#1", and the action) and a check that failed
 	// ("effects", "answer", "typed-error", "bound", "deadline",
-	// "recovery"), it returns the reason the failure is known, or "". A
+	// "recovery"). It returns the reason the failure is known, or "". A
 	// known failure is logged, and the scenario is reported as skipped
 	// with that reason unless another check failed.
 	Known func(step string, a faultproxy.Action, check string) string
 	// KnownSteps, if not nil, names the steps of the traced call that are
-	// expected never to fire when armed, with the reason: for a step (its
-	// label, such as "reserve#3", and the printable head of its bytes) it
-	// returns why, or "". A client that multiplexes calls over one
-	// connection (gRPC, HTTP/2) sends control frames (SETTINGS, PING,
-	// WINDOW_UPDATE and their acknowledgements) that the trace sees as
-	// steps but that a later call need not send again. A known step is
+	// expected never to fire when armed, with the reason. It is given a
+	// step's label (such as "reserve#3") and the printable head of its
+	// bytes, and returns why, or "". A client that multiplexes calls over one
+	// connection (gRPC, HTTP/2) sends control frames: SETTINGS, PING,
+	// WINDOW_UPDATE and their acknowledgements. The trace sees them as
+	// steps, but a later call need not send them again. A known step is
 	// tried once; if its fault does not fire, the scenario is skipped with
 	// the reason instead of failing "never fired".
 	KnownSteps func(step, head string) string
@@ -90,10 +90,10 @@ type FaultHarness[Tx any] struct {
 	Report func(FaultResult)
 }
 
-// RunFaultsWarmAndCold runs [RunFaults] twice, as the subtests "Warm" (a
-// pool that has connected: faults hit the store's statements) and "Cold"
-// (h.Cold: faults also hit the handshake and the first use of each
-// statement).
+// RunFaultsWarmAndCold runs [RunFaults] twice, as two subtests. "Warm"
+// uses a pool that has connected: faults hit the store's statements.
+// "Cold" uses h.Cold: faults also hit the handshake and the first use of
+// each statement.
 func RunFaultsWarmAndCold[Tx any](t *testing.T, h FaultHarness[Tx]) {
 	t.Helper()
 	for _, cold := range []bool{false, true} {
@@ -110,9 +110,9 @@ func RunFaultsWarmAndCold[Tx any](t *testing.T, h FaultHarness[Tx]) {
 // RunFaults injects a fault at every step of the store's protocol and
 // checks what a client retrying with the same key gets. It first traces one
 // call through the proxy, naming each round trip by the store call that
-// sent it, then, for every round trip and every [faultproxy.Action] (cut
-// before, cut after, drop the reply, partition, delay), runs one call on a
-// fresh fixture with that fault armed. After each fault, a client on
+// sent it. Then, for every round trip and every [faultproxy.Action] (cut
+// before, cut after, drop the reply, partition, delay), it runs one call on
+// a fresh fixture with that fault armed. After each fault, a client on
 // another connection retries with the same key until it succeeds, and the
 // suite requires:
 //
@@ -232,9 +232,9 @@ type faultT interface {
 	Failed() bool
 }
 
-// scenarioWith runs attempt until the fault fires at st (at most three
-// times; once for a step the harness declares known), and fails t if it
-// never does, or skips it with the harness's reason for a known step.
+// scenarioWith runs attempt until the fault fires at st: at most three
+// times, once for a step the harness declares known. If it never fires, it
+// fails t, or skips it with the harness's reason for a known step.
 func (s *faultSuite[Tx]) scenarioWith(t faultT, st faultStep, attempt func() (FaultResult, bool)) (FaultResult, bool) {
 	t.Helper()
 	var known string

@@ -8,26 +8,32 @@
 //		})
 //	}
 //
-// Each case gets a fresh fixture (its own table or key prefix), releases its
-// concurrent callers together through a start gate, and runs under a
+// Each case gets a fresh fixture (its own table or key prefix). It releases
+// its concurrent callers together through a start gate. It runs under a
 // watchdog, so a deadlock fails the case instead of hanging the run. A case
 // that checks a rule of the contract (the doc comments of
-// idempotency.KeyStore and idempotency.Txn) logs, when it fails, the
-// sentence it checks, as testing/slogtest does.
+// [idempotency.KeyStore] and [idempotency.Txn]) logs, when it fails, the
+// sentence it checks, as [testing/slogtest] does.
 //
-// Beyond the happy paths, the suite interrupts Complete at many moments of
-// its measured duration and requires the effect and the answer to be
-// committed together or not at all; lets a short lease run out while fn
-// runs (stores with [Features].Leases) and requires the stale owner's
-// Complete to be refused; and checks TTLs counted from completion, clock
-// and TTL extremes, byte-exact headers, record ownership, in-memory
-// waiting and the bound on waits in the store. A store that reserves the
-// key in one transaction and commits the effect in another fails it.
+// Beyond the happy paths, the suite:
+//
+//   - interrupts Complete at many moments of its measured duration, and
+//     requires the effect and the answer to be committed together or not
+//     at all;
+//   - lets a short lease run out while fn runs (stores with
+//     [Features].Leases), and requires the stale owner's Complete to be
+//     refused;
+//   - checks TTLs counted from completion, clock and TTL extremes,
+//     byte-exact headers, record ownership, in-memory waiting and the
+//     bound on waits in the store.
+//
+// A store that reserves the key in one transaction and commits the effect
+// in another fails the suite.
 //
 // Callers of one key race through several Guards and, when the fixture
-// sets [Fixture].Reopen, several instances of the store, so that the store
-// itself sees concurrent Reserves of one free key (one Guard would queue
-// them in memory). Lease stores meet racing takers of a lapsed lease, a
+// sets [Fixture].Reopen, several instances of the store. So the store
+// itself sees concurrent Reserves of one free key; one Guard would queue
+// them in memory. Lease stores meet racing takers of a lapsed lease, a
 // waiter already waiting when it runs out, and a stale owner's Rollback and
 // Complete; Purge meets keys re-reserved while it runs, an exact limit, and
 // a count checked against what it deleted. The package's own tests run the
@@ -58,8 +64,8 @@ type Fixture[Tx any] struct {
 	// through a connection of its own (not inside any Tx).
 	Count func(ctx context.Context, tag string) (int, error)
 	// Reopen, if not nil, opens another instance of the store on the same
-	// records (the same table or key prefix, a pool or client of its own),
-	// as another process of the service would, and registers its cleanup
+	// records, as another process of the service would. The instance uses
+	// the same table or key prefix, and a pool or client of its own. It registers its cleanup
 	// with the fixture's t. The cases of racing callers then spread them
 	// over several instances, so that Reserve calls for one free key meet
 	// in the database and not in one process's memory. Effect and Count
@@ -83,16 +89,16 @@ type Options struct {
 	// second connection while holding one).
 	MaxConns int
 	// Lease, when > 0, asks for a store whose lease on a held key is this
-	// long and runs out this long after it was taken, whatever fn does (no
-	// renewal), so that fn can outlive it. Only the cases that need it set
+	// long. The lease runs out this long after it was taken, whatever fn
+	// does (no renewal), so that fn can outlive it. Only the cases that need it set
 	// it, and only when [Features].Leases is true.
 	Lease time.Duration
 	// Clock, when non-nil, is the test clock the fixture passes to its
-	// store, which then reads it instead of its own clock wherever it
+	// store. The store then reads it instead of its own clock wherever it
 	// judges or stores a time (expiry, creation, Purge). The time cases
-	// (TTLs counted from completion, TTL and clock extremes, sub-millisecond
-	// expiries, Purge) drive time through it; a fixture whose store cannot
-	// take a test clock sets [Features].NoClock, and those cases are
+	// drive time through it: TTLs counted from completion, TTL and clock
+	// extremes, sub-millisecond expiries, Purge. A fixture whose store
+	// cannot take a test clock sets [Features].NoClock, and those cases are
 	// skipped, naming that flag. Nil: the store's own clock.
 	Clock func() time.Time
 }
@@ -110,7 +116,7 @@ type Features struct {
 	// returns 0. Otherwise Purge must delete exactly the expired keys.
 	SelfExpiring bool
 	// Leases is true when the store holds a key by a lease that can run
-	// out while fn runs (Redis): another caller may then take the key, and
+	// out while fn runs (Redis). Another caller may then take the key, and
 	// the first owner's Complete must be refused. The fixture must honour
 	// [Options].Lease. A store that holds keys in a database transaction
 	// leaves it false.
@@ -122,8 +128,8 @@ type Features struct {
 	NoClock bool
 	// MultiPrimary is true when the fixture's calls go to several primaries
 	// that certify transactions at commit (Galera, MySQL Group Replication
-	// in multi-primary mode): callers of one free key on two nodes can both
-	// obtain a Txn and run fn, and only one of them commits; the other's
+	// in multi-primary mode). Callers of one free key on two nodes can both
+	// obtain a Txn and run fn, and only one of them commits. The other's
 	// Complete fails with [idempotency.ErrConflict], nothing of it
 	// committed, and its retry replays the winner's answer. The racing
 	// cases then require one committed effect and identical answers, not

@@ -16,7 +16,7 @@ var (
 	ruleOneTxn = rule{"keystore.go",
 		"Under concurrent calls with the same key at most one obtains a Txn at any time."}
 	ruleWaitThenRecord = rule{"keystore.go",
-		"While another caller holds the key, Reserve blocks (up to r.Wait and while ctx lives) until that caller completes (then it returns the record) or rolls back or loses its lease (then it competes again for the key)."}
+		"While another caller holds the key, Reserve blocks (up to r.Wait and while ctx lives) until that caller ends its hold. If that caller completes, Reserve returns the record; if it rolls back or loses its lease, Reserve competes again for the key."}
 	ruleInProgress = rule{"keystore.go",
 		"another caller holds the key and still held it when r.Wait ran out (r.Wait == 0: do not wait at all)."}
 	ruleOneConn = rule{"keystore.go",
@@ -38,17 +38,17 @@ var (
 	ruleLease = rule{"keystore.go",
 		"A store that holds keys by lease (a reservation that can run out while fn runs, as on Redis) refuses Complete from an owner whose lease ran out and was taken over: it returns [ErrLeaseLost] and applies nothing of that owner's transaction."}
 	ruleCompletedWhileWaiting = rule{"keystore.go",
-		"A record completed while Reserve waited for its holder is judged by the expiry it was completed with, never by the provisional one of the reservation: it is returned, never taken over."}
+		"A record completed while Reserve waited for its holder is judged by the expiry it was completed with, never by the provisional one of the reservation. It is returned, never taken over."}
 	rulePurgeDeletes = rule{"keystore.go",
 		"Purge deletes at most limit records whose ExpiresAt <= the store's clock now, in one short transaction of its own (one connection), and reports how many it deleted."}
 	rulePurgeHeld = rule{"keystore.go",
-		"Records held by an open transaction are never deleted, and never waited for, except on a store with one writer at a time for the whole database (SQLite), where Purge queues for the write lock like every writer, while ctx lives."}
+		"Records held by an open transaction are never deleted. Purge never waits for them either, except on a store with one writer at a time for the whole database (SQLite). There Purge queues for the write lock like every writer, while ctx lives."}
 	ruleFnEndsTx = rule{"keystore.go",
-		"fn must not commit or roll back Tx itself. A store whose handle lets fn do so anyway (a *sql.Tx) keeps the guarantee, never an answer without its effect nor a second run: after fn's rollback, Complete fails and the key is free; after fn's commit, the key holds fn's answer or stays held (Reserve reports [ErrInProgress]) until the reservation's provisional expiry, the store's clock at the reservation plus [Reservation].TTL."}
+		"fn must not commit or roll back Tx itself. A store whose handle lets fn do so anyway (a *sql.Tx) keeps the guarantee: never an answer without its effect, nor a second run. After fn's rollback, Complete fails and the key is free. After fn's commit, the key holds fn's answer or stays held (Reserve reports [ErrInProgress]) until the reservation's provisional expiry: the store's clock at the reservation plus [Reservation].TTL."}
 	ruleComplete = rule{"keystore.go",
-		"Complete stores resp (status, header, body byte-exact) as the key's record, marks it completed and commits the transaction with it: the effect, the key and the response become visible together or not at all."}
+		"Complete stores resp (status, header, body byte-exact) as the key's record, marks it completed and commits the transaction with it. The effect, the key and the response become visible together or not at all."}
 	ruleAtomic = rule{"keystore.go",
-		"Complete is atomic whatever interrupts it (ctx ending, a cut connection, a crash): the effect and the record are committed together or not at all, and a retry with the same key then replays the record or runs fn once."}
+		"Complete is atomic whatever interrupts it (ctx ending, a cut connection, a crash): the effect and the record are committed together or not at all. A retry with the same key then replays the record or runs fn once."}
 	ruleCompleteDone = rule{"keystore.go",
 		"Called with a ctx that is already done, it either commits nothing and returns an error with ctx.Err() in its chain, or commits everything and returns nil."}
 	ruleRollback = rule{"keystore.go",
@@ -66,14 +66,14 @@ var (
 	ruleStaleOwner = rule{"keystore.go",
 		"A stale owner (one whose lease was taken over) changes nothing: its Rollback frees nothing and never the new owner's key, and its Complete returns an error wrapping [ErrLeaseLost]."}
 	rulePurgeRecheck = rule{"keystore.go",
-		"A record re-reserved or completed after Purge chose it is not deleted: the delete re-checks each record it chose (its expiry, or the revision the scan saw) in the same atomic step."}
+		"A record re-reserved or completed after Purge chose it is not deleted. The delete re-checks each record it chose (its expiry, or the revision the scan saw) in the same atomic step."}
 	rulePurgeCount = rule{"keystore.go",
 		"The count is of records deleted, not of records chosen, and never more than limit, however many expired records there are."}
 	ruleFailedComplete = rule{"keystore.go",
 		"A Complete that returns an error and committed nothing frees the key as Rollback does: another caller can take it within one second, never only when a lease runs out."}
 
 	ruleTTL = rule{"config.go",
-		"TTL is how long a completed key is remembered, counted by the store's clock from the moment its answer was committed (however long fn ran); after it the key counts as new."}
+		"TTL is how long a completed key is remembered, counted by the store's clock from the moment its answer was committed (however long fn ran). After it the key counts as new."}
 	ruleMaxExpiry = rule{"config.go",
 		"The store's clock plus the TTL is clamped to it, so a TTL such as math.MaxInt64 means \"never expire\" on every store. A clock reading at or after it is refused with [ErrInvalidConfig]."}
 	ruleMinClock = rule{"config.go",

@@ -42,7 +42,7 @@ func Run[Tx any](t *testing.T, h Harness[Tx]) {
 				}
 			})
 			// The case's context ends as soon as the case function returns
-			// (or fails), before any cleanup: the goroutines the case
+			// (or fails), before any cleanup. The goroutines the case
 			// started see it, and the cleanups of within and fire wait for
 			// them while t can still take their reports.
 			ctx, cancel := context.WithTimeout(context.Background(), caseTimeout)

@@ -8,18 +8,19 @@ import (
 	"time"
 )
 
-// lateBound is how long the cleanup of a case waits for a goroutine of the
-// case that outlived it (a hung call of the store) once the case's context
-// has ended, before it gives up on it.
+// lateBound is how long the cleanup of a case waits, once the case's
+// context has ended, for a goroutine of the case that outlived it (a hung
+// call of the store). Then it gives up on it.
 const lateBound = 5 * time.Second
 
 // endedTB is the testing.TB a fixture gets. It passes every call on to the
-// case's t while the case runs; once the case has ended (its last cleanup
+// case's t while the case runs. Once the case has ended (its last cleanup
 // ran), a report from a goroutine the store left behind goes to the test
-// that called [Run] instead, failing it, or to stderr once that test too
-// is over: testing panics on a Fail or Log after the test completed, and
-// that panic would kill the whole test binary, skip every later case and
-// every cleanup, and leave the author's servers running.
+// that called [Run] instead, failing it. Once that test too is over, the
+// report goes to stderr. The reason: testing panics on a Fail or Log after
+// the test completed. That panic would kill the whole test binary, skip
+// every later case and every cleanup, and leave the author's servers
+// running.
 type endedTB struct {
 	testing.TB
 	late  *lateSink

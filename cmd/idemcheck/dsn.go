@@ -57,9 +57,9 @@ func (e *StoreError) Unwrap() error { return e.Err }
 var sqliteSuffixes = []string{".db", ".sqlite", ".sqlite3"}
 
 // parseStore turns a -store value into a target, without connecting. A
-// value that is not a recognised form is refused with a [*StoreError]; it
-// is never taken for a file name (`-store 127.0.0.1:6379` would otherwise
-// run on a new SQLite file of that name).
+// value that is not a recognised form is refused with a [*StoreError]. It
+// is never taken for a file name: `-store 127.0.0.1:6379` would otherwise
+// run on a new SQLite file of that name.
 func parseStore(dsn string) (target, error) {
 	t, reason, err := classifyStore(dsn)
 	if reason != "" || err != nil {

@@ -1,15 +1,15 @@
-// Command idemcheck reruns the experiment that motivates this library: N
-// simultaneous requests with one idempotency key (a payment of 100 for
-// order 42), then the same key with another amount, once with a naive
-// check-then-write version and once with [idempotency.Guard.Do], and prints
-// the table of what each produced.
+// Command idemcheck shows the race that an idempotency key must survive. It
+// sends N simultaneous requests with one idempotency key (a payment of 100
+// for order 42), then the same key with another amount. It does so once
+// with a naive check-then-write version and once with
+// [idempotency.Guard.Do], and prints the table of what each produced.
 //
 // With no arguments it runs on a temporary SQLite database, removed at exit:
 //
 //	go run ./cmd/idemcheck
 //
-// -store runs it on another store, in uniquely named tables (or keys) that
-// are dropped at the end:
+// The -store flag runs it on another store, in uniquely named tables (or
+// keys) that are dropped at the end:
 //
 //	go run ./cmd/idemcheck -store 'postgres://user@host:5432/db?sslmode=disable'
 //	go run ./cmd/idemcheck -store 'mysql://user:pass@host:3306/db'
@@ -18,14 +18,20 @@
 //	go run ./cmd/idemcheck -store sqlite:/path/to/file.db
 //	go run ./cmd/idemcheck -store ./keys.db
 //
-// Any other value (a bare host:port, a file name without a .db, .sqlite or
-// .sqlite3 extension and without sqlite: or file:) is refused, with the list
-// of accepted forms, instead of being taken for a new SQLite file.
+// Any other value is refused, with the list of accepted forms, instead of
+// being taken for a new SQLite file. That covers a bare host:port, and a
+// file name without a .db, .sqlite or .sqlite3 extension and without
+// sqlite: or file:.
 //
-// The exit status is 0 when the library's row is the expected one (one payment,
-// N x 201 naming it, 422 for another amount), 1 when it is not or the
-// experiment could not run, and 2 for bad flags. The naive row is
-// informational: it shows whatever the race really produced.
+// The exit status is:
+//
+//   - 0 when the library's row is the expected one: one payment, N x 201
+//     naming it, 422 for another amount;
+//   - 1 when it is not, or the experiment could not run;
+//   - 2 for bad flags.
+//
+// The naive row is informational: it shows whatever the race really
+// produced.
 package main
 
 import (
@@ -41,8 +47,8 @@ import (
 )
 
 // poolSize caps the library's connection pool on every store, below the
-// default number of callers: nothing may ask for a second connection while
-// it holds one, or the callers would deadlock (never ask the pool for a second connection while holding one).
+// default number of callers. Nothing may ask for a second connection while
+// it holds one, or the callers would deadlock.
 const poolSize = 4
 
 // naivePoolMax caps the naive version's pool. It gets one connection per
@@ -169,9 +175,9 @@ type backend struct {
 	close func(ctx context.Context) error
 }
 
-// open connects to the target store, with a pool of poolSize connections
-// for the library and one of naiveConns for the naive version, both opened
-// in full before the callers start, and creates the run's tables.
+// open connects to the target store and creates the run's tables. It opens
+// a pool of poolSize connections for the library and one of naiveConns for
+// the naive version, both in full before the callers start.
 func open(ctx context.Context, t target, naiveConns int) (*backend, error) {
 	switch t.kind {
 	case "sqlite":

@@ -121,8 +121,8 @@ func openPool(ctx context.Context, cfg *pgxpool.Config, size int) (*pgxpool.Pool
 }
 
 // warmPool opens all size connections of pool at once and runs query on
-// each, as the connections of a running server have, so that no caller
-// released by the start gate waits for a dial or a cold first query.
+// each, as the connections of a running server have. So no caller released
+// by the start gate waits for a dial or a cold first query.
 func warmPool(ctx context.Context, pool *pgxpool.Pool, size int, query string, args ...any) error {
 	conns := make([]*pgxpool.Conn, 0, size)
 	defer func() {

@@ -121,8 +121,8 @@ func insertPayment(ctx context.Context, db execer, table, source string, orderID
 }
 
 // sizeSQL caps db's pool at n connections, opens all n at once and runs
-// query on each, as the connections of a running server have, so that no
-// caller released by the start gate waits for a dial or a cold first query.
+// query on each, as the connections of a running server have. So no caller
+// released by the start gate waits for a dial or a cold first query.
 func sizeSQL(ctx context.Context, db *sql.DB, n int, query string) error {
 	db.SetMaxOpenConns(n)
 	db.SetMaxIdleConns(n)

@@ -13,8 +13,9 @@ import (
 )
 
 // openSQLite wires the SQLite store: on the file at path, or on a temporary
-// database when path is empty. close removes a database file that the run
-// created, and only the run's tables from one that existed.
+// database when path is empty. The backend's close removes a database file
+// that the run created. From a file that existed, it removes only the
+// run's tables.
 func openSQLite(ctx context.Context, path string, naiveConns int) (b *backend, err error) {
 	where := "SQLite " + path
 	removeDir := func() error { return nil }

@@ -1,18 +1,24 @@
 // Package faultproxy is a loopback TCP proxy that injects network faults
 // between a client (a store's connection pool) and its server, one protocol
-// step at a time. It knows no protocol: a step is what the client sends in
-// one turn of the conversation, that is, the bytes it writes from the moment
-// it starts writing until the server answers. For request/response
+// step at a time. It knows no protocol. A step is what the client sends in
+// one turn of the conversation: the bytes it writes from the moment it
+// starts writing until the server answers. For request/response
 // protocols (PostgreSQL, MySQL, Redis) a step is one round trip: a query, a
 // pipeline, a BEGIN sent together with an INSERT, a COMMIT.
 //
-// A [Fault] picks a step (the k-th step of the n-th connection, the k-th
-// step across all connections, or the first step a predicate accepts) and an
-// [Action]: cut the connection before the step reaches the server, let the
-// step through and cut the connection before the reply, let it through and
-// drop the reply (the connection then hangs until the client gives up),
-// partition the network (nothing passes either way, and neither end learns
-// that the other closed, until the partition heals), or delay the step.
+// A [Fault] picks a step and an [Action]. The step is the k-th step of the
+// n-th connection, the k-th step across all connections, or the first step
+// a predicate accepts. The action is one of:
+//
+//   - cut the connection before the step reaches the server;
+//   - let the step through and cut the connection before the reply;
+//   - let it through and drop the reply (the connection then hangs until
+//     the client gives up);
+//   - partition the network: nothing passes either way, and neither end
+//     learns that the other closed, until the partition heals;
+//   - delay the step.
+//
+// For example:
 //
 //	p, err := faultproxy.New("127.0.0.1:5432", nil)
 //	if err != nil { ... }
@@ -54,12 +60,12 @@ const (
 	// executed the step, the client cannot know it.
 	CutAfter
 	// DropReply forwards the step and then discards everything on the
-	// connection, both ways: the client waits for an answer that never
-	// comes, until it gives up and closes the connection (which the server
-	// then learns about).
+	// connection, both ways. The client waits for an answer that never
+	// comes, until it gives up and closes the connection. The server then
+	// learns about the close.
 	DropReply
 	// Partition forwards the step and then isolates every connection of
-	// the proxy, existing and new: nothing passes either way, and a close
+	// the proxy, existing and new. Nothing passes either way, and a close
 	// by either end is not passed on, as when a network partition leaves
 	// both ends with half-open connections. The partition heals after
 	// [Fault].Hold (or at [Proxy.Heal] or [Proxy.Close]): every connection
@@ -216,9 +222,9 @@ func New(upstream string, opts *Options) (*Proxy, error) {
 // upstream server.
 func (p *Proxy) Addr() string { return p.ln.Addr().String() }
 
-// Arm replaces the armed fault (if any) with f, restarts the count of steps
-// across connections and the trace that [Proxy.Steps] returns, and returns a
-// channel that is closed when f fires.
+// Arm replaces the armed fault (if any) with f. It restarts the count of
+// steps across connections and the trace that [Proxy.Steps] returns. It
+// returns a channel that is closed when f fires.
 func (p *Proxy) Arm(f Fault) (<-chan struct{}, error) {
 	p.mu.Lock()
 	defer p.mu.Unlock()

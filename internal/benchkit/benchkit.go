@@ -1,7 +1,9 @@
-// Package benchkit holds what the benchmarks of this module share: a
-// percentile recorder ([Latencies]), a prefix that keeps one run's keys
-// apart ([Prefix]), and the check that callers released together on one
-// key ran the effect once ([SameKey]).
+// Package benchkit holds what the benchmarks of this module share:
+//
+//   - a percentile recorder ([Latencies]);
+//   - a prefix that keeps one run's keys apart ([Prefix]);
+//   - the check that callers released together on one key ran the effect
+//     once ([SameKey]).
 //
 // It imports only the standard library, not "testing", so that package
 // conformance can use it; the benchmark of a hand-written contender, which

@@ -1,20 +1,23 @@
 // Package clusters starts private replicated clusters of the servers the
-// stores run on, on loopback, for the failover tests of this module: a
-// three-node MariaDB Galera Cluster ([StartGalera]), a PostgreSQL primary
-// with a streaming standby ([StartPostgres]), a Redis primary with a
-// replica and a Sentinel ([StartRedis]) and a Redis Cluster
-// ([StartRedisCluster]). It also starts single servers that a test crashes
+// stores run on, on loopback, for the failover tests of this module:
+//
+//   - a three-node MariaDB Galera Cluster ([StartGalera]);
+//   - a PostgreSQL primary with a streaming standby ([StartPostgres]);
+//   - a Redis primary with a replica and a Sentinel ([StartRedis]);
+//   - a Redis Cluster ([StartRedisCluster]).
+//
+// It also starts single servers that a test crashes
 // and restarts ([StartSingle]). Library code never imports it.
 //
-// Every helper takes the test's testing.TB, starts its servers as child
-// processes (each in its own process group, so that a kill takes its
-// helpers with it), and stops them and removes their files in t.Cleanup,
+// Every helper takes the test's testing.TB and starts its servers as child
+// processes, each in its own process group, so that a kill takes its
+// helpers with it. It stops them and removes their files in t.Cleanup,
 // also when the test fails. A binary that is missing skips the test, or
 // fails it when IDEMPOTENCY_REQUIRE_ALL=1.
 //
-// Replication links go through a [faultproxy.Proxy], so that a test can
+// Replication links go through a [faultproxy.Proxy]. A test can then
 // partition a replica from its primary (a lagging or partitioned replica)
-// and then close the link, losing what the primary sent meanwhile.
+// and close the link, losing what the primary sent meanwhile.
 package clusters
 
 import (
@@ -37,8 +40,8 @@ import (
 	"github.com/go-idempotency/idempotency/internal/testenv"
 )
 
-// need returns the path of each binary named (a name looked up in PATH and
-// in dirs, or a list of candidate absolute paths separated by '|'); a
+// need returns the path of each binary named: a name looked up in PATH and
+// in dirs, or a list of candidate absolute paths separated by '|'. A
 // missing one skips t, or fails it when IDEMPOTENCY_REQUIRE_ALL=1.
 func need(t testing.TB, what string, names ...string) []string {
 	t.Helper()
@@ -93,7 +96,7 @@ type account struct {
 }
 
 // lookupAccount returns the system user name the servers run as when the
-// tests run as root (PostgreSQL refuses to run as root); otherwise the
+// tests run as root, as PostgreSQL refuses to run as root. Otherwise the
 // servers run as the current user (the zero account).
 func lookupAccount(t testing.TB, what, name string) account {
 	t.Helper()
@@ -281,9 +284,9 @@ func replicationLink(t testing.TB, upstream string) (*faultproxy.Proxy, int) {
 	return p, n
 }
 
-// FreePort returns a TCP port that is free on loopback now, chosen at
-// random below the kernel's ephemeral range (32768 and up by default), so
-// that an outgoing connection cannot take it before the server binds it.
+// FreePort returns a TCP port that is free on loopback now. It is chosen
+// at random below the kernel's ephemeral range (32768 and up by default),
+// so an outgoing connection cannot take it before the server binds it.
 func FreePort(t testing.TB) int {
 	t.Helper()
 	return FreePorts(t, 1)[0]

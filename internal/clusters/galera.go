@@ -37,19 +37,19 @@ type Galera struct {
 	sqlPorts []int
 }
 
-// StartGalera starts a three-node MariaDB Galera Cluster on loopback: one
-// option file and data directory per node (initialised with
-// mariadb-install-db, root without a password), the first node started
-// with --wsrep-new-cluster, the other two joining it one after the other
-// (rsync SST). Every port (SQL, group communication, and the IST and SST
+// StartGalera starts a three-node MariaDB Galera Cluster on loopback. Each
+// node gets one option file and data directory (initialised with
+// mariadb-install-db, root without a password). The first node starts with
+// --wsrep-new-cluster; the other two join it one after the other (rsync
+// SST). Every port (SQL, group communication, and the IST and SST
 // ports that joiners use in turn) is found free on loopback at run time.
 // It returns once wsrep_cluster_size is 3 and every node is
 // Synced, with a database named test. The servers run as the system user
 // mysql and are killed in t.Cleanup.
 //
-// Failure detection is shortened (a node that stops answering is evicted
-// after about 1.5 s instead of 5 s), so that a test that kills a node
-// spends little time with writes paused.
+// Failure detection is shortened: a node that stops answering is evicted
+// after about 1.5 s instead of 5 s. So a test that kills a node spends
+// little time with writes paused.
 func StartGalera(t testing.TB) *Galera {
 	t.Helper()
 	const what = "the Galera test"
@@ -59,9 +59,9 @@ func StartGalera(t testing.TB) *Galera {
 		need(t, what, "libgalera_smm.so (package galera-4): "+err.Error())
 	}
 	acct := lookupAccount(t, what, "mysql")
-	// SQL and group communication ports per node, then the IST and SST
-	// ports that joiners use in turn, one node at a time, and the bootstrap
-	// node's IST/SST address, never opened.
+	// SQL and group communication ports per node. Then the IST and SST
+	// ports that joiners use in turn, one node at a time. Then the
+	// bootstrap node's IST/SST address, never opened.
 	ports := FreePorts(t, 2*GaleraNodes+3)
 	sqlPorts, groupPorts := ports[:GaleraNodes], ports[GaleraNodes:2*GaleraNodes]
 	istPort, sstPort, sparePort := ports[2*GaleraNodes], ports[2*GaleraNodes+1], ports[2*GaleraNodes+2]

@@ -37,9 +37,9 @@ type PostgresPair struct {
 }
 
 // StartPostgres initialises a primary (initdb, trust authentication for
-// user postgres, database test), takes a base backup of it with
-// pg_basebackup -R into a standby that streams from the primary through a [faultproxy.Proxy],
-// and waits until the standby streams. Both listen on loopback ports found
+// user postgres, database test). It takes a base backup of it with
+// pg_basebackup -R into a standby that streams from the primary through a
+// [faultproxy.Proxy]. It waits until the standby streams. Both listen on loopback ports found
 // free at run time. With sync, the primary runs
 // synchronous_commit=on and synchronous_standby_names='*': a commit is
 // acknowledged only once the standby has flushed it. Everything runs as
@@ -189,8 +189,8 @@ func (p *PostgresPair) PrimaryDSN(db string) string { return dsn(p.primaryPort, 
 // StandbyDSN is a pgx URL of database db on the standby.
 func (p *PostgresPair) StandbyDSN(db string) string { return dsn(p.standbyPort, db) }
 
-// KillPrimary kills the primary and every process it started with SIGKILL
-// (no shutdown checkpoint, nothing more sent to the standby) and cuts the
+// KillPrimary kills the primary and every process it started with SIGKILL:
+// no shutdown checkpoint, nothing more sent to the standby. It cuts the
 // replication link, dropping whatever a partition of the link held back.
 func (p *PostgresPair) KillPrimary() {
 	p.primary.kill()

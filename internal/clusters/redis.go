@@ -39,8 +39,8 @@ type RedisSet struct {
 
 // StartRedis starts the primary (no persistence), the replica and a
 // Sentinel started with redis-server --sentinel (down-after-milliseconds
-// 500), each on a loopback port found free at run time, and
-// waits until the replica is in sync and known to the Sentinel. They are
+// 500). Each listens on a loopback port found free at run time. It waits
+// until the replica is in sync and known to the Sentinel. They are
 // killed in t.Cleanup.
 func StartRedis(t testing.TB) *RedisSet {
 	t.Helper()
@@ -89,7 +89,7 @@ func StartRedis(t testing.TB) *RedisSet {
 		return fmt.Errorf("sentinel replicas: %v", reps)
 	}, r.primary, r.replica, r.sentinel)
 	// A Sentinel whose timer ran late (a loaded machine) enters TILT for
-	// 30 s and acts on nothing meanwhile, then finds its replica's facts
+	// 30 s and acts on nothing meanwhile. Then it finds its replica's facts
 	// too old to promote it: a failover asked for in that time is late by
 	// up to a minute. Start the test once it watches normally.
 	waitFor(t, 45*time.Second, "the Sentinel out of TILT mode", func(ctx context.Context) error {
@@ -175,9 +175,9 @@ func (r *RedisSet) AwaitFailover() {
 	}, r.replica, r.sentinel)
 }
 
-// Failover asks the Sentinel for a graceful failover (SENTINEL FAILOVER:
-// the replica is promoted and the primary reconfigured to replicate from
-// it, nothing killed) and waits until it is done, as AwaitFailover.
+// Failover asks the Sentinel for a graceful failover and waits until it is
+// done, as AwaitFailover. In a SENTINEL FAILOVER the replica is promoted
+// and the primary reconfigured to replicate from it; nothing is killed.
 func (r *RedisSet) Failover() {
 	r.t.Helper()
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)

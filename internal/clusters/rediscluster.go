@@ -36,8 +36,8 @@ type RedisNode struct {
 }
 
 // StartRedisCluster starts masters masters (slots spread evenly) with
-// replicas replicas each, node timeout 1s, no persistence, on free
-// loopback ports (client and bus ports both chosen at run time), and waits
+// replicas replicas each, node timeout 1s, no persistence. The client and
+// bus ports are free loopback ports, both chosen at run time. It waits
 // until every node reports cluster_state:ok and every replica is in sync.
 // The servers are killed (by PID) in t.Cleanup.
 func StartRedisCluster(t testing.TB, masters, replicas int) *RedisCluster {
@@ -263,9 +263,9 @@ func (c *RedisCluster) EndMigration(ctx context.Context, slot int, from, to *Red
 
 // awaitOwner waits until every live node says to serves slot. Moving a
 // slot again before that can let a node with a stale, higher-epoch view
-// claim it back, and a node that loses a slot by such an update deletes
-// the keys it holds in it (redis-cli --cluster reshard likewise checks
-// that the nodes agree before it moves a slot).
+// claim it back. A node that loses a slot by such an update deletes the
+// keys it holds in it. (redis-cli --cluster reshard likewise checks that
+// the nodes agree before it moves a slot.)
 func (c *RedisCluster) awaitOwner(ctx context.Context, slot int, to *RedisNode) error {
 	start := time.Now()
 	nudged := start
@@ -321,10 +321,10 @@ func (c *RedisCluster) awaitOwner(ctx context.Context, slot int, to *RedisNode) 
 
 // epochsSettled reports whether every live node sees the same config epoch
 // for every master, and no two masters share one. A hand-over bumps the
-// new owner's epoch without consensus; two such bumps can collide, and
-// until the collision is resolved (one node bumps again) a node with a
+// new owner's epoch without consensus, and two such bumps can collide.
+// Until the collision is resolved (one node bumps again), a node with a
 // stale view can send an UPDATE that takes the slot back from its new
-// owner, which then deletes its keys.
+// owner. The new owner then deletes its keys.
 func (c *RedisCluster) epochsSettled(ctx context.Context) (bool, error) {
 	var first map[string]string
 	for _, n := range c.nodes() {

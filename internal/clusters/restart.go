@@ -24,8 +24,8 @@ const (
 )
 
 // Single is one private server on loopback that a test can crash and
-// start again on the same port, with the same data directory: a restart as
-// an operator or a machine reboot would do it.
+// start again on the same port, with the same data directory. That is a
+// restart as an operator or a machine reboot would do it.
 type Single struct {
 	// Kind is the server's kind.
 	Kind Kind

@@ -1,8 +1,8 @@
 // Command devservers starts the servers the module's tests run against
 // (PostgreSQL 16, MariaDB 10.11 and Redis 7) in Docker containers with
-// testcontainers-go, prints the environment variables that point the tests
-// at them, and keeps them running until it is interrupted (Ctrl-C), when it
-// removes them.
+// testcontainers-go. It prints the environment variables that point the
+// tests at them. It keeps them running until it is interrupted (Ctrl-C),
+// then removes them.
 //
 // It lives in a module of its own so that testcontainers-go, the Docker
 // client and OpenTelemetry stay out of the library's requirement graph. Run

@@ -1,8 +1,8 @@
 // Package frameworktest is the test suite every framework integration of
-// idemhttp runs (net/http, ServeMux, chi, gin, echo, fiber): over real HTTP,
-// against a real store (SQLite, and PostgreSQL from
-// IDEMPOTENCY_POSTGRES_DSN), it checks that a handler that writes is stored
-// and replayed byte-exact with one effect in the database, and that a
+// idemhttp runs (net/http, ServeMux, chi, gin, echo, fiber). It runs over
+// real HTTP, against a real store: SQLite, and PostgreSQL from
+// IDEMPOTENCY_POSTGRES_DSN. It checks that a handler that writes is stored
+// and replayed byte-exact with one effect in the database. It checks that a
 // handler that returns a framework error, panics, writes nothing or fails
 // request validation leaves no effect and no stored key.
 package frameworktest
@@ -341,8 +341,8 @@ func runCases[Tx any](t *testing.T, e *Env[Tx], start func(*testing.T, *idemhttp
 	})
 
 	// notStored checks that a route answered want (or, for want == 0, a
-	// dropped connection or a 500), left no effect and no stored key: the
-	// same key runs the handler again.
+	// dropped connection or a 500), and left no effect and no stored key.
+	// The same key runs the handler again.
 	notStored := func(t *testing.T, route string, want int, body string, check func(Result)) {
 		t.Helper()
 		key := strings.TrimPrefix(route, "/") + "-1"

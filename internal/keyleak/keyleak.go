@@ -1,5 +1,5 @@
 // Package keyleak checks that the errors of [idempotency.Guard.Do] on a
-// store name the key by its hash only, never by its raw scope or id, and
+// store name the key by its hash only, never by its raw scope or id. They
 // give the raw key to code through [idempotency.KeyError]. Each store's
 // tests run [Check] on a real store.
 package keyleak
@@ -28,9 +28,10 @@ func Key(tag string) idempotency.Key {
 	return idempotency.Key{Scope: Scope, ID: IDPrefix + "-" + tag + "-" + time.Now().Format("150405.000000000")}
 }
 
-// Err fails t unless err wraps want, its text contains neither the key's
-// scope nor its id (nor [Scope] nor [IDPrefix]) but contains its hash, and
-// errors.As finds an [idempotency.KeyError] carrying key.
+// Err fails t unless all of these hold: err wraps want; its text contains
+// neither the key's scope nor its id (nor [Scope] nor [IDPrefix]) but
+// contains its hash; errors.As finds an [idempotency.KeyError] carrying
+// key.
 func Err(t testing.TB, what string, err error, want error, key idempotency.Key) {
 	t.Helper()
 	if !errors.Is(err, want) {
@@ -57,8 +58,8 @@ func Err(t testing.TB, what string, err error, want error, key idempotency.Key) 
 
 // Check runs, on store, a mismatch against a stored record and a key held
 // by a reservation (refused at once without a wait, and past a short wait
-// bound), and on broken (a store of the same kind on a closed pool or
-// client) a store failure; each error Do returns must pass [Err].
+// bound). On broken (a store of the same kind on a closed pool or client)
+// it runs a store failure. Each error Do returns must pass [Err].
 func Check[Tx any](t *testing.T, store, broken idempotency.KeyStore[Tx]) {
 	t.Helper()
 	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)

@@ -1,8 +1,8 @@
-// Package lookup lets a SQL store choose, per reservation, between looking
-// a key up before reserving it (one cheap read that answers a replay at
-// once, wasted on a new key) and reserving it straight away (a new key
-// saves the read, a replay pays a few round trips more), by following what
-// the store's recent first tries found.
+// Package lookup lets a SQL store choose, per reservation, how to take a
+// key. It can look the key up before reserving it: one cheap read that
+// answers a replay at once, wasted on a new key. Or it can reserve the key
+// straight away: a new key saves the read, a replay pays a few round trips
+// more. The choice follows what the store's recent first tries found.
 package lookup
 
 import (
@@ -14,9 +14,9 @@ import (
 // to change the way once the other kind dominated.
 const Bias = 4
 
-// Tally counts recent first tries (reservations of a caller that has not
-// waited for the key): +1 for each that found a completed key, -1 for each
-// that took the key, saturating at ±Bias. The zero value counts none (and
+// Tally counts recent first tries: reservations of a caller that has not
+// waited for the key. It adds +1 for each that found a completed key and
+// -1 for each that took the key, saturating at ±Bias. The zero value counts none (and
 // favours reserving straight away). It is safe for concurrent use.
 type Tally struct{ n atomic.Int32 }
 

@@ -8,12 +8,13 @@
 //	go run -C internal/release . check   # what CI runs
 //	go run -C internal/release . tag     # tags HEAD, in order
 //
-// check clones the repository's HEAD into a scratch directory, creates the
-// tags there, builds a module proxy directory from them (zips made by
-// golang.org/x/mod/zip), and then, for each module, builds and runs a small
-// consumer program that imports every public package of the module, with
-// GOPROXY set to that directory and the local module cache (no network), no
-// replace directive and GOFLAGS=-mod=mod. It fails if any module does not
+// The check subcommand clones the repository's HEAD into a scratch
+// directory and creates the tags there. It builds a module proxy directory
+// from them (zips made by golang.org/x/mod/zip). Then, for each module, it
+// builds and runs a small consumer program that imports every public
+// package of the module. The build uses GOPROXY set to that directory and
+// the local module cache (no network), no replace directive and
+// GOFLAGS=-mod=mod. It fails if any module does not
 // resolve, build or run, or if a module requires another module of this
 // repository at a version other than the recorded one.
 package main
@@ -143,10 +144,12 @@ func parseVersions(data []byte) ([]release, error) {
 }
 
 // verify checks the go.mod files of the repository at repo against rels:
-// each listed module exists under its path; each requires the listed
-// modules it depends on at their recorded versions, and only after them in
-// the list; every module of the repository outside examples/ and internal/
-// is listed.
+//
+//   - each listed module exists under its path;
+//   - each requires the listed modules it depends on at their recorded
+//     versions, and only after them in the list;
+//   - every module of the repository outside examples/ and internal/ is
+//     listed.
 func verify(repo string, rels []release) error {
 	byPath := map[string]int{}
 	for i, r := range rels {
@@ -420,9 +423,9 @@ func publish(proxy, src string, r release, t time.Time) error {
 }
 
 // publicPackages lists the import paths of the packages in the module at
-// dir (path modPath) that another module can import: not main, not
-// internal, not in a nested module, testdata or a directory the go command
-// ignores.
+// dir (path modPath) that another module can import. It leaves out main,
+// internal, and packages in a nested module, in testdata or in a directory
+// the go command ignores.
 func publicPackages(dir, modPath string) ([]string, error) {
 	var pkgs []string
 	err := filepath.WalkDir(dir, func(p string, d fs.DirEntry, err error) error {

@@ -1,7 +1,7 @@
 // Package sqlident checks the table names the SQL stores put into their
-// statements: plain identifiers that need no quoting on any of PostgreSQL,
-// MySQL/MariaDB and SQLite, so that a name from configuration can never
-// inject SQL.
+// statements. They must be plain identifiers that need no quoting on any
+// of PostgreSQL, MySQL/MariaDB and SQLite. So a name from configuration
+// can never inject SQL.
 package sqlident
 
 import "fmt"

@@ -10,9 +10,9 @@
 //
 //	go run -C internal/devservers .
 //
-// A package whose tests use this package calls [Main] from its TestMain, so
-// that `go test ./...` says, once per package and without -v, which backends
-// were not run and how to enable them.
+// A package whose tests use this package calls [Main] from its TestMain.
+// Then go test says, once per package and without -v, which backends were
+// not run and how to enable them.
 package testenv
 
 import (
@@ -128,15 +128,18 @@ func lookup(t testing.TB, b Backend) string {
 //
 // Before the tests start it prints one line naming the backends whose
 // variable is unset, whose tests will therefore be skipped, and the
-// variables that enable them (under IDEMPOTENCY_REQUIRE_ALL=1 it says that
-// those tests will fail instead). It prints nothing when every backend is
+// variables that enable them. Under IDEMPOTENCY_REQUIRE_ALL=1 it says that
+// those tests will fail instead. It prints nothing when every backend is
 // configured.
 //
-// `go test` without -v discards the output of a passing package, so the
-// line goes where the person running `go test ./...` sees it: with -v, to
-// the test's output; otherwise to the go command's own standard error when
-// that is a terminal, a pipe or a regular file such as a CI log (Linux),
-// else to the terminal (/dev/tty), else to the test's output.
+// Without -v, go test discards the output of a passing package. So the
+// line goes where the person running the tests sees it:
+//
+//   - with -v, to the test's output;
+//   - otherwise to the go command's own standard error, when that is a
+//     terminal, a pipe or a regular file such as a CI log (Linux);
+//   - else to the terminal (/dev/tty);
+//   - else to the test's output.
 func Main(m *testing.M, backends ...Backend) {
 	flag.Parse()
 	name := strings.TrimSuffix(filepath.Base(os.Args[0]), ".test")
@@ -162,9 +165,9 @@ func userOutput(verbose bool) (io.Writer, func()) {
 	// output; its own stderr is the user's terminal or log. Opening it again
 	// is safe for a terminal or a pipe, not for a regular file (our offset
 	// would not be the go command's).
-	// A regular file (a CI log, `go test ./... >log 2>&1`) is written
-	// through a duplicate of the go command's own descriptor, so that the
-	// line and the go command's output share one file offset.
+	// A regular file (a CI log, or go test's output redirected to a file)
+	// is written through a duplicate of the go command's own descriptor.
+	// So the line and the go command's output share one file offset.
 	parent := fmt.Sprintf("/proc/%d/", os.Getppid())
 	if exe, err := os.Readlink(parent + "exe"); err == nil && strings.TrimSuffix(filepath.Base(exe), ".exe") == "go" {
 		if fi, err := os.Stat(parent + "fd/2"); err == nil {

@@ -15,7 +15,7 @@ const (
 )
 
 // sharedFD returns a duplicate of file descriptor fd of process pid that
-// shares its open file description, and so its file offset: bytes written
+// shares its open file description, and so its file offset. Bytes written
 // through it land where the process would write next, and the process's
 // own next write comes after them. It needs Linux 5.6 and the right to
 // ptrace pid (same user without Yama's restriction, or root).

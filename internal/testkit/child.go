@@ -11,7 +11,7 @@ import (
 )
 
 // StartChild starts this test binary again, running no test, with env (a
-// "NAME=value" entry) added to its environment: the child's TestMain or
+// "NAME=value" entry) added to its environment. The child's TestMain or
 // init sees env and plays its part (a process to kill at a chosen point).
 // Its standard error is the parent's; its standard output is returned, for
 // [WaitForLine]. The caller kills and waits for the child.
@@ -30,7 +30,7 @@ func StartChild(t testing.TB, ctx context.Context, env string) (*exec.Cmd, io.Re
 	return cmd, out
 }
 
-// WaitForLine reports whether r yields the line want within d; the rest of
+// WaitForLine reports whether r yields the line want within d. The rest of
 // r is read and dropped in the background until it ends, so that a writer
 // never blocks on it.
 func WaitForLine(r io.Reader, want string, d time.Duration) bool {

@@ -10,15 +10,16 @@ import (
 )
 
 // Contender is an idempotent operation written without this module, such
-// as the plain SQL of the design notes (one transaction: INSERT the key ON
-// CONFLICT DO NOTHING, the effect, UPDATE the key with the response).
-// [BenchmarkContender] measures it with the cases of conformance.Benchmark,
-// so that a table can show the library next to it, both as ratios to the
-// same bare effect transaction.
+// as plain SQL in one transaction: INSERT the key ON CONFLICT DO NOTHING,
+// the effect, UPDATE the key with the response. [BenchmarkContender]
+// measures it with the cases of conformance.Benchmark. A table can then
+// show the library next to it, both as ratios to the same bare effect
+// transaction.
 type Contender struct {
-	// Do performs the operation for key: when key is new, one effect (the
-	// same one-row effect as Fixture.Effect) and the stored answer, in one
-	// transaction; otherwise the stored answer, without the effect. It
+	// Do performs the operation for key. When key is new, that is one
+	// effect (the same one-row effect as Fixture.Effect) and the stored
+	// answer, in one transaction. Otherwise it is the stored answer,
+	// without the effect. It
 	// reports whether the answer was a replay. It is called from many
 	// goroutines at once.
 	Do func(ctx context.Context, key string) (replayed bool, err error)
@@ -37,7 +38,7 @@ type Contender struct {
 //     is the time until all of them have their answer.
 //
 // Each case then checks that c committed exactly one effect per key and
-// answered every other call as a replay: a contender that duplicates an
+// answered every other call as a replay. A contender that duplicates an
 // effect fails instead of being measured.
 func BenchmarkContender(b *testing.B, c Contender) {
 	if c.Do == nil || c.Effects == nil {

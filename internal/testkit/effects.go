@@ -7,9 +7,9 @@ import (
 )
 
 // Effects is a table of effects on a database/sql database whose driver
-// takes ? placeholders (SQLite, MySQL): fn writes one row per effect,
-// tagged, in its transaction, and a test counts the rows of a tag to see
-// how many times an effect was committed. Its methods have the shapes of
+// takes ? placeholders (SQLite, MySQL). fn writes one row per effect,
+// tagged, in its transaction. A test counts the rows of a tag to see how
+// many times an effect was committed. Its methods have the shapes of
 // conformance.Fixture's Effect, Count and Bare.
 type Effects struct {
 	// DB is the database the table is in.

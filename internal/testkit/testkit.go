@@ -1,17 +1,22 @@
 // Package testkit holds the helpers that the tests of the packages of this
-// module share instead of each writing its own: a context bounded by a
-// deadline ([Context]), random names for tables, schemas, prefixes and keys
-// ([Name]), a start gate that releases concurrent callers together
-// ([Together]), a channel opened once ([Gate]), a wait for a condition
-// ([WaitUntil]), an effects table on a database/sql database ([Effects]),
-// and the checks that a test counted the effects it expected
-// ([MustCount]), gave back every pooled connection ([CheckReleased]) and
-// left no goroutine behind ([Goroutines]), and a child process of the test
-// binary whose output a test waits on ([StartChild], [WaitForLine]). Its
-// subpackage pgkit holds what needs pgx.
+// module share instead of each writing its own:
+//
+//   - a context bounded by a deadline ([Context]);
+//   - random names for tables, schemas, prefixes and keys ([Name]);
+//   - a start gate that releases concurrent callers together ([Together]);
+//   - a channel opened once ([Gate]);
+//   - a wait for a condition ([WaitUntil]);
+//   - an effects table on a database/sql database ([Effects]);
+//   - the checks that a test counted the effects it expected
+//     ([MustCount]), gave back every pooled connection ([CheckReleased])
+//     and left no goroutine behind ([Goroutines]);
+//   - a child process of the test binary whose output a test waits on
+//     ([StartChild], [WaitForLine]).
+//
+// Its subpackage pgkit holds what needs pgx.
 //
 // It imports only the standard library and "testing", so only _test.go
-// files may import it: a library package that depends on it fails
+// files may import it. A library package that depends on it fails
 // TestLibraryImports (imports_test.go at the module root).
 package testkit
 
@@ -27,7 +32,7 @@ import (
 
 // Context returns a context that ends d from now, cancelled by a cleanup of
 // t (which runs after the cleanups registered later). Its parent is
-// context.Background, not t.Context, which ends before any cleanup: the
+// context.Background, not t.Context, which ends before any cleanup. So the
 // cleanups a test registers after calling Context (a holder releasing its
 // key, a table dropped) may still use it.
 func Context(t testing.TB, d time.Duration) context.Context {
@@ -37,8 +42,8 @@ func Context(t testing.TB, d time.Duration) context.Context {
 }
 
 // Name returns prefix followed by 12 random lowercase hexadecimal digits
-// (48 random bits): a fresh name for a table, schema, key prefix or key,
-// that no other test nor earlier run uses. It is a valid SQL identifier
+// (48 random bits). It is a fresh name for a table, schema, key prefix or
+// key, that no other test nor earlier run uses. It is a valid SQL identifier
 // when prefix is one.
 func Name(prefix string) string {
 	b := make([]byte, 6)
@@ -71,10 +76,10 @@ func (g *Gate) Open() { g.open() }
 // Opened returns a channel that is closed once the gate is open.
 func (g *Gate) Opened() <-chan struct{} { return g.c }
 
-// Together runs f(0), ..., f(n-1), each in a goroutine of its own, released
-// at the same moment by a start gate once all n goroutines exist, and
-// returns when every call has returned: the way to put n concurrent
-// callers on one key.
+// Together runs f(0), ..., f(n-1), each in a goroutine of its own. A start
+// gate releases them at the same moment, once all n goroutines exist.
+// Together returns when every call has returned. It is the way to put n
+// concurrent callers on one key.
 func Together(n int, f func(i int)) {
 	gate := make(chan struct{})
 	var wg sync.WaitGroup
@@ -92,10 +97,10 @@ func Together(n int, f func(i int)) {
 // (a holder unwinding, a waiter returning) to give their connections back.
 const releaseWait = 5 * time.Second
 
-// CheckReleased registers a cleanup that fails t unless inUse (the
-// connections a pool has handed out, as sql.DBStats.InUse or
-// pgxpool.Stat.AcquiredConns count them) falls to zero within a few
-// seconds of the end of the test: a connection that is never given back is
+// CheckReleased registers a cleanup that fails t unless inUse falls to
+// zero within a few seconds of the end of the test. The function inUse
+// counts the connections a pool has handed out, as sql.DBStats.InUse or
+// pgxpool.Stat.AcquiredConns do. A connection that is never given back is
 // a leak. Register it after the cleanup that closes the pool, so that it
 // runs first.
 func CheckReleased(t testing.TB, what string, inUse func() int) {
@@ -114,8 +119,9 @@ func CheckReleased(t testing.TB, what string, inUse func() int) {
 const pollEvery = 10 * time.Millisecond
 
 // WaitUntil returns once ok reports true, asking it every few
-// milliseconds, and fails t now if it still reports false after d; what
-// names the awaited state in the failure ("the waiters to queue").
+// milliseconds. It fails t now if ok still reports false after d. The
+// argument what names the awaited state in the failure ("the waiters to
+// queue").
 func WaitUntil(t testing.TB, d time.Duration, what string, ok func() bool) {
 	t.Helper()
 	deadline := time.Now().Add(d)
