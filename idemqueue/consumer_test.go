@@ -30,7 +30,9 @@ func (b *fakeBroker) Key(m msg) (string, error) {
 	return m.id, nil
 }
 
-func (b *fakeBroker) Fingerprint(m msg) (string, error) { return idempotency.Fingerprint([]byte(m.body)), nil }
+func (b *fakeBroker) Fingerprint(m msg) (string, error) {
+	return idempotency.Fingerprint([]byte(m.body)), nil
+}
 
 func (b *fakeBroker) InProgress(msg) func() {
 	b.working = true

@@ -113,17 +113,7 @@ func New[Tx any](guard *idempotency.Guard[Tx], h Handler[Tx], cfg *Config) (*Con
 	if cfg == nil {
 		return nil, fmt.Errorf("%w: idemamqp: nil Config: Scope is required", idempotency.ErrInvalidConfig)
 	}
-	b := broker{cfg: *cfg}
-	if b.cfg.Key == nil {
-		b.cfg.Key = DefaultKey
-	}
-	if b.cfg.Fingerprint == nil {
-		b.cfg.Fingerprint = DefaultFingerprint
-	}
-	if b.cfg.Backoff == nil {
-		b.cfg.Backoff = DefaultBackoff
-	}
-	q, err := idemqueue.NewConsumer(guard, h, b, cfg.Scope)
+	q, err := idemqueue.NewConsumer(guard, h, broker{cfg: *cfg}, cfg.Scope)
 	if err != nil {
 		return nil, fmt.Errorf("idemamqp: %w", err)
 	}
@@ -206,9 +196,27 @@ func (c *Consumer[Tx]) Run(ctx context.Context, ch <-chan amqp.Delivery) error {
 // broker is the RabbitMQ glue of a Consumer.
 type broker struct{ cfg Config }
 
-func (b broker) Key(d *amqp.Delivery) (string, error) { return b.cfg.Key(d) }
+func (b broker) Key(d *amqp.Delivery) (string, error) {
+	if b.cfg.Key == nil {
+		return DefaultKey(d)
+	}
+	return b.cfg.Key(d)
+}
 
-func (b broker) Fingerprint(d *amqp.Delivery) (string, error) { return b.cfg.Fingerprint(d) }
+func (b broker) Fingerprint(d *amqp.Delivery) (string, error) {
+	if b.cfg.Fingerprint == nil {
+		return DefaultFingerprint(d)
+	}
+	return b.cfg.Fingerprint(d)
+}
+
+// backoff is the Backoff of the Config, or its default.
+func (b broker) backoff() func(previous int64) time.Duration {
+	if b.cfg.Backoff == nil {
+		return DefaultBackoff
+	}
+	return b.cfg.Backoff
+}
 
 // InProgress does nothing: RabbitMQ redelivers a delivery only when its
 // channel closes, not after a timeout.
@@ -221,7 +229,7 @@ func (b broker) Ack(_ context.Context, d *amqp.Delivery) error { return d.Ack(fa
 // (ctx done) hands it back at once.
 func (b broker) Retry(ctx context.Context, d *amqp.Delivery) error {
 	if ctx.Err() == nil {
-		t := time.NewTimer(b.cfg.Backoff(deliveryCount(d)))
+		t := time.NewTimer(b.backoff()(deliveryCount(d)))
 		select {
 		case <-t.C:
 		case <-ctx.Done():

@@ -119,17 +119,7 @@ func New[Tx any](guard *idempotency.Guard[Tx], h Handler[Tx], cfg *Config) (*Con
 	case cfg.ProgressInterval < 0:
 		return nil, fmt.Errorf("%w: idemnats: negative ProgressInterval", idempotency.ErrInvalidConfig)
 	}
-	b := broker{cfg: *cfg}
-	if b.cfg.Key == nil {
-		b.cfg.Key = DefaultKey
-	}
-	if b.cfg.Fingerprint == nil {
-		b.cfg.Fingerprint = DefaultFingerprint
-	}
-	if b.cfg.Backoff == nil {
-		b.cfg.Backoff = DefaultBackoff
-	}
-	q, err := idemqueue.NewConsumer(guard, h, b, cfg.Scope)
+	q, err := idemqueue.NewConsumer(guard, h, broker{cfg: *cfg}, cfg.Scope)
 	if err != nil {
 		return nil, fmt.Errorf("idemnats: %w", err)
 	}
@@ -196,9 +186,27 @@ func (c *Consumer[Tx]) MessageHandler(ctx context.Context) jetstream.MessageHand
 // broker is the JetStream glue of a Consumer.
 type broker struct{ cfg Config }
 
-func (b broker) Key(msg jetstream.Msg) (string, error) { return b.cfg.Key(msg) }
+func (b broker) Key(msg jetstream.Msg) (string, error) {
+	if b.cfg.Key == nil {
+		return DefaultKey(msg)
+	}
+	return b.cfg.Key(msg)
+}
 
-func (b broker) Fingerprint(msg jetstream.Msg) (string, error) { return b.cfg.Fingerprint(msg) }
+func (b broker) Fingerprint(msg jetstream.Msg) (string, error) {
+	if b.cfg.Fingerprint == nil {
+		return DefaultFingerprint(msg)
+	}
+	return b.cfg.Fingerprint(msg)
+}
+
+// backoff is the Backoff of the Config, or its default.
+func (b broker) backoff() func(delivered uint64) time.Duration {
+	if b.cfg.Backoff == nil {
+		return DefaultBackoff
+	}
+	return b.cfg.Backoff
+}
 
 // InProgress sends InProgress every ProgressInterval until stop is called.
 func (b broker) InProgress(msg jetstream.Msg) (stop func()) {
@@ -234,7 +242,7 @@ func (b broker) Ack(ctx context.Context, msg jetstream.Msg) error { return msg.D
 func (b broker) Retry(ctx context.Context, msg jetstream.Msg) error {
 	delay := time.Duration(0)
 	if ctx.Err() == nil {
-		delay = b.cfg.Backoff(delivered(msg))
+		delay = b.backoff()(delivered(msg))
 	}
 	return msg.NakWithDelay(delay)
 }
