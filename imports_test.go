@@ -20,10 +20,11 @@ import (
 const modulePath = "github.com/go-idempotency/idempotency"
 
 // importRules lists, for each library package of the module, the modules
-// it may import besides the standard library and the core package: its own
-// driver, nothing else. A library package of the module that is not listed
-// (a new one) may import the standard library and the module's own
-// non-test packages only.
+// it may import besides the standard library and the core package: a
+// backend its own driver, the outbox integration pgx (it writes through
+// pgx.Tx and *sql.Tx), nothing else. A library package of the module that
+// is not listed (a new one) may import the standard library and the
+// module's own non-test packages only.
 var importRules = map[string][]string{
 	modulePath:                  nil,
 	modulePath + "/sqlite":      {"modernc.org/sqlite"},
@@ -32,6 +33,7 @@ var importRules = map[string][]string{
 	modulePath + "/redis":       {"github.com/redis/go-redis/v9"},
 	modulePath + "/conformance": nil,
 	modulePath + "/idemhttp":    nil,
+	modulePath + "/outbox":      {"github.com/jackc/pgx/v5"},
 }
 
 // listedPackage is the part of `go list -json` output the rules need.

@@ -9,9 +9,9 @@ import (
 	"google.golang.org/grpc/metadata"
 )
 
-// ClientOptions configure [UnaryClientInterceptor]. The zero value (or nil)
+// ClientConfig configures [UnaryClientInterceptor]. Nil or the zero value
 // means the defaults.
-type ClientOptions struct {
+type ClientConfig struct {
 	// Guarded reports whether calls to the full method name get a key.
 	// Defaults to nil: every unary call.
 	Guarded func(fullMethod string) bool
@@ -35,17 +35,17 @@ func WithKey(ctx context.Context, id string) context.Context {
 }
 
 // UnaryClientInterceptor returns an interceptor that gives every guarded
-// call (see [ClientOptions].Guarded) one idempotency key: the caller's own
+// call (see [ClientConfig].Guarded) one idempotency key: the caller's own
 // if the outgoing metadata already has one ([WithKey]), else a new one,
 // generated once per call before its first attempt. grpc sends the same
 // metadata on every attempt of its own retries, so all the attempts of a
 // call carry one key. Retries that the application makes itself, with a new
 // call, must reuse the key through [WithKey].
-func UnaryClientInterceptor(opts *ClientOptions) grpc.UnaryClientInterceptor {
-	if opts == nil {
-		opts = &ClientOptions{}
+func UnaryClientInterceptor(cfg *ClientConfig) grpc.UnaryClientInterceptor {
+	if cfg == nil {
+		cfg = &ClientConfig{}
 	}
-	guarded, newKey := opts.Guarded, opts.NewKey
+	guarded, newKey := cfg.Guarded, cfg.NewKey
 	if newKey == nil {
 		newKey = NewKey
 	}

@@ -6,7 +6,7 @@
 //
 // [UnaryServerInterceptor] reads the key from the request metadata
 // (idempotency-key, [MetadataKey]), takes the scope from the authenticated
-// peer ([ServerOptions].Scope, by default [PeerScope]: the verified TLS
+// peer ([ServerConfig].Scope, by default [PeerScope]: the verified TLS
 // client certificate), fingerprints the call (full method name and the
 // request message, marshalled deterministically) and runs the handler inside
 // [idempotency.Guard.Do]. The handler takes the store's open transaction
@@ -33,7 +33,7 @@
 //
 // A later call with the same key and the same fingerprint gets the stored
 // reply (unmarshalled into a new message of the method's reply type, see
-// [ServerOptions].NewReply), the stored header and trailer metadata and the
+// [ServerConfig].NewReply), the stored header and trailer metadata and the
 // header "idempotent-replayed: true", without running the handler.
 //
 // In [idempotency.Response].Header the metadata the handler set with
@@ -47,7 +47,7 @@
 //
 //	code                 when
 //	InvalidArgument      no idempotency-key on a guarded method, more than one, or one that is not 1 to 255 printable ASCII
-//	Unauthenticated      the default scope found no verified client certificate (set ServerOptions.Scope)
+//	Unauthenticated      the default scope found no verified client certificate (set ServerConfig.Scope)
 //	FailedPrecondition   the key was used with another request (method or message); ErrorInfo reason IDEMPOTENCY_KEY_REUSED
 //	Aborted              a call with the same key is still running; ErrorInfo reason IDEMPOTENCY_KEY_IN_PROGRESS,
 //	                     RetryInfo (1s) and the trailer grpc-retry-pushback-ms, honoured by grpc's retry policy

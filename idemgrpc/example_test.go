@@ -85,7 +85,7 @@ func Example() {
 	// readme:begin grpc-server
 	srv := grpc.NewServer(
 		grpc.Creds(insecure.NewCredentials()), // production: credentials.NewTLS with verified client certificates
-		grpc.UnaryInterceptor(idemgrpc.UnaryServerInterceptor(guard, &idemgrpc.ServerOptions{
+		grpc.UnaryInterceptor(idemgrpc.UnaryServerInterceptor(guard, &idemgrpc.ServerConfig{
 			// The default scope is the verified client certificate (PeerScope).
 			// Without mTLS, return the principal your auth interceptor found.
 			Scope: func(ctx context.Context) (string, error) { return "customer-42", nil },

@@ -64,7 +64,7 @@ var paymentsDesc = grpc.ServiceDesc{
 	}},
 }
 
-// structReply is the test's ServerOptions.NewReply: the test service is not
+// structReply is the test's ServerConfig.NewReply: the test service is not
 // in the global registry.
 func structReply(string) (proto.Message, error) { return &structpb.Struct{}, nil }
 

@@ -54,9 +54,9 @@ const (
 	trailerPrefix = "Grpc-Trailer-"
 )
 
-// ServerOptions configure [UnaryServerInterceptor]. The zero value (or nil)
+// ServerConfig configures [UnaryServerInterceptor]. Nil or the zero value
 // means the defaults.
-type ServerOptions struct {
+type ServerConfig struct {
 	// Guarded reports whether calls to the full method name
 	// ("/package.Service/Method") run under the guard. Calls to other
 	// methods go to the handler untouched, without a transaction. Defaults
@@ -86,11 +86,11 @@ type ServerOptions struct {
 
 	// OnError, if set, is told the cause of every Unavailable and Internal
 	// the interceptor answers itself, for logging; not when the client went
-	// away.
+	// away. Defaults to nil: no report.
 	OnError func(ctx context.Context, fullMethod string, err error)
 }
 
-type serverConfig struct {
+type server struct {
 	guarded  func(string) bool
 	optional bool
 	scope    func(context.Context) (string, error)
@@ -98,27 +98,21 @@ type serverConfig struct {
 	onError  func(context.Context, string, error)
 }
 
-type txKey struct{}
-
-type keyKey struct{}
-
 // TxFrom returns the transaction [UnaryServerInterceptor] opened for the
 // call whose context is ctx. ok is false outside a guarded call (a method
 // not guarded, an optional key left out) or when Tx is not the guard's
 // transaction type.
 func TxFrom[Tx any](ctx context.Context) (tx Tx, ok bool) {
-	tx, ok = ctx.Value(txKey{}).(Tx)
-	return tx, ok
+	return idempotency.TxFrom[Tx](ctx)
 }
 
 // KeyFrom returns the key (scope and id) of a guarded call, e.g. to derive
 // keys for calls to other services with [idempotency.Key.Derive].
 func KeyFrom(ctx context.Context) (idempotency.Key, bool) {
-	k, ok := ctx.Value(keyKey{}).(idempotency.Key)
-	return k, ok
+	return idempotency.KeyFrom(ctx)
 }
 
-// PeerScope is the default [ServerOptions].Scope: the identity of the
+// PeerScope is the default [ServerConfig].Scope: the identity of the
 // client certificate of a TLS peer whose chain the server verified
 // (credentials.NewTLS with ClientAuth set to verify): its first URI SAN (a
 // SPIFFE ID) if it has one, else its subject distinguished name
@@ -132,30 +126,30 @@ func PeerScope(ctx context.Context) (string, error) {
 	}
 	info, ok := p.AuthInfo.(credentials.TLSInfo)
 	if !ok || len(info.State.VerifiedChains) == 0 || len(info.State.PeerCertificates) == 0 {
-		return "", status.Error(codes.Unauthenticated, "idemgrpc: the peer has no verified TLS client certificate to scope idempotency keys by (set ServerOptions.Scope)")
+		return "", status.Error(codes.Unauthenticated, "idemgrpc: the peer has no verified TLS client certificate to scope idempotency keys by (set ServerConfig.Scope)")
 	}
 	return idempotency.CertScope(info.State.PeerCertificates[0]), nil
 }
 
 // UnaryServerInterceptor returns an interceptor that runs guarded unary
-// calls (see [ServerOptions].Guarded) through g: the first call with a key
+// calls (see [ServerConfig].Guarded) through g. The first call with a key
 // runs the handler inside g's transaction and stores its reply with the
-// key; later calls with the same key and fingerprint get that reply
-// replayed. See the package documentation for the codes it answers.
+// key. Later calls with the same key and fingerprint get that reply
+// replayed. The package documentation lists the codes it answers.
 //
 // The handler finds the transaction with [TxFrom] and must do every write
 // of the operation through it. The fingerprint is the full method name and
-// the request message marshalled with deterministic field order, so the
+// the request message, marshalled with deterministic field order. So the
 // same key on another method or with another message is refused with
 // FailedPrecondition.
 //
 // A nil g makes every guarded call fail with Internal: the handler never
 // runs unprotected.
-func UnaryServerInterceptor[Tx any](g *idempotency.Guard[Tx], opts *ServerOptions) grpc.UnaryServerInterceptor {
-	if opts == nil {
-		opts = &ServerOptions{}
+func UnaryServerInterceptor[Tx any](g *idempotency.Guard[Tx], cfg *ServerConfig) grpc.UnaryServerInterceptor {
+	if cfg == nil {
+		cfg = &ServerConfig{}
 	}
-	c := &serverConfig{guarded: opts.Guarded, optional: opts.KeyOptional, scope: opts.Scope, newReply: opts.NewReply, onError: opts.OnError}
+	c := &server{guarded: cfg.Guarded, optional: cfg.KeyOptional, scope: cfg.Scope, newReply: cfg.NewReply, onError: cfg.OnError}
 	if c.scope == nil {
 		c.scope = PeerScope
 	}
@@ -170,7 +164,7 @@ func UnaryServerInterceptor[Tx any](g *idempotency.Guard[Tx], opts *ServerOption
 	}
 }
 
-// registryReply is the default ServerOptions.NewReply.
+// registryReply is the default ServerConfig.NewReply.
 func registryReply(fullMethod string) (proto.Message, error) {
 	name := strings.TrimPrefix(fullMethod, "/")
 	i := strings.LastIndexByte(name, '/')
@@ -206,7 +200,7 @@ func (e *handlerError) Unwrap() error { return e.err }
 // errNotProto is returned when the handler's reply is not a proto message.
 var errNotProto = errors.New("idemgrpc: the handler's reply is not a proto.Message")
 
-func serve[Tx any](ctx context.Context, g *idempotency.Guard[Tx], c *serverConfig, req any, method string, handler grpc.UnaryHandler) (any, error) {
+func serve[Tx any](ctx context.Context, g *idempotency.Guard[Tx], c *server, req any, method string, handler grpc.UnaryHandler) (any, error) {
 	md, _ := metadata.FromIncomingContext(ctx)
 	values := md.Get(MetadataKey)
 	switch {
@@ -229,11 +223,11 @@ func serve[Tx any](ctx context.Context, g *idempotency.Guard[Tx], c *serverConfi
 		if s, ok := status.FromError(err); ok && s.Code() != codes.Unknown {
 			return nil, err
 		}
-		return nil, internal(ctx, c, method, fmt.Errorf("idemgrpc: ServerOptions.Scope: %w", err))
+		return nil, internal(ctx, c, method, fmt.Errorf("idemgrpc: ServerConfig.Scope: %w", err))
 	}
 	key.Scope = scope
 	if err := key.Validate(); err != nil {
-		return nil, internal(ctx, c, method, fmt.Errorf("idemgrpc: ServerOptions.Scope returned an invalid scope: %w", err))
+		return nil, internal(ctx, c, method, fmt.Errorf("idemgrpc: ServerConfig.Scope returned an invalid scope: %w", err))
 	}
 	msg, ok := req.(proto.Message)
 	if !ok {
@@ -254,8 +248,7 @@ func serve[Tx any](ctx context.Context, g *idempotency.Guard[Tx], c *serverConfi
 		// fresh metadata.
 		cs := &capture{method: method}
 		last = cs
-		hctx := context.WithValue(context.WithValue(ctx, txKey{}, tx), keyKey{}, key)
-		hctx = grpc.NewContextWithServerTransportStream(hctx, cs)
+		hctx := grpc.NewContextWithServerTransportStream(idempotency.WithTx(ctx, tx, key), cs)
 		r, err := handler(hctx, req)
 		if err != nil {
 			return idempotency.Response{}, &handlerError{err: err}
@@ -307,7 +300,7 @@ func serve[Tx any](ctx context.Context, g *idempotency.Guard[Tx], c *serverConfi
 }
 
 // fail maps an error of Guard.Do to a status.
-func fail(ctx context.Context, c *serverConfig, method string, err error) error {
+func fail(ctx context.Context, c *server, method string, err error) error {
 	switch {
 	case errors.Is(err, idempotency.ErrMismatch):
 		return withDetails(status.New(codes.FailedPrecondition,
@@ -332,7 +325,7 @@ func fail(ctx context.Context, c *serverConfig, method string, err error) error 
 		"idemgrpc: the idempotency store failed; the call was not processed (or was rolled back); retry with the same key")
 }
 
-func internal(ctx context.Context, c *serverConfig, method string, err error) error {
+func internal(ctx context.Context, c *server, method string, err error) error {
 	if c.onError != nil {
 		c.onError(ctx, method, err)
 	}

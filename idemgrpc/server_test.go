@@ -49,7 +49,7 @@ func testConcurrent[Tx any](t *testing.T, b backend[Tx]) {
 	p := newPKI(t)
 	srv := &payServer[Tx]{insert: b.insert, delay: 50 * time.Millisecond}
 	addr := serve(t, p.serverCreds(t), srv,
-		idemgrpc.UnaryServerInterceptor(b.guard(t, nil), &idemgrpc.ServerOptions{NewReply: structReply}))
+		idemgrpc.UnaryServerInterceptor(b.guard(t, nil), &idemgrpc.ServerConfig{NewReply: structReply}))
 	conn := dial(t, addr, p.clientCreds(t, "spiffe://test/client-a"),
 		grpc.WithUnaryInterceptor(idemgrpc.UnaryClientInterceptor(nil)))
 
@@ -126,7 +126,7 @@ func testReplayMismatchScope[Tx any](t *testing.T, b backend[Tx]) {
 	p := newPKI(t)
 	srv := &payServer[Tx]{insert: b.insert}
 	addr := serve(t, p.serverCreds(t), srv,
-		idemgrpc.UnaryServerInterceptor(b.guard(t, nil), &idemgrpc.ServerOptions{NewReply: structReply}))
+		idemgrpc.UnaryServerInterceptor(b.guard(t, nil), &idemgrpc.ServerConfig{NewReply: structReply}))
 	a := dial(t, addr, p.clientCreds(t, "spiffe://test/client-a"))
 	bc := dial(t, addr, p.clientCreds(t, "spiffe://test/client-b"))
 	kctx := idemgrpc.WithKey(ctx, "k1")
@@ -181,7 +181,7 @@ func testInProgress[Tx any](t *testing.T, b backend[Tx]) {
 	p := newPKI(t)
 	srv := &payServer[Tx]{insert: b.insert, started: make(chan struct{}, 1), release: make(chan struct{})}
 	addr := serve(t, p.serverCreds(t), srv,
-		idemgrpc.UnaryServerInterceptor(b.guard(t, &idempotency.Config{WaitTimeout: -1}), &idemgrpc.ServerOptions{NewReply: structReply}))
+		idemgrpc.UnaryServerInterceptor(b.guard(t, &idempotency.Config{WaitTimeout: -1}), &idemgrpc.ServerConfig{NewReply: structReply}))
 	conn := dial(t, addr, p.clientCreds(t, "spiffe://test/client-a"))
 	kctx := idemgrpc.WithKey(ctx, "slow")
 
@@ -222,7 +222,7 @@ func testHandlerError[Tx any](t *testing.T, b backend[Tx]) {
 	p := newPKI(t)
 	srv := &payServer[Tx]{insert: b.insert, decline: true}
 	addr := serve(t, p.serverCreds(t), srv,
-		idemgrpc.UnaryServerInterceptor(b.guard(t, nil), &idemgrpc.ServerOptions{NewReply: structReply}))
+		idemgrpc.UnaryServerInterceptor(b.guard(t, nil), &idemgrpc.ServerConfig{NewReply: structReply}))
 	conn := dial(t, addr, p.clientCreds(t, "spiffe://test/client-a"))
 	kctx := idemgrpc.WithKey(ctx, "declined")
 
@@ -275,7 +275,7 @@ func testGRPCRetries[Tx any](t *testing.T, b backend[Tx]) {
 		return nil, status.Error(codes.Unavailable, "reply lost")
 	}
 	addr := serve(t, p.serverCreds(t), srv, lose,
-		idemgrpc.UnaryServerInterceptor(b.guard(t, nil), &idemgrpc.ServerOptions{NewReply: structReply}))
+		idemgrpc.UnaryServerInterceptor(b.guard(t, nil), &idemgrpc.ServerConfig{NewReply: structReply}))
 	conn := dial(t, addr, p.clientCreds(t, "spiffe://test/client-a"),
 		grpc.WithUnaryInterceptor(idemgrpc.UnaryClientInterceptor(nil)),
 		grpc.WithDefaultServiceConfig(idemgrpc.RetryServiceConfig("idemgrpc.test.Payments")))
@@ -315,7 +315,7 @@ func TestPeerScopeUnauthenticated(t *testing.T) {
 	b := sqliteBackend(t)
 	s := &payServer[sqlTx]{insert: b.insert}
 	addr := serve(t, insecure.NewCredentials(), s,
-		idemgrpc.UnaryServerInterceptor(b.guard(t, nil), &idemgrpc.ServerOptions{NewReply: structReply}))
+		idemgrpc.UnaryServerInterceptor(b.guard(t, nil), &idemgrpc.ServerConfig{NewReply: structReply}))
 	conn := dial(t, addr, insecure.NewCredentials())
 	r := pay(idemgrpc.WithKey(t.Context(), "k"), conn, 1)
 	if status.Code(r.err) != codes.Unauthenticated {
@@ -328,7 +328,7 @@ func TestPeerScopeUnauthenticated(t *testing.T) {
 
 // A Scope that fails with a status is answered with it; a nil guard is
 // Internal; an unguarded method passes through without a transaction.
-func TestOptions(t *testing.T) {
+func TestConfig(t *testing.T) {
 	b := sqliteBackend(t)
 	s := &payServer[sqlTx]{insert: b.insert}
 	var logged []error
@@ -338,12 +338,12 @@ func TestOptions(t *testing.T) {
 		defer mu.Unlock()
 		logged = append(logged, err)
 	}
-	denied := idemgrpc.UnaryServerInterceptor(b.guard(t, nil), &idemgrpc.ServerOptions{
+	denied := idemgrpc.UnaryServerInterceptor(b.guard(t, nil), &idemgrpc.ServerConfig{
 		Scope: func(context.Context) (string, error) { return "", status.Error(codes.PermissionDenied, "no") },
 	})
-	nilGuard := idemgrpc.UnaryServerInterceptor[sqlTx](nil, &idemgrpc.ServerOptions{OnError: onError})
-	unguarded := idemgrpc.UnaryServerInterceptor(b.guard(t, nil), &idemgrpc.ServerOptions{Guarded: func(string) bool { return false }})
-	shared := idemgrpc.UnaryServerInterceptor(b.guard(t, nil), &idemgrpc.ServerOptions{
+	nilGuard := idemgrpc.UnaryServerInterceptor[sqlTx](nil, &idemgrpc.ServerConfig{OnError: onError})
+	unguarded := idemgrpc.UnaryServerInterceptor(b.guard(t, nil), &idemgrpc.ServerConfig{Guarded: func(string) bool { return false }})
+	shared := idemgrpc.UnaryServerInterceptor(b.guard(t, nil), &idemgrpc.ServerConfig{
 		Scope:    func(context.Context) (string, error) { return "", nil },
 		NewReply: func(string) (proto.Message, error) { return nil, errors.New("no type") },
 		OnError:  onError,
@@ -394,7 +394,7 @@ func TestRegistryReply(t *testing.T) {
 	h := &healthServer{}
 	b := sqliteBackend(t)
 	h.insert = b.insert
-	lis := serveHealth(t, idemgrpc.UnaryServerInterceptor(b.guard(t, nil), &idemgrpc.ServerOptions{
+	lis := serveHealth(t, idemgrpc.UnaryServerInterceptor(b.guard(t, nil), &idemgrpc.ServerConfig{
 		Scope: func(context.Context) (string, error) { return "tenant", nil },
 	}), h)
 	conn := dial(t, lis, insecure.NewCredentials(), grpc.WithUnaryInterceptor(idemgrpc.UnaryClientInterceptor(nil)))

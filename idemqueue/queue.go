@@ -1,9 +1,10 @@
 // Package idemqueue is what the message consumers of this repository share
 // (the nested modules idemqueue/idemnats for NATS JetStream and
 // idemqueue/idemamqp for RabbitMQ), and what a consumer for another broker
-// needs: a message handler run under [idempotency.Guard.Do] with its result
-// stored as bytes, a key id made from any message identity, and the verdict
-// to give the broker.
+// needs. [Process] runs a message handler under [idempotency.Guard.Do],
+// stores its result as bytes and gives the [Verdict] for the broker.
+// [Consumer] adds the rest: the message's key and fingerprint, and the
+// reply to the broker, through a [Broker] that holds one broker's glue.
 //
 // A redelivered message finds its key completed: [Process] replays the
 // stored result without running the handler, and the verdict is [Ack].
@@ -80,25 +81,29 @@ func (v Verdict) String() string {
 	return fmt.Sprintf("Verdict(%d)", int(v))
 }
 
-// Outcome is what [Process] did with one message.
-type Outcome struct {
+// Result is what [Process] or a [Consumer] did with one message.
+type Result struct {
+	// Key is the message's idempotency key; zero if a Consumer could not
+	// make it.
+	Key idempotency.Key
 	// Body is the handler's result: from this run, or, when Replayed, the
 	// one committed by the delivery that ran it. Nil unless committed.
 	Body []byte
 	// Replayed is true when the handler did not run because the key was
 	// already completed.
 	Replayed bool
-	// Verdict is what to tell the broker.
+	// Verdict is what to tell the broker. A Consumer leaves it zero when
+	// its reply to the broker failed (see the error).
 	Verdict Verdict
 }
 
-// Process runs handle under g.Do with key and fingerprint fp, storing
-// handle's result as the body of a [Status] response, and says what to
-// tell the broker. The error is nil exactly when the verdict is [Ack];
-// otherwise it is Do's error (the handler's own, [idempotency.ErrMismatch],
-// [idempotency.ErrStore], ...).
+// Process runs handle under g.Do with key and fingerprint fp. It stores
+// handle's result as the body of a [Status] response. The verdict says
+// what to tell the broker. The error is nil exactly when the verdict is
+// [Ack]. Otherwise it is Do's error: the handler's own,
+// [idempotency.ErrMismatch], [idempotency.ErrStore], and so on.
 func Process[Tx any](ctx context.Context, g *idempotency.Guard[Tx], key idempotency.Key, fp string,
-	handle func(tx Tx) ([]byte, error)) (Outcome, error) {
+	handle func(tx Tx) ([]byte, error)) (Result, error) {
 	resp, err := g.Do(ctx, key, fp, func(tx Tx) (idempotency.Response, error) {
 		body, err := handle(tx)
 		if err != nil {
@@ -108,11 +113,11 @@ func Process[Tx any](ctx context.Context, g *idempotency.Guard[Tx], key idempote
 	})
 	switch {
 	case err == nil:
-		return Outcome{Body: resp.Body, Replayed: resp.Replayed, Verdict: Ack}, nil
+		return Result{Key: key, Body: resp.Body, Replayed: resp.Replayed, Verdict: Ack}, nil
 	case IsPermanent(err):
-		return Outcome{Verdict: Drop}, err
+		return Result{Key: key, Verdict: Drop}, err
 	}
-	return Outcome{Verdict: Retry}, err
+	return Result{Key: key, Verdict: Retry}, err
 }
 
 // IsPermanent reports whether err is one that a redelivery cannot cure: a

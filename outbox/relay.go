@@ -52,16 +52,19 @@ func (f PublisherFunc) Publish(ctx context.Context, msgs []Message) error { retu
 // RelayConfig tunes a [Relay]. The zero value (or nil) means the defaults.
 type RelayConfig struct {
 	// Batch is the most rows one transaction claims, publishes and marks.
-	// Defaults to 100.
+	// Defaults to [DefaultBatch] (100).
 	Batch int
 	// Interval is how long [Relay.Run] sleeps when it found fewer than
-	// Batch rows (or failed) before it looks again. Defaults to 1s.
+	// Batch rows (or failed) before it looks again. Defaults to
+	// [DefaultInterval] (1s).
 	Interval time.Duration
 	// PublishTimeout bounds one batch's [Publisher.Publish], during which
-	// the batch's rows stay locked. Defaults to 30s.
+	// the batch's rows stay locked. Defaults to [DefaultPublishTimeout]
+	// (30s).
 	PublishTimeout time.Duration
 	// OnError, if set, is told about every failed batch of [Relay.Run]
-	// (which then waits Interval and tries again).
+	// (which then waits Interval and tries again). Defaults to nil: no
+	// report.
 	OnError func(ctx context.Context, err error)
 }
 

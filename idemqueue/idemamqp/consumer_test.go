@@ -14,6 +14,7 @@ import (
 	amqp "github.com/rabbitmq/amqp091-go"
 
 	"github.com/go-idempotency/idempotency"
+	"github.com/go-idempotency/idempotency/idemqueue"
 	"github.com/go-idempotency/idempotency/idemqueue/idemamqp"
 	"github.com/go-idempotency/idempotency/internal/testenv"
 	"github.com/go-idempotency/idempotency/internal/testkit"
@@ -43,7 +44,7 @@ func TestCrashBetweenCommitAndAck(t *testing.T) {
 	}
 
 	var calls atomic.Int64
-	c, err := idemamqp.New(f.guard, f.handler(&calls), idemamqp.Options{Scope: "billing"})
+	c, err := idemamqp.New(f.guard, f.handler(&calls), &idemamqp.Config{Scope: "billing"})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -55,7 +56,7 @@ func TestCrashBetweenCommitAndAck(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if !res.Replayed || res.Action != idemamqp.Acked || string(res.Body) != `{"effect":1}` || calls.Load() != 0 {
+	if !res.Replayed || res.Verdict != idemqueue.Ack || string(res.Body) != `{"effect":1}` || calls.Load() != 0 {
 		t.Fatalf("redelivery: %+v (body %s), %d calls; want a replay of effect 1, acked, no call", res, res.Body, calls.Load())
 	}
 	if got := f.effectCount(t, ctx); got != 1 {
@@ -113,7 +114,7 @@ func TestPoisonMessageDeadLettered(t *testing.T) {
 			return nil, err
 		}
 		return nil, boom
-	}, idemamqp.Options{Scope: "billing", Backoff: func(p int64) time.Duration {
+	}, &idemamqp.Config{Scope: "billing", Backoff: func(p int64) time.Duration {
 		mu.Lock()
 		previous = append(previous, p)
 		mu.Unlock()
@@ -130,7 +131,7 @@ func TestPoisonMessageDeadLettered(t *testing.T) {
 	go func() {
 		for d := range deliveries {
 			res, err := c.Handle(ctx, &d)
-			if errors.Is(err, boom) && res.Action == idemamqp.Requeued {
+			if errors.Is(err, boom) && res.Verdict == idemqueue.Retry {
 				requeued.Add(1)
 			}
 		}
@@ -202,7 +203,7 @@ func TestDuplicatesAndRejects(t *testing.T) {
 		if err := g.ch.Qos(4, 0, false); err != nil {
 			t.Fatal(err)
 		}
-		c, err := idemamqp.New(g.guard, g.handler(nil), idemamqp.Options{Scope: "billing"})
+		c, err := idemamqp.New(g.guard, g.handler(nil), &idemamqp.Config{Scope: "billing"})
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -251,7 +252,7 @@ func TestDuplicatesAndRejects(t *testing.T) {
 			return nil, idemamqp.Permanent(bad)
 		}
 		return f.handler(nil)(ctx, tx, d)
-	}, idemamqp.Options{Scope: "billing"})
+	}, &idemamqp.Config{Scope: "billing"})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -261,8 +262,8 @@ func TestDuplicatesAndRejects(t *testing.T) {
 	}{{"m-1", "another body", idempotency.ErrMismatch}, {"", "no id", idemamqp.ErrNoKey}, {"b", "bad", bad}} {
 		f.publish(t, ctx, f.Queue, tc.id, tc.body)
 		res, err := c.Handle(ctx, get(t, f.ch, f.Queue, 10*time.Second))
-		if !errors.Is(err, tc.want) || res.Action != idemamqp.Rejected {
-			t.Fatalf("%s: %v, %v; want rejected with %v", tc.body, res.Action, err, tc.want)
+		if !errors.Is(err, tc.want) || res.Verdict != idemqueue.Drop {
+			t.Fatalf("%s: %v, %v; want rejected with %v", tc.body, res.Verdict, err, tc.want)
 		}
 	}
 	time.Sleep(200 * time.Millisecond)
@@ -271,5 +272,17 @@ func TestDuplicatesAndRejects(t *testing.T) {
 	}
 	if got := f.effectCount(t, ctx); got != msgs {
 		t.Fatalf("%d effects, want %d", got, msgs)
+	}
+}
+
+func TestNewInvalid(t *testing.T) {
+	h := func(context.Context, pgx.Tx, *amqp.Delivery) ([]byte, error) { return nil, nil }
+	for name, err := range map[string]error{
+		"nil config": func() error { _, err := idemamqp.New[pgx.Tx](nil, h, nil); return err }(),
+		"nil guard":  func() error { _, err := idemamqp.New[pgx.Tx](nil, h, &idemamqp.Config{Scope: "s"}); return err }(),
+	} {
+		if !errors.Is(err, idempotency.ErrInvalidConfig) {
+			t.Errorf("%s: %v, want ErrInvalidConfig", name, err)
+		}
 	}
 }

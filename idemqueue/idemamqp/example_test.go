@@ -53,7 +53,7 @@ func Example() {
 			_, err := tx.Exec(ctx, "INSERT INTO invoices (order_json) VALUES ($1)", d.Body)
 			return []byte("invoiced"), err
 		},
-		idemamqp.Options{Scope: "billing"}) // key: the message-id property
+		&idemamqp.Config{Scope: "billing"}) // key: the message-id property
 	if err != nil {
 		log.Fatal(err)
 	}

@@ -11,18 +11,19 @@
 // completed, the handler does not run, and the delivery is acked.
 //
 // The handler returns bytes, not an HTTP response: the Consumer stores them
-// with the fixed status [Status] and hands them back in [Result.Body].
+// with the fixed status [Status] and hands them back in
+// [idemqueue.Result].Body.
 //
 // What the Consumer does with a delivery:
 //
 //   - fn succeeded, or the key was already completed with the same
 //     fingerprint: Ack.
 //   - fn failed, the store failed, or another consumer held the key past the
-//     guard's wait bound: the Consumer waits [Options.Backoff] (so that a
+//     guard's wait bound: the Consumer waits [Config].Backoff (so that a
 //     failing message is not redelivered in a hot loop), then Nack with
 //     requeue.
 //   - The key was completed by another message ([idempotency.ErrMismatch]),
-//     the delivery has no key (no message-id and no [Options.Key]), or fn
+//     the delivery has no key (no message-id and no [Config].Key), or fn
 //     returned an error marked with [Permanent]: Reject without requeue;
 //     the queue's dead-letter exchange, if any, receives it.
 //
@@ -40,7 +41,6 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"strconv"
 	"time"
 
 	amqp "github.com/rabbitmq/amqp091-go"
@@ -59,7 +59,7 @@ const Status = idemqueue.Status
 var ErrPermanent = idemqueue.ErrPermanent
 
 // ErrNoKey is returned (wrapped with [ErrPermanent]) for a delivery without
-// a message-id when no [Options.Key] is set.
+// a message-id when no [Config].Key is set.
 var ErrNoKey = errors.New("idemamqp: delivery has no message-id")
 
 // Permanent wraps err so that the [Consumer] rejects the delivery without
@@ -69,18 +69,17 @@ func Permanent(err error) error {
 	return idemqueue.Permanent(err)
 }
 
-// Handler processes one delivery. It must do every write of its effect
-// through tx, the key store's transaction: only those commit with the key.
-// Its result is stored with the key and replayed for a redelivery. An error
-// rolls the effect back; see [Permanent].
-type Handler[Tx any] func(ctx context.Context, tx Tx, d *amqp.Delivery) ([]byte, error)
+// Handler processes one delivery in the key store's transaction tx; see
+// [idemqueue.Handler].
+type Handler[Tx any] = idemqueue.Handler[Tx, *amqp.Delivery]
 
-// Options tune a [Consumer].
-type Options struct {
+// Config configures a [Consumer]. Scope is required: a nil Config gives an
+// error.
+type Config struct {
 	// Scope is the key scope of every message this consumer handles: name
 	// the consuming application or queue ("billing"). Two consumers that
 	// must each run their own effect for the same message need distinct
-	// scopes; the instances of one consumer share one. Required.
+	// scopes; the instances of one consumer share one. It has no default.
 	Scope string
 	// Key returns the key id of a delivery: 1 to 255 printable ASCII bytes;
 	// a longer or other id is replaced by "sha256:" and its hex digest.
@@ -91,92 +90,37 @@ type Options struct {
 	// Defaults to [DefaultFingerprint], the body.
 	Fingerprint func(d *amqp.Delivery) (string, error)
 	// Backoff is how long the Consumer waits after a failure before it
-	// requeues the delivery, given how many times it was delivered before
-	// (the x-delivery-count header of quorum queues; 0 on a first delivery
-	// or a classic queue). Defaults to [DefaultBackoff].
+	// requeues the delivery. It is given how many times the delivery was
+	// delivered before: the x-delivery-count header of quorum queues, 0 on
+	// a first delivery or a classic queue. Defaults to [DefaultBackoff].
 	Backoff func(previous int64) time.Duration
 	// OnError, if set, is told about every error of [Consumer.Run].
+	// Defaults to nil: no report.
 	OnError func(ctx context.Context, d *amqp.Delivery, err error)
-}
-
-// Action is what a [Consumer] did with a delivery.
-type Action int
-
-// The actions of a [Consumer].
-const (
-	// Acked: the delivery was acked (run or replayed).
-	Acked Action = iota + 1
-	// Requeued: the delivery was nacked with requeue, after the backoff.
-	Requeued
-	// Rejected: the delivery was rejected without requeue (dead-lettered
-	// if the queue has a dead-letter exchange, dropped otherwise).
-	Rejected
-)
-
-// String returns "acked", "requeued" or "rejected".
-func (a Action) String() string {
-	switch a {
-	case Acked:
-		return "acked"
-	case Requeued:
-		return "requeued"
-	case Rejected:
-		return "rejected"
-	}
-	return "Action(" + strconv.Itoa(int(a)) + ")"
-}
-
-// Result is what [Consumer.Handle] did with one delivery.
-type Result struct {
-	// Key is the delivery's idempotency key.
-	Key idempotency.Key
-	// Body is the handler's result, run now or replayed; nil unless it was
-	// committed (now or before).
-	Body []byte
-	// Replayed is true when the handler did not run because the key was
-	// already completed.
-	Replayed bool
-	// Action is what was done with the delivery; zero if the reply to the
-	// server failed.
-	Action Action
 }
 
 // Consumer runs a [Handler] on deliveries under a Guard. It is safe for
 // concurrent use; build it with [New].
 type Consumer[Tx any] struct {
-	guard   *idempotency.Guard[Tx]
-	handler Handler[Tx]
-	opts    Options
+	q       *idemqueue.Consumer[Tx, *amqp.Delivery]
+	onError func(ctx context.Context, d *amqp.Delivery, err error)
 }
 
-// New returns a Consumer running h under guard. A nil guard or h, or an
-// invalid or empty [Options.Scope], gives an error wrapping
+// New returns a Consumer running h under guard. A nil guard, h or cfg, or
+// an empty or invalid [Config].Scope, gives an error wrapping
 // [idempotency.ErrInvalidConfig].
-func New[Tx any](guard *idempotency.Guard[Tx], h Handler[Tx], opts Options) (*Consumer[Tx], error) {
-	switch {
-	case guard == nil:
-		return nil, fmt.Errorf("%w: idemamqp: nil guard", idempotency.ErrInvalidConfig)
-	case h == nil:
-		return nil, fmt.Errorf("%w: idemamqp: nil handler", idempotency.ErrInvalidConfig)
-	case opts.Scope == "":
-		return nil, fmt.Errorf("%w: idemamqp: empty Scope", idempotency.ErrInvalidConfig)
+func New[Tx any](guard *idempotency.Guard[Tx], h Handler[Tx], cfg *Config) (*Consumer[Tx], error) {
+	if cfg == nil {
+		return nil, fmt.Errorf("%w: idemamqp: nil Config: Scope is required", idempotency.ErrInvalidConfig)
 	}
-	if err := (idempotency.Key{Scope: opts.Scope, ID: "x"}).Validate(); err != nil {
-		return nil, fmt.Errorf("%w: idemamqp: Scope: %w", idempotency.ErrInvalidConfig, err)
+	q, err := idemqueue.NewConsumer(guard, h, broker{cfg: *cfg}, cfg.Scope)
+	if err != nil {
+		return nil, fmt.Errorf("idemamqp: %w", err)
 	}
-	if opts.Key == nil {
-		opts.Key = DefaultKey
-	}
-	if opts.Fingerprint == nil {
-		opts.Fingerprint = DefaultFingerprint
-	}
-	if opts.Backoff == nil {
-		opts.Backoff = DefaultBackoff
-	}
-	return &Consumer[Tx]{guard: guard, handler: h, opts: opts}, nil
+	return &Consumer[Tx]{q: q, onError: cfg.OnError}, nil
 }
 
-// DefaultKey is the default [Options.Key]: "id:" and the message-id
+// DefaultKey is the default [Config].Key: "id:" and the message-id
 // property; a delivery without one is an error wrapping [ErrNoKey]
 // (AMQP gives a message no other identity that survives a redelivery).
 func DefaultKey(d *amqp.Delivery) (string, error) {
@@ -186,13 +130,13 @@ func DefaultKey(d *amqp.Delivery) (string, error) {
 	return "id:" + d.MessageId, nil
 }
 
-// DefaultFingerprint is the default [Options.Fingerprint]: the hex SHA-256
+// DefaultFingerprint is the default [Config].Fingerprint: the hex SHA-256
 // of the body.
 func DefaultFingerprint(d *amqp.Delivery) (string, error) {
 	return idempotency.Fingerprint(d.Body), nil
 }
 
-// DefaultBackoff is the default [Options.Backoff]: 1s, doubling with each
+// DefaultBackoff is the default [Config].Backoff: 1s, doubling with each
 // previous delivery, at most 1 minute.
 func DefaultBackoff(previous int64) time.Duration {
 	if previous < 0 {
@@ -218,62 +162,19 @@ func deliveryCount(d *amqp.Delivery) int64 {
 }
 
 // Handle runs the handler on d under its key, then acks, requeues (after
-// the backoff) or rejects d; see the package documentation. The error is
-// nil when d was acked; otherwise it says why (errors.Is finds the
-// handler's own error, [idempotency.ErrMismatch], [ErrPermanent], ...),
+// the backoff) or rejects d; see the package documentation. The verdict of
+// the result is [idemqueue.Ack], [idemqueue.Retry] (requeued) or
+// [idemqueue.Drop] (rejected); zero if the reply to the server failed. The
+// error is nil when d was acked; otherwise it says why (errors.Is finds
+// the handler's own error, [idempotency.ErrMismatch], [ErrPermanent], ...),
 // joined with the error of the reply to the server if that failed too.
-func (c *Consumer[Tx]) Handle(ctx context.Context, d *amqp.Delivery) (Result, error) {
-	var res Result
-	raw, err := c.opts.Key(d)
-	if err != nil {
-		return c.reject(res, d, fmt.Errorf("%w: idemamqp: key: %w", ErrPermanent, err))
-	}
-	res.Key = idempotency.Key{Scope: c.opts.Scope, ID: idemqueue.KeyID(raw)}
-	fp, err := c.opts.Fingerprint(d)
-	if err != nil {
-		return c.reject(res, d, fmt.Errorf("%w: idemamqp: fingerprint: %w", ErrPermanent, err))
-	}
-	out, err := idemqueue.Process(ctx, c.guard, res.Key, fp, func(tx Tx) ([]byte, error) {
-		return c.handler(ctx, tx, d)
-	})
-	switch out.Verdict {
-	case idemqueue.Ack:
-		res.Body, res.Replayed = out.Body, out.Replayed
-		if aerr := d.Ack(false); aerr != nil {
-			// Committed but not acked: the redelivery replays it.
-			return res, fmt.Errorf("idemamqp: ack key %v: %w", res.Key, aerr)
-		}
-		res.Action = Acked
-		return res, nil
-	case idemqueue.Drop:
-		return c.reject(res, d, err)
-	}
-	if ctx.Err() == nil {
-		t := time.NewTimer(c.opts.Backoff(deliveryCount(d)))
-		select {
-		case <-t.C:
-		case <-ctx.Done(): // shutting down: hand it back at once
-			t.Stop()
-		}
-	}
-	if nerr := d.Nack(false, true); nerr != nil {
-		return res, errors.Join(err, fmt.Errorf("idemamqp: nack key %v: %w", res.Key, nerr))
-	}
-	res.Action = Requeued
-	return res, err
-}
-
-func (c *Consumer[Tx]) reject(res Result, d *amqp.Delivery, err error) (Result, error) {
-	if rerr := d.Reject(false); rerr != nil {
-		return res, errors.Join(err, fmt.Errorf("idemamqp: reject: %w", rerr))
-	}
-	res.Action = Rejected
-	return res, err
+func (c *Consumer[Tx]) Handle(ctx context.Context, d *amqp.Delivery) (idemqueue.Result, error) {
+	return c.q.Handle(ctx, d)
 }
 
 // Run handles the deliveries of ch (from amqp.Channel.Consume with
-// autoAck false), one at a time, until ch is closed or ctx ends, passing
-// errors to [Options.OnError]. It returns ctx.Err(), or nil when ch was
+// autoAck false), one at a time, until ch is closed or ctx ends. It passes
+// errors to [Config].OnError. It returns ctx.Err(), or nil when ch was
 // closed. Run several for concurrency, with the channel's prefetch (Qos)
 // at least that number.
 func (c *Consumer[Tx]) Run(ctx context.Context, ch <-chan amqp.Delivery) error {
@@ -285,9 +186,59 @@ func (c *Consumer[Tx]) Run(ctx context.Context, ch <-chan amqp.Delivery) error {
 			if !ok {
 				return nil
 			}
-			if _, err := c.Handle(ctx, &d); err != nil && c.opts.OnError != nil {
-				c.opts.OnError(ctx, &d, err)
+			if _, err := c.Handle(ctx, &d); err != nil && c.onError != nil {
+				c.onError(ctx, &d, err)
 			}
 		}
 	}
 }
+
+// broker is the RabbitMQ glue of a Consumer.
+type broker struct{ cfg Config }
+
+func (b broker) Key(d *amqp.Delivery) (string, error) {
+	if b.cfg.Key == nil {
+		return DefaultKey(d)
+	}
+	return b.cfg.Key(d)
+}
+
+func (b broker) Fingerprint(d *amqp.Delivery) (string, error) {
+	if b.cfg.Fingerprint == nil {
+		return DefaultFingerprint(d)
+	}
+	return b.cfg.Fingerprint(d)
+}
+
+// backoff is the Backoff of the Config, or its default.
+func (b broker) backoff() func(previous int64) time.Duration {
+	if b.cfg.Backoff == nil {
+		return DefaultBackoff
+	}
+	return b.cfg.Backoff
+}
+
+// InProgress does nothing: RabbitMQ redelivers a delivery only when its
+// channel closes, not after a timeout.
+func (b broker) InProgress(*amqp.Delivery) (stop func()) { return func() {} }
+
+func (b broker) Ack(_ context.Context, d *amqp.Delivery) error { return d.Ack(false) }
+
+// Retry waits the backoff (so that a failing message is not redelivered
+// in a hot loop), then nacks d with requeue. A consumer shutting down
+// (ctx done) hands it back at once.
+func (b broker) Retry(ctx context.Context, d *amqp.Delivery) error {
+	if ctx.Err() == nil {
+		t := time.NewTimer(b.backoff()(deliveryCount(d)))
+		select {
+		case <-t.C:
+		case <-ctx.Done():
+			t.Stop()
+		}
+	}
+	return d.Nack(false, true)
+}
+
+// Drop rejects d without requeue: the queue's dead-letter exchange, if
+// any, receives it.
+func (b broker) Drop(_ context.Context, d *amqp.Delivery) error { return d.Reject(false) }

@@ -177,7 +177,7 @@ func helperConsumer(raw string) error {
 	if err != nil {
 		return err
 	}
-	c, err := idemamqp.New(f.guard, f.handler(nil), idemamqp.Options{Scope: "billing"})
+	c, err := idemamqp.New(f.guard, f.handler(nil), &idemamqp.Config{Scope: "billing"})
 	if err != nil {
 		return err
 	}

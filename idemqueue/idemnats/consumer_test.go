@@ -18,6 +18,7 @@ import (
 	"github.com/nats-io/nats.go/jetstream"
 
 	"github.com/go-idempotency/idempotency"
+	"github.com/go-idempotency/idempotency/idemqueue"
 	"github.com/go-idempotency/idempotency/idemqueue/idemnats"
 )
 
@@ -90,7 +91,7 @@ func TestCrashBetweenCommitAndAck(t *testing.T) {
 			}()
 
 			var calls atomic.Int64
-			c, err := idemnats.New(f.guard, f.handler(&calls), idemnats.Options{Scope: "billing"})
+			c, err := idemnats.New(f.guard, f.handler(&calls), &idemnats.Config{Scope: "billing"})
 			if err != nil {
 				t.Fatal(err)
 			}
@@ -102,7 +103,7 @@ func TestCrashBetweenCommitAndAck(t *testing.T) {
 			if err != nil {
 				t.Fatal(err)
 			}
-			if !res.Replayed || res.Action != idemnats.Acked || string(res.Body) != `{"effect":1}` || calls.Load() != 0 {
+			if !res.Replayed || res.Verdict != idemqueue.Ack || string(res.Body) != `{"effect":1}` || calls.Load() != 0 {
 				t.Fatalf("redelivery: %+v (body %s), %d handler calls; want a replay of effect 1, acked, no call", res, res.Body, calls.Load())
 			}
 			if got := f.effectCount(t, ctx); got != 1 {
@@ -149,14 +150,14 @@ func TestPoisonMessageStopsAtMaxDeliver(t *testing.T) {
 			return nil, err
 		}
 		return nil, boom
-	}, idemnats.Options{Scope: "billing", Backoff: func(uint64) time.Duration { return backoff }})
+	}, &idemnats.Config{Scope: "billing", Backoff: func(uint64) time.Duration { return backoff }})
 	if err != nil {
 		t.Fatal(err)
 	}
 	var errs atomic.Int64
 	cc, err := f.cons.Consume(func(msg jetstream.Msg) {
 		res, err := c.Handle(ctx, msg)
-		if errors.Is(err, boom) && res.Action == idemnats.Retried {
+		if errors.Is(err, boom) && res.Verdict == idemqueue.Retry {
 			errs.Add(1)
 		}
 	})
@@ -220,7 +221,7 @@ func TestTerminate(t *testing.T) {
 			return nil, idemnats.Permanent(bad)
 		}
 		return h(ctx, tx, msg)
-	}, idemnats.Options{
+	}, &idemnats.Config{
 		Scope: "billing",
 		// A field the user names: the Order-Id header.
 		Key: func(msg jetstream.Msg) (string, error) {
@@ -238,13 +239,13 @@ func TestTerminate(t *testing.T) {
 	f.publish(t, ctx, "orders", "other payload", nats.Header{"Order-Id": {"2"}})
 	f.publish(t, ctx, "orders", "no key", nil)
 	want := []struct {
-		action idemnats.Action
+		action idemqueue.Verdict
 		err    error
-	}{{idemnats.Terminated, bad}, {idemnats.Acked, nil}, {idemnats.Terminated, idempotency.ErrMismatch}, {idemnats.Terminated, idemnats.ErrPermanent}}
+	}{{idemqueue.Drop, bad}, {idemqueue.Ack, nil}, {idemqueue.Drop, idempotency.ErrMismatch}, {idemqueue.Drop, idemnats.ErrPermanent}}
 	for i, w := range want {
 		res, err := c.Handle(ctx, next(t, f.cons, 5*time.Second))
-		if res.Action != w.action || (w.err == nil) != (err == nil) || (w.err != nil && !errors.Is(err, w.err)) {
-			t.Fatalf("message %d: %v, %v; want %v, %v", i, res.Action, err, w.action, w.err)
+		if res.Verdict != w.action || (w.err == nil) != (err == nil) || (w.err != nil && !errors.Is(err, w.err)) {
+			t.Fatalf("message %d: %v, %v; want %v, %v", i, res.Verdict, err, w.action, w.err)
 		}
 	}
 	if _, err := f.cons.Next(jetstream.FetchMaxWait(3 * time.Second)); !errors.Is(err, nats.ErrTimeout) {
@@ -274,7 +275,7 @@ func TestConcurrentDuplicates(t *testing.T) {
 	var once sync.Once
 	for range 2 {
 		g := connect(t, ctx, names{Stream: n.Stream, Consumer: n.Consumer, Table: n.Table})
-		c, err := idemnats.New(g.guard, g.handler(nil), idemnats.Options{
+		c, err := idemnats.New(g.guard, g.handler(nil), &idemnats.Config{
 			Scope: "billing",
 			Key:   func(msg jetstream.Msg) (string, error) { return msg.Headers().Get("Order-Id"), nil },
 			OnError: func(_ context.Context, _ jetstream.Msg, err error) {
@@ -319,10 +320,11 @@ func TestNewInvalid(t *testing.T) {
 	}
 	h := func(context.Context, pgx.Tx, jetstream.Msg) ([]byte, error) { return nil, nil }
 	for name, err := range map[string]error{
-		"nil guard": func() error { _, err := idemnats.New[pgx.Tx](nil, h, idemnats.Options{Scope: "s"}); return err }(),
-		"nil h":     func() error { _, err := idemnats.New(g, nil, idemnats.Options{Scope: "s"}); return err }(),
-		"no scope":  func() error { _, err := idemnats.New(g, h, idemnats.Options{}); return err }(),
-		"bad scope": func() error { _, err := idemnats.New(g, h, idemnats.Options{Scope: "a\x00b"}); return err }(),
+		"nil guard":  func() error { _, err := idemnats.New[pgx.Tx](nil, h, &idemnats.Config{Scope: "s"}); return err }(),
+		"nil h":      func() error { _, err := idemnats.New(g, nil, &idemnats.Config{Scope: "s"}); return err }(),
+		"no scope":   func() error { _, err := idemnats.New(g, h, &idemnats.Config{}); return err }(),
+		"nil config": func() error { _, err := idemnats.New(g, h, nil); return err }(),
+		"bad scope":  func() error { _, err := idemnats.New(g, h, &idemnats.Config{Scope: "a\x00b"}); return err }(),
 	} {
 		if !errors.Is(err, idempotency.ErrInvalidConfig) {
 			t.Errorf("%s: %v, want ErrInvalidConfig", name, err)

@@ -55,7 +55,7 @@ func Example() {
 			_, err := tx.Exec(ctx, "INSERT INTO invoices (order_json) VALUES ($1)", msg.Data())
 			return []byte("invoiced"), err // the stored result, replayed on redelivery
 		},
-		idemnats.Options{Scope: "billing"}) // key: Nats-Msg-Id, else stream sequence
+		&idemnats.Config{Scope: "billing"}) // key: Nats-Msg-Id, else stream sequence
 	if err != nil {
 		log.Fatal(err)
 	}

@@ -13,14 +13,14 @@
 // The handler returns bytes, not an HTTP response: the Consumer stores them
 // as the key's response with the fixed status [Status] (so a record of the
 // keys table written by a message reads 200) and hands them back, byte-exact,
-// in [Result.Body] on every replay.
+// in [idemqueue.Result].Body on every replay.
 //
 // What the Consumer does with a message:
 //
 //   - fn succeeded, or the key was already completed with the same
 //     fingerprint: acknowledged with DoubleAck (the server confirms it).
 //   - fn failed, the store failed, or another consumer held the key past the
-//     guard's wait bound: NakWithDelay with [Options.Backoff], so the server
+//     guard's wait bound: NakWithDelay with [Config].Backoff, so the server
 //     redelivers it later. The rolled-back attempt left no effect.
 //   - The key was completed by another message ([idempotency.ErrMismatch]),
 //     the key or fingerprint could not be derived, or fn returned an error
@@ -38,7 +38,6 @@ package idemnats
 
 import (
 	"context"
-	"errors"
 	"fmt"
 	"strconv"
 	"time"
@@ -65,19 +64,18 @@ func Permanent(err error) error {
 	return idemqueue.Permanent(err)
 }
 
-// Handler processes one message. It must do every write of its effect
-// through tx, the key store's transaction: only those commit with the key.
-// Its result is stored with the key and replayed for a redelivery. An error
-// rolls the effect back; see [Permanent].
-type Handler[Tx any] func(ctx context.Context, tx Tx, msg jetstream.Msg) ([]byte, error)
+// Handler processes one JetStream message in the key store's transaction
+// tx; see [idemqueue.Handler].
+type Handler[Tx any] = idemqueue.Handler[Tx, jetstream.Msg]
 
-// Options tune a [Consumer].
-type Options struct {
+// Config configures a [Consumer]. Scope is required: a nil Config gives an
+// error.
+type Config struct {
 	// Scope is the key scope of every message this consumer handles: name
 	// the consuming application or durable consumer ("billing"). Two
 	// consumers that must each run their own effect for the same message
-	// need distinct scopes; two instances of one consumer share one.
-	// Required: a consumer name generated per process (an ephemeral or
+	// need distinct scopes; two instances of one consumer share one. It has
+	// no default: a consumer name generated per process (an ephemeral or
 	// ordered consumer) would make every restart re-run the effects.
 	Scope string
 	// Key returns the key id of a message: 1 to 255 printable ASCII bytes;
@@ -95,95 +93,40 @@ type Options struct {
 	Backoff func(delivered uint64) time.Duration
 	// ProgressInterval, if positive, makes the Consumer send the server
 	// "work in progress" (which resets AckWait) at this interval while the
-	// handler runs, so that a handler slower than AckWait is not
-	// redelivered to another consumer meanwhile. Keep it below AckWait.
+	// handler runs. Then a handler slower than AckWait is not redelivered
+	// to another consumer meanwhile. Keep it below AckWait. Defaults to 0:
+	// none is sent.
 	ProgressInterval time.Duration
 	// OnError, if set, is told about every error of the message handler
-	// returned by [Consumer.MessageHandler].
+	// returned by [Consumer.MessageHandler]. Defaults to nil: no report.
 	OnError func(ctx context.Context, msg jetstream.Msg, err error)
-}
-
-// Action is what a [Consumer] did with a message.
-type Action int
-
-// The actions of a [Consumer].
-const (
-	// Acked: the message was acknowledged (run or replayed).
-	Acked Action = iota + 1
-	// Retried: the message was negatively acknowledged with a delay; the
-	// server redelivers it (up to the consumer's MaxDeliver).
-	Retried
-	// Terminated: the message was terminated; it is never redelivered.
-	Terminated
-)
-
-// String returns "acked", "retried" or "terminated".
-func (a Action) String() string {
-	switch a {
-	case Acked:
-		return "acked"
-	case Retried:
-		return "retried"
-	case Terminated:
-		return "terminated"
-	}
-	return "Action(" + strconv.Itoa(int(a)) + ")"
-}
-
-// Result is what [Consumer.Handle] did with one message.
-type Result struct {
-	// Key is the message's idempotency key.
-	Key idempotency.Key
-	// Body is the handler's result: from this delivery's run, or, when
-	// Replayed, the one stored by the delivery that ran it. Nil unless the
-	// handler's result was committed (or had been).
-	Body []byte
-	// Replayed is true when the handler did not run because the key was
-	// already completed.
-	Replayed bool
-	// Action is what was done with the message; zero if Handle could not
-	// even reply to it (see the error).
-	Action Action
 }
 
 // Consumer runs a [Handler] on JetStream messages under a Guard. It is safe
 // for concurrent use; build it with [New].
 type Consumer[Tx any] struct {
-	guard   *idempotency.Guard[Tx]
-	handler Handler[Tx]
-	opts    Options
+	q       *idemqueue.Consumer[Tx, jetstream.Msg]
+	onError func(ctx context.Context, msg jetstream.Msg, err error)
 }
 
-// New returns a Consumer running h under guard. A nil guard or h, or an
-// empty [Options.Scope], gives an error wrapping
+// New returns a Consumer running h under guard. A nil guard, h or cfg, or
+// an empty or invalid [Config].Scope, gives an error wrapping
 // [idempotency.ErrInvalidConfig].
-func New[Tx any](guard *idempotency.Guard[Tx], h Handler[Tx], opts Options) (*Consumer[Tx], error) {
+func New[Tx any](guard *idempotency.Guard[Tx], h Handler[Tx], cfg *Config) (*Consumer[Tx], error) {
 	switch {
-	case guard == nil:
-		return nil, fmt.Errorf("%w: idemnats: nil guard", idempotency.ErrInvalidConfig)
-	case h == nil:
-		return nil, fmt.Errorf("%w: idemnats: nil handler", idempotency.ErrInvalidConfig)
-	case opts.Scope == "":
-		return nil, fmt.Errorf("%w: idemnats: empty Scope", idempotency.ErrInvalidConfig)
-	case opts.ProgressInterval < 0:
+	case cfg == nil:
+		return nil, fmt.Errorf("%w: idemnats: nil Config: Scope is required", idempotency.ErrInvalidConfig)
+	case cfg.ProgressInterval < 0:
 		return nil, fmt.Errorf("%w: idemnats: negative ProgressInterval", idempotency.ErrInvalidConfig)
 	}
-	if err := (idempotency.Key{Scope: opts.Scope, ID: "x"}).Validate(); err != nil {
-		return nil, fmt.Errorf("%w: idemnats: Scope: %w", idempotency.ErrInvalidConfig, err)
+	q, err := idemqueue.NewConsumer(guard, h, broker{cfg: *cfg}, cfg.Scope)
+	if err != nil {
+		return nil, fmt.Errorf("idemnats: %w", err)
 	}
-	if opts.Key == nil {
-		opts.Key = DefaultKey
-	}
-	if opts.Fingerprint == nil {
-		opts.Fingerprint = DefaultFingerprint
-	}
-	if opts.Backoff == nil {
-		opts.Backoff = DefaultBackoff
-	}
-	return &Consumer[Tx]{guard: guard, handler: h, opts: opts}, nil
+	return &Consumer[Tx]{q: q, onError: cfg.OnError}, nil
 }
 
-// DefaultKey is the default [Options.Key]: "id:" and the message's
+// DefaultKey is the default [Config].Key: "id:" and the message's
 // Nats-Msg-Id header (the publisher's identity of the message, which
 // JetStream also deduplicates on), or, without that header,
 // "seq:<stream>:<stream sequence>" (stable across redeliveries, but not
@@ -199,13 +142,13 @@ func DefaultKey(msg jetstream.Msg) (string, error) {
 	return "seq:" + md.Stream + ":" + strconv.FormatUint(md.Sequence.Stream, 10), nil
 }
 
-// DefaultFingerprint is the default [Options.Fingerprint]: the hex SHA-256
+// DefaultFingerprint is the default [Config].Fingerprint: the hex SHA-256
 // of the message's subject and data ([idempotency.Fingerprint]).
 func DefaultFingerprint(msg jetstream.Msg) (string, error) {
 	return idempotency.Fingerprint([]byte(msg.Subject()), msg.Data()), nil
 }
 
-// DefaultBackoff is the default [Options.Backoff]: 1s after the first
+// DefaultBackoff is the default [Config].Backoff: 1s after the first
 // delivery, doubling, at most 1 minute.
 func DefaultBackoff(delivered uint64) time.Duration {
 	if delivered < 1 {
@@ -218,70 +161,63 @@ func DefaultBackoff(delivered uint64) time.Duration {
 }
 
 // Handle runs the handler on msg under the message's key and then acks,
-// naks or terminates msg (see the package documentation). The error is
-// nil when msg was acked; otherwise it says why (errors.Is finds the
-// handler's own error, [idempotency.ErrMismatch], [ErrPermanent], ...),
-// joined with the error of the reply to the server if that failed too.
-func (c *Consumer[Tx]) Handle(ctx context.Context, msg jetstream.Msg) (Result, error) {
-	var res Result
-	raw, err := c.opts.Key(msg)
-	if err != nil {
-		return c.terminate(res, msg, fmt.Errorf("%w: idemnats: key: %w", ErrPermanent, err))
-	}
-	res.Key = idempotency.Key{Scope: c.opts.Scope, ID: idemqueue.KeyID(raw)}
-	fp, err := c.opts.Fingerprint(msg)
-	if err != nil {
-		return c.terminate(res, msg, fmt.Errorf("%w: idemnats: fingerprint: %w", ErrPermanent, err))
-	}
+// naks or terminates msg (see the package documentation). The verdict of
+// the result is [idemqueue.Ack], [idemqueue.Retry] (nak with a delay) or
+// [idemqueue.Drop] (terminated); zero if the reply to the server failed.
+// The error is nil when msg was acked; otherwise it says why (errors.Is
+// finds the handler's own error, [idempotency.ErrMismatch], [ErrPermanent],
+// ...), joined with the error of the reply to the server if that failed
+// too.
+func (c *Consumer[Tx]) Handle(ctx context.Context, msg jetstream.Msg) (idemqueue.Result, error) {
+	return c.q.Handle(ctx, msg)
+}
 
-	stop := func() {}
-	if c.opts.ProgressInterval > 0 {
-		stop = c.keepAlive(msg)
-	}
-	out, err := idemqueue.Process(ctx, c.guard, res.Key, fp, func(tx Tx) ([]byte, error) {
-		return c.handler(ctx, tx, msg)
-	})
-	stop()
-	switch out.Verdict {
-	case idemqueue.Ack:
-		res.Body, res.Replayed = out.Body, out.Replayed
-		if aerr := msg.DoubleAck(ctx); aerr != nil {
-			// Committed but not acked: the redelivery replays it.
-			return res, fmt.Errorf("idemnats: ack key %v: %w", res.Key, aerr)
+// MessageHandler returns a jetstream.MessageHandler, for
+// jetstream.Consumer.Consume, that calls [Consumer.Handle] with ctx and
+// passes its errors to [Config].OnError.
+func (c *Consumer[Tx]) MessageHandler(ctx context.Context) jetstream.MessageHandler {
+	return func(msg jetstream.Msg) {
+		if _, err := c.Handle(ctx, msg); err != nil && c.onError != nil {
+			c.onError(ctx, msg, err)
 		}
-		res.Action = Acked
-		return res, nil
-	case idemqueue.Drop:
-		return c.terminate(res, msg, err)
 	}
-	delay := time.Duration(0)
-	if ctx.Err() == nil {
-		delay = c.opts.Backoff(delivered(msg))
-	}
-	// The reply must go out even when ctx is done (a consumer shutting
-	// down hands the message back at once).
-	if nerr := msg.NakWithDelay(delay); nerr != nil {
-		return res, errors.Join(err, fmt.Errorf("idemnats: nak key %v: %w", res.Key, nerr))
-	}
-	res.Action = Retried
-	return res, err
 }
 
-func (c *Consumer[Tx]) terminate(res Result, msg jetstream.Msg, err error) (Result, error) {
-	if terr := msg.Term(); terr != nil {
-		return res, errors.Join(err, fmt.Errorf("idemnats: term: %w", terr))
+// broker is the JetStream glue of a Consumer.
+type broker struct{ cfg Config }
+
+func (b broker) Key(msg jetstream.Msg) (string, error) {
+	if b.cfg.Key == nil {
+		return DefaultKey(msg)
 	}
-	res.Action = Terminated
-	return res, err
+	return b.cfg.Key(msg)
 }
 
-// keepAlive sends InProgress every ProgressInterval until stop is called.
-func (c *Consumer[Tx]) keepAlive(msg jetstream.Msg) (stop func()) {
+func (b broker) Fingerprint(msg jetstream.Msg) (string, error) {
+	if b.cfg.Fingerprint == nil {
+		return DefaultFingerprint(msg)
+	}
+	return b.cfg.Fingerprint(msg)
+}
+
+// backoff is the Backoff of the Config, or its default.
+func (b broker) backoff() func(delivered uint64) time.Duration {
+	if b.cfg.Backoff == nil {
+		return DefaultBackoff
+	}
+	return b.cfg.Backoff
+}
+
+// InProgress sends InProgress every ProgressInterval until stop is called.
+func (b broker) InProgress(msg jetstream.Msg) (stop func()) {
+	if b.cfg.ProgressInterval <= 0 {
+		return func() {}
+	}
 	done := make(chan struct{})
 	finished := make(chan struct{})
 	go func() {
 		defer close(finished)
-		t := time.NewTicker(c.opts.ProgressInterval)
+		t := time.NewTicker(b.cfg.ProgressInterval)
 		defer t.Stop()
 		for {
 			select {
@@ -298,21 +234,26 @@ func (c *Consumer[Tx]) keepAlive(msg jetstream.Msg) (stop func()) {
 	}
 }
 
+// Ack acks with DoubleAck: the server confirms it.
+func (b broker) Ack(ctx context.Context, msg jetstream.Msg) error { return msg.DoubleAck(ctx) }
+
+// Retry naks msg with the backoff's delay, or none when ctx is done (a
+// consumer shutting down hands the message back at once).
+func (b broker) Retry(ctx context.Context, msg jetstream.Msg) error {
+	delay := time.Duration(0)
+	if ctx.Err() == nil {
+		delay = b.backoff()(delivered(msg))
+	}
+	return msg.NakWithDelay(delay)
+}
+
+// Drop terminates msg: JetStream never redelivers it.
+func (b broker) Drop(_ context.Context, msg jetstream.Msg) error { return msg.Term() }
+
 func delivered(msg jetstream.Msg) uint64 {
 	md, err := msg.Metadata()
 	if err != nil {
 		return 1
 	}
 	return md.NumDelivered
-}
-
-// MessageHandler returns a jetstream.MessageHandler, for
-// jetstream.Consumer.Consume, that calls [Consumer.Handle] with ctx and
-// passes its errors to [Options.OnError].
-func (c *Consumer[Tx]) MessageHandler(ctx context.Context) jetstream.MessageHandler {
-	return func(msg jetstream.Msg) {
-		if _, err := c.Handle(ctx, msg); err != nil && c.opts.OnError != nil {
-			c.opts.OnError(ctx, msg, err)
-		}
-	}
 }

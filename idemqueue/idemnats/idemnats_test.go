@@ -205,7 +205,7 @@ func helperConsumer(raw string) error {
 		return err
 	}
 	f := &fixture{effects: `"` + n.Table + `_effects"`}
-	c, err := idemnats.New(guard, f.handler(nil), idemnats.Options{Scope: "billing"})
+	c, err := idemnats.New(guard, f.handler(nil), &idemnats.Config{Scope: "billing"})
 	if err != nil {
 		return err
 	}

@@ -33,7 +33,7 @@ func Example() {
 		log.Fatal(err)
 	}
 	// readme:begin outbox-relay
-	pub, err := outboxnats.NewPublisher(js, &outboxnats.Options{ExpectStream: "PAYMENTS"})
+	pub, err := outboxnats.NewPublisher(js, &outboxnats.Config{ExpectStream: "PAYMENTS"})
 	if err != nil {
 		log.Fatal(err)
 	}

@@ -4,7 +4,6 @@ go 1.26.0
 
 require (
 	github.com/go-idempotency/idempotency v0.1.0
-	github.com/go-idempotency/idempotency/outbox v0.1.0
 	github.com/jackc/pgx/v5 v5.12.0
 	github.com/nats-io/nats.go v1.55.0
 )
@@ -22,7 +21,4 @@ require (
 	golang.org/x/text v0.43.0 // indirect
 )
 
-replace (
-	github.com/go-idempotency/idempotency => ../../
-	github.com/go-idempotency/idempotency/outbox => ../
-)
+replace github.com/go-idempotency/idempotency => ../../

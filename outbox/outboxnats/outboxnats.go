@@ -25,31 +25,32 @@ import (
 	"github.com/go-idempotency/idempotency/outbox"
 )
 
-// Options tune a [Publisher]. The zero value (or nil) means the defaults.
-type Options struct {
+// Config configures a [Publisher]. Nil or the zero value means the
+// defaults.
+type Config struct {
 	// ExpectStream, if set, makes the server refuse a message whose subject
-	// is not bound to this stream.
+	// is not bound to this stream. Defaults to "": any stream.
 	ExpectStream string
 }
 
 // Publisher is an [outbox.Publisher] on JetStream. It is safe for
 // concurrent use; build it with [NewPublisher].
 type Publisher struct {
-	js   jetstream.JetStream
-	opts Options
+	js  jetstream.JetStream
+	cfg Config
 }
 
 var _ outbox.Publisher = (*Publisher)(nil)
 
 // NewPublisher returns a Publisher on js. A nil js gives an error wrapping
 // [idempotency.ErrInvalidConfig].
-func NewPublisher(js jetstream.JetStream, opts *Options) (*Publisher, error) {
+func NewPublisher(js jetstream.JetStream, cfg *Config) (*Publisher, error) {
 	if js == nil {
 		return nil, fmt.Errorf("%w: outboxnats: nil JetStream", idempotency.ErrInvalidConfig)
 	}
 	p := &Publisher{js: js}
-	if opts != nil {
-		p.opts = *opts
+	if cfg != nil {
+		p.cfg = *cfg
 	}
 	return p, nil
 }
@@ -69,8 +70,8 @@ func (p *Publisher) Publish(ctx context.Context, msgs []outbox.Message) error {
 			}
 		}
 		opts := []jetstream.PublishOpt{jetstream.WithMsgID(m.MsgID)}
-		if p.opts.ExpectStream != "" {
-			opts = append(opts, jetstream.WithExpectStream(p.opts.ExpectStream))
+		if p.cfg.ExpectStream != "" {
+			opts = append(opts, jetstream.WithExpectStream(p.cfg.ExpectStream))
 		}
 		f, err := p.js.PublishMsgAsync(nm, opts...)
 		if err != nil {

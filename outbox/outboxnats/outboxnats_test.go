@@ -84,7 +84,7 @@ func childRelay(raw string) error {
 	if err != nil {
 		return err
 	}
-	pub, err := outboxnats.NewPublisher(js, &outboxnats.Options{ExpectStream: h.Stream})
+	pub, err := outboxnats.NewPublisher(js, &outboxnats.Config{ExpectStream: h.Stream})
 	if err != nil {
 		return err
 	}
@@ -240,7 +240,7 @@ func TestRelayKilled(t *testing.T) {
 				t.Fatalf("%d unsent rows after the kill, want %d", unsent, len(events))
 			}
 
-			pub, err := outboxnats.NewPublisher(f.js, &outboxnats.Options{ExpectStream: f.stream})
+			pub, err := outboxnats.NewPublisher(f.js, &outboxnats.Config{ExpectStream: f.stream})
 			if err != nil {
 				t.Fatal(err)
 			}
