@@ -86,23 +86,18 @@ type handler[Tx any] struct {
 	next http.Handler
 }
 
-type txKey struct{}
-
-type keyKey struct{}
-
 // TxFrom returns the transaction [Middleware] opened for the request whose
 // context is ctx. ok is false outside a guarded request (another method, or
 // an optional key left out) or when Tx is not the guard's transaction type.
+// It reads what [idempotency.WithTx] stored, as [idempotency.TxFrom] does.
 func TxFrom[Tx any](ctx context.Context) (tx Tx, ok bool) {
-	tx, ok = ctx.Value(txKey{}).(Tx)
-	return tx, ok
+	return idempotency.TxFrom[Tx](ctx)
 }
 
 // KeyFrom returns the key (scope and id) of a guarded request, e.g. to
-// derive keys for calls to other services.
+// derive keys for calls to other services with [idempotency.Key.Derive].
 func KeyFrom(ctx context.Context) (idempotency.Key, bool) {
-	k, ok := ctx.Value(keyKey{}).(idempotency.Key)
-	return k, ok
+	return idempotency.KeyFrom(ctx)
 }
 
 // handlerFailure carries a response that must not be stored (a 5xx, or a
@@ -218,7 +213,7 @@ func (h *handler[Tx]) serve(w http.ResponseWriter, r *http.Request, values []str
 		}
 		cw := newCapture(w, h.c.maxResp)
 		first, partial = cw, nil
-		ctx := context.WithValue(context.WithValue(r.Context(), txKey{}, tx), keyKey{}, key)
+		ctx := idempotency.WithTx(r.Context(), tx, key)
 		req := r.WithContext(ctx)
 		req.Body = io.NopCloser(bytes.NewReader(body))
 		req.GetBody = func() (io.ReadCloser, error) { return io.NopCloser(bytes.NewReader(body)), nil }
