@@ -28,17 +28,17 @@ import (
 // power loss or an OS crash. Appending "&_pragma=synchronous(NORMAL)" makes
 // a commit cheaper (no fsync until a checkpoint), but the last commits
 // before a power loss can be rolled back. The key and its effect are lost
-// together, so the database holds no duplicate; but the caller, who most
-// likely never got the response, retries, fn runs again, and whatever fn
-// did outside the database (a call to a payment provider) is done twice. A
+// together, so the database holds no duplicate. But the caller most likely
+// never got the response, so it retries and fn runs again. Whatever fn did
+// outside the database (a call to a payment provider) is then done twice. A
 // crash of the process alone loses nothing in either mode.
 const DSNOptions = "_pragma=busy_timeout(5000)&_pragma=journal_mode(WAL)&_pragma=foreign_keys(1)&_txlock=immediate"
 
 // Open opens the SQLite database file at path, creating it if needed, with
-// [DSNOptions], and checks that it can be used. path is a plain file path:
-// "", ":memory:" (each connection would see its own database), a "file:" URI
-// and a path containing '?' are refused with an error wrapping
-// [idempotency.ErrInvalidConfig]. The caller closes the returned *sql.DB.
+// [DSNOptions], and checks that it can be used. path is a plain file path.
+// These are refused with an error wrapping [idempotency.ErrInvalidConfig]:
+// "", ":memory:" (each connection would see its own database), a "file:"
+// URI and a path containing '?'. The caller closes the returned *sql.DB.
 func Open(ctx context.Context, path string) (*sql.DB, error) {
 	switch {
 	case path == "", path == ":memory:", strings.HasPrefix(path, "file:"), strings.Contains(path, "?"):

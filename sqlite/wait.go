@@ -15,7 +15,7 @@ import (
 
 // writeTurnWait is the least time a caller waits for the Store's write
 // turn, which callers of other keys hold, before it reports a busy
-// database: a caller that may not wait for its own key (r.Wait == 0) still
+// database. A caller that may not wait for its own key (r.Wait == 0) still
 // waits this long for the others, like any writer waits for a lock.
 const writeTurnWait = 5 * time.Second
 
