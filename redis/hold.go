@@ -8,10 +8,10 @@ import (
 )
 
 // hold is a reservation this Store is making or holds. It serves two
-// promises of the KeyStore contract. A token of this Store that Redis
-// still names but that has no hold belongs to a reservation that is over
-// (a lost reply, a failed release): the Store's callers take the key over
-// at once rather than at the end of the lease. And the Store's own waiters
+// promises of the KeyStore contract. Redis may still name a token of this
+// Store that has no hold. That token belongs to a reservation that is over
+// (a lost reply, a failed release). The Store's callers then take the key
+// over at once, rather than at the end of the lease. And the Store's own waiters
 // wait on done, closed once the reservation has ended in Redis (completed,
 // released, found lost, or never made), so that they take a freed key at
 // once: a failed release publishes no wake-up.

@@ -102,21 +102,22 @@ type Store struct {
 var _ idempotency.KeyStore[*Tx] = (*Store)(nil)
 
 // Bounds of the clean-up of a reservation, which runs even when the
-// caller's context is done: releaseTimeout for Rollback and after a failed
-// Complete, abandonTimeout when the caller's context is already done or
-// after a reservation script whose reply was lost (the caller is already
-// late; see Reserve).
+// caller's context is done. Rollback and the release after a failed
+// Complete are bounded by releaseTimeout. A clean-up when the caller's
+// context is already done, or after a reservation script whose reply was
+// lost, is bounded by abandonTimeout (the caller is already late; see
+// Reserve).
 const (
 	releaseTimeout = 5 * time.Second
 	abandonTimeout = time.Second
 )
 
 // cleanupContext is the context of a clean-up that must run even though
-// ctx may be done: not cancelled with ctx, and bounded by releaseTimeout or,
-// when ctx is done or its deadline is nearer, by abandonTimeout past that
-// deadline (behind a partition the caller must not wait the longer bound
-// past its deadline; an i/o timeout at the deadline can come back a moment
-// before ctx reports it).
+// ctx may be done. It is not cancelled with ctx. It is bounded by
+// releaseTimeout or, when ctx is done or its deadline is nearer, by
+// abandonTimeout past that deadline. Behind a partition the caller must not
+// wait the longer bound past its deadline. And an i/o timeout at the
+// deadline can come back a moment before ctx reports it.
 func cleanupContext(ctx context.Context) (context.Context, context.CancelFunc) {
 	bound := releaseTimeout
 	if ctx.Err() != nil {
@@ -129,10 +130,10 @@ func cleanupContext(ctx context.Context) (context.Context, context.CancelFunc) {
 
 // Open connects to one Redis server and pings it under ctx. url is a
 // redis:// URL, a rediss:// URL (TLS) or a bare host:port (as
-// [goredis.Options].Addr takes), with the options go-redis's ParseURL
-// reads from its query (pool_size, dial_timeout and the like). Anything
-// else is refused with an error wrapping [idempotency.ErrInvalidConfig]
-// before a connection is made; a failed ping closes the client and is
+// [goredis.Options].Addr takes). A URL may carry the options go-redis's
+// ParseURL reads from its query (pool_size, dial_timeout and the like).
+// Anything else is refused with an error wrapping
+// [idempotency.ErrInvalidConfig] before a connection is made. A failed ping closes the client and is
 // returned. For a Cluster or a Sentinel set-up, build the client with
 // go-redis itself. The caller closes the returned client.
 func Open(ctx context.Context, url string) (goredis.UniversalClient, error) {

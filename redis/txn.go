@@ -136,11 +136,11 @@ const minRecordTTL = time.Minute
 
 var errEnded = errors.New("redis: reservation already completed or rolled back")
 
-// Complete implements [idempotency.Txn]: MULTI, fn's commands, the
-// completed record, its expiry, PUBLISH, EXEC, under a WATCH of the record
-// armed when the token was last seen to be the caller's: by the
-// reservation itself (one round trip), or else by a check just before
-// (two, three on Cluster; see the package doc). On any failure the
+// Complete implements [idempotency.Txn]. It sends MULTI, fn's commands,
+// the completed record, its expiry, PUBLISH and EXEC. They run under a
+// WATCH of the record, armed when the token was last seen to be the
+// caller's. That is by the reservation itself (one round trip), or else by
+// a check just before (two, three on Cluster; see docs/performance.md). On any failure the
 // reservation is released if the caller still owns it.
 func (t *txn) Complete(ctx context.Context, resp idempotency.Response) error {
 	if t.ended {
