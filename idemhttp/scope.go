@@ -44,11 +44,11 @@ func (c *Config) Validate() error {
 func SharedScope(*http.Request) (string, error) { return "", nil }
 
 // ClientCertScope is a [Config].Scope that scopes keys by the client
-// certificate the server verified (an http.Server whose TLSConfig sets
+// certificate the server verified. (The http.Server's TLSConfig sets
 // ClientAuth to tls.VerifyClientCertIfGiven or
-// tls.RequireAndVerifyClientCert): its first URI SAN (a SPIFFE ID) if it
-// has one, else its subject distinguished name ("CN=...,O=..."), as
-// idemgrpc's PeerScope does. An identity longer than 255 bytes is replaced
+// tls.RequireAndVerifyClientCert.) The scope is the certificate's first URI
+// SAN (a SPIFFE ID) if it has one, else its subject distinguished name
+// ("CN=...,O=..."), as idemgrpc's PeerScope does. An identity longer than 255 bytes is replaced
 // by "sha256:" and its hex SHA-256. A request without a verified client
 // certificate (plain HTTP, no certificate, a certificate the server did
 // not verify) is refused with 401 before anything is stored.
