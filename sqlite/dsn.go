@@ -23,8 +23,8 @@ import (
 //     so a transaction that reads before it writes cannot fail with
 //     SQLITE_BUSY when it upgrades its lock.
 //
-// The synchronous pragma is left at SQLite's default, FULL: every COMMIT
-// waits for an fsync of the WAL, so a key that Do has answered survives a
+// The synchronous pragma is left at SQLite's default, FULL. Every COMMIT
+// waits for an fsync of the WAL. So a key that Do has answered survives a
 // power loss or an OS crash. Appending "&_pragma=synchronous(NORMAL)" makes
 // a commit cheaper (no fsync until a checkpoint), but the last commits
 // before a power loss can be rolled back. The key and its effect are lost
@@ -50,9 +50,9 @@ func Open(ctx context.Context, path string) (*sql.DB, error) {
 		return nil, fmt.Errorf("sqlite: open %s: %w", path, err)
 	}
 	// The first connection switches a fresh file to WAL, which takes
-	// SQLite's exclusive lock: a process doing the same at the same
-	// instant makes it fail with SQLITE_BUSY without waiting (the busy
-	// handler is not called where waiting could deadlock).
+	// SQLite's exclusive lock. A process doing the same at the same
+	// instant makes it fail with SQLITE_BUSY without waiting. (The busy
+	// handler is not called where waiting could deadlock.)
 	if err := retryBusy(ctx, func() error { return db.PingContext(ctx) }); err != nil {
 		_ = db.Close()
 		return nil, fmt.Errorf("sqlite: open %s: %w", path, err)

@@ -13,9 +13,9 @@ import (
 // write turn like any of its writers (while ctx lives), and gives it back
 // at once. A Do waits for one small statement of a purge, not for a whole
 // batch. Each statement then waits for SQLite's lock against writers outside
-// the Store, under the busy timeout of the pool's connection and ctx; a
+// the Store, under the busy timeout of the pool's connection and ctx. A
 // database still busy then gives an error wrapping
-// [idempotency.ErrConflict] (with the count of keys deleted so far).
+// [idempotency.ErrConflict], with the count of keys deleted so far.
 func (s *Store) Purge(ctx context.Context, limit int) (int, error) {
 	before, err := s.testNow()
 	if err != nil {

@@ -18,19 +18,19 @@ import (
 // a time), then a connection, and begins a transaction whose first
 // statement inserts the reservation.
 //
-// Callers of one key in one Store meet at the write turn as any two
-// writers do (a [idempotency.Guard] lets only one of its callers of a key
-// reach the Store). The turn's holder may hold the caller's key: the caller
-// then waits for the turn up to r.Wait, then looks the key up again and
-// gets the record if it is completed, else an error wrapping
+// Callers of one key in one Store meet at the write turn, as any two
+// writers do. (A [idempotency.Guard] lets only one of its callers of a key
+// reach the Store.) The turn's holder may hold the caller's key. The caller
+// then waits for the turn up to r.Wait, and looks the key up again. It gets
+// the record if it is completed, else an error wrapping
 // [idempotency.ErrInProgress]. A caller that gets the turn after the key's
 // holder is done finds the key's row and returns the record.
 //
 // A caller of another key may hold the write turn. A caller with r.NoWait
 // then gets an error wrapping [idempotency.ErrStore] at once. (The database
 // is busy, the key is not held; retrying later is safe.) Any other caller
-// waits for the turn until r.Deadline (without one: r.Wait or 5s, whichever
-// is longer), then gets [idempotency.ErrConflict].
+// waits for the turn until r.Deadline, then gets [idempotency.ErrConflict].
+// Without a Deadline it waits for r.Wait or 5s, whichever is longer.
 //
 // Writers outside the Store (another Store, another process, plain
 // transactions on db) meet it at SQLite's write lock. They may hold the key
