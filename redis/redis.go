@@ -39,26 +39,26 @@ type Config struct {
 	// store in one Cluster slot. Defaults to [DefaultPrefix].
 	Prefix string
 	// Lease is how long a reservation holds its key without being renewed.
-	// While fn runs the lease is renewed every Lease/3; if the holder dies,
-	// the key is free Lease after its last renewal, and a retry can then run
-	// the effect again (see the package doc). At least [MinLease]. Defaults
+	// While fn runs the lease is renewed every Lease/3. If the holder dies,
+	// the key is free Lease after its last renewal. A retry can then run the
+	// effect again (see the package doc). At least [MinLease]. Defaults
 	// to [DefaultLease].
 	Lease time.Duration
-	// WaitReplicas, when > 0, makes a completion wait (Redis WAIT, on the
-	// connection that ran its EXEC) until that many replicas acknowledged
-	// it; fewer within ReplicaTimeout make Do fail with [ErrNotReplicated]
-	// instead of answering. Defaults to 0: answer once the primary applied
+	// WaitReplicas, when > 0, makes a completion wait until that many
+	// replicas acknowledged it. The wait is Redis WAIT, on the connection
+	// that ran its EXEC. Fewer within ReplicaTimeout make Do fail with
+	// [ErrNotReplicated] instead of answering. Defaults to 0: answer once the primary applied
 	// it (a failover can then lose an acknowledged completion).
 	WaitReplicas int
 	// ReplicaTimeout bounds that wait: at least 1ms. Defaults to
 	// [DefaultReplicaTimeout].
 	ReplicaTimeout time.Duration
-	// Clock is for tests only: when set, the store reads it instead of
+	// Clock is for tests only. When set, the store reads it instead of
 	// Redis's clock wherever it judges or stores a record's time (its
-	// expiry, its creation), and sends the reading to its scripts. Nil, the
-	// default and the only setting for a service with several instances,
-	// uses Redis's own clock (TIME inside the scripts), which every
-	// instance shares: no time of the application is ever sent. Leases and
+	// expiry, its creation). It sends the reading to its scripts. Nil is the
+	// default, and the only setting for a service with several instances.
+	// It uses Redis's own clock (TIME inside the scripts), which every
+	// instance shares. No time of the application is ever sent. Leases and
 	// the records' own Redis expiry (PX, PEXPIRE: durations the server
 	// counts) are Redis's in either case. A test clock must never differ
 	// between instances; a reading outside [idempotency.MinClock] ..

@@ -14,9 +14,10 @@ import (
 // Reserve implements [idempotency.KeyStore]. One call of the reservation
 // script (a single round trip) reserves a free key or returns a completed
 // record.
-// A caller that finds the key pending waits, as the package doc describes:
-// for a holder in this Store, on the holder itself; for any other, on the
-// key's wake-up channel, subscribed before it looks again.
+//
+// A caller that finds the key pending waits, as the package doc describes.
+// For a holder in this Store, it waits on the holder itself. For any other,
+// it waits on the key's wake-up channel, subscribed before it looks again.
 //
 // A key may be pending under a token of this Store whose reservation is
 // over: its script's reply was lost, or its release failed. Such a key is
