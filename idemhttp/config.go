@@ -53,8 +53,8 @@ func DefaultReplayHeaders() []string {
 // This is Stripe's rule: a result is saved only once the operation began
 // executing. It is never saved for a request that failed validation or
 // conflicted with another one. Storing a 400 would replay the same 400 for
-// the key's whole TTL, even after the client corrected the request (a
-// corrected body is a new fingerprint and would get 422 instead).
+// the key's whole TTL, even after the client corrected the request. (A
+// corrected body is a new fingerprint, and would get 422 instead.)
 func DefaultStore(status int) bool {
 	switch {
 	case status < 200 || status >= 500:
@@ -105,12 +105,13 @@ type Config struct {
 	// [ProblemInternal].
 	//
 	// Scope is required. Left nil, the middleware does not fall back to one
-	// key space shared by every client (where one client's key and body
-	// replay another client's response): it answers every guarded request
+	// key space shared by every client, where one client's key and body
+	// replay another client's response. It answers every guarded request
 	// 500 [ProblemInternal] without running the handler ([ErrNoScope]).
-	// Return the authenticated account (set by the authentication
-	// middleware before this one, from a verified credential, never from a
-	// header the client chooses), use [ClientCertScope], or say that the
+	//
+	// Return the authenticated account. The authentication middleware
+	// before this one sets it from a verified credential, never from a
+	// header the client chooses. Or use [ClientCertScope]. Or say that the
 	// service has a single tenant with [SharedScope].
 	Scope func(*http.Request) (string, error)
 
@@ -127,7 +128,7 @@ type Config struct {
 
 	// IgnoreFields are members of a JSON request body left out of the
 	// fingerprint, as dot-separated paths from the top-level object
-	// ("client_timestamp", "meta.trace_id"): a retry that changes only them
+	// ("client_timestamp", "meta.trace_id"). A retry that changes only them
 	// is replayed instead of refused. The handler still gets the body as
 	// sent. Ignored for non-JSON bodies.
 	IgnoreFields []string
@@ -165,7 +166,7 @@ type Config struct {
 	// Store reports whether a response the handler wrote is stored with
 	// the key and committed with the handler's writes. A status it refuses
 	// is sent to the client as written, but the handler's writes are rolled
-	// back and the key stays free: a retry with the same key runs the
+	// back and the key stays free. A retry with the same key runs the
 	// handler again. It is never asked about 5xx, which are never stored.
 	// Defaults to [DefaultStore] (2xx, 3xx and the outcome 4xx are stored;
 	// 400, 401, 403, 404, 405, 408, 409, 413, 415, 422, 425, 429 and 431
@@ -181,8 +182,9 @@ type Config struct {
 	RenderProblem func(w http.ResponseWriter, r *http.Request, p *Problem)
 
 	// OnError, if set, is called with the cause of every 500 and 503 the
-	// middleware answers itself (store failures included), for logging;
-	// not when the client went away (its request context was cancelled).
+	// middleware answers itself (store failures included), for logging. It
+	// is not called when the client went away (its request context was
+	// cancelled).
 	// A handler that wrote around the middleware ([ErrWriterBypassed]) is
 	// reported once per [Middleware], with what to mount instead. The
 	// refusals that follow are not reported (they are in [Event].Err).

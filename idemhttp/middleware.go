@@ -70,8 +70,8 @@ var (
 // with nobody: it answers every request of a guarded method 500
 // [ProblemInternal] without running the handler ([ErrNoScope], reported
 // once). A service with a single tenant says so with [SharedScope]. The
-// refusal is a 500 rather than an error returned here so that Middleware
-// keeps the shape every router's Use takes and still never panics; call
+// refusal is a 500 rather than an error returned here. So Middleware keeps
+// the shape every router's Use takes, and still never panics. Call
 // [Config.Validate] to fail at start-up instead.
 //
 // A nil g makes every guarded request fail with 500 [ProblemInternal]: the
@@ -96,8 +96,9 @@ type txKey struct{}
 type keyKey struct{}
 
 // TxFrom returns the transaction [Middleware] opened for the request whose
-// context is ctx. ok is false outside a guarded request (another method, or
-// an optional key left out) or when Tx is not the guard's transaction type.
+// context is ctx. ok is false outside a guarded request: another method,
+// or an optional key left out. It is also false when Tx is not the guard's
+// transaction type.
 func TxFrom[Tx any](ctx context.Context) (tx Tx, ok bool) {
 	tx, ok = ctx.Value(txKey{}).(Tx)
 	return tx, ok

@@ -109,8 +109,8 @@ func IsInProgress(resp *http.Response) bool {
 }
 
 // RetryBudget bounds retries across many calls, so that a struggling
-// server is not sent MaxAttempts times its usual load: every call deposits
-// Ratio tokens, every retry spends one, and a retry is allowed only while a
+// server is not sent MaxAttempts times its usual load. Every call deposits
+// Ratio tokens, and every retry spends one. A retry is allowed only while a
 // whole token is left. The balance starts at, and never exceeds, Burst. A
 // nil *RetryBudget allows every retry. It is safe for concurrent use.
 type RetryBudget struct {

@@ -11,8 +11,8 @@ import (
 // Config included). Without a scope every client would share one key
 // space, and a client that sends another client's key and body would get
 // that client's stored answer. Such a middleware answers every request of
-// a guarded method 500 [ProblemInternal] without running the handler or
-// reaching the store; the error is in [Event].Err and is reported once per
+// a guarded method 500 [ProblemInternal], without running the handler or
+// reaching the store. The error is in [Event].Err. It is reported once per
 // [Middleware] to [Config].OnError (or to the http.Server's error log).
 // [Config.Validate] returns it at set-up. Set Scope to the authenticated
 // account, or to [SharedScope] for a service with a single tenant.
@@ -36,7 +36,7 @@ func (c *Config) Validate() error {
 }
 
 // SharedScope is a [Config].Scope that puts every request in one key
-// space (the empty scope): any client that sends a key and the same
+// space (the empty scope). Any client that sends a key and the same
 // request gets the answer stored for it, whoever sent it first. Use it
 // only for a service whose clients are one tenant (an internal service
 // behind a single caller); a service with accounts scopes by the
