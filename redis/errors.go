@@ -61,9 +61,9 @@ func outcomeUnknown(err error) bool {
 }
 
 // notSent reports whether a transaction that failed with err surely did
-// not run: the server answered with an error (MULTI refused, EXECABORT),
-// or go-redis refused to use the connection before writing (a connection
-// that an earlier command found broken).
+// not run. Either the server answered with an error (MULTI refused,
+// EXECABORT). Or go-redis refused to use the connection before writing: a
+// connection that an earlier command found broken.
 func notSent(err error) bool {
 	return !outcomeUnknown(err) || strings.HasPrefix(err.Error(), "redis: Conn is in a bad state")
 }

@@ -84,7 +84,7 @@ type Store struct {
 	releaseScript *goredis.Script
 	abandonScript *goredis.Script
 
-	// tokens starts every owner token of this Store: a token that starts
+	// tokens starts every owner token of this Store. A token that starts
 	// with it and is not in holds belongs to a reservation that is over,
 	// whatever Redis still says (see Reserve).
 	tokens string
@@ -278,10 +278,10 @@ func (s *Store) testNow() (string, error) {
 	return strconv.FormatInt(now.UnixMilli(), 10), nil
 }
 
-// liveInMemory reports whether rec, a record a holder of this Store
-// completed and hands its waiters in memory, is still live: by the test clock,
-// or else by the monotonic deadline until, taken when Redis judged or
-// wrote it.
+// liveInMemory reports whether rec is still live. rec is a record that a
+// holder of this Store completed and hands its waiters in memory. It is
+// judged by the test clock, or else by the monotonic deadline until, taken
+// when Redis judged or wrote it.
 func (s *Store) liveInMemory(rec *idempotency.Record, until time.Time) bool {
 	if s.clock != nil {
 		return rec.ExpiresAt.UnixMilli() > s.clock().UnixMilli()

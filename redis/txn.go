@@ -290,7 +290,7 @@ func (t *txn) commit(ctx context.Context, resp idempotency.Response) error {
 }
 
 // applied reports whether the completed record's script ran in an EXEC
-// that returned its replies: a command that a redirected or refused
+// that returned its replies. A command that a redirected or refused
 // transaction never ran has no error and no value.
 func applied(done *goredis.Cmd) bool {
 	return done != nil && done.Err() == nil && done.Val() != nil
@@ -364,9 +364,9 @@ func (t *txn) Rollback(ctx context.Context) error {
 }
 
 // release deletes the reservation if token still owns it and wakes waiters.
-// It runs even when ctx is done, bounded by releaseTimeout, or by
-// abandonTimeout when ctx is done already (the caller is late: behind a
-// partition it must not wait the longer bound past its deadline).
+// It runs even when ctx is done, bounded by releaseTimeout. When ctx is
+// done already, abandonTimeout bounds it instead. (The caller is late:
+// behind a partition it must not wait the longer bound past its deadline.)
 func (t *txn) release(ctx context.Context) error {
 	ctx, cancel := cleanupContext(ctx)
 	defer cancel()
