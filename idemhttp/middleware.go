@@ -25,8 +25,8 @@ var (
 	// adaptor. Use the idemgin, idemecho and idemfiber packages instead.
 	ErrNoResponse = errors.New("idemhttp: the handler wrote no response")
 	// ErrWriterBypassed: the handler wrote to the ResponseWriter the
-	// middleware was given instead of the one the middleware passed to it,
-	// as gin's handlers do under the usual adapter (c.Request = r;
+	// middleware was given, instead of the one the middleware passed to it.
+	// gin's handlers do so under the usual adapter (c.Request = r;
 	// c.Next()). Detected when that writer changed while the handler ran:
 	// it reports Written() or another Status() (gin's does), it ran its
 	// Before hooks (echo's does), or its header fields changed.
