@@ -19,7 +19,7 @@ import (
 // about the bypass once, not about each refusal.
 var ErrBypassRefused = errors.New("idemhttp: refused without running the handler: an earlier request wrote around this middleware's ResponseWriter")
 
-// mountState is shared by every handler one [Middleware] call wraps: an
+// mountState is shared by every handler one [Middleware] call wraps. An
 // adapter such as gin's usual one calls the returned func(http.Handler)
 // for every request, so the state cannot live in the handler.
 type mountState struct {
@@ -38,10 +38,10 @@ type statusReporter interface{ Status() int }
 
 // outerProbe remembers the ResponseWriter the middleware was given as it
 // was before the handler ran. The handler gets the capture, not this
-// writer; if the writer changed while the handler ran (written, another
-// status, other header fields), the handler reached it around the
-// middleware: gin's c.Writer under the usual adapter (c.Request = r;
-// c.Next()). The middleware cannot intercept that writer, only notice.
+// writer. The writer may have changed while the handler ran: written,
+// another status, other header fields. Then the handler reached it around
+// the middleware, as gin's c.Writer does under the usual adapter
+// (c.Request = r; c.Next()). The middleware cannot intercept that writer, only notice.
 // An echo response says nothing afterwards, but calls its Before hooks
 // when it is written: the probe registers one that notes a write while
 // the handler runs.
@@ -111,8 +111,8 @@ func (p *outerProbe) sent() (sent, known bool) {
 	return ww.Written(), true
 }
 
-// restore puts the writer's header back as it was before the handler ran,
-// so that the problem the middleware answers carries none of the fields
+// restore puts the writer's header back as it was before the handler ran.
+// So the problem the middleware answers carries none of the fields
 // (Location, Content-Type) the handler set for its bypassed answer.
 func (p *outerProbe) restore() {
 	h := p.w.Header()
@@ -215,10 +215,10 @@ func (h *handler[Tx]) newBypass(p *outerProbe, partial bool) *bypassError {
 // answerBypass ends the request whose handler wrote around the
 // middleware. Its writes were rolled back. An answer the writer says it
 // sent cannot be taken back: nothing more is written. Otherwise (not sent,
-// or a writer that cannot tell) the handler's header fields are removed
-// and the request is answered 500 [ProblemInternal]: a pending status such
-// as gin's c.Status(201) must not go out when the handler's writes were
-// rolled back.
+// or a writer that cannot tell) the handler's header fields are removed.
+// The request is then answered 500 [ProblemInternal]. A pending status
+// such as gin's c.Status(201) must not go out when the handler's writes
+// were rolled back.
 func (h *handler[Tx]) answerBypass(w http.ResponseWriter, r *http.Request, ev *Event, p *outerProbe, err *bypassError) {
 	ev.Outcome, ev.Err = idempotency.Internal, err
 	h.warn(r, err)
@@ -239,10 +239,10 @@ func (h *handler[Tx]) refuseBypassed(w http.ResponseWriter, r *http.Request, ev 
 		Detail: "The idempotency middleware is mounted so that it cannot see the handler's answer; the request was not processed."})
 }
 
-// warn reports the bypass once per [Middleware], loudly: to
-// [Config].OnError, or, without one, to the error log of the http.Server
-// serving r (net/http's own choice for its errors: the log package's
-// standard logger when the server has no ErrorLog).
+// warn reports the bypass once per [Middleware], loudly. It goes to
+// [Config].OnError or, without one, to the error log of the http.Server
+// serving r. That is net/http's own choice for its errors: the log
+// package's standard logger when the server has no ErrorLog.
 func (h *handler[Tx]) warn(r *http.Request, err error) {
 	h.warnOnce(&h.st.warned, r, err)
 }

@@ -12,8 +12,8 @@ import (
 var errResponseTooLarge = errors.New("idemhttp: response body larger than Config.MaxResponseBody")
 
 // capture is the buffering ResponseWriter the handler writes to. It mimics
-// net/http: the header is snapshotted at WriteHeader (or the first Write),
-// the status defaults to 200, informational statuses are dropped, and the
+// net/http. The header is snapshotted at WriteHeader (or the first Write).
+// The status defaults to 200, and informational statuses are dropped. The
 // Content-Type is sniffed when the handler set none.
 type capture struct {
 	rw     http.ResponseWriter // only for read/write deadlines

@@ -27,19 +27,21 @@ const (
 // its fields are not changed.
 //
 // Each request is one logical operation with ONE key, fixed before the
-// first attempt and never changed: the caller's own key header if the
-// request has one, otherwise, for the methods in Methods, a fresh random
-// key ([NewKey]) sent as an sf-string ("8e03978e-..."), the draft's form.
+// first attempt and never changed. It is the caller's own key header if the
+// request has one. Otherwise, for the methods in Methods, it is a fresh
+// random key ([NewKey]) sent as an sf-string ("8e03978e-..."), the draft's
+// form.
 // The key of a request can be read back from the response:
 // resp.Request.Header.Get("Idempotency-Key").
 //
-// A request with a key is retried when Retry says so ([DefaultRetry]:
-// transport errors, 5xx, 429, and a 409 only when it is the server's
-// "in progress" answer, never a business 409 such as "order already
-// captured"), up to MaxAttempts attempts and while Budget allows, waiting
-// between attempts a random delay in [0, min(MaxDelay, BaseDelay*2^(n-1))]
-// (exponential backoff with full jitter) or, when the response has a
-// Retry-After header (seconds or HTTP-date), exactly that long. When
+// A request with a key is retried when Retry says so, up to MaxAttempts
+// attempts and while Budget allows. [DefaultRetry] retries transport
+// errors, 5xx, 429, and a 409 only when it is the server's "in progress"
+// answer. It never retries a business 409 such as "order already
+// captured". Between attempts the Transport waits a random delay in
+// [0, min(MaxDelay, BaseDelay*2^(n-1))]: exponential backoff with full
+// jitter. When the response has a Retry-After header (seconds or
+// HTTP-date), it waits exactly that long. When
 // Retry-After asks for more than MaxDelay, or a wait would pass the
 // context's deadline, that response is returned instead. A request without
 // a key (another method, and no key header) is sent once.

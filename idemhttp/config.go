@@ -32,24 +32,29 @@ func DefaultReplayHeaders() []string {
 	}
 }
 
-// DefaultStore is the default [Config].Store: it reports whether a status
+// DefaultStore is the default [Config].Store. It reports whether a status
 // written by the handler is the result of the operation, to be stored with
-// the key and replayed, rather than an answer the client should be able to
-// retry with the same key.
+// the key and replayed. Otherwise it is an answer the client should be able
+// to retry with the same key.
 //
 // Stored: 2xx and 3xx, and the 4xx that are the operation's own outcome,
 // such as 402 (payment declined), 410 or 412.
 //
 // Not stored (the handler's writes are rolled back, the key stays free, the
-// response is still sent): every 5xx; the "try again" statuses 408, 409,
-// 425 and 429; and the request-validation and access failures 400, 401,
-// 403, 404, 405, 413, 415, 422 and 431, which the client fixes (its
-// credentials, a malformed field, a resource it creates first) and resends
-// with the same key. This is Stripe's rule: a result is saved only once the
-// operation began executing, never for a request that failed validation or
+// response is still sent):
+//
+//   - every 5xx;
+//   - the "try again" statuses 408, 409, 425 and 429;
+//   - the request-validation and access failures 400, 401, 403, 404, 405,
+//     413, 415, 422 and 431. The client fixes them (its credentials, a
+//     malformed field, a resource it creates first) and resends with the
+//     same key.
+//
+// This is Stripe's rule: a result is saved only once the operation began
+// executing. It is never saved for a request that failed validation or
 // conflicted with another one. Storing a 400 would replay the same 400 for
-// the key's whole TTL, even after the client corrected the request (a
-// corrected body is a new fingerprint and would get 422 instead).
+// the key's whole TTL, even after the client corrected the request. (A
+// corrected body is a new fingerprint, and would get 422 instead.)
 func DefaultStore(status int) bool {
 	switch {
 	case status < 200 || status >= 500:
@@ -100,12 +105,13 @@ type Config struct {
 	// [ProblemInternal].
 	//
 	// Scope is required. Left nil, the middleware does not fall back to one
-	// key space shared by every client (where one client's key and body
-	// replay another client's response): it answers every guarded request
+	// key space shared by every client, where one client's key and body
+	// replay another client's response. It answers every guarded request
 	// 500 [ProblemInternal] without running the handler ([ErrNoScope]).
-	// Return the authenticated account (set by the authentication
-	// middleware before this one, from a verified credential, never from a
-	// header the client chooses), use [ClientCertScope], or say that the
+	//
+	// Return the authenticated account. The authentication middleware
+	// before this one sets it from a verified credential, never from a
+	// header the client chooses. Or use [ClientCertScope]. Or say that the
 	// service has a single tenant with [SharedScope].
 	Scope func(*http.Request) (string, error)
 
@@ -122,7 +128,7 @@ type Config struct {
 
 	// IgnoreFields are members of a JSON request body left out of the
 	// fingerprint, as dot-separated paths from the top-level object
-	// ("client_timestamp", "meta.trace_id"): a retry that changes only them
+	// ("client_timestamp", "meta.trace_id"). A retry that changes only them
 	// is replayed instead of refused. The handler still gets the body as
 	// sent. Ignored for non-JSON bodies.
 	IgnoreFields []string
@@ -160,7 +166,7 @@ type Config struct {
 	// Store reports whether a response the handler wrote is stored with
 	// the key and committed with the handler's writes. A status it refuses
 	// is sent to the client as written, but the handler's writes are rolled
-	// back and the key stays free: a retry with the same key runs the
+	// back and the key stays free. A retry with the same key runs the
 	// handler again. It is never asked about 5xx, which are never stored.
 	// Defaults to [DefaultStore] (2xx, 3xx and the outcome 4xx are stored;
 	// 400, 401, 403, 404, 405, 408, 409, 413, 415, 422, 425, 429 and 431
@@ -169,19 +175,21 @@ type Config struct {
 
 	// RenderProblem, if set, writes every error the middleware answers
 	// itself, instead of the default application/problem+json document
-	// ([WriteProblem]). p.Header holds the fields the answer must carry
-	// (Retry-After on 409 and 503; whatever a Scope or ValidateKey problem
-	// set, such as WWW-Authenticate); the renderer must send them.
+	// ([WriteProblem]). p.Header holds the fields the answer must carry, and
+	// the renderer must send them. They are Retry-After on 409 and 503, and
+	// whatever a Scope or ValidateKey problem set, such as
+	// WWW-Authenticate.
 	RenderProblem func(w http.ResponseWriter, r *http.Request, p *Problem)
 
 	// OnError, if set, is called with the cause of every 500 and 503 the
-	// middleware answers itself (store failures included), for logging;
-	// not when the client went away (its request context was cancelled).
+	// middleware answers itself (store failures included), for logging. It
+	// is not called when the client went away (its request context was
+	// cancelled).
 	// A handler that wrote around the middleware ([ErrWriterBypassed]) is
-	// reported once per [Middleware], with what to mount instead, and the
-	// refusals that follow are not (they are in [Event].Err); without
-	// OnError that one report goes to the http.Server's ErrorLog (or, as
-	// net/http does, to the log package's standard logger).
+	// reported once per [Middleware], with what to mount instead. The
+	// refusals that follow are not reported (they are in [Event].Err).
+	// Without OnError, that one report goes to the http.Server's ErrorLog
+	// (or, as net/http does, to the log package's standard logger).
 	OnError func(r *http.Request, err error)
 
 	// Observer, if set, is told about every guarded request once it is

@@ -1,15 +1,17 @@
-// Package idemhttp puts an [idempotency.Guard] in front of net/http handlers
-// and gives clients a retrying [Transport] that keeps one key per operation,
-// following the IETF draft "The Idempotency-Key HTTP Header Field".
+// Package idemhttp puts an [idempotency.Guard] in front of net/http
+// handlers. It also gives clients a retrying [Transport] that keeps one key
+// per operation. Both follow the IETF draft "The Idempotency-Key HTTP
+// Header Field".
 //
 // # Server
 //
 // [Middleware] reads the Idempotency-Key header on POST and PATCH requests
-// (configurable), fingerprints the request (method, route and body, JSON
-// bodies canonicalized), and runs the handler inside [idempotency.Guard.Do].
-// The handler takes the store's open transaction from the request context
-// with [TxFrom] and does its writes through it, so the writes, the key and
-// the stored response commit together or not at all:
+// (configurable). It fingerprints the request: method, route and body, JSON
+// bodies canonicalized. Then it runs the handler inside
+// [idempotency.Guard.Do]. The handler takes the store's open transaction
+// from the request context with [TxFrom], and does its writes through it.
+// So the writes, the key and the stored response commit together or not at
+// all:
 //
 //	mw := idemhttp.Middleware(guard, &idemhttp.Config{
 //		// The authenticated account, set by the authentication middleware.
@@ -22,64 +24,65 @@
 //
 // The handler writes to a buffer. When it returns:
 //
-//   - a status that [Config].Store accepts ([DefaultStore]: 2xx, 3xx and
-//     the 4xx that are the operation's outcome, such as 402) is stored with
-//     the key and committed with the handler's writes, then sent to the
-//     client exactly as the handler wrote it;
-//   - any other status (every 5xx; 408, 409, 425, 429; and the
+//   - A status that [Config].Store accepts is stored with the key and
+//     committed with the handler's writes. It is then sent to the client
+//     exactly as the handler wrote it. [DefaultStore] accepts 2xx, 3xx and
+//     the 4xx that are the operation's outcome, such as 402.
+//   - Any other status rolls back the handler's writes and frees the key: a
+//     retry runs the handler again. The response still goes to the client as
+//     written. These are every 5xx; 408, 409, 425, 429; and the
 //     request-validation and access failures 400, 401, 403, 404, 405, 413,
-//     415, 422, 431) rolls back the handler's writes and frees the key (a
-//     retry runs the handler again); the response still goes to the client
-//     as written. This is Stripe's rule: nothing is saved for a request
-//     that failed validation or conflicted with another; storing a 400
-//     would replay it for the key's whole TTL after the client fixed its
-//     request;
-//   - a handler that wrote nothing at all (no WriteHeader, no Write) is
-//     rolled back and answered 500 [ProblemNoResponse]: an answer the
+//     415, 422, 431. This is Stripe's rule: nothing is saved for a request
+//     that failed validation or conflicted with another. Storing a 400 would
+//     replay it for the key's whole TTL after the client fixed its request.
+//   - A handler that wrote nothing at all (no WriteHeader, no Write) is
+//     rolled back and answered 500 [ProblemNoResponse]. An answer the
 //     handler did not write is never stored ([ErrNoResponse]). This is what
-//     a framework adapter that bypasses the middleware's writer produces;
+//     a framework adapter that bypasses the middleware's writer produces.
 //     gin, echo and fiber have their own packages (idemgin, idemecho,
-//     idemfiber, nested modules); chi and http.ServeMux need none;
-//   - a handler that wrote to the ResponseWriter the middleware was given,
-//     around the one it passed (gin's c.Writer under the usual adapter
-//     c.Request = r; c.Next()), is rolled back, stored nothing, and is
-//     reported loudly once ([ErrWriterBypassed]); an answer that already
-//     went out cannot be taken back, so from then on that [Middleware]
-//     answers every guarded request 500 [ProblemInternal] without running
-//     the handler ([ErrBypassRefused]);
-//   - a panic rolls back and is re-raised, for net/http to recover.
+//     idemfiber, nested modules); chi and http.ServeMux need none.
+//   - A handler may write around the writer the middleware passed, to the
+//     ResponseWriter the middleware was given. (gin's c.Writer does, under
+//     the usual adapter c.Request = r; c.Next().) It is rolled back, stores
+//     nothing, and is reported loudly once ([ErrWriterBypassed]). An answer
+//     that already went out cannot be taken back. So from then on that
+//     [Middleware] answers every guarded request 500 [ProblemInternal]
+//     without running the handler ([ErrBypassRefused]).
+//   - A panic rolls back and is re-raised, for net/http to recover.
 //
 // The buffering writer supports http.ResponseController's read and write
-// deadlines but not Flush or Hijack: streaming responses, 1xx informational
-// responses (dropped) and trailers are not supported behind the middleware.
+// deadlines, but not Flush or Hijack. Streaming responses, 1xx
+// informational responses (dropped) and trailers are not supported behind
+// the middleware.
 //
-// Config change the key header ([Config].KeyHeader, e.g.
-// X-Idempotency-Key), validate keys ([Config].ValidateKey, [UUIDKey],
-// [MinKeyLength]), render problems ([Config].RenderProblem), shape the
-// fingerprint ([Config].FingerprintHeaders, [Config].IgnoreFields,
-// [Config].Fingerprint) and observe every guarded request, refusals
+// Fields of [Config] change the key header ([Config].KeyHeader, e.g.
+// X-Idempotency-Key). They validate keys ([Config].ValidateKey, [UUIDKey],
+// [MinKeyLength]) and render problems ([Config].RenderProblem). They shape
+// the fingerprint ([Config].FingerprintHeaders, [Config].IgnoreFields,
+// [Config].Fingerprint). They observe every guarded request, refusals
 // included ([Config].Observer, [Event], [idempotency.Outcome]).
 //
-// A later request with the same key and the same fingerprint gets the stored
-// status, the stored headers that pass the allowlist ([Config].ReplayHeaders;
-// never Set-Cookie, never hop-by-hop fields), the body byte-exact and the
-// header "Idempotent-Replayed: true", without running the handler. The same
-// key with another request is refused with 422.
+// A later request with the same key and the same fingerprint does not run
+// the handler. It gets the stored status and the body byte-exact, with the
+// header "Idempotent-Replayed: true". It gets the stored headers that pass
+// the allowlist ([Config].ReplayHeaders; never Set-Cookie, never
+// hop-by-hop fields). The same key with another request is refused with
+// 422.
 //
 // Keys are scoped by [Config].Scope, which is required: the same key in two
-// scopes never meets. There is no shared default, where one client's key and
-// body would replay another client's response: a middleware mounted without
-// Scope answers every guarded request 500 [ProblemInternal] and runs nothing
-// ([ErrNoScope]; [Config.Validate] finds it at start-up). Scope by the
-// authenticated account, by the verified client certificate
-// ([ClientCertScope]), or, for a service with a single tenant, share one key
-// space on purpose with [SharedScope].
+// scopes never meets. There is no shared default, where one client's key
+// and body would replay another client's response. A middleware mounted
+// without Scope answers every guarded request 500 [ProblemInternal] and runs
+// nothing ([ErrNoScope]; [Config.Validate] finds it at start-up). Scope by
+// the authenticated account, or by the verified client certificate
+// ([ClientCertScope]). A service with a single tenant shares one key space
+// on purpose with [SharedScope].
 //
 // # Problems
 //
 // Every error the middleware writes itself is an RFC 9457
-// application/problem+json document ([Problem]) whose type is one of the
-// Problem* constants of this package (each URI links to its documentation):
+// application/problem+json document ([Problem]). Its type is one of the
+// Problem* constants of this package; each URI links to its documentation.
 //
 //	status  type                     when
 //	400     ProblemMissingKey        no Idempotency-Key on a method that requires one
@@ -98,13 +101,18 @@
 //
 // # Client
 //
-// [Transport], an http.RoundTripper for any http.Client, gives each
+// [Transport] is an http.RoundTripper for any http.Client. It gives each
 // logical request one key, generated before the first attempt (or the
-// caller's own key header), and retries, always with the same key and
-// body, what [DefaultRetry] (or [Transport].Retry) allows: transport errors,
-// 5xx except 501 and 505, 429, and a 409 only when it is the server's
-// in-progress answer ([ProblemInProgress] or Retry-After), never a business
-// 409. Exponential backoff with full jitter, honouring Retry-After;
-// [Transport].OnRetry is told about each retry; a shared [RetryBudget] bounds
-// retries across calls.
+// caller's own key header). It retries what [DefaultRetry] (or
+// [Transport].Retry) allows, always with the same key and body:
+//
+//   - transport errors;
+//   - 5xx except 501 and 505;
+//   - 429;
+//   - a 409 only when it is the server's in-progress answer
+//     ([ProblemInProgress] or Retry-After), never a business 409.
+//
+// It waits with exponential backoff and full jitter, honouring
+// Retry-After. [Transport].OnRetry is told about each retry. A shared
+// [RetryBudget] bounds retries across calls.
 package idemhttp

@@ -19,11 +19,11 @@ type Event struct {
 	// HandlerError, Mismatch, InProgress, Rejected, StoreError, Canceled or
 	// Internal ([idempotency.Outcome]). Its String is the metric label.
 	Outcome idempotency.Outcome
-	// Status is the status sent to the client: for an answer of the
-	// middleware's own, the one [Config].RenderProblem wrote, which may
-	// differ from the problem's (0 after a panic, or after a handler that
-	// wrote around the middleware to a writer that does not report its
-	// status).
+	// Status is the status sent to the client. For an answer of the
+	// middleware's own, it is the one [Config].RenderProblem wrote, which
+	// may differ from the problem's. It is 0 after a panic, or after a
+	// handler that wrote around the middleware to a writer that does not
+	// report its status.
 	Status int
 	// Duration is the time from the middleware's start to the answer.
 	Duration time.Duration

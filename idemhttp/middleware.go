@@ -20,23 +20,27 @@ var (
 	// replayed for the key's whole TTL), its writes are rolled back, and the
 	// client gets 500 [ProblemNoResponse]. It is the symptom of a framework
 	// adapter that gives the handler another ResponseWriter than the one the
-	// middleware passed (gin's c.Next() on c.Writer, an echo handler that
-	// returns its error for echo to write later, fiber's adaptor): use the
-	// idemgin, idemecho and idemfiber packages.
+	// middleware passed. Examples are gin's c.Next() on c.Writer, an echo
+	// handler that returns its error for echo to write later, and fiber's
+	// adaptor. Use the idemgin, idemecho and idemfiber packages instead.
 	ErrNoResponse = errors.New("idemhttp: the handler wrote no response")
 	// ErrWriterBypassed: the handler wrote to the ResponseWriter the
-	// middleware was given instead of the one the middleware passed to it,
-	// as gin's handlers do under the usual adapter (c.Request = r;
+	// middleware was given, instead of the one the middleware passed to it.
+	// gin's handlers do so under the usual adapter (c.Request = r;
 	// c.Next()). Detected when that writer changed while the handler ran:
 	// it reports Written() or another Status() (gin's does), it ran its
-	// Before hooks (echo's does), or its header fields changed. When the
-	// handler wrote nothing to the middleware's
-	// writer, its writes are rolled back and nothing is stored; an answer
-	// the writer says it sent has reached the client and cannot be taken
-	// back, any other is replaced by 500 [ProblemInternal]. When it wrote
-	// to both (an adapter that routes only some of gin's writer methods to
-	// c.Writer), the part the middleware saw is stored or rolled back as
-	// usual, and nothing more is written to a writer that says it sent.
+	// Before hooks (echo's does), or its header fields changed.
+	//
+	// When the handler wrote nothing to the middleware's writer, its writes
+	// are rolled back and nothing is stored. An answer the writer says it
+	// sent has reached the client and cannot be taken back. Any other is
+	// replaced by 500 [ProblemInternal].
+	//
+	// The handler may have written to both, as an adapter does that routes
+	// only some of gin's writer methods to c.Writer. Then the part the
+	// middleware saw is stored or rolled back as usual. Nothing more is
+	// written to a writer that says it sent.
+	//
 	// From then on the same [Middleware] refuses every guarded request
 	// before running the handler ([ErrBypassRefused]). The error, in
 	// [Event].Err and once in [Config].OnError, says what to mount
@@ -49,24 +53,25 @@ var (
 )
 
 // Middleware returns a middleware that runs guarded requests (see
-// [Config].Methods) through g: the first request with a key runs the
-// handler inside g's transaction and stores its response with the key;
-// later requests with the same key and fingerprint get that response
+// [Config].Methods) through g. The first request with a key runs the
+// handler inside g's transaction, and stores its response with the key.
+// Later requests with the same key and fingerprint get that response
 // replayed. See the package documentation for the statuses it answers.
 //
 // The handler finds the transaction with [TxFrom] and must do every write
 // of the operation through it. The fingerprint is the method, the route
-// ([Config].Route), the media type and the body (canonical JSON for
-// application/json and +json types, the bytes otherwise; an empty body is
-// never parsed), plus [Config].FingerprintHeaders.
+// ([Config].Route), the media type and the body, plus
+// [Config].FingerprintHeaders. The body counts as canonical JSON for
+// application/json and +json types, and as its bytes otherwise. An empty
+// body is never parsed.
 //
 // cfg.Scope is required: it says whose key space a request's key is in.
 // Mounted without it (nil cfg included), the middleware shares answers
 // with nobody: it answers every request of a guarded method 500
 // [ProblemInternal] without running the handler ([ErrNoScope], reported
 // once). A service with a single tenant says so with [SharedScope]. The
-// refusal is a 500 rather than an error returned here so that Middleware
-// keeps the shape every router's Use takes and still never panics; call
+// refusal is a 500 rather than an error returned here. So Middleware keeps
+// the shape every router's Use takes, and still never panics. Call
 // [Config.Validate] to fail at start-up instead.
 //
 // A nil g makes every guarded request fail with 500 [ProblemInternal]: the
@@ -87,8 +92,9 @@ type handler[Tx any] struct {
 }
 
 // TxFrom returns the transaction [Middleware] opened for the request whose
-// context is ctx. ok is false outside a guarded request (another method, or
-// an optional key left out) or when Tx is not the guard's transaction type.
+// context is ctx. ok is false outside a guarded request: another method,
+// or an optional key left out. It is also false when Tx is not the guard's
+// transaction type.
 // It reads what [idempotency.WithTx] stored, as [idempotency.TxFrom] does.
 func TxFrom[Tx any](ctx context.Context) (tx Tx, ok bool) {
 	return idempotency.TxFrom[Tx](ctx)

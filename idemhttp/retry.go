@@ -55,13 +55,17 @@ func retryAfter(v string, now time.Time) (time.Duration, bool) {
 	return max(t.Sub(now), 0), true
 }
 
-// DefaultRetry is the default retry predicate of [Transport]:
-// it retries transport errors (the request may or may not have arrived:
-// the key makes a second arrival harmless), every 5xx except 501 and 505
-// (which no retry can cure), 429, and a 409 that is the server's "request
-// in progress" answer: its problem type is [ProblemInProgress] or it
-// carries Retry-After. Any other 409 is a business answer ("order already
-// captured") and, like every other 4xx, is returned at once.
+// DefaultRetry is the default retry predicate of [Transport]. It retries:
+//
+//   - transport errors (the request may or may not have arrived: the key
+//     makes a second arrival harmless);
+//   - every 5xx except 501 and 505, which no retry can cure;
+//   - 429;
+//   - a 409 that is the server's "request in progress" answer. Its problem
+//     type is [ProblemInProgress], or it carries Retry-After.
+//
+// Any other 409 is a business answer ("order already captured"). Like
+// every other 4xx, it is returned at once.
 func DefaultRetry(resp *http.Response, err error) bool {
 	if err != nil {
 		return true
@@ -105,8 +109,8 @@ func IsInProgress(resp *http.Response) bool {
 }
 
 // RetryBudget bounds retries across many calls, so that a struggling
-// server is not sent MaxAttempts times its usual load: every call deposits
-// Ratio tokens, every retry spends one, and a retry is allowed only while a
+// server is not sent MaxAttempts times its usual load. Every call deposits
+// Ratio tokens, and every retry spends one. A retry is allowed only while a
 // whole token is left. The balance starts at, and never exceeds, Burst. A
 // nil *RetryBudget allows every retry. It is safe for concurrent use.
 type RetryBudget struct {

@@ -11,8 +11,8 @@ import (
 // Config included). Without a scope every client would share one key
 // space, and a client that sends another client's key and body would get
 // that client's stored answer. Such a middleware answers every request of
-// a guarded method 500 [ProblemInternal] without running the handler or
-// reaching the store; the error is in [Event].Err and is reported once per
+// a guarded method 500 [ProblemInternal], without running the handler or
+// reaching the store. The error is in [Event].Err. It is reported once per
 // [Middleware] to [Config].OnError (or to the http.Server's error log).
 // [Config.Validate] returns it at set-up. Set Scope to the authenticated
 // account, or to [SharedScope] for a service with a single tenant.
@@ -36,7 +36,7 @@ func (c *Config) Validate() error {
 }
 
 // SharedScope is a [Config].Scope that puts every request in one key
-// space (the empty scope): any client that sends a key and the same
+// space (the empty scope). Any client that sends a key and the same
 // request gets the answer stored for it, whoever sent it first. Use it
 // only for a service whose clients are one tenant (an internal service
 // behind a single caller); a service with accounts scopes by the
@@ -44,11 +44,11 @@ func (c *Config) Validate() error {
 func SharedScope(*http.Request) (string, error) { return "", nil }
 
 // ClientCertScope is a [Config].Scope that scopes keys by the client
-// certificate the server verified (an http.Server whose TLSConfig sets
+// certificate the server verified. (The http.Server's TLSConfig sets
 // ClientAuth to tls.VerifyClientCertIfGiven or
-// tls.RequireAndVerifyClientCert): its first URI SAN (a SPIFFE ID) if it
-// has one, else its subject distinguished name ("CN=...,O=..."), as
-// idemgrpc's PeerScope does. An identity longer than 255 bytes is replaced
+// tls.RequireAndVerifyClientCert.) The scope is the certificate's first URI
+// SAN (a SPIFFE ID) if it has one, else its subject distinguished name
+// ("CN=...,O=..."), as idemgrpc's PeerScope does. An identity longer than 255 bytes is replaced
 // by "sha256:" and its hex SHA-256. A request without a verified client
 // certificate (plain HTTP, no certificate, a certificate the server did
 // not verify) is refused with 401 before anything is stored.

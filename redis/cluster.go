@@ -11,19 +11,20 @@ import (
 	goredis "github.com/redis/go-redis/v9"
 )
 
-// This file holds Complete's path on Redis Cluster, where a slot can move
+// This file holds Complete's path on Redis Cluster. There a slot can move
 // between nodes while a key is held (resharding, slot migration, failover).
 //
-// go-redis's ClusterClient.Watch cannot be trusted there: it follows an ASK
-// by sending WATCH to the importing node without ASKING, gets MOVED back,
-// and once its redirects are used up returns nil without having run the
-// callback at all (v9.23: the error of the last redirect is overwritten by
-// the node look-up's nil). A Complete that took that nil for an applied
-// EXEC answered while nothing was stored. So the Store runs WATCH, the
-// owner check and MULTI/EXEC itself, on one connection of the node that
-// holds the record, sending ASKING before each command when that node is
-// importing the slot, and takes only an EXEC that returned its replies for
-// applied. Redirects are followed and TRYAGAIN (a multi-key command while
+// go-redis's ClusterClient.Watch cannot be trusted there. It follows an ASK
+// by sending WATCH to the importing node without ASKING, and gets MOVED
+// back. Once its redirects are used up, it returns nil without having run
+// the callback at all. (In v9.23 the error of the last redirect is
+// overwritten by the node look-up's nil.) A Complete that took that nil for
+// an applied EXEC answered while nothing was stored.
+//
+// So the Store runs WATCH, the owner check and MULTI/EXEC itself, on one
+// connection of the node that holds the record. It sends ASKING before each
+// command when that node is importing the slot. It takes for applied only
+// an EXEC that returned its replies. Redirects are followed and TRYAGAIN (a multi-key command while
 // the slot's keys are split between the nodes) is retried, within a bound.
 
 // errRedirect says a step of the cluster Complete must be tried again, on
@@ -118,10 +119,10 @@ func (c askingConn) TxPipelined(ctx context.Context, fn func(goredis.Pipeliner) 
 	return c.Tx.TxPipelined(ctx, fn)
 }
 
-// clusterWatchOwned is watchOwned on Redis Cluster: WATCH the record, check
-// it is pending under token, and run fn (which ends with EXEC) on the same
-// connection of the node that holds the record, following ASK and MOVED
-// and retrying TRYAGAIN for at most bound. fn reports through sent the
+// clusterWatchOwned is watchOwned on Redis Cluster. It WATCHes the record,
+// checks it is pending under token, and runs fn (which ends with EXEC). All
+// run on one connection of the node that holds the record. It follows ASK
+// and MOVED, and retries TRYAGAIN for at most bound. fn reports through sent the
 // commands its EXEC carried, so that a redirect on any of them is seen.
 func (s *Store) clusterWatchOwned(ctx context.Context, rec, token string, bound time.Duration,
 	fn func(execConn) error, sent func() []goredis.Cmder) error {

@@ -27,10 +27,10 @@ const (
 // [idempotency.ErrConflict].
 var retryable = [...]string{errBusy, errLoading, errTryAgain, errClusterDown, errMasterDown, errReadOnly, errAsk, errMoved}
 
-// mapError is the one place that classifies go-redis errors: an aborted
+// mapError is the one place that classifies go-redis errors. An aborted
 // EXEC (a watched key changed) and the replies listed in retryable wrap
-// [idempotency.ErrConflict]; everything else (connection errors and
-// timeouts included) is returned wrapped as it is, so that Do fails closed.
+// [idempotency.ErrConflict]. Everything else, connection errors and
+// timeouts included, is returned wrapped as it is, so that Do fails closed.
 func mapError(op string, err error) error {
 	if err == nil {
 		return nil
@@ -51,19 +51,19 @@ func mapError(op string, err error) error {
 }
 
 // outcomeUnknown reports whether a command that failed with err may still
-// have run on the server: not for an error reply of the server (it
-// answered), nor when go-redis got no connection to send it on; yes for
-// anything else (a cut connection, a timeout, a context that ended while
-// the reply was awaited).
+// have run on the server. It is false for an error reply of the server (it
+// answered), and when go-redis got no connection to send it on. It is true
+// for anything else: a cut connection, a timeout, a context that ended
+// while the reply was awaited.
 func outcomeUnknown(err error) bool {
 	var rerr goredis.Error
 	return !errors.As(err, &rerr) && !errors.Is(err, goredis.ErrPoolTimeout) && !errors.Is(err, goredis.ErrClosed)
 }
 
 // notSent reports whether a transaction that failed with err surely did
-// not run: the server answered with an error (MULTI refused, EXECABORT),
-// or go-redis refused to use the connection before writing (a connection
-// that an earlier command found broken).
+// not run. Either the server answered with an error (MULTI refused,
+// EXECABORT). Or go-redis refused to use the connection before writing: a
+// connection that an earlier command found broken.
 func notSent(err error) bool {
 	return !outcomeUnknown(err) || strings.HasPrefix(err.Error(), "redis: Conn is in a bad state")
 }

@@ -8,21 +8,21 @@ import (
 )
 
 // hold is a reservation this Store is making or holds. It serves two
-// promises of the KeyStore contract. A token of this Store that Redis
-// still names but that has no hold belongs to a reservation that is over
-// (a lost reply, a failed release): the Store's callers take the key over
-// at once rather than at the end of the lease. And the Store's own waiters
-// wait on done, closed once the reservation has ended in Redis (completed,
-// released, found lost, or never made), so that they take a freed key at
-// once: a failed release publishes no wake-up.
+// promises of the KeyStore contract. Redis may still name a token of this
+// Store that has no hold. That token belongs to a reservation that is over
+// (a lost reply, a failed release). The Store's callers then take the key
+// over at once, rather than at the end of the lease. And the Store's own
+// waiters wait on done. It is closed once the reservation has ended in
+// Redis: completed, released, found lost, or never made. So they take a
+// freed key at once, though a failed release publishes no wake-up.
 type hold struct {
 	token   string
 	done    chan struct{}
 	waiters atomic.Int32 // callers waiting on done
-	// Set before done is closed when Complete succeeded and someone
-	// waited: the stored record, as the reservation script would return it,
-	// and the monotonic instant it expires (by Redis's clock when it was
-	// written).
+	// Set before done is closed, when Complete succeeded and someone
+	// waited. rec is the stored record, as the reservation script would
+	// return it. until is the monotonic instant it expires (by Redis's clock
+	// when it was written).
 	rec   *idempotency.Record
 	until time.Time
 }

@@ -39,26 +39,26 @@ type Config struct {
 	// store in one Cluster slot. Defaults to [DefaultPrefix].
 	Prefix string
 	// Lease is how long a reservation holds its key without being renewed.
-	// While fn runs the lease is renewed every Lease/3; if the holder dies,
-	// the key is free Lease after its last renewal, and a retry can then run
-	// the effect again (see the package doc). At least [MinLease]. Defaults
+	// While fn runs the lease is renewed every Lease/3. If the holder dies,
+	// the key is free Lease after its last renewal. A retry can then run the
+	// effect again (see the package doc). At least [MinLease]. Defaults
 	// to [DefaultLease].
 	Lease time.Duration
-	// WaitReplicas, when > 0, makes a completion wait (Redis WAIT, on the
-	// connection that ran its EXEC) until that many replicas acknowledged
-	// it; fewer within ReplicaTimeout make Do fail with [ErrNotReplicated]
-	// instead of answering. Defaults to 0: answer once the primary applied
+	// WaitReplicas, when > 0, makes a completion wait until that many
+	// replicas acknowledged it. The wait is Redis WAIT, on the connection
+	// that ran its EXEC. Fewer within ReplicaTimeout make Do fail with
+	// [ErrNotReplicated] instead of answering. Defaults to 0: answer once the primary applied
 	// it (a failover can then lose an acknowledged completion).
 	WaitReplicas int
 	// ReplicaTimeout bounds that wait: at least 1ms. Defaults to
 	// [DefaultReplicaTimeout].
 	ReplicaTimeout time.Duration
-	// Clock is for tests only: when set, the store reads it instead of
+	// Clock is for tests only. When set, the store reads it instead of
 	// Redis's clock wherever it judges or stores a record's time (its
-	// expiry, its creation), and sends the reading to its scripts. Nil, the
-	// default and the only setting for a service with several instances,
-	// uses Redis's own clock (TIME inside the scripts), which every
-	// instance shares: no time of the application is ever sent. Leases and
+	// expiry, its creation). It sends the reading to its scripts. Nil is the
+	// default, and the only setting for a service with several instances.
+	// It uses Redis's own clock (TIME inside the scripts), which every
+	// instance shares. No time of the application is ever sent. Leases and
 	// the records' own Redis expiry (PX, PEXPIRE: durations the server
 	// counts) are Redis's in either case. A test clock must never differ
 	// between instances; a reading outside [idempotency.MinClock] ..
@@ -84,7 +84,7 @@ type Store struct {
 	releaseScript *goredis.Script
 	abandonScript *goredis.Script
 
-	// tokens starts every owner token of this Store: a token that starts
+	// tokens starts every owner token of this Store. A token that starts
 	// with it and is not in holds belongs to a reservation that is over,
 	// whatever Redis still says (see Reserve).
 	tokens string
@@ -102,21 +102,22 @@ type Store struct {
 var _ idempotency.KeyStore[*Tx] = (*Store)(nil)
 
 // Bounds of the clean-up of a reservation, which runs even when the
-// caller's context is done: releaseTimeout for Rollback and after a failed
-// Complete, abandonTimeout when the caller's context is already done or
-// after a reservation script whose reply was lost (the caller is already
-// late; see Reserve).
+// caller's context is done. Rollback and the release after a failed
+// Complete are bounded by releaseTimeout. A clean-up when the caller's
+// context is already done, or after a reservation script whose reply was
+// lost, is bounded by abandonTimeout (the caller is already late; see
+// Reserve).
 const (
 	releaseTimeout = 5 * time.Second
 	abandonTimeout = time.Second
 )
 
 // cleanupContext is the context of a clean-up that must run even though
-// ctx may be done: not cancelled with ctx, and bounded by releaseTimeout or,
-// when ctx is done or its deadline is nearer, by abandonTimeout past that
-// deadline (behind a partition the caller must not wait the longer bound
-// past its deadline; an i/o timeout at the deadline can come back a moment
-// before ctx reports it).
+// ctx may be done. It is not cancelled with ctx. It is bounded by
+// releaseTimeout or, when ctx is done or its deadline is nearer, by
+// abandonTimeout past that deadline. Behind a partition the caller must not
+// wait the longer bound past its deadline. And an i/o timeout at the
+// deadline can come back a moment before ctx reports it.
 func cleanupContext(ctx context.Context) (context.Context, context.CancelFunc) {
 	bound := releaseTimeout
 	if ctx.Err() != nil {
@@ -129,10 +130,10 @@ func cleanupContext(ctx context.Context) (context.Context, context.CancelFunc) {
 
 // Open connects to one Redis server and pings it under ctx. url is a
 // redis:// URL, a rediss:// URL (TLS) or a bare host:port (as
-// [goredis.Options].Addr takes), with the options go-redis's ParseURL
-// reads from its query (pool_size, dial_timeout and the like). Anything
-// else is refused with an error wrapping [idempotency.ErrInvalidConfig]
-// before a connection is made; a failed ping closes the client and is
+// [goredis.Options].Addr takes). A URL may carry the options go-redis's
+// ParseURL reads from its query (pool_size, dial_timeout and the like).
+// Anything else is refused with an error wrapping
+// [idempotency.ErrInvalidConfig] before a connection is made. A failed ping closes the client and is
 // returned. For a Cluster or a Sentinel set-up, build the client with
 // go-redis itself. The caller closes the returned client.
 func Open(ctx context.Context, url string) (goredis.UniversalClient, error) {
@@ -277,10 +278,10 @@ func (s *Store) testNow() (string, error) {
 	return strconv.FormatInt(now.UnixMilli(), 10), nil
 }
 
-// liveInMemory reports whether rec, a record a holder of this Store
-// completed and hands its waiters in memory, is still live: by the test clock,
-// or else by the monotonic deadline until, taken when Redis judged or
-// wrote it.
+// liveInMemory reports whether rec is still live. rec is a record that a
+// holder of this Store completed and hands its waiters in memory. It is
+// judged by the test clock, or else by the monotonic deadline until, taken
+// when Redis judged or wrote it.
 func (s *Store) liveInMemory(rec *idempotency.Record, until time.Time) bool {
 	if s.clock != nil {
 		return rec.ExpiresAt.UnixMilli() > s.clock().UnixMilli()

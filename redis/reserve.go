@@ -14,14 +14,15 @@ import (
 // Reserve implements [idempotency.KeyStore]. One call of the reservation
 // script (a single round trip) reserves a free key or returns a completed
 // record.
-// A caller that finds the key pending waits, as the package doc describes:
-// for a holder in this Store, on the holder itself; for any other, on the
-// key's wake-up channel, subscribed before it looks again.
 //
-// A key pending under a token of this Store whose reservation is over (its
-// script's reply was lost, or its release failed) is taken over at once,
-// with or without r.Wait: no caller waits out the lease of an owner that
-// this Store knows is gone. The reservation script of a caller whose reply
+// A caller that finds the key pending waits, as the package doc describes.
+// For a holder in this Store, it waits on the holder itself. For any other,
+// it waits on the key's wake-up channel, subscribed before it looks again.
+//
+// A key may be pending under a token of this Store whose reservation is
+// over: its script's reply was lost, or its release failed. Such a key is
+// taken over at once, with or without r.Wait. No caller waits out the lease
+// of an owner that this Store knows is gone. The reservation script of a caller whose reply
 // is lost is abandoned before Reserve returns (see abandon).
 func (s *Store) Reserve(ctx context.Context, r idempotency.Reservation) (idempotency.Txn[*Tx], *idempotency.Record, error) {
 	k := s.keysFor(r.Key)
@@ -180,10 +181,10 @@ func (s *Store) parseReserve(k keys, r idempotency.Reservation, vals []any, sent
 }
 
 // abandon deletes the reservation that a script sent under token may have
-// made, or marks the token so that the script reserves nothing if it has
-// not run yet: a retry then finds the key free, not held for a lease by an
-// owner that is gone. Best effort, on a context of its own (ctx may be
-// done): if it fails too, the key stays pending under token until its lease
+// made. Or, if the script has not run yet, it marks the token so that the
+// script reserves nothing. A retry then finds the key free, not held for a
+// lease by an owner that is gone. It is best effort, on a context of its
+// own (ctx may be done). If it fails too, the key stays pending under token until its lease
 // runs out, except for the callers of this Store, which take it over.
 func (s *Store) abandon(ctx context.Context, k keys, token string) {
 	ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), abandonTimeout)

@@ -36,15 +36,22 @@ end
 const maxExpiryMs = "9223372036854"
 
 // reserveLua takes the key unless a live record holds it.
-// KEYS[1] record: the only key it names, so that Redis Cluster runs it on
-// whichever node holds the record while its slot migrates (a script naming
+//
+// KEYS[1], the record, is the only key it names. So Redis Cluster runs it on
+// whichever node holds the record while its slot migrates. (A script naming
 // a second key that does not exist is refused with TRYAGAIN on both nodes
-// until the hand-over).
-// ARGV: token, scope, id, fingerprint, the clock (a test clock's reading in
-// ms, or "" for Redis's, see nowLua), TTL ms (the provisional expiry is
-// the clock plus it), lease ms, and a token of this Store whose
-// reservation is over ("" if none): a record pending under it is taken
-// over. A record in state "abandoned" (see abandonLua) is free, except to
+// until the hand-over.)
+//
+// ARGV:
+//   - token, scope, id, fingerprint;
+//   - the clock: a test clock's reading in ms, or "" for Redis's (see
+//     nowLua);
+//   - TTL ms: the provisional expiry is the clock plus it;
+//   - lease ms;
+//   - a token of this Store whose reservation is over ("" if none). A
+//     record pending under it is taken over.
+//
+// A record in state "abandoned" (see abandonLua) is free, except to
 // its own token. Returns {"reserved"}, {"abandoned"} (the caller already
 // gave this token up), {"pending", pttl ms, owner} or {"completed",
 // fingerprint, status, header, body, created, expires, scope, id, the
@@ -112,11 +119,11 @@ end
 return 0
 `
 
-// abandonLua gives up a reservation script whose reply was lost: it
-// deletes the reservation if the script made it, and otherwise, if the key
-// is free, leaves a record in state "abandoned" under the token for a
-// lease, so that the script, if it arrives later, reserves nothing (any
-// other token takes the key as free). One key, like reserveLua.
+// abandonLua gives up a reservation script whose reply was lost. It
+// deletes the reservation if the script made it. Otherwise, if the key is
+// free, it leaves a record in state "abandoned" under the token for a
+// lease. So the script, if it arrives later, reserves nothing. (Any other
+// token takes the key as free.) One key, like reserveLua.
 // KEYS[1] record. ARGV: token, channel, lease ms. Returns 1 if it deleted
 // a reservation, else 0.
 const abandonLua = `

@@ -8,7 +8,7 @@ import (
 	goredis "github.com/redis/go-redis/v9"
 )
 
-// Tx is the transaction fn receives: a Redis pipeline whose commands are
+// Tx is the transaction fn receives: a Redis pipeline. Its commands are
 // sent in the same MULTI/EXEC as the stored response when the key
 // completes, and only if the caller still owns the key. Nothing queued on it
 // runs before that; results are in the commands after [idempotency.Guard.Do]

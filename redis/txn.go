@@ -136,11 +136,11 @@ const minRecordTTL = time.Minute
 
 var errEnded = errors.New("redis: reservation already completed or rolled back")
 
-// Complete implements [idempotency.Txn]: MULTI, fn's commands, the
-// completed record, its expiry, PUBLISH, EXEC, under a WATCH of the record
-// armed when the token was last seen to be the caller's: by the
-// reservation itself (one round trip), or else by a check just before
-// (two, three on Cluster; see the package doc). On any failure the
+// Complete implements [idempotency.Txn]. It sends MULTI, fn's commands,
+// the completed record, its expiry, PUBLISH and EXEC. They run under a
+// WATCH of the record, armed when the token was last seen to be the
+// caller's. That is by the reservation itself (one round trip), or else by
+// a check just before (two, three on Cluster; see docs/performance.md). On any failure the
 // reservation is released if the caller still owns it.
 func (t *txn) Complete(ctx context.Context, resp idempotency.Response) error {
 	if t.ended {
@@ -290,7 +290,7 @@ func (t *txn) commit(ctx context.Context, resp idempotency.Response) error {
 }
 
 // applied reports whether the completed record's script ran in an EXEC
-// that returned its replies: a command that a redirected or refused
+// that returned its replies. A command that a redirected or refused
 // transaction never ran has no error and no value.
 func applied(done *goredis.Cmd) bool {
 	return done != nil && done.Err() == nil && done.Val() != nil
@@ -364,9 +364,9 @@ func (t *txn) Rollback(ctx context.Context) error {
 }
 
 // release deletes the reservation if token still owns it and wakes waiters.
-// It runs even when ctx is done, bounded by releaseTimeout, or by
-// abandonTimeout when ctx is done already (the caller is late: behind a
-// partition it must not wait the longer bound past its deadline).
+// It runs even when ctx is done, bounded by releaseTimeout. When ctx is
+// done already, abandonTimeout bounds it instead. (The caller is late:
+// behind a partition it must not wait the longer bound past its deadline.)
 func (t *txn) release(ctx context.Context) error {
 	ctx, cancel := cleanupContext(ctx)
 	defer cancel()

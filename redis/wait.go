@@ -9,9 +9,10 @@ import (
 	"github.com/go-idempotency/idempotency"
 )
 
-// wait returns when the local holder h ends (with its record if it
-// completed), after a message on w's channel (or a resubscription after a
-// reconnect, which may have lost one), after d, or with ctx's error. Either
+// wait returns when the local holder h ends, with its record if it
+// completed. It also returns after a message on w's channel, or a
+// resubscription after a reconnect (which may have lost one). Otherwise it
+// returns after d, or with ctx's error. Either
 // h or w may be nil.
 func wait(ctx context.Context, h *hold, w *waiter, d time.Duration) (*idempotency.Record, error) {
 	var done <-chan struct{}

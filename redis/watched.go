@@ -14,27 +14,27 @@ import (
 )
 
 // This file holds the reservation that arms Complete's WATCH in its own
-// round trip, on a single node or Sentinel client: a new key then costs two
+// round trip, on a single node or Sentinel client. A new key then costs two
 // round trips instead of three.
 //
 // The reservation script, WATCH on the record and a read of its owner go in
-// one pipeline, on a connection the reservation keeps until Complete or
-// Rollback (the contract's one connection per reservation). If the owner
-// read after WATCH is the caller's token, any later write to the record (a
-// takeover, a renewal, anything) aborts Complete's EXEC, so Complete can
-// send MULTI, fn's commands, the record and EXEC at once. An aborted EXEC
-// falls back to the check under a fresh WATCH (see commit).
+// one pipeline. They run on a connection the reservation keeps until
+// Complete or Rollback (the contract's one connection per reservation). The
+// owner read after WATCH may be the caller's token. Then any later write to
+// the record (a takeover, a renewal, anything) aborts Complete's EXEC. So
+// Complete can send MULTI, fn's commands, the record and EXEC at once. An
+// aborted EXEC falls back to the check under a fresh WATCH (see commit).
 //
 // A key that turns out completed or held leaves a WATCH to clear (UNWATCH,
-// one more round trip) before the connection goes back to the pool: replays
-// would cost two round trips. So a Store remembers the keys it lately found
-// completed (seenKeys) and looks those up with the plain script, one round
-// trip; and a caller that waits for a key (r.Wait > 0) uses the plain
+// one more round trip) before the connection goes back to the pool. Replays
+// would then cost two round trips. So a Store remembers the keys it lately
+// found completed (seenKeys), and looks those up with the plain script, in
+// one round trip. A caller that waits for a key (r.Wait > 0) uses the plain
 // script too.
 
-// pinned is a pooled connection that a reservation keeps: the go-redis Tx
-// of a Client.Watch call (with no keys: it sends nothing) whose callback
-// waits, on a goroutine of its own, until release. (Client.Conn would do,
+// pinned is a pooled connection that a reservation keeps. It is the
+// go-redis Tx of a Client.Watch call (with no keys: it sends nothing). The
+// call's callback waits, on a goroutine of its own, until release. (Client.Conn would do,
 // but go-redis races on its options when Conns dial at once.)
 type pinned struct {
 	tx    *goredis.Tx

@@ -23,22 +23,22 @@ import (
 //     so a transaction that reads before it writes cannot fail with
 //     SQLITE_BUSY when it upgrades its lock.
 //
-// The synchronous pragma is left at SQLite's default, FULL: every COMMIT
-// waits for an fsync of the WAL, so a key that Do has answered survives a
+// The synchronous pragma is left at SQLite's default, FULL. Every COMMIT
+// waits for an fsync of the WAL. So a key that Do has answered survives a
 // power loss or an OS crash. Appending "&_pragma=synchronous(NORMAL)" makes
 // a commit cheaper (no fsync until a checkpoint), but the last commits
 // before a power loss can be rolled back. The key and its effect are lost
-// together, so the database holds no duplicate; but the caller, who most
-// likely never got the response, retries, fn runs again, and whatever fn
-// did outside the database (a call to a payment provider) is done twice. A
+// together, so the database holds no duplicate. But the caller most likely
+// never got the response, so it retries and fn runs again. Whatever fn did
+// outside the database (a call to a payment provider) is then done twice. A
 // crash of the process alone loses nothing in either mode.
 const DSNOptions = "_pragma=busy_timeout(5000)&_pragma=journal_mode(WAL)&_pragma=foreign_keys(1)&_txlock=immediate"
 
 // Open opens the SQLite database file at path, creating it if needed, with
-// [DSNOptions], and checks that it can be used. path is a plain file path:
-// "", ":memory:" (each connection would see its own database), a "file:" URI
-// and a path containing '?' are refused with an error wrapping
-// [idempotency.ErrInvalidConfig]. The caller closes the returned *sql.DB.
+// [DSNOptions], and checks that it can be used. path is a plain file path.
+// These are refused with an error wrapping [idempotency.ErrInvalidConfig]:
+// "", ":memory:" (each connection would see its own database), a "file:"
+// URI and a path containing '?'. The caller closes the returned *sql.DB.
 func Open(ctx context.Context, path string) (*sql.DB, error) {
 	switch {
 	case path == "", path == ":memory:", strings.HasPrefix(path, "file:"), strings.Contains(path, "?"):
@@ -50,9 +50,9 @@ func Open(ctx context.Context, path string) (*sql.DB, error) {
 		return nil, fmt.Errorf("sqlite: open %s: %w", path, err)
 	}
 	// The first connection switches a fresh file to WAL, which takes
-	// SQLite's exclusive lock: a process doing the same at the same
-	// instant makes it fail with SQLITE_BUSY without waiting (the busy
-	// handler is not called where waiting could deadlock).
+	// SQLite's exclusive lock. A process doing the same at the same
+	// instant makes it fail with SQLITE_BUSY without waiting. (The busy
+	// handler is not called where waiting could deadlock.)
 	if err := retryBusy(ctx, func() error { return db.PingContext(ctx) }); err != nil {
 		_ = db.Close()
 		return nil, fmt.Errorf("sqlite: open %s: %w", path, err)

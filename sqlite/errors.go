@@ -45,10 +45,10 @@ func isBusy(err error) bool {
 func (s *Store) IsConflict(err error) bool { return isBusy(err) }
 
 // mapError is the one place that reads the driver's errors. Once ctx is
-// done the error carries ctx.Err() (database/sql may report a transaction
-// it rolled back because ctx ended as sql.ErrTxDone alone); otherwise
+// done the error carries ctx.Err(). (database/sql may report a transaction
+// it rolled back because ctx ended as sql.ErrTxDone alone.) Otherwise
 // SQLITE_BUSY and SQLITE_LOCKED are retryable conflicts
-// ([idempotency.ErrConflict]) and every other error is returned as it is.
+// ([idempotency.ErrConflict]), and every other error is returned as it is.
 // Each gets op for context.
 func mapError(ctx context.Context, op string, err error) error {
 	if cerr := ctx.Err(); cerr != nil {

@@ -6,16 +6,16 @@ import (
 )
 
 // Purge implements [idempotency.KeyStore]: it deletes at most limit keys
-// whose ExpiresAt <= SQLite's clock (or the test clock, Config.Clock, read
-// once), purgeChunk keys per statement, each statement
-// its own transaction. A key held by an open transaction is not visible to
-// it. SQLite has one writer at a time, so each statement queues for the
-// Store's write turn like any of its writers (while ctx lives) and gives
-// it back at once: a Do waits for one small statement of a purge, not for
-// a whole batch. Then it waits for SQLite's lock against writers outside
-// the Store, under the busy timeout of the pool's connection and ctx; a
+// whose ExpiresAt <= SQLite's clock (or the test clock, [Config].Clock, read
+// once). It deletes purgeChunk keys per statement, each statement its own
+// transaction. A key held by an open transaction is not visible to it.
+// SQLite has one writer at a time. So each statement queues for the Store's
+// write turn like any of its writers (while ctx lives), and gives it back
+// at once. A Do waits for one small statement of a purge, not for a whole
+// batch. Each statement then waits for SQLite's lock against writers outside
+// the Store, under the busy timeout of the pool's connection and ctx. A
 // database still busy then gives an error wrapping
-// [idempotency.ErrConflict] (with the count of keys deleted so far).
+// [idempotency.ErrConflict], with the count of keys deleted so far.
 func (s *Store) Purge(ctx context.Context, limit int) (int, error) {
 	before, err := s.testNow()
 	if err != nil {

@@ -18,30 +18,33 @@ import (
 // a time), then a connection, and begins a transaction whose first
 // statement inserts the reservation.
 //
-// Callers of one key in one Store meet at the write turn as any two
-// writers do (a [idempotency.Guard] lets only one of its callers of a key
-// reach the Store). The turn's holder may hold the caller's key: the caller
-// then waits for the turn up to r.Wait, then looks the key up again and
-// gets the record if it is completed, else an error wrapping
+// Callers of one key in one Store meet at the write turn, as any two
+// writers do. (A [idempotency.Guard] lets only one of its callers of a key
+// reach the Store.) The turn's holder may hold the caller's key. The caller
+// then waits for the turn up to r.Wait, and looks the key up again. It gets
+// the record if it is completed, else an error wrapping
 // [idempotency.ErrInProgress]. A caller that gets the turn after the key's
 // holder is done finds the key's row and returns the record.
 //
-// While a caller of another key holds the write turn, a caller with
-// r.NoWait gets an error wrapping [idempotency.ErrStore] at once (the
-// database is busy, the key is not held; retrying later is safe); any other
-// caller waits for the turn, until r.Deadline (without one: r.Wait or 5s,
-// whichever is longer), then gets [idempotency.ErrConflict].
+// A caller of another key may hold the write turn. A caller with r.NoWait
+// then gets an error wrapping [idempotency.ErrStore] at once. (The database
+// is busy, the key is not held; retrying later is safe.) Any other caller
+// waits for the turn until r.Deadline, then gets [idempotency.ErrConflict].
+// Without a Deadline it waits for r.Wait or 5s, whichever is longer.
 //
 // Writers outside the Store (another Store, another process, plain
-// transactions on db) meet it at SQLite's write lock, and may hold the key
-// itself: their reservation is invisible until it commits. With r.Wait > 0
-// or r.Deadline set, the reservation waits for that lock while ctx lives
-// and up to the later of the two bounds, whatever the busy timeout, then
-// reports [idempotency.ErrInProgress] (the key may be held); with r.NoWait
-// it does not wait and reports ErrInProgress; with neither it waits under
-// the connection's own busy timeout, then reports
-// [idempotency.ErrConflict]. A key found completed after such a wait is
-// returned instead.
+// transactions on db) meet it at SQLite's write lock. They may hold the key
+// itself: their reservation is invisible until it commits.
+//
+//   - With r.Wait > 0 or r.Deadline set, the reservation waits for that
+//     lock while ctx lives, up to the later of the two bounds, whatever the
+//     busy timeout. Then it reports [idempotency.ErrInProgress] (the key may
+//     be held).
+//   - With r.NoWait it does not wait, and reports ErrInProgress.
+//   - With neither it waits under the connection's own busy timeout, then
+//     reports [idempotency.ErrConflict].
+//
+// A key found completed after such a wait is returned instead.
 func (s *Store) Reserve(ctx context.Context, r idempotency.Reservation) (idempotency.Txn[*sql.Tx], *idempotency.Record, error) {
 	if r.TTL <= 0 {
 		return nil, nil, fmt.Errorf("%w: sqlite: key %v: reservation TTL %v", idempotency.ErrInvalidConfig, r.Key, r.TTL)
@@ -103,9 +106,9 @@ func (s *Store) Reserve(ctx context.Context, r idempotency.Reservation) (idempot
 const outsideAfter = 2 * time.Millisecond
 
 // lockBound is when a reservation stops waiting for the Store's write turn
-// and for SQLite's write lock: the call's r.Deadline, or the end of r.Wait
-// (deadline) if that is later; zero when neither bounds it (a first try
-// without a Deadline waits under the connection's busy timeout).
+// and for SQLite's write lock. It is the call's r.Deadline, or the end of
+// r.Wait (deadline) if that is later. It is zero when neither bounds it: a
+// first try without a Deadline waits under the connection's busy timeout.
 func lockBound(r idempotency.Reservation, deadline time.Time) time.Time {
 	by := r.Deadline
 	if r.Wait > 0 && deadline.After(by) {
@@ -147,14 +150,18 @@ func (s *Store) lookup(ctx context.Context, st *stmts, r idempotency.Reservation
 // The wait for SQLite's write lock is its busy handler's, under the
 // connection's busy timeout. With no bound (by zero, not r.NoWait) that
 // busy timeout is the bound, and on a database in WAL mode it is not even
-// read. Otherwise it is read first (database/sql may hand out any
-// connection of the pool), except on a first try (r.Wait == 0), which
-// assumes the busy timeout read when the statements were prepared and
-// reads the connection's own only when it must lower it: as long as what
-// remains of the bound is at least that busy timeout, an attempt cannot
-// overrun the bound and nothing is changed; after a SQLITE_BUSY that took
-// the whole busy timeout, BEGIN is tried again. The last attempt (the bound shorter than the busy timeout,
-// r.NoWait, or a connection without busy timeout) runs with the busy
+// read. Otherwise it is read first, since database/sql may hand out any
+// connection of the pool.
+//
+// A first try (r.Wait == 0) is the exception. It assumes the busy timeout
+// read when the statements were prepared, and reads the connection's own
+// only when it must lower it. As long as what remains of the bound is at
+// least that busy timeout, an attempt cannot overrun the bound, and nothing
+// is changed. After a SQLITE_BUSY that took the whole busy timeout, BEGIN
+// is tried again.
+//
+// The last attempt (the bound shorter than the busy timeout, r.NoWait, or
+// a connection without busy timeout) runs with the busy
 // timeout set to what remains of the bound, set back before the caller's
 // statements run. (A bound by a cancellable context instead would change
 // nothing on the connection, but modernc.org/sqlite then watches the
@@ -167,8 +174,8 @@ func (s *Store) reserve(ctx context.Context, st *stmts, r idempotency.Reservatio
 	}
 	bounded := !by.IsZero() || r.NoWait
 	// A first try (r.Wait == 0, bounded by the call's Deadline) assumes the
-	// busy timeout read when the statements were prepared, and reads the
-	// connection's own only when it has to lower it: a new key under a
+	// busy timeout read when the statements were prepared. It reads the
+	// connection's own only when it has to lower it. So a new key under a
 	// bound longer than the busy timeout costs no PRAGMA.
 	firstTry := r.Wait == 0 && !r.NoWait
 	orig := int64(busyUnknown)

@@ -44,11 +44,11 @@ func validTable(name string) error {
 func (s *Store) Schema() string { return s.schema }
 
 // Migrate creates the Store's table and index if they do not exist. It is
-// idempotent, and safe to run from several processes at once on one file:
-// it runs the DDL in a transaction that takes the write lock at BEGIN
-// (BEGIN IMMEDIATE), so the check "does the table exist" and the CREATE see
-// the same schema, and it retries SQLITE_BUSY for a while (up to 30s, while
-// ctx lives), whatever the database's busy timeout.
+// idempotent, and safe to run from several processes at once on one file.
+// It runs the DDL in a transaction that takes the write lock at BEGIN
+// (BEGIN IMMEDIATE). So the check "does the table exist" and the CREATE see
+// the same schema. It retries SQLITE_BUSY for a while (up to 30s, while ctx
+// lives), whatever the database's busy timeout.
 func (s *Store) Migrate(ctx context.Context) error {
 	conn, err := s.db.Conn(ctx)
 	if err != nil {

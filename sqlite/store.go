@@ -20,13 +20,13 @@ type Config struct {
 	// and underscores, not starting with a digit nor with "sqlite_".
 	// Defaults to [DefaultTable].
 	Table string
-	// Clock is for tests only: when set, the store reads it instead of
-	// SQLite's clock wherever it judges or stores a time (a record's
-	// expiry, its creation, Purge), and sends the reading with each
-	// statement. Nil, the default and the only setting for several
-	// processes on one database, uses SQLite's own clock
-	// (unixepoch('subsec'), milliseconds), the clock of the host every
-	// process on the file shares: no time of the application is ever sent.
+	// Clock is for tests only. When set, the store reads it instead of
+	// SQLite's clock wherever it judges or stores a time: a record's
+	// expiry, its creation, Purge. It sends the reading with each
+	// statement. Nil is the default, and the only setting for several
+	// processes on one database. It uses SQLite's own clock
+	// (unixepoch('subsec'), milliseconds): the clock of the host that every
+	// process on the file shares. No time of the application is ever sent.
 	// A test clock must never differ between processes; a reading outside
 	// [idempotency.MinClock] .. [idempotency.MaxExpiry] is refused with
 	// [idempotency.ErrInvalidConfig] before anything is written.
@@ -110,9 +110,9 @@ func (st *stmts) close() {
 // held" in the package documentation). Whether the database is in WAL mode
 // is read once, when the statements are prepared.
 //
-// Use one Store per table and database: the callers of a Store queue for
-// the write lock in memory (see [Store.Reserve]); two Stores
-// on one database meet only at SQLite's lock, like any two writers.
+// Use one Store per table and database. The callers of a Store queue for
+// the write lock in memory (see [Store.Reserve]). Two Stores on one
+// database meet only at SQLite's lock, like any two writers.
 func New(db *sql.DB, cfg *Config) (*Store, error) {
 	if db == nil {
 		return nil, fmt.Errorf("%w: sqlite: nil *sql.DB", idempotency.ErrInvalidConfig)

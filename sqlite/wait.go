@@ -15,13 +15,13 @@ import (
 
 // writeTurnWait is the least time a caller waits for the Store's write
 // turn, which callers of other keys hold, before it reports a busy
-// database: a caller that may not wait for its own key (r.Wait == 0) still
+// database. A caller that may not wait for its own key (r.Wait == 0) still
 // waits this long for the others, like any writer waits for a lock.
 const writeTurnWait = 5 * time.Second
 
 // commitWait is the least busy timeout, in milliseconds, that Complete
-// gives its UPDATE and COMMIT outside WAL mode: a COMMIT then waits for the
-// readers of the database to finish, and failing it at once would run fn
+// gives its UPDATE and COMMIT outside WAL mode. A COMMIT then waits for the
+// readers of the database to finish. Failing it at once would run fn
 // again. (In WAL mode a COMMIT waits for nobody.)
 const commitWait = 5000
 
@@ -29,20 +29,21 @@ const commitWait = 5000
 // because it is not changed.
 const busyUnknown = -1
 
-// acquire takes the Store's write turn. SQLite has one writer at a time;
-// the writers of one Store queue for it here, in order, each woken as soon
-// as the previous one is done, rather than polling the write lock on the
-// busy handler's schedule. Writers outside the Store still meet at
+// acquire takes the Store's write turn. SQLite has one writer at a time.
+// The writers of one Store queue for it here, in order. Each is woken as
+// soon as the previous one is done, rather than polling the write lock on
+// the busy handler's schedule. Writers outside the Store still meet at
 // SQLite's lock.
 //
 // key is the caller's key, nil for a writer of no key (Purge). A turn held
-// by a caller of key means the key is held: from keyBy on (the end of the
-// reservation's Wait; at once when it is zero) acquire reports that with
-// [idempotency.ErrInProgress]. A turn held by callers of other keys is a
-// busy database, never "key in progress": with noWait acquire reports it
-// at once, wrapping [idempotency.ErrStore]; otherwise it waits up to d
-// (forever: no bound) while ctx lives, then reports
-// [idempotency.ErrConflict].
+// by a caller of key means the key is held. From keyBy on, acquire reports
+// that with [idempotency.ErrInProgress]. (keyBy is the end of the
+// reservation's Wait; at once when it is zero.)
+//
+// A turn held by callers of other keys is a busy database, never "key in
+// progress". With noWait acquire reports it at once, wrapping
+// [idempotency.ErrStore]. Otherwise it waits up to d (forever: no bound)
+// while ctx lives, then reports [idempotency.ErrConflict].
 func (s *Store) acquire(ctx context.Context, key *idempotency.Key, noWait bool, keyBy time.Time, d time.Duration) error {
 	select {
 	case s.writer <- struct{}{}:
@@ -108,9 +109,9 @@ func (s *Store) releaseTurn() {
 // forever is the bound of a wait for the write turn that only ctx ends.
 const forever = time.Duration(math.MaxInt64)
 
-// turnWait is how long a reservation waits for the Store's write turn: up
-// to by, the call's wait bound, when the call gave a Deadline; otherwise
-// for r.Wait or writeTurnWait, whichever is longer.
+// turnWait is how long a reservation waits for the Store's write turn.
+// When the call gave a Deadline, it waits up to by, the call's wait bound.
+// Otherwise it waits for r.Wait or writeTurnWait, whichever is longer.
 func turnWait(r idempotency.Reservation, by time.Time) time.Duration {
 	if r.Deadline.IsZero() {
 		return max(r.Wait, writeTurnWait)
@@ -118,16 +119,16 @@ func turnWait(r idempotency.Reservation, by time.Time) time.Duration {
 	return time.Until(by)
 }
 
-// waitErr reports a reservation that did not get SQLite's write lock: the
-// error as mapError maps it (ctx's error once ctx is done), unless that is
-// a busy database ([idempotency.ErrConflict]) at the bound. The write lock
-// is then held by a writer outside the Store (the Store's own writers
-// queue for its write turn before they reach the lock), which may hold
-// this very key: SQLite cannot tell without waiting, since a pending
-// reservation is invisible until its commit. So with r.NoWait, and with
-// the bound by run out, it is reported as [idempotency.ErrInProgress],
-// the answer a caller of a held key gets: ask again later with the same
-// key. An SQLITE_BUSY before the bound, such as a deadlock SQLite refuses
+// waitErr reports a reservation that did not get SQLite's write lock. It
+// returns the error as mapError maps it (ctx's error once ctx is done).
+// The exception is a busy database ([idempotency.ErrConflict]) at the
+// bound. The write lock is then held by a writer outside the Store. (The
+// Store's own writers queue for its write turn before they reach the
+// lock.) That writer may hold this very key. SQLite cannot tell without
+// waiting, since a pending reservation is invisible until its commit. So
+// with r.NoWait, and with the bound by run out, it is reported as
+// [idempotency.ErrInProgress]. That is the answer a caller of a held key
+// gets: ask again later with the same key. An SQLITE_BUSY before the bound, such as a deadlock SQLite refuses
 // to wait for, stays a conflict to retry.
 func waitErr(ctx context.Context, err error, r idempotency.Reservation, by time.Time) error {
 	werr := mapError(ctx, "reserve: waiting for the write lock", err)

@@ -1,13 +1,15 @@
 // Package idemecho mounts the idemhttp middleware on echo (v4).
 //
-// echo.WrapMiddleware is wrong for idemhttp: a handler that returns an
-// error (echo.NewHTTPError(502), the 400 of a failed c.Bind) has it written
-// by echo's HTTPErrorHandler after the middleware has finished, so the
-// middleware saw no answer and used to store an empty 200 with the
-// handler's writes committed. [Middleware] renders a returned error with
-// the echo instance's HTTPErrorHandler inside the middleware, so the
-// error's own status is what the policy judges (a 502 or a 400 is rolled
-// back and not stored) and what the client gets:
+// echo.WrapMiddleware is wrong for idemhttp. A handler may return an error,
+// such as echo.NewHTTPError(502) or the 400 of a failed c.Bind. echo's
+// HTTPErrorHandler writes it after the middleware has finished. So the
+// middleware saw no answer, and used to store an empty 200 with the
+// handler's writes committed.
+//
+// [Middleware] renders a returned error with the echo instance's
+// HTTPErrorHandler inside the middleware. So the error's own status is what
+// the policy judges (a 502 or a 400 is rolled back and not stored), and
+// what the client gets:
 //
 //	cfg := &idemhttp.Config{Scope: accountScope} // required: the authenticated account
 //	e := echo.New()
@@ -21,7 +23,7 @@
 //	}
 //
 // A handler that writes nothing and returns nil is rolled back and
-// answered 500 [idemhttp.ProblemNoResponse]; a panic is rolled back and
+// answered 500 [idemhttp.ProblemNoResponse]. A panic is rolled back and
 // re-raised for echo's Recover middleware to answer.
 package idemecho
 

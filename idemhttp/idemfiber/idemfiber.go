@@ -1,13 +1,14 @@
 // Package idemfiber mounts the idemhttp middleware on fiber v2, natively on
 // fasthttp.
 //
-// fiber's adaptor.HTTPMiddleware is wrong for idemhttp: it calls c.Next()
-// after the net/http middleware has returned, so the transaction commits
+// fiber's adaptor.HTTPMiddleware is wrong for idemhttp. It calls c.Next()
+// after the net/http middleware has returned. So the transaction commits
 // (and an empty answer used to be stored) before the handler runs.
+//
 // [Middleware] is a fiber handler that runs the rest of the chain inside
-// the guard's transaction, renders a returned error with the app's
-// ErrorHandler there, and hands the fiber response (status, headers, body)
-// to the middleware, which stores it with the key or rolls it back:
+// the guard's transaction. It renders a returned error with the app's
+// ErrorHandler there. Then it hands the fiber response (status, headers,
+// body) to the middleware, which stores it with the key or rolls it back:
 //
 //	cfg := &idemhttp.Config{Scope: accountScope} // required: the authenticated account
 //	app := fiber.New()
@@ -22,7 +23,7 @@
 //
 // The transaction is in c.UserContext(). A handler that sets no status and
 // writes no body is rolled back and answered 500
-// [idemhttp.ProblemNoResponse]; a panic is rolled back and re-raised for
+// [idemhttp.ProblemNoResponse]. A panic is rolled back and re-raised for
 // fiber's recover middleware to answer. Streamed bodies (SendStream) are
 // read whole into the buffer.
 package idemfiber

@@ -1,19 +1,23 @@
 // Package idemgin mounts the idemhttp middleware on gin.
 //
-// The usual way to mount a net/http middleware on gin (a gin.HandlerFunc
-// that sets c.Request and calls c.Next() from inside the middleware's
-// handler) is wrong for idemhttp: gin's handlers write to c.Writer, which
-// is not the buffering writer the middleware gave its handler, so the
-// answer (201 "approved") reaches the client while the middleware, seeing
-// none, rolls the handler's writes back. idemhttp cannot intercept
-// c.Writer; it notices afterwards ([idemhttp.ErrWriterBypassed], reported
-// once to Config.OnError), and from then on that middleware answers every
+// The usual way to mount a net/http middleware on gin is wrong for
+// idemhttp. That way is a gin.HandlerFunc that sets c.Request and calls
+// c.Next() from inside the middleware's handler. But gin's handlers write
+// to c.Writer, which is not the buffering writer the middleware gave its
+// handler. So the answer (201 "approved") reaches the client, while the
+// middleware, seeing none, rolls the handler's writes back.
+//
+// idemhttp cannot intercept c.Writer. It notices afterwards
+// ([idemhttp.ErrWriterBypassed], reported once to
+// [idemhttp.Config].OnError). From then on that middleware answers every
 // guarded request 500 without running the handler in a transaction
 // ([idemhttp.ErrBypassRefused]). An adapter that does not c.Abort() when
 // the middleware answered lets gin run the handler anyway, after it and
-// outside any transaction: TxFrom reports false there. [Middleware]
-// replaces c.Writer for the rest of the chain, so that gin's handlers, and
-// the middleware after this one, write into the middleware's buffer:
+// outside any transaction: [TxFrom] reports false there.
+//
+// [Middleware] replaces c.Writer for the rest of the chain. So gin's
+// handlers, and the middleware after this one, write into the middleware's
+// buffer:
 //
 //	cfg := &idemhttp.Config{Scope: accountScope} // required: the authenticated account
 //	r := gin.New()
@@ -31,9 +35,9 @@
 // database/sql may still watch the context it was given.
 //
 // A handler that writes nothing (not even c.Status) is rolled back and
-// answered 500 [idemhttp.ProblemNoResponse]; so is one that only records
+// answered 500 [idemhttp.ProblemNoResponse]. So is one that only records
 // errors with c.Error. c.AbortWithStatusJSON(502, ...) is sent to the
-// client and rolled back; a panic is rolled back and re-raised for
+// client and rolled back. A panic is rolled back and re-raised for
 // gin.Recovery to answer.
 package idemgin
 
