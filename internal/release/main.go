@@ -12,9 +12,10 @@
 // directory and creates the tags there. It builds a module proxy directory
 // from them (zips made by golang.org/x/mod/zip). Then, for each module, it
 // builds and runs a small consumer program that imports every public
-// package of the module. The build uses GOPROXY set to that directory and
-// the local module cache (no network), no replace directive and
-// GOFLAGS=-mod=mod. It fails if any module does not
+// package of the module. Before that, it fills the local module cache with
+// the module's third-party requirements (with the usual GOPROXY). The
+// build then uses GOPROXY set to that directory and the local module cache
+// (no network), no replace directive and GOFLAGS=-mod=mod. It fails if any module does not
 // resolve, build or run, or if a module requires another module of this
 // repository at a version other than the recorded one.
 package main
@@ -318,6 +319,11 @@ func check(repo string, keep bool) error {
 			return fmt.Errorf("%s: %w", r.Tag(), err)
 		}
 	}
+	for _, r := range rels {
+		if err := warm(filepath.Join(src, filepath.FromSlash(r.Dir))); err != nil {
+			return fmt.Errorf("%s: %w", r.Tag(), err)
+		}
+	}
 	cache, err := goEnv("GOMODCACHE")
 	if err != nil {
 		return err
@@ -361,6 +367,25 @@ func removeAll(dir string) {
 		return nil
 	})
 	_ = os.RemoveAll(dir)
+}
+
+// warm fills the local module cache with what a consumer of the module in
+// dir needs from outside this repository: the go.mod file of every module
+// in its requirement graph and the zips of the modules its packages use.
+// It runs with the caller's own GOPROXY, so that the consumers' builds
+// that follow need no network: a fresh machine's cache holds only what
+// builds and tests of this repository fetched, not the older go.mod files
+// that resolving a module from scratch reads.
+func warm(dir string) error {
+	for _, args := range [][]string{{"mod", "graph"}, {"mod", "download"}} {
+		cmd := exec.Command("go", args...)
+		cmd.Dir = dir
+		cmd.Env = append(os.Environ(), "GOFLAGS=-mod=mod", "GOWORK=off")
+		if out, err := cmd.CombinedOutput(); err != nil {
+			return fmt.Errorf("go %s: %w\n%s", strings.Join(args, " "), err, out)
+		}
+	}
+	return nil
 }
 
 func goEnv(name string) (string, error) {
