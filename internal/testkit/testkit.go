@@ -7,11 +7,11 @@
 // and the checks that a test counted the effects it expected
 // ([MustCount]), gave back every pooled connection ([CheckReleased]) and
 // left no goroutine behind ([Goroutines]), and a child process of the test
-// binary whose output a test waits on ([StartChild], [WaitForLine]). Its
-// subpackage pgkit holds what needs pgx.
+// binary whose output a test waits on ([StartChild], [WaitForLine]). It
+// also holds the scenarios every backend runs on its own capture of what
+// it sends ([ClockOnly]). Its subpackage pgkit holds what needs pgx.
 //
-// It imports only the standard library and "testing", so only _test.go
-// files may import it: a library package that depends on it fails
+// It imports "testing", so only _test.go files may import it: a library package that depends on it fails
 // TestLibraryImports (imports_test.go at the module root).
 package testkit
 
