@@ -16,7 +16,7 @@ import (
 	gomysql "github.com/go-sql-driver/mysql"
 )
 
-func TestNewRefusesBadConfig(t *testing.T) {
+func TestConfigRefused(t *testing.T) {
 	// A pool on a port nothing listens on: any SQL would fail, and New must
 	// not send any.
 	db, err := openPool("root@tcp(127.0.0.1:1)/test?timeout=100ms")
@@ -93,7 +93,7 @@ func TestParseDSN(t *testing.T) {
 	}
 }
 
-func TestMigrateIdempotent(t *testing.T) {
+func TestSchemaMigrate(t *testing.T) {
 	ctx := testkit.Context(t, 30*time.Second)
 	db := openDB(t, testConfig(t, nil), 0)
 	f := newFixture(t, db, nil) // migrated once

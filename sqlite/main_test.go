@@ -1,0 +1,25 @@
+package sqlite_test
+
+import (
+	"encoding/json"
+	"fmt"
+	"os"
+	"testing"
+)
+
+func TestMain(m *testing.M) {
+	if raw := os.Getenv(childEnv); raw != "" {
+		var task childTask
+		err := json.Unmarshal([]byte(raw), &task)
+		if err == nil {
+			err = runChild(task)
+		}
+		if err != nil {
+			fmt.Println("error:", err)
+			fmt.Fprintln(os.Stderr, "sqlite child:", err)
+			os.Exit(2)
+		}
+		os.Exit(0)
+	}
+	os.Exit(m.Run())
+}
