@@ -120,32 +120,6 @@ func TestSchemaMigrate(t *testing.T) {
 	}
 }
 
-func TestKeysAreByteExact(t *testing.T) {
-	ctx := testkit.Context(t, 30*time.Second)
-	f := newFixture(t, openDB(t, testConfig(t, nil), 0), nil)
-	g, err := idempotency.New(f.store, nil)
-	if err != nil {
-		t.Fatal(err)
-	}
-	ids := []string{"abc", "ABC", "abc ", "Abc"}
-	for round := range 2 {
-		for _, id := range ids {
-			r, err := g.Do(ctx, idempotency.Key{Scope: "s", ID: id}, "fp", func(tx *sql.Tx) (idempotency.Response, error) {
-				if err := f.fx.Effect(ctx, tx, id); err != nil {
-					return idempotency.Response{}, err
-				}
-				return idempotency.Response{Status: 200, Body: []byte(id)}, nil
-			})
-			if err != nil || r.Replayed != (round == 1) || string(r.Body) != id {
-				t.Fatalf("round %d, key %q: got %+v, %v", round, id, r, err)
-			}
-		}
-	}
-	for _, id := range ids {
-		testkit.MustCount(t, ctx, f.fx.Count, id, 1)
-	}
-}
-
 func TestMapError(t *testing.T) {
 	other := errors.New("other")
 	ctx := context.Background()
