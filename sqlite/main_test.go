@@ -7,6 +7,9 @@ import (
 	"testing"
 )
 
+// TestMain runs the task in childEnv when the binary is a child process of
+// the tests in process_test.go, and the tests otherwise. SQLite needs no
+// server, so no backend is skipped and there is no NOT RUN line.
 func TestMain(m *testing.M) {
 	if raw := os.Getenv(childEnv); raw != "" {
 		var task childTask
