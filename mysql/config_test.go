@@ -16,7 +16,7 @@ import (
 	gomysql "github.com/go-sql-driver/mysql"
 )
 
-func TestNewRefusesBadConfig(t *testing.T) {
+func TestConfigRefused(t *testing.T) {
 	// A pool on a port nothing listens on: any SQL would fail, and New must
 	// not send any.
 	db, err := openPool("root@tcp(127.0.0.1:1)/test?timeout=100ms")
@@ -93,7 +93,7 @@ func TestParseDSN(t *testing.T) {
 	}
 }
 
-func TestMigrateIdempotent(t *testing.T) {
+func TestSchemaMigrate(t *testing.T) {
 	ctx := testkit.Context(t, 30*time.Second)
 	db := openDB(t, testConfig(t, nil), 0)
 	f := newFixture(t, db, nil) // migrated once
@@ -117,32 +117,6 @@ func TestMigrateIdempotent(t *testing.T) {
 	}
 	if idx != 1 {
 		t.Fatalf("indexes on expires_at: got %d, want 1", idx)
-	}
-}
-
-func TestKeysAreByteExact(t *testing.T) {
-	ctx := testkit.Context(t, 30*time.Second)
-	f := newFixture(t, openDB(t, testConfig(t, nil), 0), nil)
-	g, err := idempotency.New(f.store, nil)
-	if err != nil {
-		t.Fatal(err)
-	}
-	ids := []string{"abc", "ABC", "abc ", "Abc"}
-	for round := range 2 {
-		for _, id := range ids {
-			r, err := g.Do(ctx, idempotency.Key{Scope: "s", ID: id}, "fp", func(tx *sql.Tx) (idempotency.Response, error) {
-				if err := f.fx.Effect(ctx, tx, id); err != nil {
-					return idempotency.Response{}, err
-				}
-				return idempotency.Response{Status: 200, Body: []byte(id)}, nil
-			})
-			if err != nil || r.Replayed != (round == 1) || string(r.Body) != id {
-				t.Fatalf("round %d, key %q: got %+v, %v", round, id, r, err)
-			}
-		}
-	}
-	for _, id := range ids {
-		testkit.MustCount(t, ctx, f.fx.Count, id, 1)
 	}
 }
 

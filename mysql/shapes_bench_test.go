@@ -26,8 +26,8 @@ import (
 //     with LookupAlways): one more round trip, which costs far more than a
 //     round trip alone (compare Lookup).
 //   - Lookup: the primary-key SELECT alone, outside any transaction.
-//   - Seed: the seed's five statements (START TRANSACTION, INSERT IGNORE,
-//     the effect, UPDATE, COMMIT), on the store's table.
+//   - PlainSQL: the five statements of the plain SQL (START TRANSACTION,
+//     INSERT IGNORE, the effect, UPDATE, COMMIT), on the store's table.
 //   - LockThenRead: a lock that writes nothing (GET_LOCK) and ends with the
 //     transaction's statements, the read of the key that must follow it, the
 //     effect, one INSERT of the completed row with COMMIT and RELEASE_LOCK:
@@ -124,7 +124,7 @@ func BenchmarkShapes(b *testing.B) {
 		return twoWrites(c, key)
 	})
 	shape("Lookup", read)
-	shape("Seed", func(c *sql.Conn, key string) error {
+	shape("PlainSQL", func(c *sql.Conn, key string) error {
 		return steps(c,
 			func() error { return exec(c, "START TRANSACTION") },
 			func() error {

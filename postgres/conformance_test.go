@@ -1,8 +1,14 @@
 package postgres_test
 
 import (
+	"context"
 	"errors"
 	"fmt"
+	"net"
+	"os"
+	"os/exec"
+	"regexp"
+	"strconv"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -12,6 +18,7 @@ import (
 
 	"github.com/go-idempotency/idempotency"
 	"github.com/go-idempotency/idempotency/conformance"
+	"github.com/go-idempotency/idempotency/internal/testenv"
 	"github.com/go-idempotency/idempotency/internal/testkit"
 	"github.com/go-idempotency/idempotency/postgres"
 )
@@ -134,4 +141,183 @@ func TestIsolationLevels(t *testing.T) {
 			}
 		})
 	}
+}
+
+// faultIdleTimeout is the idle_in_transaction_session_timeout the fault
+// fixtures' sessions run with: a session whose client vanished behind a
+// partition (the server never sees the connection close) is ended by the
+// server this long after its last statement, which releases the key.
+// Without it the key stays held until TCP keepalives notice, by default
+// more than two hours later.
+const faultIdleTimeout = 1500 * time.Millisecond
+
+// TestFaults runs the fault-injection suite (a cut connection, a lost
+// reply, a partition and a slow step at every round trip of a call) on a
+// warm and on a cold pool: see conformance.RunFaultsWarmAndCold.
+func TestFaults(t *testing.T) {
+	dsn := testenv.PostgresDSN(t)
+	upstream := faultUpstream(t, dsn)
+	conformance.RunFaultsWarmAndCold(t, conformance.FaultHarness[pgx.Tx]{
+		Upstream: upstream,
+		NewFixture: func(t testing.TB, addr, ns string) conformance.Fixture[pgx.Tx] {
+			f := faultFixture(t, dsn, addr, ns, faultIdleTimeout, addr == upstream)
+			if os.Getenv(brokenEnv) == "1" {
+				f.Store = lyingStore{f.Store}
+			}
+			return f
+		},
+		CallTimeout:    time.Second,
+		Bound:          3 * time.Second,
+		PartitionBound: faultIdleTimeout + 1500*time.Millisecond,
+	})
+}
+
+// brokenEnv makes TestFaults run on [lyingStore], for
+// TestFaultsFailBrokenStore.
+const brokenEnv = "IDEMPOTENCY_FAULTS_LYING_STORE"
+
+// TestFaultsFailBrokenStore shows that the fault suite fails a store that
+// acknowledges a completion it could not commit: it runs the COMMIT's
+// scenarios of TestFaults on [lyingStore] in a child process and expects
+// them to fail, naming the two answers given for one key.
+func TestFaultsFailBrokenStore(t *testing.T) {
+	testenv.PostgresDSN(t)
+	if os.Getenv(brokenEnv) == "1" {
+		t.Skip("running TestFaults on the lying store")
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 50*time.Second)
+	defer cancel()
+	cmd := exec.CommandContext(ctx, os.Args[0], "-test.run", "^TestFaults$/^Warm$/^(Trace|complete#1)$/^CutBefore$", "-test.v")
+	cmd.Env = append(os.Environ(), brokenEnv+"=1")
+	out, err := cmd.CombinedOutput()
+	var exit *exec.ExitError
+	if !errors.As(err, &exit) {
+		t.Fatalf("TestFaults on a lying store: %v (want a failing test run)\n%s", err, out)
+	}
+	// The suite names the two answers from whichever pair of callers it
+	// compares first: the faulted call and the retry, or a caller of the
+	// faulted Guard that ran fn again once the lie left the key free.
+	twoAnswers := regexp.MustCompile(`both ran fn: two answers for one key|ran fn too \(.*\): two executions answered|the faulted call answered .*, the retry `)
+	if !twoAnswers.Match(out) {
+		t.Fatalf("TestFaults on a lying store failed, but not for its two answers:\n%s", out)
+	}
+}
+
+// lyingStore is a deliberately broken store: its Complete reports success
+// whatever the COMMIT did, so a caller is told an answer that was never
+// stored.
+type lyingStore struct{ idempotency.KeyStore[pgx.Tx] }
+
+func (s lyingStore) Reserve(ctx context.Context, r idempotency.Reservation) (idempotency.Txn[pgx.Tx], *idempotency.Record, error) {
+	txn, rec, err := s.KeyStore.Reserve(ctx, r)
+	if txn != nil {
+		txn = lyingTxn{txn}
+	}
+	return txn, rec, err
+}
+
+type lyingTxn struct{ idempotency.Txn[pgx.Tx] }
+
+func (t lyingTxn) Complete(ctx context.Context, resp idempotency.Response) error {
+	_ = t.Txn.Complete(ctx, resp)
+	return nil
+}
+
+// TestFaultsWithoutIdleTimeout runs the suite (but its partitions) on
+// sessions without idle_in_transaction_session_timeout, warm and cold: after
+// a lost reply, the key must be free soon after the faulted caller's
+// deadline without the server's help, since the store closes the socket of
+// a connection whose statement's ctx ended at once. (pgx alone closes it in
+// the background after sending Terminate, which the stalled connection
+// never delivers, and waiting up to 15s for the server: the session, its
+// transaction and the key's lock lived that long.)
+func TestFaultsWithoutIdleTimeout(t *testing.T) {
+	dsn := testenv.PostgresDSN(t)
+	upstream := faultUpstream(t, dsn)
+	conformance.RunFaultsWarmAndCold(t, conformance.FaultHarness[pgx.Tx]{
+		Upstream: upstream,
+		NewFixture: func(t testing.TB, addr, ns string) conformance.Fixture[pgx.Tx] {
+			return faultFixture(t, dsn, addr, ns, 0, addr == upstream)
+		},
+		CallTimeout: time.Second,
+		Bound:       3 * time.Second,
+		// No partitions: without an idle timeout the server holds a
+		// partitioned session's key until TCP keepalives notice (hours).
+	})
+}
+
+// faultFixture is a store on table faults_<ns> and an effects table
+// faults_<ns>_fx, on a pool that dials addr, whose sessions run with
+// idle_in_transaction_session_timeout = idle (none if 0). The fixture on the
+// server itself (owner) creates both tables and drops them at cleanup.
+func faultFixture(t testing.TB, dsn, addr, ns string, idle time.Duration, owner bool) conformance.Fixture[pgx.Tx] {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+	defer cancel()
+	cfg, err := pgxpool.ParseConfig(dsn)
+	if err != nil {
+		t.Fatal(err)
+	}
+	host, port, err := net.SplitHostPort(addr)
+	if err != nil {
+		t.Fatal(err)
+	}
+	p, err := strconv.Atoi(port)
+	if err != nil {
+		t.Fatal(err)
+	}
+	cfg.ConnConfig.Host, cfg.ConnConfig.Port, cfg.ConnConfig.Fallbacks = host, uint16(p), nil
+	cfg.ConnConfig.ConnectTimeout = 2 * time.Second
+	if idle > 0 {
+		cfg.ConnConfig.RuntimeParams["idle_in_transaction_session_timeout"] = strconv.Itoa(int(idle.Milliseconds()))
+	}
+	cfg.MaxConns = 4
+	pool, err := pgxpool.NewWithConfig(ctx, cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	table := "faults_" + ns
+	effects := pgx.Identifier{table + "_fx"}.Sanitize()
+	store, err := postgres.New(pool, &postgres.Config{Table: table})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if owner {
+		if err := store.Migrate(ctx); err != nil {
+			t.Fatal(err)
+		}
+		if _, err := pool.Exec(ctx, `CREATE TABLE IF NOT EXISTS `+effects+` (n BIGSERIAL PRIMARY KEY, tag TEXT NOT NULL)`); err != nil {
+			t.Fatal(err)
+		}
+	}
+	t.Cleanup(func() {
+		if owner {
+			ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+			defer cancel()
+			_, _ = pool.Exec(ctx, `DROP TABLE IF EXISTS `+effects+`, `+pgx.Identifier{table}.Sanitize())
+		}
+		pool.Close()
+	})
+	return conformance.Fixture[pgx.Tx]{
+		Store: store,
+		Effect: func(ctx context.Context, tx pgx.Tx, tag string) error {
+			_, err := tx.Exec(ctx, `INSERT INTO `+effects+` (tag) VALUES ($1)`, tag)
+			return err
+		},
+		Count: func(ctx context.Context, tag string) (int, error) {
+			var n int
+			err := pool.QueryRow(ctx, `SELECT count(*) FROM `+effects+` WHERE tag = $1`, tag).Scan(&n)
+			return n, err
+		},
+	}
+}
+
+// faultUpstream is the host:port of the server dsn names.
+func faultUpstream(t *testing.T, dsn string) string {
+	t.Helper()
+	cfg, err := pgxpool.ParseConfig(dsn)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return net.JoinHostPort(cfg.ConnConfig.Host, strconv.Itoa(int(cfg.ConnConfig.Port)))
 }

@@ -17,19 +17,6 @@ import (
 	"github.com/go-idempotency/idempotency/internal/testkit"
 )
 
-// BenchmarkStore runs the shared benchmarks on a single Redis node; the
-// bare effect is one INCR in a plain MULTI/EXEC on the same client.
-func BenchmarkStore(b *testing.B) {
-	conformance.Benchmark(b, harness(singleClient))
-}
-
-// BenchmarkScale runs the shared scale benchmarks: NewKeyFull works among a
-// million completed records. PurgeUnderLoad is skipped: Redis deletes
-// expired records by itself and Purge returns 0.
-func BenchmarkScale(b *testing.B) {
-	conformance.BenchmarkScale(b, harness(singleClient))
-}
-
 // BenchmarkWake measures how soon waiters get the holder's response: each
 // op reserves a key, lets 19 callers of Do wait on it, then completes it.
 // It reports percentiles of the time from Complete's return to each

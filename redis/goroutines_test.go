@@ -19,7 +19,7 @@ import (
 // reservation end with it.
 func TestNoGoroutineGrowth(t *testing.T) {
 	ctx := testkit.Context(t, 60*time.Second)
-	const lease = 300 * time.Millisecond // renewals every 100ms: room for a loaded CI machine
+	const lease = 300 * time.Millisecond // renewals every 100ms: room for a loaded machine
 	rt := &roundTrips{}
 	f := newFixture(t, func(int) goredis.UniversalClient {
 		c := goredis.NewClient(&goredis.Options{Addr: testenv.RedisAddr(t), PoolSize: 4})

@@ -171,7 +171,7 @@ func TestDeadHolderWakesWaiterAtLeaseExpiry(t *testing.T) {
 // caller waiting meanwhile gets the replay, not the key.
 func TestRenewalKeepsKey(t *testing.T) {
 	ctx := testkit.Context(t, 30*time.Second)
-	const lease = 400 * time.Millisecond // renewals every 133ms: room for a loaded CI machine
+	const lease = 400 * time.Millisecond // renewals every 133ms: room for a loaded machine
 	f := newFixture(t, singleClient(t), 0, &Config{Lease: lease})
 	g, err := idempotency.New(f.store, &idempotency.Config{WaitTimeout: 10 * time.Second})
 	if err != nil {

@@ -45,23 +45,6 @@ type childTask struct {
 	Every  time.Duration
 }
 
-func TestMain(m *testing.M) {
-	if raw := os.Getenv(childEnv); raw != "" {
-		var task childTask
-		err := json.Unmarshal([]byte(raw), &task)
-		if err == nil {
-			err = runChild(task)
-		}
-		if err != nil {
-			fmt.Println("error:", err)
-			fmt.Fprintln(os.Stderr, "sqlite child:", err)
-			os.Exit(2)
-		}
-		os.Exit(0)
-	}
-	os.Exit(m.Run())
-}
-
 func runChild(task childTask) error {
 	ctx, cancel := context.WithTimeout(context.Background(), testTimeout)
 	defer cancel()

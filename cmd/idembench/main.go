@@ -58,11 +58,11 @@ type binary struct {
 	path string
 }
 
-// The default -bench patterns: BenchmarkStore and the seed's BenchmarkSeed,
+// The default -bench patterns: BenchmarkStore and the plain SQL of BenchmarkPlainSQL,
 // the cases that have a target, or all of them.
 const (
-	defaultBench  = "^(BenchmarkStore|BenchmarkSeed)$/^(Bare|NewKey|Replay|SameKey20|SameKey20Bare)$"
-	parallelBench = "^(BenchmarkStore|BenchmarkSeed)$"
+	defaultBench  = "^(BenchmarkStore|BenchmarkPlainSQL)$/^(Bare|NewKey|Replay|SameKey20|SameKey20Bare)$"
+	parallelBench = "^(BenchmarkStore|BenchmarkPlainSQL)$"
 )
 
 // config is the command line.
@@ -86,7 +86,7 @@ func run(ctx context.Context, args []string, stdin io.Reader, stdout, stderr io.
 	fs.StringVar(&c.bench, "bench", "", "-bench pattern run in each round (default: the cases with a target, and with -parallel the 8-goroutine ones)")
 	parallel := fs.Bool("parallel", false, "also run BareParallel8 and Mixed8 (8 goroutines; about +5 s per backend and round)")
 	fs.StringVar(&c.scale, "scale", "", "also run BenchmarkScale once with this -benchtime (e.g. 2000x; minutes per backend)")
-	fs.BoolVar(&c.markdown, "markdown", false, "print a markdown table (the README's)")
+	fs.BoolVar(&c.markdown, "markdown", false, "print a markdown table (as in docs/performance.md)")
 	fs.BoolVar(&c.verbose, "v", false, "copy the benchmarks' output to standard error")
 	parse := fs.Bool("parse", false, "read the output of go test -bench from standard input instead of running benchmarks")
 	if err := fs.Parse(args); err != nil {

@@ -9,12 +9,12 @@ import (
 	"text/tabwriter"
 )
 
-// seedTop is the top-level benchmark of the reference contender (the seed's
-// plain SQL, BenchmarkSeed): its cases are compared with the library's
+// plainTop is the top-level benchmark of the reference contender (the
+// plain SQL, BenchmarkPlainSQL): its cases are compared with the library's
 // cases of the same name, and with BenchmarkStore's bare transaction.
-const seedTop = "Seed"
+const plainTop = "PlainSQL"
 
-// targets are issue 11's ratios to the bare effect transaction (median of
+// targets are the ratios to the bare effect transaction (median of
 // the rounds), per package and case of BenchmarkStore (or of any other
 // library benchmark, such as BenchmarkLookupAlways).
 var targets = map[string]map[string]float64{
@@ -24,9 +24,9 @@ var targets = map[string]map[string]float64{
 	"redis":    {"NewKey": 2.0, "Replay": 0.5, "SameKey20": 1.5},
 }
 
-// seedTargets are the cases in which the library must be faster than the
-// seed's plain SQL (issue 11: new keys and replays).
-var seedTargets = map[string]bool{"NewKey": true, "Replay": true}
+// plainTargets are the cases in which the library must be faster than the
+// plain SQL: new keys and replays.
+var plainTargets = map[string]bool{"NewKey": true, "Replay": true}
 
 // scaleTargets are the scale targets of BenchmarkScale: a new key with 1M
 // keys in the table within 1.1x of an empty table (NewKeyFull), and the
@@ -47,7 +47,7 @@ func baseline(name string) (base, metric string) {
 		}
 		return "", ""
 	}
-	if top == seedTop {
+	if top == plainTop {
 		top = "Store"
 	}
 	switch sub {
@@ -64,7 +64,7 @@ func target(pkg, name string) float64 {
 	switch top {
 	case "Scale":
 		return scaleTargets[sub]
-	case seedTop:
+	case plainTop:
 		return 0
 	}
 	return targets[pkg][sub]
@@ -74,15 +74,15 @@ func target(pkg, name string) float64 {
 type row struct {
 	pkg, display, code string
 	ratios             []float64 // per round, to the baseline
-	vsSeed             []float64 // per round, to the seed's same case
-	aheadOfSeed        bool      // the target includes: faster than the seed
+	vsPlain            []float64 // per round, to the plain SQL's same case
+	aheadOfPlain       bool      // the target includes: faster than the plain SQL
 	ns, allocs         float64   // medians over the rounds
 	target             float64
 	isBase             bool
 }
 
 // rows turns r into the table's rows: per package, each library case
-// followed by the seed's same case.
+// followed by the plain SQL's same case.
 func rows(r *results) []row {
 	var out []row
 	done := map[*series]bool{}
@@ -95,13 +95,13 @@ func rows(r *results) []row {
 			continue
 		}
 		top, sub, _ := strings.Cut(s.name, "/")
-		if top == seedTop && r.get(s.pkg, "Store/"+sub) != nil {
+		if top == plainTop && r.get(s.pkg, "Store/"+sub) != nil {
 			continue // printed after the library's case
 		}
 		add(s)
 		if top == "Store" {
-			if seed := r.get(s.pkg, seedTop+"/"+sub); seed != nil && !done[seed] {
-				add(seed)
+			if plain := r.get(s.pkg, plainTop+"/"+sub); plain != nil && !done[plain] {
+				add(plain)
 			}
 		}
 	}
@@ -114,8 +114,8 @@ func makeRow(r *results, s *series) row {
 	switch top {
 	case "Store":
 		w.display = sub
-	case seedTop:
-		w.display, w.code = sub, "seed SQL"
+	case plainTop:
+		w.display, w.code = sub, "plain SQL"
 	}
 	var ns, allocs []float64
 	for _, x := range s.samples {
@@ -158,9 +158,9 @@ func makeRow(r *results, s *series) row {
 	if sub == "SameKey20Bare" {
 		w.code = "no library" // the least 20 answers cost here
 	}
-	if top != seedTop && top != "Scale" {
-		w.vsSeed = pairRatios(s, r.get(s.pkg, seedTop+"/"+sub))
-		w.aheadOfSeed = len(w.vsSeed) > 0 && seedTargets[sub]
+	if top != plainTop && top != "Scale" {
+		w.vsPlain = pairRatios(s, r.get(s.pkg, plainTop+"/"+sub))
+		w.aheadOfPlain = len(w.vsPlain) > 0 && plainTargets[sub]
 	}
 	return w
 }
@@ -195,7 +195,7 @@ func median(v []float64) float64 {
 	return (s[n/2-1] + s[n/2]) / 2
 }
 
-// met says whether w meets its target and is ahead of the seed: "yes", or
+// met says whether w meets its target and is ahead of the plain SQL: "yes", or
 // "no" with by how much it misses; "" when there is nothing to meet.
 func (w row) met() string {
 	var miss []string
@@ -206,10 +206,10 @@ func (w row) met() string {
 			miss = append(miss, fmt.Sprintf("+%.0f%%", (m/w.target-1)*100))
 		}
 	}
-	if w.aheadOfSeed {
+	if w.aheadOfPlain {
 		checked = true
-		if median(w.vsSeed) >= 1 {
-			miss = append(miss, "behind seed")
+		if median(w.vsPlain) >= 1 {
+			miss = append(miss, "behind contender")
 		}
 	}
 	switch {
@@ -222,7 +222,7 @@ func (w row) met() string {
 }
 
 // columns of the table.
-var columns = []string{"backend", "case", "code", "ratio", "range", "vs seed SQL", "time/op", "allocs/op", "target", "met"}
+var columns = []string{"backend", "case", "code", "ratio", "range", "vs plain SQL", "time/op", "allocs/op", "target", "met"}
 
 func (w row) cells() []string {
 	ratio, rng, vs, tgt := "", "", "", ""
@@ -233,17 +233,17 @@ func (w row) cells() []string {
 		ratio = fmt.Sprintf("%.2fx", median(w.ratios))
 		rng = fmt.Sprintf("%.2f-%.2fx", slices.Min(w.ratios), slices.Max(w.ratios))
 	}
-	if len(w.vsSeed) > 0 {
-		vs = fmt.Sprintf("%.2fx", median(w.vsSeed))
+	if len(w.vsPlain) > 0 {
+		vs = fmt.Sprintf("%.2fx", median(w.vsPlain))
 	}
 	if w.target > 0 {
 		tgt = fmt.Sprintf("<= %.2fx", w.target)
 	}
-	if w.aheadOfSeed {
+	if w.aheadOfPlain {
 		if tgt != "" {
 			tgt += ", "
 		}
-		tgt += "< seed"
+		tgt += "< contender"
 	}
 	allocs := ""
 	if !math.IsNaN(w.allocs) && w.allocs > 0 {

@@ -11,11 +11,13 @@
 //     ([MustCount]), gave back every pooled connection ([CheckReleased])
 //     and left no goroutine behind ([Goroutines]);
 //   - a child process of the test binary whose output a test waits on
-//     ([StartChild], [WaitForLine]).
+//     ([StartChild], [WaitForLine]);
+//   - the scenarios every backend runs on its own capture of what it
+//     sends ([ClockOnly]).
 //
 // Its subpackage pgkit holds what needs pgx.
 //
-// It imports only the standard library and "testing", so only _test.go
+// It imports "testing", so only _test.go
 // files may import it. A library package that depends on it fails
 // TestLibraryImports (imports_test.go at the module root).
 package testkit

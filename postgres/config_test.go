@@ -6,6 +6,7 @@ import (
 	"sync"
 	"sync/atomic"
 	"testing"
+	"time"
 
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
@@ -17,7 +18,33 @@ import (
 	"github.com/go-idempotency/idempotency/postgres"
 )
 
-func TestInvalidTable(t *testing.T) {
+// TestOpen: Open refuses a DSN the driver cannot parse with
+// ErrInvalidConfig, reaches the test server, and reports a server that
+// does not answer as an error that is not ErrInvalidConfig.
+func TestOpen(t *testing.T) {
+	ctx := testkit.Context(t, 30*time.Second)
+	for _, dsn := range []string{"postgres://user@host:notaport/db", "host=h port=x", "postgres://h/db?pool_max_conns=0"} {
+		if pool, err := postgres.Open(ctx, dsn); !errors.Is(err, idempotency.ErrInvalidConfig) {
+			if pool != nil {
+				pool.Close()
+			}
+			t.Errorf("Open(%q): got %v, want ErrInvalidConfig", dsn, err)
+		}
+	}
+	pool, err := postgres.Open(ctx, testenv.PostgresDSN(t))
+	if err != nil {
+		t.Fatalf("Open(test DSN): %v", err)
+	}
+	if _, err := postgres.New(pool, nil); err != nil {
+		t.Errorf("New on a pool of Open: %v", err)
+	}
+	pool.Close()
+	if _, err := postgres.Open(ctx, "postgres://u@127.0.0.1:1/db?connect_timeout=1"); err == nil || errors.Is(err, idempotency.ErrInvalidConfig) {
+		t.Errorf("Open(closed port): got %v, want a connection error", err)
+	}
+}
+
+func TestConfigRefused(t *testing.T) {
 	var queries atomic.Int64
 	pool := newPool(t, 1, func(c *pgxpool.Config) { c.ConnConfig.Tracer = &tracer{queries: &queries} })
 	bad := []string{

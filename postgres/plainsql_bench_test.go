@@ -13,8 +13,8 @@ import (
 	"github.com/go-idempotency/idempotency/internal/testkit"
 )
 
-// BenchmarkSeed measures the plain SQL algorithm of the design notes
-// (../shared/seeds: "INSERT … ON CONFLICT DO NOTHING" of the key, the
+// BenchmarkPlainSQL measures the plain SQL algorithm of docs/performance.md
+// ("INSERT … ON CONFLICT DO NOTHING" of the key, the
 // effect, "UPDATE" of the key with the response, in one transaction; on a
 // conflict, ROLLBACK and SELECT the stored response) as a reference
 // contender: the same one-row effect as BenchmarkStore, on a pool of the
@@ -22,17 +22,17 @@ import (
 // as a ratio to BenchmarkStore/Bare:
 //
 //	go run ./cmd/idembench -pkgs ./postgres
-func BenchmarkSeed(b *testing.B) {
-	testkit.BenchmarkContender(b, seedContender(b))
+func BenchmarkPlainSQL(b *testing.B) {
+	testkit.BenchmarkContender(b, plainSQLContender(b))
 }
 
-// seedBody is the response the seed stores: the body the library's
-// benchmark stores, as JSONB like the seed's resposta column.
-const seedBody = `{"tag":"seed","execution":1}`
+// plainSQLBody is the response the plain SQL stores: the body the
+// library's benchmark stores, in a JSONB column.
+const plainSQLBody = `{"tag":"plain","execution":1}`
 
-// seedContender creates the seed's key table and an effects table of the
+// plainSQLContender creates the plain SQL's key table and an effects table of the
 // shape BenchmarkStore uses (tag TEXT), dropped when b ends.
-func seedContender(b *testing.B) testkit.Contender {
+func plainSQLContender(b *testing.B) testkit.Contender {
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
 	cfg, err := pgxpool.ParseConfig(testenv.PostgresDSN(b))
@@ -45,27 +45,27 @@ func seedContender(b *testing.B) testkit.Contender {
 		b.Fatalf("pool: %v", err)
 	}
 	b.Cleanup(pool.Close)
-	keys, effects := testkit.Name("seed_keys_"), testkit.Name("seed_effects_")
+	keys, effects := testkit.Name("plain_keys_"), testkit.Name("plain_effects_")
 	b.Cleanup(func() {
 		ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 		defer cancel()
 		if _, err := pool.Exec(ctx, "DROP TABLE IF EXISTS "+keys+", "+effects); err != nil {
-			b.Errorf("drop seed tables: %v", err)
+			b.Errorf("drop plain SQL tables: %v", err)
 		}
 	})
-	// The seed's chaves_idempotencia, column for column.
+	// The key table of the plain SQL: key, body hash, status, response.
 	if _, err := pool.Exec(ctx, `CREATE TABLE `+keys+` (
 		chave TEXT PRIMARY KEY,
 		hash_corpo TEXT NOT NULL,
 		status_http INT,
 		resposta JSONB,
 		criada_em TIMESTAMPTZ NOT NULL DEFAULT now())`); err != nil {
-		b.Fatalf("create seed keys table: %v", err)
+		b.Fatalf("create plain SQL keys table: %v", err)
 	}
 	if _, err := pool.Exec(ctx, "CREATE TABLE "+effects+" (tag TEXT)"); err != nil {
-		b.Fatalf("create seed effects table: %v", err)
+		b.Fatalf("create plain SQL effects table: %v", err)
 	}
-	s := &seedPG{
+	s := &plainSQLPG{
 		pool:    pool,
 		reserve: "INSERT INTO " + keys + " (chave, hash_corpo) VALUES ($1, $2) ON CONFLICT (chave) DO NOTHING",
 		effect:  "INSERT INTO " + effects + " (tag) VALUES ($1)",
@@ -76,23 +76,23 @@ func seedContender(b *testing.B) testkit.Contender {
 	return testkit.Contender{Do: s.do, Effects: s.effects}
 }
 
-// seedPG is the seed's CriarPagamento on pgx, statement for statement.
-type seedPG struct {
+// plainSQLPG is the plain SQL on pgx, statement for statement.
+type plainSQLPG struct {
 	pool                                   *pgxpool.Pool
 	reserve, effect, finish, lookup, count string
 }
 
-// seedFingerprint stands for the seed's hash_corpo; the library's benchmark
-// passes a constant fingerprint too.
-const seedFingerprint = "fp"
+// plainSQLFingerprint is the request hash the plain SQL stores; the
+// library's benchmark passes a constant fingerprint too.
+const plainSQLFingerprint = "fp"
 
-func (s *seedPG) do(ctx context.Context, key string) (replayed bool, err error) {
+func (s *plainSQLPG) do(ctx context.Context, key string) (replayed bool, err error) {
 	tx, err := s.pool.Begin(ctx)
 	if err != nil {
 		return false, err
 	}
 	defer func() { _ = tx.Rollback(ctx) }()
-	tag, err := tx.Exec(ctx, s.reserve, key, seedFingerprint)
+	tag, err := tx.Exec(ctx, s.reserve, key, plainSQLFingerprint)
 	if err != nil {
 		return false, err
 	}
@@ -106,21 +106,21 @@ func (s *seedPG) do(ctx context.Context, key string) (replayed bool, err error) 
 		if err := s.pool.QueryRow(ctx, s.lookup, key).Scan(&fp, &status, &body); err != nil {
 			return false, err
 		}
-		if fp != seedFingerprint || status == nil || *status != 201 || len(body) == 0 {
-			return false, errors.New("seed: stored answer is not the one written")
+		if fp != plainSQLFingerprint || status == nil || *status != 201 || len(body) == 0 {
+			return false, errors.New("plain SQL: stored answer is not the one written")
 		}
 		return true, nil
 	}
-	if _, err := tx.Exec(ctx, s.effect, "seed"); err != nil {
+	if _, err := tx.Exec(ctx, s.effect, "plain"); err != nil {
 		return false, err
 	}
-	if _, err := tx.Exec(ctx, s.finish, key, seedBody); err != nil {
+	if _, err := tx.Exec(ctx, s.finish, key, plainSQLBody); err != nil {
 		return false, err
 	}
 	return false, tx.Commit(ctx)
 }
 
-func (s *seedPG) effects(ctx context.Context) (int, error) {
+func (s *plainSQLPG) effects(ctx context.Context) (int, error) {
 	var n int
 	err := s.pool.QueryRow(ctx, s.count).Scan(&n)
 	return n, err

@@ -14,8 +14,8 @@ import (
 	"github.com/go-idempotency/idempotency/internal/testkit"
 )
 
-// BenchmarkSeed measures the MySQL form of the plain SQL algorithm of the
-// design notes (../shared/seeds): in one transaction, "INSERT IGNORE" of the
+// BenchmarkPlainSQL measures the MySQL form of the plain SQL algorithm of
+// docs/performance.md: in one transaction, "INSERT IGNORE" of the
 // key (MySQL's "ON CONFLICT DO NOTHING": it waits for a transaction that
 // holds the key, then ignores the duplicate), the effect, and "UPDATE" of
 // the key with the response; on a duplicate, ROLLBACK and SELECT the stored
@@ -26,21 +26,21 @@ import (
 // BenchmarkStore/Bare:
 //
 //	go run ./cmd/idembench -pkgs ./mysql
-func BenchmarkSeed(b *testing.B) {
-	testkit.BenchmarkContender(b, seedContender(b))
+func BenchmarkPlainSQL(b *testing.B) {
+	testkit.BenchmarkContender(b, plainSQLContender(b))
 }
 
-// seedBody is the response the seed stores: the body the library's
-// benchmark stores, in a JSON column like the seed's resposta.
-const seedBody = `{"tag":"seed","execution":1}`
+// plainSQLBody is the response the plain SQL stores: the body the
+// library's benchmark stores, in a JSON column.
+const plainSQLBody = `{"tag":"plain","execution":1}`
 
-// seedFingerprint stands for the seed's hash_corpo; the library's benchmark
-// passes a constant fingerprint too.
-const seedFingerprint = "fp"
+// plainSQLFingerprint is the request hash the plain SQL stores; the
+// library's benchmark passes a constant fingerprint too.
+const plainSQLFingerprint = "fp"
 
-// seedContender creates the seed's key table and an effects table of the
+// plainSQLContender creates the plain SQL's key table and an effects table of the
 // shape BenchmarkStore uses (tag VARBINARY), dropped when b ends.
-func seedContender(b *testing.B) testkit.Contender {
+func plainSQLContender(b *testing.B) testkit.Contender {
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
 	cfg, err := gomysql.ParseDSN(testenv.MySQLDSN(b))
@@ -61,15 +61,15 @@ func seedContender(b *testing.B) testkit.Contender {
 	db.SetMaxOpenConns(2 * conformance.Callers) // as conformance.Benchmark asks
 	db.SetMaxIdleConns(2 * conformance.Callers)
 	b.Cleanup(func() { _ = db.Close() })
-	keys, effects := testkit.Name("seed_keys_"), testkit.Name("seed_effects_")
+	keys, effects := testkit.Name("plain_keys_"), testkit.Name("plain_effects_")
 	b.Cleanup(func() {
 		ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 		defer cancel()
 		if _, err := db.ExecContext(ctx, "DROP TABLE IF EXISTS `"+keys+"`, `"+effects+"`"); err != nil {
-			b.Errorf("drop seed tables: %v", err)
+			b.Errorf("drop plain SQL tables: %v", err)
 		}
 	})
-	// The seed's chaves_idempotencia in MySQL types (keys compared byte for
+	// The key table of the plain SQL in MySQL types (keys compared byte for
 	// byte, as the store's are).
 	if _, err := db.ExecContext(ctx, "CREATE TABLE `"+keys+"` ("+
 		"chave VARBINARY(255) NOT NULL PRIMARY KEY, "+
@@ -77,12 +77,12 @@ func seedContender(b *testing.B) testkit.Contender {
 		"status_http INT NULL, "+
 		"resposta JSON NULL, "+
 		"criada_em TIMESTAMP(6) NOT NULL DEFAULT CURRENT_TIMESTAMP(6)) ENGINE=InnoDB"); err != nil {
-		b.Fatalf("create seed keys table: %v", err)
+		b.Fatalf("create plain SQL keys table: %v", err)
 	}
 	if _, err := db.ExecContext(ctx, "CREATE TABLE `"+effects+"` (tag VARBINARY(1024) NOT NULL) ENGINE=InnoDB"); err != nil {
-		b.Fatalf("create seed effects table: %v", err)
+		b.Fatalf("create plain SQL effects table: %v", err)
 	}
-	s := &seedMySQL{
+	s := &plainSQLMySQL{
 		db:      db,
 		reserve: "INSERT IGNORE INTO `" + keys + "` (chave, hash_corpo) VALUES (?, ?)",
 		effect:  "INSERT INTO `" + effects + "` (tag) VALUES (?)",
@@ -93,20 +93,20 @@ func seedContender(b *testing.B) testkit.Contender {
 	return testkit.Contender{Do: s.do, Effects: s.effects}
 }
 
-// seedMySQL is the seed's CriarPagamento on database/sql, statement for
+// plainSQLMySQL is the plain SQL on database/sql, statement for
 // statement.
-type seedMySQL struct {
+type plainSQLMySQL struct {
 	db                                     *sql.DB
 	reserve, effect, finish, lookup, count string
 }
 
-func (s *seedMySQL) do(ctx context.Context, key string) (replayed bool, err error) {
+func (s *plainSQLMySQL) do(ctx context.Context, key string) (replayed bool, err error) {
 	tx, err := s.db.BeginTx(ctx, nil)
 	if err != nil {
 		return false, err
 	}
 	defer func() { _ = tx.Rollback() }()
-	res, err := tx.ExecContext(ctx, s.reserve, []byte(key), seedFingerprint)
+	res, err := tx.ExecContext(ctx, s.reserve, []byte(key), plainSQLFingerprint)
 	if err != nil {
 		return false, err
 	}
@@ -124,21 +124,21 @@ func (s *seedMySQL) do(ctx context.Context, key string) (replayed bool, err erro
 		if err := s.db.QueryRowContext(ctx, s.lookup, []byte(key)).Scan(&fp, &status, &body); err != nil {
 			return false, err
 		}
-		if fp != seedFingerprint || status.Int32 != 201 || len(body) == 0 {
-			return false, errors.New("seed: stored answer is not the one written")
+		if fp != plainSQLFingerprint || status.Int32 != 201 || len(body) == 0 {
+			return false, errors.New("plain SQL: stored answer is not the one written")
 		}
 		return true, nil
 	}
-	if _, err := tx.ExecContext(ctx, s.effect, []byte("seed")); err != nil {
+	if _, err := tx.ExecContext(ctx, s.effect, []byte("plain")); err != nil {
 		return false, err
 	}
-	if _, err := tx.ExecContext(ctx, s.finish, seedBody, []byte(key)); err != nil {
+	if _, err := tx.ExecContext(ctx, s.finish, plainSQLBody, []byte(key)); err != nil {
 		return false, err
 	}
 	return false, tx.Commit()
 }
 
-func (s *seedMySQL) effects(ctx context.Context) (int, error) {
+func (s *plainSQLMySQL) effects(ctx context.Context) (int, error) {
 	var n int
 	err := s.db.QueryRowContext(ctx, s.count).Scan(&n)
 	return n, err
