@@ -11,11 +11,13 @@
 // A [Relay] claims a batch of unsent rows (SELECT ... FOR UPDATE SKIP LOCKED
 // on PostgreSQL and MySQL/MariaDB), hands it to a [Publisher], and marks the
 // rows sent in the same transaction once the publisher reports that the
-// broker accepted every message. Delivery is at least once: a relay that
-// dies after publishing and before its commit leaves the rows unsent, and the
-// next relay publishes them again under the same [Message.MsgID], which a
-// broker with deduplication (JetStream's Nats-Msg-Id, see the outboxnats
-// module) absorbs within its window. Consumers should still be idempotent.
+// broker accepted every message.
+//
+// Delivery is at least once. A relay that dies after publishing and before
+// its commit leaves the rows unsent. The next relay publishes them again
+// under the same [Message.MsgID]. A broker with deduplication absorbs the
+// repeat within its window (JetStream's Nats-Msg-Id, see the outboxnats
+// module). Consumers should still be idempotent.
 //
 // This package imports no broker client; the JetStream publisher lives in
 // the nested module github.com/go-idempotency/idempotency/outbox/outboxnats.

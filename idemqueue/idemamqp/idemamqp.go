@@ -30,9 +30,9 @@
 // Poison messages: a message whose handler always fails is requeued after
 // every backoff. Declare the queue as a quorum queue with x-delivery-limit
 // and a dead-letter exchange (x-dead-letter-exchange,
-// x-dead-letter-routing-key): once the limit is passed, RabbitMQ moves the
-// message to the dead-letter queue instead of delivering it again (tested:
-// with x-delivery-limit N the handler runs N+1 times). Classic queues keep
+// x-dead-letter-routing-key). Once the limit is passed, RabbitMQ moves the
+// message to the dead-letter queue instead of delivering it again. With
+// x-delivery-limit N the handler runs N+1 times (the tests check it). Classic queues keep
 // no delivery count: there a poison message is retried forever, once per
 // backoff.
 package idemamqp
