@@ -24,9 +24,10 @@ type ClientConfig struct {
 func NewKey() string { return rand.Text() }
 
 // WithKey returns a context whose calls carry id as their idempotency key.
-// It replaces any key ctx already had. Use it for the caller's own key: one
-// derived with [idempotency.Key.Derive], or one kept with the operation it
-// names, so that a retry after a restart of the client sends it again.
+// It replaces any key ctx already had. Use it for the caller's own key,
+// such as one derived with [idempotency.Key.Derive]. Or use it for a key
+// kept with the operation it names, so that a retry after a restart of the
+// client sends it again.
 func WithKey(ctx context.Context, id string) context.Context {
 	md, _ := metadata.FromOutgoingContext(ctx)
 	md = md.Copy()

@@ -7,8 +7,8 @@
 // a consumer that commits its effect and dies before its ack gets the
 // message delivered again (Redelivered set). With a [Consumer], the
 // handler's effect commits in the key store's transaction together with the
-// message's key and the handler's result; the redelivery finds the key
-// completed, the handler does not run, and the delivery is acked.
+// message's key and the handler's result. The redelivery finds the key
+// completed: the handler does not run, and the delivery is acked.
 //
 // The handler returns bytes, not an HTTP response: the Consumer stores them
 // with the fixed status [Status] and hands them back in
@@ -165,9 +165,10 @@ func deliveryCount(d *amqp.Delivery) int64 {
 // the backoff) or rejects d; see the package documentation. The verdict of
 // the result is [idemqueue.Ack], [idemqueue.Retry] (requeued) or
 // [idemqueue.Drop] (rejected); zero if the reply to the server failed. The
-// error is nil when d was acked; otherwise it says why (errors.Is finds
-// the handler's own error, [idempotency.ErrMismatch], [ErrPermanent], ...),
-// joined with the error of the reply to the server if that failed too.
+// error is nil when d was acked. Otherwise it says why: errors.Is finds
+// the handler's own error, [idempotency.ErrMismatch], [ErrPermanent], and
+// so on. It is joined with the error of the reply to the server if that
+// failed too.
 func (c *Consumer[Tx]) Handle(ctx context.Context, d *amqp.Delivery) (idemqueue.Result, error) {
 	return c.q.Handle(ctx, d)
 }

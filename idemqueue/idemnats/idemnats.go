@@ -165,9 +165,9 @@ func DefaultBackoff(delivered uint64) time.Duration {
 // naks or terminates msg (see the package documentation). The verdict of
 // the result is [idemqueue.Ack], [idemqueue.Retry] (nak with a delay) or
 // [idemqueue.Drop] (terminated); zero if the reply to the server failed.
-// The error is nil when msg was acked; otherwise it says why (errors.Is
+// The error is nil when msg was acked. Otherwise it says why: errors.Is
 // finds the handler's own error, [idempotency.ErrMismatch], [ErrPermanent],
-// ...), joined with the error of the reply to the server if that failed
+// and so on. It is joined with the error of the reply to the server if that failed
 // too.
 func (c *Consumer[Tx]) Handle(ctx context.Context, msg jetstream.Msg) (idemqueue.Result, error) {
 	return c.q.Handle(ctx, msg)
