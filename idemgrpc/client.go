@@ -23,10 +23,11 @@ type ClientConfig struct {
 // random bits (crypto/rand.Text).
 func NewKey() string { return rand.Text() }
 
-// WithKey returns a context whose calls carry id as their idempotency key,
-// replacing any key ctx already had: the caller's own key, e.g. one kept
-// with the operation it names so that a retry after a restart of the client
-// sends it again, or one derived with [idempotency.Key.Derive].
+// WithKey returns a context whose calls carry id as their idempotency key.
+// It replaces any key ctx already had. Use it for the caller's own key,
+// such as one derived with [idempotency.Key.Derive]. Or use it for a key
+// kept with the operation it names, so that a retry after a restart of the
+// client sends it again.
 func WithKey(ctx context.Context, id string) context.Context {
 	md, _ := metadata.FromOutgoingContext(ctx)
 	md = md.Copy()
@@ -35,9 +36,9 @@ func WithKey(ctx context.Context, id string) context.Context {
 }
 
 // UnaryClientInterceptor returns an interceptor that gives every guarded
-// call (see [ClientConfig].Guarded) one idempotency key: the caller's own
-// if the outgoing metadata already has one ([WithKey]), else a new one,
-// generated once per call before its first attempt. grpc sends the same
+// call (see [ClientConfig].Guarded) one idempotency key. It keeps the
+// caller's own key if the outgoing metadata already has one ([WithKey]).
+// Else it generates a new one, once per call, before its first attempt. grpc sends the same
 // metadata on every attempt of its own retries, so all the attempts of a
 // call carry one key. Retries that the application makes itself, with a new
 // call, must reuse the key through [WithKey].
@@ -61,11 +62,14 @@ func UnaryClientInterceptor(cfg *ClientConfig) grpc.UnaryClientInterceptor {
 }
 
 // RetryServiceConfig returns a gRPC service config (JSON, for
-// grpc.WithDefaultServiceConfig) whose retry policy retries the calls of
-// the named services ("package.Service"; none: every service) up to 5
-// attempts, with exponential backoff from 100ms to 2s, on UNAVAILABLE (the
-// store or the network failed) and ABORTED (a call with the same key is in
-// progress; the server's grpc-retry-pushback-ms trailer sets the delay).
+// grpc.WithDefaultServiceConfig) with a retry policy. It covers the calls
+// of the named services ("package.Service"; none: every service). It
+// retries up to 5 attempts, with exponential backoff from 100ms to 2s, on:
+//
+//   - UNAVAILABLE: the store or the network failed;
+//   - ABORTED: a call with the same key is in progress; the server's
+//     grpc-retry-pushback-ms trailer sets the delay.
+//
 // Together with [UnaryClientInterceptor] every attempt carries the same key.
 func RetryServiceConfig(services ...string) string {
 	type name struct {

@@ -5,13 +5,13 @@
 // # Server
 //
 // [UnaryServerInterceptor] reads the key from the request metadata
-// (idempotency-key, [MetadataKey]), takes the scope from the authenticated
-// peer ([ServerConfig].Scope, by default [PeerScope]: the verified TLS
-// client certificate), fingerprints the call (full method name and the
-// request message, marshalled deterministically) and runs the handler inside
-// [idempotency.Guard.Do]. The handler takes the store's open transaction
-// from its context with [TxFrom] and does its writes through it, so the
-// writes, the key and the stored reply commit together or not at all:
+// (idempotency-key, [MetadataKey]). It takes the scope from the
+// authenticated peer ([ServerConfig].Scope, by default [PeerScope]: the
+// verified TLS client certificate). It fingerprints the call (full method
+// name and the request message, marshalled deterministically) and runs the
+// handler inside [idempotency.Guard.Do]. The handler takes the store's open
+// transaction from its context with [TxFrom] and does its writes through it.
+// So the writes, the key and the stored reply commit together or not at all:
 //
 //	srv := grpc.NewServer(grpc.UnaryInterceptor(idemgrpc.UnaryServerInterceptor(guard, nil)))
 //	func (s *payments) Pay(ctx context.Context, req *pb.PayRequest) (*pb.PayReply, error) {
@@ -31,17 +31,21 @@
 //     handler set go to the client as they are. Errors are never stored;
 //   - a panic: rolled back and re-raised.
 //
-// A later call with the same key and the same fingerprint gets the stored
-// reply (unmarshalled into a new message of the method's reply type, see
-// [ServerConfig].NewReply), the stored header and trailer metadata and the
-// header "idempotent-replayed: true", without running the handler.
+// A later call with the same key and the same fingerprint does not run the
+// handler. It gets the stored reply, unmarshalled into a new message of the
+// method's reply type (see [ServerConfig].NewReply). It also gets the stored
+// header and trailer metadata and the header "idempotent-replayed: true".
 //
-// In [idempotency.Response].Header the metadata the handler set with
-// grpc.SetHeader or grpc.SendHeader is stored under "Grpc-Header-" and the
-// canonical form of its key, the metadata set with grpc.SetTrailer under
-// "Grpc-Trailer-" (metadata keys are lower case, so the mapping is lossless);
-// values of binary ("-bin") keys are stored in standard base64. Reserved
-// "grpc-" keys are not stored.
+// [idempotency.Response].Header stores the metadata the handler set:
+//
+//   - with grpc.SetHeader or grpc.SendHeader: under "Grpc-Header-" and the
+//     canonical form of its key;
+//   - with grpc.SetTrailer: under "Grpc-Trailer-" and the canonical form of
+//     its key.
+//
+// Metadata keys are lower case, so the mapping is lossless. Values of binary
+// ("-bin") keys are stored in standard base64. Reserved "grpc-" keys are not
+// stored.
 //
 // # Status codes
 //
@@ -55,7 +59,7 @@
 //	Internal             misconfiguration: nil guard, an invalid scope, a reply that is not a proto message
 //	(the handler's)      the handler's own error, rolled back
 //
-// FailedPrecondition is the closest code for a reused key: the request is
+// FailedPrecondition is the closest code for a reused key. The request is
 // well formed, but the system (the key's record) is not in the state it
 // needs, and a retry will not help. Aborted is the code gRPC names for
 // concurrency conflicts that the client should retry at a higher level.
@@ -65,14 +69,16 @@
 //
 // [UnaryClientInterceptor] gives each call one key, generated before the
 // first attempt (or the caller's own, set with [WithKey]). The key is put in
-// the call's outgoing metadata, which grpc sends unchanged on every attempt
-// of its own retries (transparent retries and the retry policy of the
-// service config, see [RetryServiceConfig]): a retried call meets the
-// record of its first attempt and gets its reply. grpc retries an attempt
-// only while no response header has reached the client (an UNAVAILABLE or
-// ABORTED answered trailers-only, a transport failure before the reply):
-// a reply lost after its header arrived fails the call, and the
-// application's retry, a new call, must send the same key with [WithKey].
+// the call's outgoing metadata. grpc sends that metadata unchanged on every
+// attempt of its own retries: transparent retries and the retry policy of
+// the service config (see [RetryServiceConfig]). So a retried call meets the
+// record of its first attempt and gets its reply.
+//
+// grpc retries an attempt only while no response header has reached the
+// client. That covers an UNAVAILABLE or ABORTED answered trailers-only, and a
+// transport failure before the reply. A reply lost after its header arrived
+// fails the call. The application's retry is then a new call: it must send
+// the same key with [WithKey].
 //
 // Only unary methods are supported.
 package idemgrpc

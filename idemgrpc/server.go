@@ -112,11 +112,11 @@ func KeyFrom(ctx context.Context) (idempotency.Key, bool) {
 	return idempotency.KeyFrom(ctx)
 }
 
-// PeerScope is the default [ServerConfig].Scope: the identity of the
-// client certificate of a TLS peer whose chain the server verified
-// (credentials.NewTLS with ClientAuth set to verify): its first URI SAN (a
-// SPIFFE ID) if it has one, else its subject distinguished name
-// ("CN=...,O=..."). An identity longer than 255 bytes is replaced by
+// PeerScope is the default [ServerConfig].Scope. It returns the identity of
+// the client certificate of a TLS peer whose chain the server verified
+// (credentials.NewTLS with ClientAuth set to verify). That identity is the
+// certificate's first URI SAN (a SPIFFE ID) if it has one, else its subject
+// distinguished name ("CN=...,O=..."). An identity longer than 255 bytes is replaced by
 // "sha256:" and its hex SHA-256. Without a verified client certificate it
 // returns an Unauthenticated status error.
 func PeerScope(ctx context.Context) (string, error) {

@@ -20,7 +20,7 @@ import (
 	"github.com/go-idempotency/idempotency"
 )
 
-// Status is the HTTP-style status stored with every message's key: the
+// Status is the HTTP-style status stored with every message's key. The
 // handler's result is kept as the body of a 200 response, so a record of
 // the keys table written by a message reads 200.
 const Status = 200
@@ -39,9 +39,10 @@ func Permanent(err error) error {
 	return fmt.Errorf("%w: %w", ErrPermanent, err)
 }
 
-// KeyID makes a message identity a valid [idempotency.Key] ID: raw itself
-// if it is one (1 to 255 printable ASCII bytes), else "sha256:" and the hex
-// SHA-256 of raw, so that any identity gives a stable key.
+// KeyID makes a message identity a valid [idempotency.Key] ID. It returns
+// raw itself if it is one (1 to 255 printable ASCII bytes). Else it returns
+// "sha256:" and the hex SHA-256 of raw, so that any identity gives a
+// stable key.
 func KeyID(raw string) string {
 	if (idempotency.Key{ID: raw}).Validate() == nil {
 		return raw

@@ -1,21 +1,23 @@
 // Package outbox is a transactional outbox for the SQL stores of
-// [idempotency]: the events an operation publishes are written through the
-// same transaction as its effect and its idempotency key, and a [Relay]
+// [idempotency]. The events an operation publishes are written through the
+// same transaction as its effect and its idempotency key. A [Relay]
 // publishes them later and marks them sent.
 //
 // Inside [idempotency.Guard.Do]'s fn, write the events through tx with
-// [Outbox.Write] (a [pgx.Tx]) or [Outbox.WriteSQL] (a *sql.Tx): the effect,
+// [Outbox.Write] (a [pgx.Tx]) or [Outbox.WriteSQL] (a *sql.Tx). The effect,
 // the key, the stored response and the events commit together or not at
 // all. A rolled-back attempt leaves no event behind; a replay writes none.
 //
 // A [Relay] claims a batch of unsent rows (SELECT ... FOR UPDATE SKIP LOCKED
-// on PostgreSQL and MySQL/MariaDB), hands it to a [Publisher], and marks the
-// rows sent in the same transaction once the publisher reports that the
-// broker accepted every message. Delivery is at least once: a relay that
-// dies after publishing and before its commit leaves the rows unsent, and the
-// next relay publishes them again under the same [Message.MsgID], which a
-// broker with deduplication (JetStream's Nats-Msg-Id, see the outboxnats
-// module) absorbs within its window. Consumers should still be idempotent.
+// on PostgreSQL and MySQL/MariaDB) and hands it to a [Publisher]. Once the
+// publisher reports that the broker accepted every message, the relay marks
+// the rows sent in the same transaction.
+//
+// Delivery is at least once. A relay that dies after publishing and before
+// its commit leaves the rows unsent. The next relay publishes them again
+// under the same [Message.MsgID]. A broker with deduplication absorbs the
+// repeat within its window (JetStream's Nats-Msg-Id, see the outboxnats
+// module). Consumers should still be idempotent.
 //
 // This package imports no broker client; the JetStream publisher lives in
 // the nested module github.com/go-idempotency/idempotency/outbox/outboxnats.
@@ -76,7 +78,7 @@ func (d Dialect) String() string {
 // Config tunes an [Outbox]. The zero value (or nil) means the defaults.
 type Config struct {
 	// Table is the outbox table: letters, digits and underscores, not
-	// starting with a digit, at most 63 bytes; on PostgreSQL and MySQL it
+	// starting with a digit, at most 63 bytes. On PostgreSQL and MySQL it
 	// may be qualified by one schema (database) name of the same form.
 	// Defaults to [DefaultTable].
 	Table string
@@ -101,9 +103,9 @@ type Event struct {
 
 // MsgID returns the broker message id of e: Key.Derive("outbox", Purpose),
 // 52 lower-case base32 characters. It is the same in every attempt and
-// every process, so a broker that deduplicates on it (JetStream's
-// Nats-Msg-Id) drops a relay's second publication of the row, and a
-// consumer keyed by it (idemnats' default) runs its effect once.
+// every process. So a broker that deduplicates on it (JetStream's
+// Nats-Msg-Id) drops a relay's second publication of the row. A consumer
+// keyed by it (idemnats' default) runs its effect once.
 func (e Event) MsgID() string { return e.Key.Derive("outbox", e.Purpose) }
 
 func (e Event) validate() error {
@@ -160,8 +162,8 @@ func (o *Outbox) Table() string { return o.table }
 // Schema returns the DDL of o's table, statement by statement, for users'
 // migrations; every statement is safe to run again. Columns: seq (an
 // increasing identity), msg_id, subject, header (JSON, NULL if none),
-// payload, created_at, sent_at (NULL until the relay marks the row sent);
-// an index serves the relay's scan of unsent rows.
+// payload, created_at, sent_at (NULL until the relay marks the row sent).
+// An index serves the relay's scan of unsent rows.
 func (o *Outbox) Schema() []string { return append([]string(nil), o.schema...) }
 
 // Execer is what [Outbox.Migrate] needs: a *sql.DB or a *sql.Tx.
@@ -219,7 +221,7 @@ func (o *Outbox) Write(ctx context.Context, tx pgx.Tx, events ...Event) error {
 
 // WriteSQL inserts events through tx, the *sql.Tx fn received from
 // [idempotency.Guard.Do] (sqlite or mysql store, or PostgreSQL through
-// database/sql): they commit with the effect and the key, or not at all.
+// database/sql). They commit with the effect and the key, or not at all.
 // All events travel in one INSERT. An invalid event gives an error wrapping
 // [ErrInvalidEvent] and writes nothing.
 func (o *Outbox) WriteSQL(ctx context.Context, tx *sql.Tx, events ...Event) error {

@@ -34,10 +34,10 @@ type Message struct {
 //
 // Publish returns nil only when the broker has durably accepted every
 // message of msgs; the relay then marks them sent. Any error leaves every
-// message of the batch unsent, to be published again (under the same
-// MsgID) by a later batch, so a Publisher may have published some of them
-// already: the broker's deduplication or the consumers' idempotency absorbs
-// the repeat. Publish must return promptly once ctx is done and must not use
+// message of the batch unsent. A later batch publishes them again, under
+// the same MsgID, so a Publisher may have published some of them already.
+// The broker's deduplication or the consumers' idempotency absorbs the
+// repeat. Publish must return promptly once ctx is done and must not use
 // the relay's database.
 type Publisher interface {
 	Publish(ctx context.Context, msgs []Message) error

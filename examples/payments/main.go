@@ -2,9 +2,9 @@
 //
 // POST /payments takes {"orderId": int, "amount": int} and answers 201 with
 // {"id": "...", "orderId": ..., "amount": ..., "status": "approved"}. The
-// request must carry an Idempotency-Key header: the payment row, the key and
+// request must carry an Idempotency-Key header. The payment row, the key and
 // the response commit in one transaction, so a retried request never pays
-// twice; it gets the first response back, byte for byte.
+// twice. It gets the first response back, byte for byte.
 //
 //	go run ./examples/payments                      # SQLite file ./payments.db
 //	go run ./examples/payments -store 'postgres://postgres@127.0.0.1:5432/test?sslmode=disable'

@@ -1,10 +1,10 @@
 // Command webhooks receives webhook events exactly once in effect, although
 // providers deliver them at least once.
 //
-// POST /webhooks/{provider} takes an event signed the Standard Webhooks way:
-// headers webhook-id (the provider's event id), webhook-timestamp (Unix
-// seconds) and webhook-signature ("v1,<base64 HMAC-SHA256>" entries,
-// space-separated), the HMAC keyed with the provider's secret over
+// POST /webhooks/{provider} takes an event signed the Standard Webhooks way.
+// Its headers are webhook-id (the provider's event id), webhook-timestamp
+// (Unix seconds) and webhook-signature ("v1,<base64 HMAC-SHA256>" entries,
+// space-separated). The HMAC is keyed with the provider's secret over
 // "id.timestamp.body". The receiver
 //
 //  1. checks the signature (and that the timestamp is within 5 minutes)

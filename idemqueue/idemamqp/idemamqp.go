@@ -7,8 +7,8 @@
 // a consumer that commits its effect and dies before its ack gets the
 // message delivered again (Redelivered set). With a [Consumer], the
 // handler's effect commits in the key store's transaction together with the
-// message's key and the handler's result; the redelivery finds the key
-// completed, the handler does not run, and the delivery is acked.
+// message's key and the handler's result. The redelivery finds the key
+// completed: the handler does not run, and the delivery is acked.
 //
 // The handler returns bytes, not an HTTP response: the Consumer stores them
 // with the fixed status [Status] and hands them back in
@@ -30,9 +30,9 @@
 // Poison messages: a message whose handler always fails is requeued after
 // every backoff. Declare the queue as a quorum queue with x-delivery-limit
 // and a dead-letter exchange (x-dead-letter-exchange,
-// x-dead-letter-routing-key): once the limit is passed, RabbitMQ moves the
-// message to the dead-letter queue instead of delivering it again (tested:
-// with x-delivery-limit N the handler runs N+1 times). Classic queues keep
+// x-dead-letter-routing-key). Once the limit is passed, RabbitMQ moves the
+// message to the dead-letter queue instead of delivering it again. With
+// x-delivery-limit N the handler runs N+1 times (the tests check it). Classic queues keep
 // no delivery count: there a poison message is retried forever, once per
 // backoff.
 package idemamqp
@@ -165,9 +165,10 @@ func deliveryCount(d *amqp.Delivery) int64 {
 // the backoff) or rejects d; see the package documentation. The verdict of
 // the result is [idemqueue.Ack], [idemqueue.Retry] (requeued) or
 // [idemqueue.Drop] (rejected); zero if the reply to the server failed. The
-// error is nil when d was acked; otherwise it says why (errors.Is finds
-// the handler's own error, [idempotency.ErrMismatch], [ErrPermanent], ...),
-// joined with the error of the reply to the server if that failed too.
+// error is nil when d was acked. Otherwise it says why: errors.Is finds
+// the handler's own error, [idempotency.ErrMismatch], [ErrPermanent], and
+// so on. It is joined with the error of the reply to the server if that
+// failed too.
 func (c *Consumer[Tx]) Handle(ctx context.Context, d *amqp.Delivery) (idemqueue.Result, error) {
 	return c.q.Handle(ctx, d)
 }

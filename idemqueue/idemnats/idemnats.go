@@ -6,14 +6,14 @@
 // JetStream delivers at least once: a consumer that commits its effect and
 // dies before its acknowledgement reaches the server gets the message again
 // after AckWait. With a [Consumer], the handler's effect runs in the key
-// store's transaction (a pgx.Tx, a *sql.Tx) and commits together with the
-// message's key and the handler's result; the redelivery finds the key
-// completed, the handler does not run, and the message is acknowledged.
+// store's transaction (a pgx.Tx, a *sql.Tx). It commits together with the
+// message's key and the handler's result. The redelivery finds the key
+// completed: the handler does not run, and the message is acknowledged.
 //
-// The handler returns bytes, not an HTTP response: the Consumer stores them
-// as the key's response with the fixed status [Status] (so a record of the
-// keys table written by a message reads 200) and hands them back, byte-exact,
-// in [idemqueue.Result].Body on every replay.
+// The handler returns bytes, not an HTTP response. The Consumer stores them
+// as the key's response with the fixed status [Status], so a record of the
+// keys table written by a message reads 200. On every replay it hands them
+// back, byte-exact, in [idemqueue.Result].Body.
 //
 // What the Consumer does with a message:
 //
@@ -28,10 +28,11 @@
 //     it and publishes a MSG_TERMINATED advisory.
 //
 // A message whose handler always fails (a poison message) is redelivered
-// after each backoff until the consumer's MaxDeliver is reached; then
-// JetStream stops delivering it, leaves it in the stream, and publishes an
-// advisory on $JS.EVENT.ADVISORY.CONSUMER.MAX_DELIVERIES.<stream>.<consumer>
-// naming its stream sequence: that subject is the dead-letter queue. Set
+// after each backoff until the consumer's MaxDeliver is reached. Then
+// JetStream stops delivering it and leaves it in the stream. It publishes
+// an advisory naming the message's stream sequence on
+// $JS.EVENT.ADVISORY.CONSUMER.MAX_DELIVERIES.<stream>.<consumer>. That
+// subject is the dead-letter queue. Set
 // MaxDeliver on every consumer you run this on; with the default (-1) a
 // poison message is retried forever, at the pace of the backoff.
 package idemnats
@@ -126,11 +127,11 @@ func New[Tx any](guard *idempotency.Guard[Tx], h Handler[Tx], cfg *Config) (*Con
 	return &Consumer[Tx]{q: q, onError: cfg.OnError}, nil
 }
 
-// DefaultKey is the default [Config].Key: "id:" and the message's
-// Nats-Msg-Id header (the publisher's identity of the message, which
-// JetStream also deduplicates on), or, without that header,
-// "seq:<stream>:<stream sequence>" (stable across redeliveries, but not
-// across a purge or re-creation of the stream).
+// DefaultKey is the default [Config].Key. It returns "id:" and the
+// message's Nats-Msg-Id header: the publisher's identity of the message,
+// which JetStream also deduplicates on. Without that header it returns
+// "seq:<stream>:<stream sequence>". That key is stable across redeliveries,
+// but not across a purge or re-creation of the stream.
 func DefaultKey(msg jetstream.Msg) (string, error) {
 	if id := msg.Headers().Get(jetstream.MsgIDHeader); id != "" {
 		return "id:" + id, nil
@@ -164,9 +165,9 @@ func DefaultBackoff(delivered uint64) time.Duration {
 // naks or terminates msg (see the package documentation). The verdict of
 // the result is [idemqueue.Ack], [idemqueue.Retry] (nak with a delay) or
 // [idemqueue.Drop] (terminated); zero if the reply to the server failed.
-// The error is nil when msg was acked; otherwise it says why (errors.Is
+// The error is nil when msg was acked. Otherwise it says why: errors.Is
 // finds the handler's own error, [idempotency.ErrMismatch], [ErrPermanent],
-// ...), joined with the error of the reply to the server if that failed
+// and so on. It is joined with the error of the reply to the server if that failed
 // too.
 func (c *Consumer[Tx]) Handle(ctx context.Context, msg jetstream.Msg) (idemqueue.Result, error) {
 	return c.q.Handle(ctx, msg)

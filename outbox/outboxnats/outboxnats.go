@@ -3,10 +3,10 @@
 //
 // Every message carries its row's [outbox.Message.MsgID] as Nats-Msg-Id. A
 // relay that dies after publishing a batch and before marking it sent
-// leaves the rows unsent; the next relay publishes them again under the
-// same ids, and the stream's duplicate window (StreamConfig.Duplicates,
+// leaves the rows unsent. The next relay publishes them again under the
+// same ids. The stream's duplicate window (StreamConfig.Duplicates,
 // 2 minutes by default) drops the repeats. Past the window a repeat is
-// stored again: keep the window longer than a relay takes to come back,
+// stored again. So keep the window longer than a relay takes to come back,
 // and make consumers idempotent (the idemnats module keys them by
 // Nats-Msg-Id by default).
 //
@@ -56,7 +56,7 @@ func NewPublisher(js jetstream.JetStream, cfg *Config) (*Publisher, error) {
 }
 
 // Publish sends msgs asynchronously, in order, each with Nats-Msg-Id set to
-// its MsgID, and returns nil once the stream has acknowledged every one
+// its MsgID. It returns nil once the stream has acknowledged every one
 // (a duplicate the stream dropped counts as acknowledged). It returns the
 // first failure, or ctx's error, otherwise.
 func (p *Publisher) Publish(ctx context.Context, msgs []outbox.Message) error {

@@ -1,13 +1,13 @@
 // Command bun shows bun (github.com/uptrace/bun) writing inside the
-// transaction that holds an idempotency key: the query's Conn(tx) runs it on
-// the *sql.Tx that Guard.Do gives fn, so the order row, the key and the
+// transaction that holds an idempotency key. The query's Conn(tx) runs it on
+// the *sql.Tx that Guard.Do gives fn. So the order row, the key and the
 // stored response commit together, and an error from fn rolls back all
 // three.
 //
-// It runs on SQLite (the library's sqlite store, modernc.org/sqlite, with
-// bun's sqlitedialect) and on MySQL or MariaDB (the mysql store, with
-// mysqldialect): the stores that give fn a *sql.Tx, the transaction type bun
-// (database/sql) can use. The postgres store gives a pgx.Tx; see the sqlc
+// It runs on the stores that give fn a *sql.Tx, the transaction type bun
+// (database/sql) can use. These are SQLite (the library's sqlite store,
+// modernc.org/sqlite, with bun's sqlitedialect) and MySQL or MariaDB (the
+// mysql store, with mysqldialect). The postgres store gives a pgx.Tx; see the sqlc
 // example for PostgreSQL.
 //
 //	go run . -store app.db

@@ -1,12 +1,12 @@
 // Command gorm shows GORM (gorm.io/gorm) writing inside the transaction that
-// holds an idempotency key: onTx binds a GORM session to the *sql.Tx that
-// Guard.Do gives fn, the way gorm's own Begin does, so the order row, the
+// holds an idempotency key. onTx binds a GORM session to the *sql.Tx that
+// Guard.Do gives fn, the way gorm's own Begin does. So the order row, the
 // key and the stored response commit together, and an error from fn rolls
 // back all three.
 //
-// It runs on MySQL or MariaDB: the library's stores that give fn a *sql.Tx,
-// the transaction type GORM (database/sql) can use, are mysql and sqlite;
-// the postgres store gives a pgx.Tx (see the sqlc example for PostgreSQL).
+// It runs on MySQL or MariaDB. GORM (database/sql) can use a *sql.Tx, and
+// the library's stores that give fn one are mysql and sqlite. The postgres
+// store gives a pgx.Tx (see the sqlc example for PostgreSQL).
 //
 //	go run . -dsn 'root@tcp(127.0.0.1:3306)/test'
 package main
