@@ -76,7 +76,7 @@ func catalogue() []entry {
 		{name: "failed-complete-holds", suite: revSuite(mistakes{failedHolds: true}),
 			run: "ConcurrentSameKey|ErrorRollsBack|CompleteWithCancelledContext|FailedCompleteFreesKey", mustFail: "FailedCompleteFreesKey",
 			mustPass: append(happy, "CompleteWithCancelledContext")},
-		// Issue 9: the key reserved by one committed statement, the effect
+		// The key reserved by one committed statement, the effect
 		// committed by a second, the key completed by a third.
 		{name: "two-transactions", suite: func(t *testing.T) { conformance.Run(t, twoTxHarness()) },
 			run: "ConcurrentSameKey|ErrorRollsBack|TTLExpiry|CompleteWithCancelledContext|CompleteInterrupted", mustFail: "CompleteInterrupted",

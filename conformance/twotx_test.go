@@ -16,7 +16,7 @@ import (
 	"github.com/go-idempotency/idempotency/sqlite"
 )
 
-// twoTxStore is the backend issue 9 warns against, on SQLite: the key is
+// twoTxStore is a backend split over three transactions, on SQLite: the key is
 // reserved by its own committed INSERT, fn's effect runs in a second
 // transaction, and the key is completed by a third statement once the
 // effect has committed. Each step is correct on its own, and it passes the

@@ -17,9 +17,8 @@
 //
 // Its subpackage pgkit holds what needs pgx.
 //
-// It imports "testing", so only _test.go
-// files may import it. A library package that depends on it fails
-// TestLibraryImports (imports_test.go at the module root).
+// It imports "testing", so only _test.go files may import it. A library
+// package that depends on it fails TestLibraryImports (imports_test.go at the module root).
 package testkit
 
 import (
