@@ -1,7 +1,7 @@
 // Command idembench runs the backends' benchmarks in interleaved rounds and
-// prints one table: per backend and case, the ratio to the bare effect
-// transaction of the same round (median and range over the rounds), time
-// and allocations per op, and the project's target.
+// prints one table. Per backend and case, it gives the ratio to the bare
+// effect transaction of the same round (median and range over the rounds),
+// time and allocations per op, and the project's target.
 //
 //	go run ./cmd/idembench                          # 4 backends, 5 rounds of -benchtime 1s
 //	go run ./cmd/idembench -markdown                # the table of docs/performance.md

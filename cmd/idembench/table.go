@@ -28,9 +28,9 @@ var targets = map[string]map[string]float64{
 // plain SQL: new keys and replays.
 var plainTargets = map[string]bool{"NewKey": true, "Replay": true}
 
-// scaleTargets are the scale targets of BenchmarkScale: a new key with 1M
-// keys in the table within 1.1x of an empty table (NewKeyFull), and the
-// p99 of Do during a purge of 1M keys within 2x of its p99 without it.
+// scaleTargets are the scale targets of BenchmarkScale. A new key with 1M
+// keys in the table stays within 1.1x of an empty table (NewKeyFull). The
+// p99 of Do during a purge of 1M keys stays within 2x of its p99 without it.
 var scaleTargets = map[string]float64{"NewKeyFull": 1.1, "PurgeUnderLoad": 2}
 
 // baseline returns the benchmark that name is compared with in the same

@@ -373,9 +373,9 @@ func removeAll(dir string) {
 // dir needs from outside this repository: the go.mod file of every module
 // in its requirement graph and the zips of the modules its packages use.
 // It runs with the caller's own GOPROXY, so that the consumers' builds
-// that follow need no network: a fresh machine's cache holds only what
-// builds and tests of this repository fetched, not the older go.mod files
-// that resolving a module from scratch reads.
+// that follow need no network. A fresh machine's cache holds only what
+// builds and tests of this repository fetched. It lacks the older go.mod
+// files that resolving a module from scratch reads.
 func warm(dir string) error {
 	for _, args := range [][]string{{"mod", "graph"}, {"mod", "download"}} {
 		cmd := exec.Command("go", args...)
