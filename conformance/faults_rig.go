@@ -30,7 +30,7 @@ func (s *faultSuite[Tx]) rig(t *testing.T) *faultRig[Tx] {
 	ns := fmt.Sprintf("f%d%s", s.ns.Add(1), faultRand())
 	r := &faultRig[Tx]{ns: ns, lab: newFaultLabeler(), key: idempotency.Key{Scope: "faults", ID: ns}}
 	r.clean = s.h.NewFixture(t, s.h.Upstream, ns)
-	p, err := faultproxy.New(s.h.Upstream, &faultproxy.Options{OnStep: r.lab.onStep})
+	p, err := faultproxy.New(s.h.Upstream, &faultproxy.Config{OnStep: r.lab.onStep})
 	if err != nil {
 		t.Fatal(err)
 	}

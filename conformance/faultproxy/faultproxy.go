@@ -103,7 +103,7 @@ type Fault struct {
 	Conn, Step int
 	// Match, if not nil, chooses the step instead: the fault fires at the
 	// first step since [Proxy.Arm] for which it returns true. It is called
-	// on the proxy's goroutine of that connection, after [Options].OnStep.
+	// on the proxy's goroutine of that connection, after [Config].OnStep.
 	Match func(Step) bool
 	// Delay is how long [Delay] holds the step.
 	Delay time.Duration
@@ -120,15 +120,15 @@ type Step struct {
 	N int
 	// Seq is the step's number across all connections since [Proxy.Arm].
 	Seq int
-	// Head holds up to [Options].HeadLen of the step's first bytes, for
+	// Head holds up to [Config].HeadLen of the step's first bytes, for
 	// traces.
 	Head []byte
 	// At is when the proxy received the step's first bytes.
 	At time.Time
 }
 
-// Options tune a [Proxy]; the zero value (or nil) means the defaults.
-type Options struct {
+// Config tunes a [Proxy]; the zero value (or nil) means the defaults.
+type Config struct {
 	// OnStep, if not nil, is called for every step, on the proxy's
 	// goroutine of that connection, before the step is forwarded (the
 	// client is waiting for its answer meanwhile). It must not block.
@@ -149,7 +149,7 @@ var ErrClosed = errors.New("faultproxy: proxy closed")
 type Proxy struct {
 	ln       net.Listener
 	upstream string
-	opts     Options
+	opts     Config
 	done     chan struct{} // closed by Close
 
 	mu        sync.Mutex
@@ -198,14 +198,14 @@ const (
 
 // New listens on a free loopback port and forwards every connection to
 // upstream. Close it when done.
-func New(upstream string, opts *Options) (*Proxy, error) {
+func New(upstream string, cfg *Config) (*Proxy, error) {
 	ln, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
 		return nil, fmt.Errorf("faultproxy: listen: %w", err)
 	}
 	p := &Proxy{ln: ln, upstream: upstream, done: make(chan struct{}), conns: make(map[*conn]struct{}), fired: make(chan struct{})}
-	if opts != nil {
-		p.opts = *opts
+	if cfg != nil {
+		p.opts = *cfg
 	}
 	if p.opts.HeadLen <= 0 {
 		p.opts.HeadLen = 64

@@ -18,7 +18,7 @@ func TestForwardsAndCountsSteps(t *testing.T) {
 	s := startLineServer(t)
 	var mu sync.Mutex
 	var seen []faultproxy.Step
-	p := newProxy(t, s.ln.Addr().String(), &faultproxy.Options{HeadLen: 4, OnStep: func(st faultproxy.Step) {
+	p := newProxy(t, s.ln.Addr().String(), &faultproxy.Config{HeadLen: 4, OnStep: func(st faultproxy.Step) {
 		mu.Lock()
 		seen = append(seen, st)
 		mu.Unlock()

@@ -114,7 +114,7 @@ func (s *lineServer) notClosed(t *testing.T, first string, d time.Duration) {
 	}
 }
 
-func newProxy(t *testing.T, upstream string, opts *faultproxy.Options) *faultproxy.Proxy {
+func newProxy(t *testing.T, upstream string, opts *faultproxy.Config) *faultproxy.Proxy {
 	t.Helper()
 	p, err := faultproxy.New(upstream, opts)
 	if err != nil {
