@@ -50,6 +50,12 @@ var pinMultiWriter = map[string]string{
 	// the holder's transaction is killed by the applier and retried (its
 	// fn runs again).
 	"PurgeSkipsHeld": "Purge must skip the rows that open transactions hold",
+	// A Complete cut by its ctx may still commit on its node (a lost
+	// reply), and another node may let a caller take the key before that
+	// commit is applied there. Certification then refuses that caller's
+	// COMMIT (no second effect), but the case counts the effects in that
+	// moment and finds the first one.
+	"FailedCompleteFreesKey": "a Complete whose reply was lost, then a Reserve of its key",
 	// Two purges on two nodes may delete the same expired rows: the second
 	// fails certification at COMMIT (idempotency.ErrConflict). One node
 	// keeps the counts the case asserts exact.
