@@ -75,6 +75,10 @@ var pinStreaming = map[string]string{
 	"CompleteWithCancelledContext": "a Reserve with no wait right after the key's commit",
 	"RecordBelongsToCaller":        "a Reserve with no wait right after the key's commit",
 	"NoWait":                       "a NoWait call right after the key's commit",
+	// The appliers of the re-reserving transactions hold their row locks on
+	// the Purge's node too: a Purge there skips what they lock (it never
+	// waits for a held record), and CI saw it skip one key nobody touched.
+	"PurgeRecheck": "a Purge while other nodes re-reserve expired keys",
 }
 
 // galeraConformance runs the mysql conformance suite on g, each case with
