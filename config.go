@@ -26,7 +26,9 @@ func MinClock() time.Time { return time.Unix(0, math.MinInt64).UTC() }
 type Outcome int
 
 // The outcomes an [Observer] is told about. [Guard.Do] reports the first
-// five; the others are those of integrations that tell more apart.
+// five, [Operation.Run] Unfinished too, [Guard.Forget] Forgotten and the
+// [Completer] Exhausted; the others are those of integrations that tell
+// more apart.
 const (
 	// Executed: fn ran and its response was committed with the key.
 	Executed Outcome = iota + 1
@@ -55,11 +57,22 @@ const (
 	// Internal: the integration is misconfigured, so the request was
 	// refused without running fn.
 	Internal
+	// Unfinished: a run of an [Operation] stopped at a step after a
+	// transient failure; the key resumes on a retry or in the [Completer].
+	Unfinished
+	// Forgotten: an operator deleted the key ([Guard.Forget]); the next
+	// call with it runs fn again, as for a new key.
+	Forgotten
+	// Exhausted: the [Completer] gave up on an unfinished operation after
+	// its MaxTries failed runs. The key stays unfinished (never purged) for
+	// an operator to inspect, finish by a retry, or forget.
+	Exhausted
 )
 
 // String returns the outcome as a metrics label: "executed", "replayed",
 // "mismatch", "in_progress", "failed", "not_stored", "handler_error",
-// "rejected", "store_error", "canceled" or "internal".
+// "rejected", "store_error", "canceled", "internal", "unfinished",
+// "forgotten" or "exhausted".
 func (o Outcome) String() string {
 	switch o {
 	case Executed:
@@ -84,6 +97,12 @@ func (o Outcome) String() string {
 		return "canceled"
 	case Internal:
 		return "internal"
+	case Unfinished:
+		return "unfinished"
+	case Forgotten:
+		return "forgotten"
+	case Exhausted:
+		return "exhausted"
 	}
 	return fmt.Sprintf("Outcome(%d)", int(o))
 }
@@ -105,6 +124,11 @@ type Event struct {
 	Attempts int
 	// Err is the error Do returned, nil for Executed and Replayed.
 	Err error
+	// Operation and Step name the [Operation] of a call of [Operation.Run]
+	// or of the [Completer], and the step it stopped at (its last step
+	// when it finished); both are "" for a call of [Guard.Do].
+	Operation string
+	Step      string
 }
 
 // KeyHash returns [Key.Hash] of the call's key: the name of the key in
@@ -119,6 +143,9 @@ func (e Event) LogValue() slog.Value {
 		slog.String("outcome", e.Outcome.String()),
 		slog.Duration("duration", e.Duration),
 		slog.Int("attempts", e.Attempts),
+	}
+	if e.Operation != "" {
+		attrs = append(attrs, slog.String("operation", e.Operation), slog.String("step", e.Step))
 	}
 	if e.Err != nil {
 		attrs = append(attrs, slog.String("error", e.Err.Error()))

@@ -62,6 +62,14 @@ var (
 	// or not at all. So retrying the same request with the same key is
 	// safe: it replays the committed answer or runs fn once. (HTTP 503.)
 	ErrStore = errors.New("idempotency: store failed; retrying with the same key is safe")
+	// ErrNotFound: the store holds no record for the key ([Guard.Inspect],
+	// [Guard.Forget]).
+	ErrNotFound = errors.New("idempotency: no record for this key")
+	// ErrUnfinished: a run of an [Operation] failed between two steps with
+	// an error that is not [Stop]. Every step before it is committed; the
+	// key is unfinished, and a retry with the same key (or the
+	// [Completer]) resumes it at the step that failed. (HTTP 503.)
+	ErrUnfinished = errors.New("idempotency: operation unfinished; retrying with the same key resumes it")
 )
 
 // Response is what an operation answered: stored with the key when the

@@ -316,3 +316,266 @@ type Migrator interface {
 	// changes nothing and returns nil.
 	Migrate(ctx context.Context) error
 }
+
+// Stepper is an optional interface of a [KeyStore]: the primitives of
+// multi-step operations ([Operation]). The SQL stores implement it; a store
+// that cannot share a transaction with the caller's effects (Redis) does
+// not, and [Operation.Run] refuses it with [errors.ErrUnsupported].
+//
+// An operation's key lives in the same row (record) as a key of
+// [Guard.Do], with three more things: its progress (bytes the core encodes:
+// the next step, the step data, the caller's input), its owner (a token of
+// the run that drives it) with the end of that owner's lease, and how many
+// runs failed on it (tries). A key with progress is unfinished: the
+// operation stopped between two steps, committed at a recovery point.
+//
+// Rules, besides those of [KeyStore]:
+//
+//   - An unfinished key is never expired and never purged: its expiry is
+//     [MaxExpiry] until it completes, and [KeyStore.Purge] skips it.
+//   - [KeyStore.Reserve] treats an unfinished key as held: it reports
+//     [ErrInProgress], at once or after waiting, and never takes it over.
+//   - Every phase is one transaction of the store on the key's row: the
+//     caller's writes through [Phase.Tx], the progress and the lease commit
+//     together or not at all.
+//   - Taking a lease is a compare-and-swap on the row, as taking a free
+//     key is: of several callers that find an unfinished key's lease free
+//     or ended at once, in one process or in several, exactly one obtains a
+//     Phase; the others get [ErrInProgress].
+//   - Leases are judged by the store's clock, as expiries are.
+type Stepper[Tx any] interface {
+	// Acquire opens a transaction on a.Key for one phase of the run a.Owner.
+	// It has exactly three successful outcomes:
+	//
+	//   - (phase, nil, nil): the key is the caller's in phase's open
+	//     transaction, which the caller ends with Save, Release, Complete or
+	//     Rollback. Either no live record existed (phase.Progress() is nil:
+	//     a new key, held as [KeyStore.Reserve] holds it, so Rollback frees
+	//     it), or the key is unfinished and its lease was free, ended (by
+	//     the store's clock), or already a.Owner's. Then phase.Progress()
+	//     is the progress last saved, phase.Fingerprint() the fingerprint
+	//     the operation started with, and the lease is a.Owner's in the
+	//     transaction. Taking over another owner's ended lease counts in
+	//     Tries only if a later Release commits.
+	//   - (nil, rec, nil): the key is completed and live, as in Reserve.
+	//   - (nil, nil, err) with err wrapping [ErrInProgress]: the key is
+	//     held by a transaction of Reserve or Acquire (waited for up to
+	//     a.Wait, as Reserve does) or leased to another owner until a later
+	//     time (reported at once: the core polls).
+	//
+	// a.Owner is a token of at most 64 printable ASCII bytes; a.Lease is at
+	// least one millisecond.
+	Acquire(ctx context.Context, a Acquisition) (Phase[Tx], *Record, error)
+
+	// Abandoned lists up to q.Limit unfinished keys whose lease ended at
+	// least q.Grace ago by the store's clock (a run that released its lease
+	// ended it then) and whose Tries are under q.MaxTries, the longest
+	// ended first. It takes no lease and locks nothing: the caller then
+	// acquires each one, and may lose it to another.
+	Abandoned(ctx context.Context, q AbandonedQuery) ([]AbandonedKey, error)
+}
+
+// Phase is one transaction on an operation's key, returned by
+// [Stepper.Acquire]. Exactly one of Save, Release, Complete or Rollback is
+// called, once, by the goroutine that called Acquire. After it returns,
+// whatever the error, the transaction is over and its connection released.
+type Phase[Tx any] interface {
+	// Tx is the native transaction handle; the phase's writes run on it.
+	Tx() Tx
+	// Fingerprint is the fingerprint the operation started with, or the
+	// Acquisition's for a new key.
+	Fingerprint() string
+	// Progress is the progress last saved, nil for a new key.
+	Progress() []byte
+	// Tries is how many runs released the key after a failure.
+	Tries() int
+	// Save commits the phase: the writes done through Tx, progress as the
+	// key's progress (at most [MaxProgressLen] bytes, never nil), and the
+	// lease, the Acquisition's owner's until the store's clock plus its
+	// Lease. The key is unfinished.
+	Save(ctx context.Context, progress []byte) error
+	// Release commits the phase with progress and the lease ended now, and
+	// counts one more try: a run that failed and lets a retry or the
+	// completer resume the key. Writes done through Tx are committed too:
+	// the core rolls a failed phase back before it releases, in a new
+	// Acquire.
+	Release(ctx context.Context, progress []byte) error
+	// Complete stores resp as the key's completed record and commits, as
+	// [Txn.Complete] does, with the writes done through Tx. The progress,
+	// owner, lease and tries are cleared; the expiry is the store's clock
+	// plus the Acquisition's TTL.
+	Complete(ctx context.Context, resp Response) error
+	// Rollback discards the phase: the writes done through Tx and the
+	// lease taken by Acquire. An unfinished key stays as it was committed
+	// (progress, owner, lease end); a new key is free again. It must work
+	// with an already cancelled ctx.
+	Rollback(ctx context.Context) error
+}
+
+// Acquisition is what [Stepper.Acquire] is asked for: a [Reservation] (TTL
+// is the completed record's) plus the run's owner token and lease.
+type Acquisition struct {
+	Reservation
+	// Owner names the run that drives the operation: a random token.
+	Owner string
+	// Lease is how long the key stays the owner's after Acquire's or a
+	// Save's commit, by the store's clock.
+	Lease time.Duration
+}
+
+// AbandonedQuery selects the keys [Stepper.Abandoned] lists.
+type AbandonedQuery struct {
+	// Grace is how long ago, at least, the lease must have ended.
+	Grace time.Duration
+	// MaxTries: only keys with fewer tries are listed.
+	MaxTries int
+	// Limit bounds the list: 1 to 1000.
+	Limit int
+}
+
+// AbandonedKey is an unfinished key as [Stepper.Abandoned] lists it.
+type AbandonedKey struct {
+	Key         Key
+	Fingerprint string
+	Progress    []byte
+	Tries       int
+	// LeaseEnded is when the last lease ended, by the store's clock.
+	LeaseEnded time.Time
+}
+
+// MaxProgressLen is the largest progress a [Phase] stores, in bytes: the
+// step data of an operation, its input and its position together.
+const MaxProgressLen = 1 << 20
+
+// KeyAdmin is an optional interface of a [KeyStore]: what an operator needs
+// to look at one key and release it. Every store of this module implements
+// it. [Guard.Inspect] and [Guard.Forget] validate the key first and call
+// it.
+type KeyAdmin interface {
+	// Inspect returns what the store holds for key, with its body only if
+	// body is true (BodyLen is always set). A key with no record gives an
+	// error wrapping [ErrNotFound]. It takes no lock and waits for none.
+	// A store that holds a new key in an open transaction with no row
+	// visible to others (PostgreSQL) reports it [KeyHeld] if it can tell
+	// without waiting, else [ErrNotFound]: its documentation says which.
+	Inspect(ctx context.Context, key Key, body bool) (*KeyInfo, error)
+	// Forget deletes key's record and returns what it deleted (without
+	// the body). A key held (by a transaction of Reserve or Acquire, or by
+	// a live lease) is refused with [ErrInProgress] and nothing changes;
+	// Forget never waits for it. A key with no record gives [ErrNotFound].
+	// An unfinished key whose lease ended is deleted: its operation will
+	// not be resumed.
+	Forget(ctx context.Context, key Key) (*KeyInfo, error)
+}
+
+// KeyLister is an optional interface of a [KeyStore] that can enumerate
+// its keys: the SQL stores implement it, Redis does not.
+type KeyLister interface {
+	// List returns one page of the keys of q.Scope: the unfinished and
+	// held ones first, then the others, each part in byte order of ID.
+	// Bodies are not read.
+	List(ctx context.Context, q ListQuery) (KeyPage, error)
+	// Stats counts the store's records by state, by the store's clock.
+	Stats(ctx context.Context) (Stats, error)
+}
+
+// KeyState says what a record is, as [KeyAdmin.Inspect] reports it.
+type KeyState int
+
+// The states of a record.
+const (
+	// KeyHeld: a call of [Guard.Do] holds the key in an open transaction,
+	// or a run of an [Operation] holds its live lease.
+	KeyHeld KeyState = iota + 1
+	// KeyCompleted: the key's answer is stored and replayed.
+	KeyCompleted
+	// KeyUnfinished: an operation stopped between two steps and nobody
+	// holds it: a retry with the key or the [Completer] resumes it.
+	KeyUnfinished
+	// KeyExpired: past its expiry by the store's clock, not yet purged; it
+	// counts as absent.
+	KeyExpired
+)
+
+// String returns "held", "completed", "unfinished" or "expired".
+func (s KeyState) String() string {
+	switch s {
+	case KeyHeld:
+		return "held"
+	case KeyCompleted:
+		return "completed"
+	case KeyUnfinished:
+		return "unfinished"
+	case KeyExpired:
+		return "expired"
+	}
+	return fmt.Sprintf("KeyState(%d)", int(s))
+}
+
+// KeyInfo is what a store holds for one key. The store fills the fields up
+// to LeaseEnds; [Guard.Inspect] and [Guard.List] decode Progress into the
+// fields after it.
+type KeyInfo struct {
+	Key         Key
+	State       KeyState
+	Fingerprint string
+	// Status, Header and Body are the stored answer (completed or expired
+	// keys); Body only when asked for.
+	Status  int
+	Header  http.Header
+	Body    []byte
+	BodyLen int
+	// CreatedAt and ExpiresAt are by the store's clock; ExpiresAt is
+	// [MaxExpiry] for an unfinished key, zero when the store cannot tell
+	// (a key held in a transaction with no row yet).
+	CreatedAt time.Time
+	ExpiresAt time.Time
+	// Progress, Tries and LeaseEnds describe an unfinished operation (a
+	// key with progress): see [Stepper].
+	Progress  []byte
+	Tries     int
+	LeaseEnds time.Time
+
+	// Operation, Step and Failure are decoded from Progress: the
+	// operation's name, the name of the step it resumes at, and the error
+	// of its last failed run ("" if none).
+	Operation string
+	Step      string
+	Failure   string
+}
+
+// ListQuery selects one page of [KeyLister.List].
+type ListQuery struct {
+	// Scope is the exact scope whose keys are listed.
+	Scope string
+	// Limit is the page's size: 1 to 1000.
+	Limit int
+	// After is the Next of the page before; nil starts from the first key.
+	After *ListCursor
+}
+
+// ListCursor is where a page of [KeyLister.List] ended: its last key.
+type ListCursor struct {
+	// Unfinished: the last key was in the first part (unfinished or held).
+	Unfinished bool
+	ID         string
+}
+
+// KeyPage is one page of [KeyLister.List].
+type KeyPage struct {
+	Keys []KeyInfo
+	// Next resumes the listing; nil when this page is the last.
+	Next *ListCursor
+}
+
+// Stats counts a store's records by state ([KeyLister.Stats]).
+type Stats struct {
+	Held, Completed, Unfinished, Expired int64
+	// OldestUnfinished is the creation of the oldest unfinished or held
+	// operation, zero when there is none.
+	OldestUnfinished time.Time
+	// Failing counts the unfinished keys with at least one failed try.
+	Failing int64
+	// BodyBytes sums the bodies of live completed records.
+	BodyBytes int64
+}

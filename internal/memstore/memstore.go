@@ -26,6 +26,7 @@ type Store struct {
 	mu      sync.Mutex
 	records map[idempotency.Key]*idempotency.Record
 	held    map[idempotency.Key]chan struct{} // closed when the holder ends
+	ops     map[idempotency.Key]*opRow         // unfinished operations
 	counts  map[string]int
 	// ReserveErr, when set, is returned by Reserve (to test failing stores).
 	ReserveErr func() error
@@ -53,7 +54,8 @@ var _ idempotency.KeyStore[*Tx] = (*Store)(nil)
 
 // New returns an empty store.
 func New() *Store {
-	return &Store{records: map[idempotency.Key]*idempotency.Record{}, held: map[idempotency.Key]chan struct{}{}, counts: map[string]int{}}
+	return &Store{records: map[idempotency.Key]*idempotency.Record{}, held: map[idempotency.Key]chan struct{}{},
+		ops: map[idempotency.Key]*opRow{}, counts: map[string]int{}}
 }
 
 // Count returns how many effects tagged tag were committed.
@@ -83,6 +85,10 @@ func (s *Store) Reserve(ctx context.Context, r idempotency.Reservation) (idempot
 			cp := *rec // the caller owns its copy: no shared header map nor body
 			cp.Header, cp.Body = rec.Header.Clone(), bytes.Clone(rec.Body)
 			return nil, &cp, nil
+		}
+		if _, ok := s.ops[r.Key]; ok {
+			s.mu.Unlock()
+			return nil, nil, fmt.Errorf("%w: memstore: an unfinished operation", idempotency.ErrInProgress)
 		}
 		wait, busy := s.held[r.Key]
 		if !busy {

@@ -1,0 +1,296 @@
+package memstore
+
+import (
+	"bytes"
+	"cmp"
+	"context"
+	"fmt"
+	"slices"
+	"time"
+
+	"github.com/go-idempotency/idempotency"
+)
+
+var (
+	_ idempotency.Stepper[*Tx] = (*Store)(nil)
+	_ idempotency.KeyAdmin     = (*Store)(nil)
+	_ idempotency.KeyLister    = (*Store)(nil)
+)
+
+// opRow is an unfinished operation's committed row.
+type opRow struct {
+	fp        string
+	progress  []byte
+	owner     string
+	leaseEnds time.Time
+	tries     int
+	created   time.Time
+}
+
+// Acquire implements [idempotency.Stepper].
+func (s *Store) Acquire(ctx context.Context, a idempotency.Acquisition) (idempotency.Phase[*Tx], *idempotency.Record, error) {
+	if s.ReserveErr != nil {
+		if err := s.ReserveErr(); err != nil {
+			return nil, nil, err
+		}
+	}
+	deadline := time.NewTimer(a.Wait)
+	defer deadline.Stop()
+	for {
+		now, err := s.now()
+		if err != nil {
+			return nil, nil, err
+		}
+		s.mu.Lock()
+		if rec, ok := s.records[a.Key]; ok && rec.ExpiresAt.After(now) {
+			s.mu.Unlock()
+			cp := *rec
+			cp.Header, cp.Body = rec.Header.Clone(), bytes.Clone(rec.Body)
+			return nil, &cp, nil
+		}
+		wait, busy := s.held[a.Key]
+		if !busy {
+			p := &phase{txn: txn{s: s, r: a.Reservation, created: now, tx: &Tx{}}, a: a, fp: a.Fingerprint}
+			if row, ok := s.ops[a.Key]; ok {
+				if row.owner != a.Owner && row.leaseEnds.After(now) {
+					s.mu.Unlock()
+					return nil, nil, fmt.Errorf("%w: memstore: leased until %v", idempotency.ErrInProgress, row.leaseEnds)
+				}
+				p.fp, p.progress, p.tries, p.created = row.fp, bytes.Clone(row.progress), row.tries, row.created
+			}
+			s.held[a.Key] = make(chan struct{})
+			s.mu.Unlock()
+			return p, nil, nil
+		}
+		s.mu.Unlock()
+		if a.Wait == 0 {
+			return nil, nil, fmt.Errorf("%w: memstore", idempotency.ErrInProgress)
+		}
+		select {
+		case <-wait:
+		case <-ctx.Done():
+			return nil, nil, ctx.Err()
+		case <-deadline.C:
+			return nil, nil, fmt.Errorf("%w: memstore: waited %v", idempotency.ErrInProgress, a.Wait)
+		}
+	}
+}
+
+// Abandoned implements [idempotency.Stepper].
+func (s *Store) Abandoned(_ context.Context, q idempotency.AbandonedQuery) ([]idempotency.AbandonedKey, error) {
+	now, err := s.now()
+	if err != nil {
+		return nil, err
+	}
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	var out []idempotency.AbandonedKey
+	for k, row := range s.ops {
+		if row.leaseEnds.After(now.Add(-q.Grace)) || row.tries >= q.MaxTries {
+			continue
+		}
+		out = append(out, idempotency.AbandonedKey{Key: k, Fingerprint: row.fp, Progress: bytes.Clone(row.progress), Tries: row.tries, LeaseEnded: row.leaseEnds})
+	}
+	slices.SortFunc(out, func(a, b idempotency.AbandonedKey) int { return a.LeaseEnded.Compare(b.LeaseEnded) })
+	return out[:min(len(out), q.Limit)], nil
+}
+
+// phase is a transaction of [Store.Acquire].
+type phase struct {
+	txn
+	a        idempotency.Acquisition
+	fp       string
+	progress []byte
+	tries    int
+	created  time.Time // of the unfinished row; zero for a new key
+}
+
+func (p *phase) Fingerprint() string { return p.fp }
+func (p *phase) Progress() []byte    { return p.progress }
+func (p *phase) Tries() int          { return p.tries }
+
+func (p *phase) Save(_ context.Context, progress []byte) error { return p.commit(progress, false) }
+
+func (p *phase) Release(_ context.Context, progress []byte) error { return p.commit(progress, true) }
+
+func (p *phase) commit(progress []byte, release bool) error {
+	s := p.s
+	now, err := s.now()
+	if err != nil {
+		_ = p.Rollback(context.Background())
+		return err
+	}
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	for _, e := range p.tx.effects {
+		s.counts[e]++
+	}
+	row := &opRow{fp: p.fp, progress: bytes.Clone(progress), owner: p.a.Owner, leaseEnds: now.Add(p.a.Lease), tries: p.tries, created: p.created}
+	if row.created.IsZero() {
+		row.created = p.txn.created
+	}
+	if release {
+		row.owner, row.leaseEnds, row.tries = "", now, row.tries+1
+	}
+	delete(s.records, p.r.Key) // an expired record the operation replaced
+	s.ops[p.r.Key] = row
+	p.release()
+	return nil
+}
+
+func (p *phase) Complete(ctx context.Context, resp idempotency.Response) error {
+	if !p.created.IsZero() {
+		p.txn.created = p.created
+	}
+	p.s.mu.Lock()
+	delete(p.s.ops, p.r.Key)
+	p.s.mu.Unlock()
+	return p.txn.Complete(ctx, resp)
+}
+
+// Inspect implements [idempotency.KeyAdmin].
+func (s *Store) Inspect(_ context.Context, key idempotency.Key, body bool) (*idempotency.KeyInfo, error) {
+	now, err := s.now()
+	if err != nil {
+		return nil, err
+	}
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	info := s.info(key, now)
+	if info == nil {
+		return nil, fmt.Errorf("memstore: %w", idempotency.ErrNotFound)
+	}
+	if body {
+		info.Body = bytes.Clone(s.records[key].Body)
+	}
+	return info, nil
+}
+
+// info describes key; s.mu is held.
+func (s *Store) info(key idempotency.Key, now time.Time) *idempotency.KeyInfo {
+	if row, ok := s.ops[key]; ok {
+		st := idempotency.KeyUnfinished
+		if _, busy := s.held[key]; busy || row.leaseEnds.After(now) {
+			st = idempotency.KeyHeld
+		}
+		return &idempotency.KeyInfo{Key: key, State: st, Fingerprint: row.fp, CreatedAt: row.created, ExpiresAt: idempotency.MaxExpiry(),
+			Progress: bytes.Clone(row.progress), Tries: row.tries, LeaseEnds: row.leaseEnds}
+	}
+	if _, busy := s.held[key]; busy {
+		return &idempotency.KeyInfo{Key: key, State: idempotency.KeyHeld}
+	}
+	rec, ok := s.records[key]
+	if !ok {
+		return nil
+	}
+	st := idempotency.KeyCompleted
+	if !rec.ExpiresAt.After(now) {
+		st = idempotency.KeyExpired
+	}
+	return &idempotency.KeyInfo{Key: key, State: st, Fingerprint: rec.Fingerprint, Status: rec.Status, Header: rec.Header.Clone(),
+		BodyLen: len(rec.Body), CreatedAt: rec.CreatedAt, ExpiresAt: rec.ExpiresAt}
+}
+
+// Forget implements [idempotency.KeyAdmin].
+func (s *Store) Forget(_ context.Context, key idempotency.Key) (*idempotency.KeyInfo, error) {
+	now, err := s.now()
+	if err != nil {
+		return nil, err
+	}
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	info := s.info(key, now)
+	switch {
+	case info == nil:
+		return nil, fmt.Errorf("memstore: %w", idempotency.ErrNotFound)
+	case info.State == idempotency.KeyHeld:
+		return nil, fmt.Errorf("memstore: key %v: %w", key, idempotency.ErrInProgress)
+	}
+	delete(s.ops, key)
+	delete(s.records, key)
+	return info, nil
+}
+
+// List implements [idempotency.KeyLister].
+func (s *Store) List(_ context.Context, q idempotency.ListQuery) (idempotency.KeyPage, error) {
+	now, err := s.now()
+	if err != nil {
+		return idempotency.KeyPage{}, err
+	}
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	keys := map[idempotency.Key]bool{}
+	for k := range s.ops {
+		keys[k] = true
+	}
+	for k := range s.records {
+		keys[k] = true
+	}
+	var all []idempotency.KeyInfo
+	for k := range keys {
+		if k.Scope == q.Scope {
+			all = append(all, *s.info(k, now))
+		}
+	}
+	first := func(i idempotency.KeyInfo) bool { return i.Progress != nil || i.State == idempotency.KeyHeld }
+	slices.SortFunc(all, func(a, b idempotency.KeyInfo) int {
+		if fa, fb := first(a), first(b); fa != fb {
+			if fa {
+				return -1
+			}
+			return 1
+		}
+		return cmp.Compare(a.Key.ID, b.Key.ID)
+	})
+	if c := q.After; c != nil {
+		i := slices.IndexFunc(all, func(k idempotency.KeyInfo) bool {
+			return (first(k) == c.Unfinished && k.Key.ID > c.ID) || (c.Unfinished && !first(k))
+		})
+		if i < 0 {
+			i = len(all)
+		}
+		all = all[i:]
+	}
+	var page idempotency.KeyPage
+	if len(all) > q.Limit {
+		all = all[:q.Limit]
+		last := all[len(all)-1]
+		page.Next = &idempotency.ListCursor{Unfinished: first(last), ID: last.Key.ID}
+	}
+	page.Keys = all
+	return page, nil
+}
+
+// Stats implements [idempotency.KeyLister].
+func (s *Store) Stats(context.Context) (idempotency.Stats, error) {
+	now, err := s.now()
+	if err != nil {
+		return idempotency.Stats{}, err
+	}
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	var st idempotency.Stats
+	for k := range s.ops {
+		i := s.info(k, now)
+		if i.State == idempotency.KeyHeld {
+			st.Held++
+		} else {
+			st.Unfinished++
+		}
+		if i.Tries > 0 {
+			st.Failing++
+		}
+		if st.OldestUnfinished.IsZero() || i.CreatedAt.Before(st.OldestUnfinished) {
+			st.OldestUnfinished = i.CreatedAt
+		}
+	}
+	for _, rec := range s.records {
+		if rec.ExpiresAt.After(now) {
+			st.Completed++
+			st.BodyBytes += int64(len(rec.Body))
+		} else {
+			st.Expired++
+		}
+	}
+	return st, nil
+}
