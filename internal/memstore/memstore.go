@@ -26,7 +26,7 @@ type Store struct {
 	mu      sync.Mutex
 	records map[idempotency.Key]*idempotency.Record
 	held    map[idempotency.Key]chan struct{} // closed when the holder ends
-	ops     map[idempotency.Key]*opRow         // unfinished operations
+	ops     map[idempotency.Key]*opRow        // unfinished operations
 	counts  map[string]int
 	// ReserveErr, when set, is returned by Reserve (to test failing stores).
 	ReserveErr func() error
