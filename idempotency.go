@@ -62,6 +62,10 @@ var (
 	// or not at all. So retrying the same request with the same key is
 	// safe: it replays the committed answer or runs fn once. (HTTP 503.)
 	ErrStore = errors.New("idempotency: store failed; retrying with the same key is safe")
+	// ErrTooLarge: an [Operation]'s input and step data ([State]) would
+	// take more than [MaxProgressLen] bytes. Checked before anything is
+	// written for the input; a step that sets too much fails, rolled back.
+	ErrTooLarge = errors.New("idempotency: operation input and step data too large")
 	// ErrNotFound: the store holds no record for the key ([Guard.Inspect],
 	// [Guard.Forget]).
 	ErrNotFound = errors.New("idempotency: no record for this key")

@@ -1,0 +1,148 @@
+package idempotency
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"time"
+)
+
+// MaxListLimit is the largest page [Guard.List] returns.
+const MaxListLimit = 1000
+
+// Inspect returns what the store holds for key: its state, fingerprint,
+// answer status and size, creation and expiry, and for an unfinished
+// operation the step it stopped at and its last failure. The body only
+// when body is true. A key with no record gives an error wrapping
+// [ErrNotFound]; an invalid key [ErrInvalidKey], before the store is
+// asked. The store must implement [KeyAdmin] (every store of this module
+// does); others give an error wrapping [errors.ErrUnsupported].
+func (g *Guard[Tx]) Inspect(ctx context.Context, key Key, body bool) (*KeyInfo, error) {
+	if err := key.Validate(); err != nil {
+		return nil, err
+	}
+	ka, ok := g.store.(KeyAdmin)
+	if !ok {
+		return nil, unsupported(g.store, "KeyAdmin")
+	}
+	info, err := ka.Inspect(ctx, key, body)
+	if err != nil {
+		return nil, &KeyError{Key: key, Err: err}
+	}
+	if _, held := g.inFlight(key); held && info.State != KeyHeld {
+		info.State = KeyHeld
+	}
+	info.decode()
+	return info, nil
+}
+
+// Forget deletes key's record, so that the next call with the key runs fn
+// (or the operation) again, as for a new key: use it to release a key whose
+// stored answer is wrong, or an unfinished operation an operator gave up
+// on. A key held (by a running call of this Guard, a transaction of the
+// store, or a live lease) is refused with [ErrInProgress] and nothing
+// changes; Forget never waits. It returns what it deleted (no body), and
+// tells the [Observer] an Event with Outcome [Forgotten]. The store must
+// implement [KeyAdmin].
+func (g *Guard[Tx]) Forget(ctx context.Context, key Key) (*KeyInfo, error) {
+	if err := key.Validate(); err != nil {
+		return nil, err
+	}
+	ka, ok := g.store.(KeyAdmin)
+	if !ok {
+		return nil, unsupported(g.store, "KeyAdmin")
+	}
+	start := time.Now()
+	var (
+		info *KeyInfo
+		err  error
+	)
+	if _, held := g.inFlight(key); held {
+		err = fmt.Errorf("%w: a call of this Guard runs with the key", ErrInProgress)
+	} else {
+		info, err = ka.Forget(ctx, key)
+	}
+	if err != nil {
+		err = &KeyError{Key: key, Err: err}
+	} else {
+		info.decode()
+	}
+	if g.cfg.Observer != nil {
+		ev := Event{Key: key, Outcome: Forgotten, Duration: time.Since(start), Err: err}
+		if err != nil {
+			ev.Outcome = outcomeOf(Response{}, err)
+		} else {
+			ev.Operation, ev.Step = info.Operation, info.Step
+		}
+		g.cfg.Observer(ctx, ev)
+	}
+	return info, err
+}
+
+// List returns one page of the keys of q.Scope, unfinished and held ones
+// first, then the others, each part in byte order of ID; bodies are not
+// read. q.Limit is 1 to [MaxListLimit]. The store must implement
+// [KeyLister] (the SQL stores do; Redis does not).
+func (g *Guard[Tx]) List(ctx context.Context, q ListQuery) (KeyPage, error) {
+	if err := (Key{Scope: q.Scope, ID: "-"}).Validate(); err != nil {
+		return KeyPage{}, err
+	}
+	if q.Limit < 1 || q.Limit > MaxListLimit {
+		return KeyPage{}, fmt.Errorf("%w: list limit %d outside 1..%d", ErrInvalidConfig, q.Limit, MaxListLimit)
+	}
+	if q.After != nil {
+		if err := (Key{Scope: q.Scope, ID: q.After.ID}).Validate(); err != nil {
+			return KeyPage{}, fmt.Errorf("list cursor: %w", err)
+		}
+	}
+	kl, ok := g.store.(KeyLister)
+	if !ok {
+		return KeyPage{}, unsupported(g.store, "KeyLister")
+	}
+	page, err := kl.List(ctx, q)
+	if err != nil {
+		return KeyPage{}, err
+	}
+	for i := range page.Keys {
+		page.Keys[i].decode()
+	}
+	return page, nil
+}
+
+// Stats counts the store's records by state. The store must implement
+// [KeyLister].
+func (g *Guard[Tx]) Stats(ctx context.Context) (Stats, error) {
+	kl, ok := g.store.(KeyLister)
+	if !ok {
+		return Stats{}, unsupported(g.store, "KeyLister")
+	}
+	return kl.Stats(ctx)
+}
+
+func unsupported(store any, what string) error {
+	return fmt.Errorf("idempotency: the store %T does not implement %s: %w", store, what, errors.ErrUnsupported)
+}
+
+// inFlight returns the call of key running in g, if any.
+func (g *Guard[Tx]) inFlight(key Key) (*call, bool) {
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	c, ok := g.calls[key]
+	return c, ok
+}
+
+// decode fills the fields of info decoded from its progress.
+func (info *KeyInfo) decode() {
+	if info.Progress == nil {
+		return
+	}
+	p, err := decodeProgress(info.Progress)
+	if err != nil {
+		info.Failure = err.Error()
+		return
+	}
+	info.Operation, info.Step, info.Failure = p.Op, p.Step, p.Failure
+	if info.Step == "" {
+		info.Step = "Finish"
+	}
+}

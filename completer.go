@@ -1,0 +1,186 @@
+package idempotency
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"time"
+)
+
+// CompleterConfig tunes a [Completer]. The zero value (or nil) means the
+// defaults.
+type CompleterConfig struct {
+	// Grace is how long after a run's lease ended (it died, or released
+	// the key after a failure) the Completer takes over: clients retrying
+	// with the key come first. Defaults to 1 minute.
+	Grace time.Duration
+	// Interval is the pause between two passes of [Completer.Run].
+	// Defaults to 30 seconds.
+	Interval time.Duration
+	// Batch bounds how many keys one pass resumes: 1 to 1000. Defaults
+	// to 100.
+	Batch int
+	// MaxTries is how many failed runs an operation may have before the
+	// Completer stops resuming it and reports it [Exhausted]. Such a key
+	// stays unfinished, never purged, for an operator: a client's retry
+	// still resumes it, and [Guard.Forget] deletes it. Defaults to 10.
+	MaxTries int
+}
+
+// Defaults of [CompleterConfig].
+const (
+	DefaultGrace    = time.Minute
+	DefaultInterval = 30 * time.Second
+	DefaultBatch    = 100
+	DefaultMaxTries = 10
+)
+
+// Completer finishes the operations that runs left unfinished: a process
+// killed between two steps, a client that never retried, a step that
+// failed. Run one per service (each pass takes keys one by one, so several
+// are safe but redundant), or call [Completer.Once] from a command.
+type Completer[Tx any] struct {
+	g   *Guard[Tx]
+	ss  Stepper[Tx]
+	cfg CompleterConfig
+	ops map[string]*Operation[Tx]
+}
+
+// CompleterReport says what one pass of a [Completer] did.
+type CompleterReport struct {
+	// Listed is how many abandoned keys the pass found (at most Batch).
+	Listed int
+	// Finished: runs that completed their key (a Stop included).
+	Finished int
+	// Failed: runs that stopped again at a step, the key released.
+	Failed int
+	// Exhausted: keys whose failed runs reached MaxTries in this pass.
+	Exhausted int
+	// Skipped: keys another run held or finished first, or of an
+	// operation this Completer was not given.
+	Skipped int
+	// Duration is how long the pass took.
+	Duration time.Duration
+}
+
+// NewCompleter returns a Completer of g's key store for ops, which must
+// have distinct names. The store must implement [Stepper]; others give an
+// error wrapping [errors.ErrUnsupported].
+func NewCompleter[Tx any](g *Guard[Tx], cfg *CompleterConfig, ops ...*Operation[Tx]) (*Completer[Tx], error) {
+	if g == nil {
+		return nil, fmt.Errorf("%w: nil Guard", ErrInvalidConfig)
+	}
+	ss, ok := g.store.(Stepper[Tx])
+	if !ok {
+		return nil, fmt.Errorf("idempotency: the store %T does not run operations (no Stepper): %w", g.store, errors.ErrUnsupported)
+	}
+	var c CompleterConfig
+	if cfg != nil {
+		c = *cfg
+	}
+	switch {
+	case c.Grace < 0:
+		return nil, fmt.Errorf("%w: negative Grace %v", ErrInvalidConfig, c.Grace)
+	case c.Interval < 0:
+		return nil, fmt.Errorf("%w: negative Interval %v", ErrInvalidConfig, c.Interval)
+	case c.Batch < 0 || c.Batch > 1000:
+		return nil, fmt.Errorf("%w: Batch %d outside 1..1000", ErrInvalidConfig, c.Batch)
+	case c.MaxTries < 0:
+		return nil, fmt.Errorf("%w: negative MaxTries %d", ErrInvalidConfig, c.MaxTries)
+	case len(ops) == 0:
+		return nil, fmt.Errorf("%w: no operations", ErrInvalidConfig)
+	}
+	if c.Grace == 0 {
+		c.Grace = DefaultGrace
+	}
+	if c.Interval == 0 {
+		c.Interval = DefaultInterval
+	}
+	if c.Batch == 0 {
+		c.Batch = DefaultBatch
+	}
+	if c.MaxTries == 0 {
+		c.MaxTries = DefaultMaxTries
+	}
+	byName := make(map[string]*Operation[Tx], len(ops))
+	for _, op := range ops {
+		if err := op.validate(); err != nil {
+			return nil, err
+		}
+		if byName[op.Name] != nil {
+			return nil, fmt.Errorf("%w: two operations named %q", ErrInvalidConfig, op.Name)
+		}
+		byName[op.Name] = op
+	}
+	return &Completer[Tx]{g: g, ss: ss, cfg: c, ops: byName}, nil
+}
+
+// Run makes a pass every Interval until ctx ends, and returns ctx's error.
+// A pass that fails (the store is down) is retried at the next interval;
+// its error goes to the Guard's [Observer] as an Event with Outcome
+// [StoreError] and no key.
+func (c *Completer[Tx]) Run(ctx context.Context) error {
+	for {
+		if _, err := c.Once(ctx); err != nil && ctx.Err() == nil && c.g.cfg.Observer != nil {
+			c.g.cfg.Observer(ctx, Event{Outcome: StoreError, Err: err, Operation: "*"})
+		}
+		if err := sleep(ctx, c.cfg.Interval); err != nil {
+			return err
+		}
+	}
+}
+
+// Once makes one pass: it lists up to Batch keys abandoned for at least
+// Grace with fewer than MaxTries failed runs, oldest first, and resumes
+// each to the end or to its next failure. Each run is told to the Guard's
+// [Observer] as [Guard.Run] tells it; a run that makes its key reach
+// MaxTries is told with Outcome [Exhausted]. It returns the error of the
+// listing, or ctx's once it ends; a key's failure is counted, not
+// returned.
+func (c *Completer[Tx]) Once(ctx context.Context) (CompleterReport, error) {
+	start := time.Now()
+	var rep CompleterReport
+	defer func() { rep.Duration = time.Since(start) }()
+	keys, err := c.ss.Abandoned(ctx, AbandonedQuery{Grace: c.cfg.Grace, MaxTries: c.cfg.MaxTries, Limit: c.cfg.Batch})
+	if err != nil {
+		return rep, fmt.Errorf("idempotency: completer: list abandoned keys: %w", err)
+	}
+	rep.Listed = len(keys)
+	for _, k := range keys {
+		if err := ctx.Err(); err != nil {
+			return rep, err
+		}
+		c.resume(ctx, k, &rep)
+	}
+	return rep, nil
+}
+
+// resume drives one abandoned key and counts what came of it.
+func (c *Completer[Tx]) resume(ctx context.Context, k AbandonedKey, rep *CompleterReport) {
+	p, err := decodeProgress(k.Progress)
+	op := c.ops[p.Op]
+	if err != nil || op == nil {
+		rep.Skipped++
+		return
+	}
+	start := time.Now()
+	resp, step, err := c.g.runOp(ctx, k.Key, k.Fingerprint, nil, op, true)
+	ev := Event{Key: k.Key, Outcome: runOutcome(resp, err), Duration: time.Since(start), Attempts: 1, Err: err, Operation: op.Name, Step: step}
+	switch {
+	case err == nil && resp.Replayed: // finished by another run meanwhile
+		rep.Skipped++
+	case err == nil:
+		rep.Finished++
+	case errors.Is(err, ErrUnfinished):
+		rep.Failed++
+		if k.Tries+1 >= c.cfg.MaxTries {
+			rep.Exhausted++
+			ev.Outcome = Exhausted
+		}
+	default:
+		rep.Skipped++
+	}
+	if c.g.cfg.Observer != nil {
+		c.g.cfg.Observer(ctx, ev)
+	}
+}

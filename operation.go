@@ -1,0 +1,659 @@
+package idempotency
+
+import (
+	"context"
+	"crypto/rand"
+	"encoding/hex"
+	"errors"
+	"fmt"
+	"time"
+)
+
+// Operation is a sequence of named steps run under one idempotency key, for
+// work that one transaction cannot hold: a payment that writes its order,
+// calls a card processor, records the processor's answer, then queues an
+// e-mail. Run it with [Guard.Run].
+//
+// A Local step is one transaction of the store, on the row that holds the
+// key: the step's writes through tx, its recovery point (the next step)
+// and the step data ([State]) commit together. A Foreign step calls another
+// system outside any transaction, with a key derived from the idempotency
+// key ([Key.Derive]) that the other system deduplicates on; the data it
+// sets in State is committed by the next Local step, or by Finish. Finish
+// is the last local phase: it returns the answer, stored with the key and
+// replayed to every later call, as [Guard.Do] does.
+//
+// A retry with the same key (a client's, or the [Completer]'s) resumes
+// after the last recovery point committed: a committed Local step never
+// runs again; a Foreign step may run again after a crash or a failure, with
+// the same derived key, so it must be idempotent at the other end.
+//
+// Steps are found by name when a run resumes, so a deploy may add steps
+// after the one a key stopped at, but must not rename or remove a step
+// that unfinished keys may still resume at.
+type Operation[Tx any] struct {
+	// Name identifies the operation in the store, so that the [Completer]
+	// knows which one to resume: 1 to 64 bytes of printable ASCII.
+	Name string
+	// Steps run in order, each exactly once to commit.
+	Steps []Step[Tx]
+	// Finish runs in the last transaction and returns the answer, which
+	// commits with its writes and the completed key. Required.
+	Finish func(ctx context.Context, tx Tx, s *State) (Response, error)
+	// Lease is how long a run holds the key after each commit, by the
+	// store's clock. While it lasts, other processes wait for the run or
+	// get [ErrInProgress]; a run that died (a crash, a kill) holds the key
+	// until it ends. Make it longer than the slowest Foreign step. Defaults
+	// to [DefaultLease].
+	Lease time.Duration
+}
+
+// DefaultLease is the [Operation.Lease] used when it is zero.
+const DefaultLease = time.Minute
+
+// maxOperationName is the longest [Operation.Name] and step name.
+const maxOperationName = 64
+
+// Step is one step of an [Operation]: exactly one of Local or Foreign is
+// set.
+//
+// A step that returns an error made with [Stop] finishes the operation with
+// the Stop's answer (a processor's decline, for instance): a Local step's
+// writes commit with it. Any other error is transient: a Local step's
+// writes roll back, the key stays at the last recovery point, and
+// [Guard.Run] returns an error wrapping [ErrUnfinished].
+type Step[Tx any] struct {
+	// Name is the step's recovery point: 1 to 64 bytes of printable
+	// ASCII, unique in the operation.
+	Name string
+	// Local runs in a transaction of the store, on tx.
+	Local func(ctx context.Context, tx Tx, s *State) error
+	// Foreign runs outside any transaction: a call to another system.
+	Foreign func(ctx context.Context, s *State) error
+}
+
+// Stop returns an error that finishes an [Operation] with resp as its
+// stored answer: a permanent outcome, such as a declined card.
+func Stop(resp Response) error { return &StopError{Response: resp} }
+
+// StopError is the error [Stop] returns.
+type StopError struct {
+	// Response is the operation's answer.
+	Response Response
+}
+
+func (e *StopError) Error() string {
+	return fmt.Sprintf("idempotency: operation stopped with status %d", e.Response.Status)
+}
+
+// State is what the steps of one run of an [Operation] share: the key, the
+// caller's input and the step data, saved with every recovery point. It is
+// used by one step at a time.
+type State struct {
+	key   Key
+	tries int
+	p     progress
+}
+
+// Key returns the operation's key. Derive the key of a foreign call from
+// it: s.Key().Derive("charge").
+func (s *State) Key() Key { return s.key }
+
+// Input returns the input the operation was started with ([Guard.Run]),
+// the same bytes in every run that resumes it. Do not change them.
+func (s *State) Input() []byte { return s.p.Input }
+
+// Get returns the value a step set for name, "" if none.
+func (s *State) Get(name string) string { return s.p.Data[name] }
+
+// Set records value for name: committed with the next recovery point. Keep
+// it small (an id, a status): the whole progress of an operation is at most
+// [MaxProgressLen] bytes.
+func (s *State) Set(name, value string) {
+	if s.p.Data == nil {
+		s.p.Data = map[string]string{}
+	}
+	s.p.Data[name] = value
+}
+
+// Step returns the name of the step running ("" in Finish).
+func (s *State) Step() string { return s.p.Step }
+
+// Tries returns how many runs of the operation failed before this one.
+func (s *State) Tries() int { return s.tries }
+
+// validate checks op before anything is written.
+func (op *Operation[Tx]) validate() error {
+	if op == nil {
+		return fmt.Errorf("%w: nil operation", ErrInvalidConfig)
+	}
+	if err := checkName(op.Name); err != nil {
+		return fmt.Errorf("%w: operation name: %w", ErrInvalidConfig, err)
+	}
+	if op.Finish == nil {
+		return fmt.Errorf("%w: operation %q: nil Finish", ErrInvalidConfig, op.Name)
+	}
+	if op.Lease < 0 || (op.Lease > 0 && op.Lease < time.Millisecond) {
+		return fmt.Errorf("%w: operation %q: Lease %v under 1ms", ErrInvalidConfig, op.Name, op.Lease)
+	}
+	seen := map[string]bool{}
+	for i, st := range op.Steps {
+		if err := checkName(st.Name); err != nil {
+			return fmt.Errorf("%w: operation %q: step %d: %w", ErrInvalidConfig, op.Name, i, err)
+		}
+		if seen[st.Name] {
+			return fmt.Errorf("%w: operation %q: two steps named %q", ErrInvalidConfig, op.Name, st.Name)
+		}
+		seen[st.Name] = true
+		if (st.Local == nil) == (st.Foreign == nil) {
+			return fmt.Errorf("%w: operation %q: step %q needs exactly one of Local and Foreign", ErrInvalidConfig, op.Name, st.Name)
+		}
+	}
+	return nil
+}
+
+func checkName(s string) error {
+	switch {
+	case s == "":
+		return errors.New("empty")
+	case len(s) > maxOperationName:
+		return fmt.Errorf("%d bytes, longer than %d", len(s), maxOperationName)
+	}
+	if i := indexNotPrintable(s); i >= 0 {
+		return fmt.Errorf("byte %d is %#02x, not printable ASCII", i, s[i])
+	}
+	return nil
+}
+
+func (op *Operation[Tx]) lease() time.Duration {
+	if op.Lease == 0 {
+		return DefaultLease
+	}
+	return op.Lease
+}
+
+// index returns the position of the step named name; len(op.Steps) for ""
+// (Finish).
+func (op *Operation[Tx]) index(name string) (int, error) {
+	if name == "" {
+		return len(op.Steps), nil
+	}
+	for i, st := range op.Steps {
+		if st.Name == name {
+			return i, nil
+		}
+	}
+	return 0, fmt.Errorf("%w: operation %q has no step %q, where the key stopped (was the step renamed or removed?)", ErrInvalidConfig, op.Name, name)
+}
+
+// Run runs op under key: at most once to the end per key, as seen by every
+// caller of the key's store, resuming where an earlier run stopped.
+//
+//  1. New key: the steps run in order from the first, each Local step in a
+//     transaction of its own that commits its recovery point. input is
+//     saved with the key, for every run that resumes it ([State.Input]).
+//  2. Unfinished key, same fingerprint: the run resumes at the step after
+//     the last recovery point committed (input is ignored: the saved one
+//     is used). Completed key: the stored answer, Replayed true.
+//  3. Other fingerprint: an error wrapping [ErrMismatch]; nothing runs.
+//  4. Key held by a running caller (in this Guard, another Guard or
+//     process, or a run whose lease has not ended): Run waits for it up to
+//     [Config.WaitTimeout], as Do does, then [ErrInProgress].
+//  5. A step's transient error: the key is released at its last recovery
+//     point and Run returns an error wrapping [ErrUnfinished] and the
+//     step's error. A [Stop] finishes the operation with its answer.
+//  6. Store failures wrap [ErrStore]: retrying with the same key resumes.
+//
+// The store must implement [Stepper] (the SQL stores do); others give an
+// error wrapping [errors.ErrUnsupported]. op is checked first: a bad one
+// gives [ErrInvalidConfig] and nothing is written.
+func (g *Guard[Tx]) Run(ctx context.Context, key Key, fingerprint string, input []byte, op *Operation[Tx]) (Response, error) {
+	start := time.Now()
+	resp, step, err := g.runOp(ctx, key, fingerprint, input, op, false)
+	if g.cfg.Observer != nil {
+		ev := Event{Key: key, Outcome: runOutcome(resp, err), Duration: time.Since(start), Attempts: 1, Err: err, Step: step}
+		if op != nil {
+			ev.Operation = op.Name
+		}
+		g.cfg.Observer(ctx, ev)
+	}
+	return resp, err
+}
+
+func runOutcome(resp Response, err error) Outcome {
+	if errors.Is(err, ErrUnfinished) {
+		return Unfinished
+	}
+	return outcomeOf(resp, err)
+}
+
+// runOp is Run without the observer; resume is set for the [Completer],
+// which never starts a new key. step is where the run ended.
+func (g *Guard[Tx]) runOp(ctx context.Context, key Key, fp string, input []byte, op *Operation[Tx], resume bool) (resp Response, step string, err error) {
+	if err := key.Validate(); err != nil {
+		return Response{}, "", err
+	}
+	if err := validateFingerprint(fp); err != nil {
+		return Response{}, "", err
+	}
+	if err := op.validate(); err != nil {
+		return Response{}, "", err
+	}
+	if _, err := (progress{Op: op.Name, Input: input}).encode(); err != nil {
+		return Response{}, "", err
+	}
+	ss, ok := g.store.(Stepper[Tx])
+	if !ok {
+		return Response{}, "", fmt.Errorf("idempotency: the store %T does not run operations (no Stepper): %w", g.store, errors.ErrUnsupported)
+	}
+	defer func() {
+		if cerr := ctx.Err(); err != nil && cerr != nil && !errors.Is(err, cerr) {
+			err = fmt.Errorf("%w (%w)", err, cerr)
+		}
+		if err != nil {
+			err = &KeyError{Key: key, Err: err}
+		}
+	}()
+	deadline := time.Now().Add(g.cfg.WaitTimeout)
+	for {
+		c, lead := g.join(key)
+		if !lead {
+			if resume {
+				return Response{}, "", errRunning // the Completer does not wait
+			}
+			resp, handed, err := g.follow(ctx, c, fp, deadline)
+			if err != nil || handed {
+				return resp, "", err
+			}
+			continue
+		}
+		r := &runner[Tx]{g: g, ss: ss, op: op, c: c, key: key, fp: fp, input: input, resume: resume, deadline: deadline}
+		return r.lead(ctx)
+	}
+}
+
+// runner is the one run of an operation that drives a key for the callers
+// of a Guard.
+type runner[Tx any] struct {
+	g        *Guard[Tx]
+	ss       Stepper[Tx]
+	op       *Operation[Tx]
+	c        *call
+	key      Key
+	fp       string
+	input    []byte
+	resume   bool
+	deadline time.Time
+	owner    string
+
+	st    *State // nil until the first phase; then the run's state
+	saved []byte // the progress this run last committed
+}
+
+func (r *runner[Tx]) lead(ctx context.Context) (resp Response, step string, err error) {
+	handed := false
+	defer func() {
+		if !handed {
+			r.g.leave(r.key, r.c, nil)
+		}
+	}()
+	r.owner = newOwner()
+	resp, err = r.drive(ctx)
+	if r.st != nil {
+		step = r.st.p.Step
+	}
+	if err != nil {
+		return Response{}, step, err
+	}
+	handed = true
+	r.g.leave(r.key, r.c, &answer{fp: r.fp, resp: cloneResponse(resp)})
+	return resp, step, nil
+}
+
+// newOwner returns a random token naming one run.
+func newOwner() string {
+	var b [16]byte
+	_, _ = rand.Read(b[:]) // never fails (crypto/rand)
+	return hex.EncodeToString(b[:])
+}
+
+// drive runs the operation's steps from where the key stands to the end.
+func (r *runner[Tx]) drive(ctx context.Context) (Response, error) {
+	var open Phase[Tx] // a phase whose transaction is open, if any
+	for {
+		if open == nil && r.saved != nil && r.nextIsForeign() {
+			// This run committed the last phase and holds the lease: the
+			// call needs no transaction.
+			i, _ := r.op.index(r.st.p.Step)
+			if err := r.foreign(ctx, i); err != nil {
+				var stopped errStopped
+				if errors.As(err, &stopped) {
+					return stopped.resp, nil
+				}
+				return Response{}, err
+			}
+			continue
+		}
+		if open == nil {
+			ph, rec, err := r.acquire(ctx)
+			switch {
+			case err != nil:
+				return Response{}, err
+			case rec != nil:
+				if rec.Fingerprint != r.fp {
+					return Response{}, ErrMismatch
+				}
+				return rec.Response(), nil
+			}
+			if err := r.adopt(ph); err != nil {
+				_ = ph.Rollback(context.WithoutCancel(ctx))
+				return Response{}, err
+			}
+			open = ph
+		}
+		i, err := r.op.index(r.st.p.Step)
+		if err != nil {
+			_ = open.Rollback(context.WithoutCancel(ctx))
+			return Response{}, err
+		}
+		if i == len(r.op.Steps) {
+			return r.finish(ctx, open)
+		}
+		st := r.op.Steps[i]
+		if st.Foreign != nil {
+			// Commit what the phase holds (a new key, a taken lease)
+			// before the call: no transaction stays open across it.
+			err := r.save(ctx, open, r.st.p)
+			open = nil
+			if err != nil {
+				return Response{}, err
+			}
+			continue // to the call, as the lease is this run's
+		}
+		next := r.st.p.clone()
+		next.Step = r.nextName(i)
+		r.st.p.Step = st.Name
+		if err := st.Local(ctx, open.Tx(), r.st); err != nil {
+			return r.failed(ctx, open, err)
+		}
+		next.Data = r.st.p.Data
+		if _, err := next.encode(); err != nil {
+			return r.failed(ctx, open, err)
+		}
+		err = r.save(ctx, open, next)
+		open = nil
+		if err != nil {
+			return Response{}, err
+		}
+	}
+}
+
+// nextIsForeign reports whether the step the run resumes at is Foreign.
+func (r *runner[Tx]) nextIsForeign() bool {
+	i, err := r.op.index(r.st.p.Step)
+	return err == nil && i < len(r.op.Steps) && r.op.Steps[i].Foreign != nil
+}
+
+// nextName is the name of the step after step i ("" for Finish).
+func (r *runner[Tx]) nextName(i int) string {
+	if i+1 < len(r.op.Steps) {
+		return r.op.Steps[i+1].Name
+	}
+	return ""
+}
+
+// foreign runs Foreign step i outside any transaction. Its data is kept
+// in memory until the next phase commits it.
+func (r *runner[Tx]) foreign(ctx context.Context, i int) error {
+	st := r.op.Steps[i]
+	r.st.p.Step = st.Name
+	data := clonedData(r.st.p.Data)
+	err := st.Foreign(ctx, r.st)
+	var stop *StopError
+	if errors.As(err, &stop) {
+		return r.stopAfterForeign(ctx, stop.Response)
+	}
+	if err != nil {
+		r.st.p.Data = data
+		_, ferr := r.failed(ctx, nil, err)
+		return ferr
+	}
+	r.st.p.Step = r.nextName(i)
+	return nil
+}
+
+// errStopped ends drive with the answer of a Stop.
+type errStopped struct{ resp Response }
+
+func (e errStopped) Error() string { return "stopped" }
+
+// stopAfterForeign stores the answer of a Foreign step's Stop in a phase
+// of its own.
+func (r *runner[Tx]) stopAfterForeign(ctx context.Context, resp Response) error {
+	ph, rec, err := r.acquire(ctx)
+	switch {
+	case err != nil:
+		return err
+	case rec != nil:
+		return errStopped{rec.Response()}
+	}
+	if err := r.adopt(ph); err != nil {
+		_ = ph.Rollback(context.WithoutCancel(ctx))
+		return err
+	}
+	out, err := r.complete(ctx, ph, resp)
+	if err != nil {
+		return err
+	}
+	return errStopped{out}
+}
+
+// finish runs Finish in ph and completes the key with its answer.
+func (r *runner[Tx]) finish(ctx context.Context, ph Phase[Tx]) (Response, error) {
+	r.st.p.Step = ""
+	resp, err := r.op.Finish(ctx, ph.Tx(), r.st)
+	var stop *StopError
+	if errors.As(err, &stop) {
+		resp, err = stop.Response, nil
+	}
+	if err != nil {
+		return r.failed(ctx, ph, err)
+	}
+	return r.complete(ctx, ph, resp)
+}
+
+// complete stores resp as the key's answer in ph.
+func (r *runner[Tx]) complete(ctx context.Context, ph Phase[Tx], resp Response) (Response, error) {
+	if resp.Status < 100 || resp.Status > 599 {
+		_ = ph.Rollback(context.WithoutCancel(ctx))
+		return Response{}, fmt.Errorf("%w: status %d outside 100..599", ErrInvalidResponse, resp.Status)
+	}
+	resp.Replayed = false
+	if err := ph.Complete(ctx, resp); err != nil {
+		return Response{}, r.storeErr(err)
+	}
+	return resp, nil
+}
+
+// failed handles a step's error: a Stop finishes the operation in ph (a
+// Local step's writes commit with its answer); any other error rolls ph
+// back and releases the key at its last recovery point. ph is nil after a
+// Foreign step.
+func (r *runner[Tx]) failed(ctx context.Context, ph Phase[Tx], err error) (Response, error) {
+	var stop *StopError
+	if ph != nil && errors.As(err, &stop) {
+		return r.complete(ctx, ph, stop.Response)
+	}
+	step := r.st.p.Step
+	if ph != nil {
+		_ = ph.Rollback(context.WithoutCancel(ctx))
+	}
+	r.release(ctx, step, err)
+	if step == "" {
+		step = "Finish"
+	}
+	return Response{}, fmt.Errorf("%w: operation %q, step %s: %w", ErrUnfinished, r.op.Name, step, err)
+}
+
+// release ends the run's lease after a failure and counts a try, in a
+// phase of its own, so that a retry resumes at once. It keeps the progress
+// last committed, with the failure noted. A key with nothing committed
+// (a new key whose first step failed) is left free.
+func (r *runner[Tx]) release(ctx context.Context, step string, cause error) {
+	ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), releaseTimeout)
+	defer cancel()
+	a := Acquisition{Reservation: Reservation{Key: r.key, Fingerprint: r.fp, TTL: r.g.cfg.TTL}, Owner: r.owner, Lease: r.op.lease()}
+	ph, rec, err := r.ss.Acquire(ctx, a)
+	if err != nil || rec != nil {
+		return // taken over, or finished by another run: nothing to release
+	}
+	p, err := decodeProgress(ph.Progress())
+	if err != nil || ph.Progress() == nil {
+		_ = ph.Rollback(ctx)
+		return
+	}
+	p.Failure = failureText(step, cause)
+	b, err := p.encode()
+	if err != nil {
+		_ = ph.Rollback(ctx)
+		return
+	}
+	_ = ph.Release(ctx, b)
+}
+
+// releaseTimeout bounds the release of a failed run, which outlives the
+// caller's context.
+const releaseTimeout = 5 * time.Second
+
+// maxFailure bounds the failure text saved with a released key.
+const maxFailure = 512
+
+func failureText(step string, err error) string {
+	if step == "" {
+		step = "Finish"
+	}
+	s := step + ": " + err.Error()
+	if len(s) > maxFailure {
+		s = s[:maxFailure]
+	}
+	return s
+}
+
+// save commits ph with p as the key's progress.
+func (r *runner[Tx]) save(ctx context.Context, ph Phase[Tx], p progress) error {
+	b, err := p.encode()
+	if err != nil {
+		_ = ph.Rollback(context.WithoutCancel(ctx))
+		return err
+	}
+	if err := ph.Save(ctx, b); err != nil {
+		return r.storeErr(err)
+	}
+	r.st.p, r.saved = p, b
+	return nil
+}
+
+func (r *runner[Tx]) storeErr(err error) error {
+	if errors.Is(err, ErrStore) {
+		return err
+	}
+	return fmt.Errorf("%w: %w", ErrStore, err)
+}
+
+// acquire takes the key for the next phase: it retries conflicts and
+// waits (polling) for a key held elsewhere, up to the wait bound.
+func (r *runner[Tx]) acquire(ctx context.Context) (Phase[Tx], *Record, error) {
+	a := Acquisition{Reservation: Reservation{Key: r.key, Fingerprint: r.fp, TTL: r.g.cfg.TTL, NoWait: r.g.noWait, Deadline: r.deadline},
+		Owner: r.owner, Lease: r.op.lease()}
+	conflicts := 0
+	poll := pollStart
+	for {
+		if err := ctx.Err(); err != nil {
+			return nil, nil, err
+		}
+		ph, rec, err := r.ss.Acquire(ctx, a)
+		if err == nil {
+			return ph, rec, nil
+		}
+		var pause time.Duration
+		switch {
+		case errors.Is(err, ErrConflict) && conflicts < r.g.cfg.MaxRetries:
+			conflicts++
+			pause = backoff(r.g.cfg.RetryBackoff, conflicts)
+		case errors.Is(err, ErrInProgress) && !r.g.noWait && !r.resume && r.st == nil:
+			pause, poll = poll, min(2*poll, pollMax)
+		case errors.Is(err, ErrInProgress) && r.st != nil:
+			// This run's lease was taken over (it outlived its lease):
+			// another run drives the key now.
+			return nil, nil, fmt.Errorf("%w (this run's lease ran out and another run took the key)", err)
+		case errors.Is(err, ErrConflict):
+			return nil, nil, r.storeErr(err)
+		case errors.Is(err, ErrInProgress) || errors.Is(err, ErrInvalidConfig) || errors.Is(err, ErrInvalidKey):
+			return nil, nil, err
+		default:
+			return nil, nil, r.storeErr(err)
+		}
+		left := time.Until(r.deadline)
+		if left <= 0 {
+			return nil, nil, fmt.Errorf("%w (the wait bound %v ran out)", err, r.g.cfg.WaitTimeout)
+		}
+		if werr := sleep(ctx, min(pause, left)); werr != nil {
+			return nil, nil, werr
+		}
+	}
+}
+
+// Polling of a key leased to another run.
+const (
+	pollStart = 5 * time.Millisecond
+	pollMax   = 250 * time.Millisecond
+)
+
+// adopt takes the state of the key from ph: a new one, or the one saved.
+func (r *runner[Tx]) adopt(ph Phase[Tx]) error {
+	raw := ph.Progress()
+	if raw == nil {
+		if r.resume {
+			return fmt.Errorf("%w: the key is no longer unfinished", ErrNotFound)
+		}
+		if ph.Fingerprint() != r.fp {
+			return ErrMismatch
+		}
+		r.st = &State{key: r.key, p: progress{Op: r.op.Name, Input: r.input}}
+		if len(r.op.Steps) > 0 {
+			r.st.p.Step = r.op.Steps[0].Name
+		}
+		return nil
+	}
+	if ph.Fingerprint() != r.fp {
+		return ErrMismatch
+	}
+	if r.st != nil && string(raw) == string(r.saved) {
+		// Still as this run left it: keep the data of a Foreign step
+		// that the next phase commits.
+		r.st.tries = ph.Tries()
+		return nil
+	}
+	p, err := decodeProgress(raw)
+	if err != nil {
+		return err
+	}
+	if p.Op != r.op.Name {
+		return fmt.Errorf("%w: the key belongs to operation %q, not %q", ErrMismatch, p.Op, r.op.Name)
+	}
+	p.Failure = ""
+	r.st = &State{key: r.key, tries: ph.Tries(), p: p}
+	r.saved = raw
+	return nil
+}
+
+func clonedData(m map[string]string) map[string]string {
+	if m == nil {
+		return nil
+	}
+	c := make(map[string]string, len(m))
+	for k, v := range m {
+		c[k] = v
+	}
+	return c
+}

@@ -1,0 +1,121 @@
+package idempotency
+
+import (
+	"encoding/binary"
+	"errors"
+	"fmt"
+	"slices"
+)
+
+// progress is what an unfinished key saves of its [Operation]: the step it
+// resumes at, the caller's input, the step data and the last failure.
+type progress struct {
+	Op      string
+	Step    string // the next step to run; "" for Finish
+	Input   []byte
+	Data    map[string]string
+	Failure string
+}
+
+// progressMagic starts every encoded progress; "1" names the format:
+//
+//	"idp1" || field(op) || field(step) || field(input) || field(failure) ||
+//	uvarint(len(data)) || for each name in byte order: field(name) || field(value)
+//
+// with field(s) = uvarint(len(s)) || s.
+const progressMagic = "idp1"
+
+// errProgress: saved progress that cannot be decoded.
+var errProgress = errors.New("idempotency: saved progress is corrupt")
+
+func (p progress) clone() progress {
+	p.Data = clonedData(p.Data)
+	return p
+}
+
+// encode returns p's bytes, or an error wrapping [ErrTooLarge] if they
+// exceed [MaxProgressLen].
+func (p progress) encode() ([]byte, error) {
+	b := []byte(progressMagic)
+	field := func(s string) {
+		b = binary.AppendUvarint(b, uint64(len(s)))
+		b = append(b, s...)
+	}
+	field(p.Op)
+	field(p.Step)
+	b = binary.AppendUvarint(b, uint64(len(p.Input)))
+	b = append(b, p.Input...)
+	field(p.Failure)
+	names := make([]string, 0, len(p.Data))
+	for k := range p.Data {
+		names = append(names, k)
+	}
+	slices.Sort(names)
+	b = binary.AppendUvarint(b, uint64(len(names)))
+	for _, k := range names {
+		field(k)
+		field(p.Data[k])
+	}
+	if len(b) > MaxProgressLen {
+		return nil, fmt.Errorf("%w: %d bytes, more than %d", ErrTooLarge, len(b), MaxProgressLen)
+	}
+	return b, nil
+}
+
+// decodeProgress parses what encode wrote.
+func decodeProgress(b []byte) (progress, error) {
+	var p progress
+	if len(b) < len(progressMagic) || string(b[:len(progressMagic)]) != progressMagic {
+		return p, fmt.Errorf("%w: no %q header", errProgress, progressMagic)
+	}
+	b = b[len(progressMagic):]
+	next := func() ([]byte, error) {
+		n, k := binary.Uvarint(b)
+		if k <= 0 || n > uint64(len(b)-k) {
+			return nil, fmt.Errorf("%w: truncated", errProgress)
+		}
+		s := b[k : k+int(n)]
+		b = b[k+int(n):]
+		return s, nil
+	}
+	var fields [4][]byte
+	for i := range fields {
+		f, err := next()
+		if err != nil {
+			return p, err
+		}
+		fields[i] = f
+	}
+	p.Op, p.Step, p.Failure = string(fields[0]), string(fields[1]), string(fields[3])
+	if len(fields[2]) > 0 {
+		p.Input = slices.Clone(fields[2])
+	}
+	n, k := binary.Uvarint(b)
+	if k <= 0 || n > uint64(len(b)) {
+		return p, fmt.Errorf("%w: bad data count", errProgress)
+	}
+	b = b[k:]
+	if n > 0 {
+		p.Data = make(map[string]string, n)
+	}
+	prev := ""
+	for i := uint64(0); i < n; i++ {
+		name, err := next()
+		if err != nil {
+			return p, err
+		}
+		value, err := next()
+		if err != nil {
+			return p, err
+		}
+		if i > 0 && string(name) <= prev {
+			return p, fmt.Errorf("%w: data names out of order", errProgress)
+		}
+		prev = string(name)
+		p.Data[prev] = string(value)
+	}
+	if len(b) != 0 {
+		return p, fmt.Errorf("%w: %d trailing bytes", errProgress, len(b))
+	}
+	return p, nil
+}
