@@ -413,7 +413,9 @@ type onlyKeyStore struct{ s *memstore.Store }
 func (o onlyKeyStore) Reserve(ctx context.Context, r idempotency.Reservation) (idempotency.Txn[*memstore.Tx], *idempotency.Record, error) {
 	return o.s.Reserve(ctx, r)
 }
-func (o onlyKeyStore) Purge(ctx context.Context, limit int) (int, error) { return o.s.Purge(ctx, limit) }
+func (o onlyKeyStore) Purge(ctx context.Context, limit int) (int, error) {
+	return o.s.Purge(ctx, limit)
+}
 
 func newGuardOn(t *testing.T, s idempotency.KeyStore[*memstore.Tx]) *idempotency.Guard[*memstore.Tx] {
 	t.Helper()
