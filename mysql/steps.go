@@ -15,9 +15,10 @@ import (
 // (the owner column).
 const maxOwnerLen = 64
 
-// maxAcquireTries bounds how many times one Acquire starts over, when the
-// key's row appeared, vanished or was fought over (a deadlock) between its
-// look-up and its locking statement.
+// maxAcquireTries bounds how many times one Acquire that does not wait
+// starts over, when the key's row appeared, vanished or was fought over (a
+// deadlock) between its look-up and its locking statement. One that waits
+// starts over while its wait lasts.
 const maxAcquireTries = 6
 
 // stepSQL are the statements of multi-step operations and of the key
@@ -197,7 +198,10 @@ func (s *Store) Acquire(ctx context.Context, a idempotency.Acquisition) (idempot
 			}
 			return p, nil, nil
 		}
-		if try == maxAcquireTries || ctx.Err() != nil || (a.Wait > 0 && !time.Now().Before(ac.deadline)) {
+		// A caller that waits keeps trying while its wait lasts: a deadlock
+		// there means that the key's holder rolled back and another waiter
+		// took it, which this caller then waits for.
+		if ctx.Err() != nil || (a.Wait == 0 && try == maxAcquireTries) || (a.Wait > 0 && !time.Now().Before(ac.deadline)) {
 			release(ctx, conn, nil, ac.restore)
 			return nil, nil, mapError(ctx, fmt.Errorf("%w: %w", idempotency.ErrConflict, err), false, "mysql: acquire key %v", a.Key)
 		}
