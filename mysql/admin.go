@@ -7,6 +7,8 @@ import (
 	"fmt"
 	"time"
 
+	gomysql "github.com/go-sql-driver/mysql"
+
 	"github.com/go-idempotency/idempotency"
 )
 
@@ -60,7 +62,7 @@ func (rw stepRow) info(k idempotency.Key) (*idempotency.KeyInfo, error) {
 // without a lock. Otherwise (no committed row, an unfinished key whose
 // lease ended, an expired row) it probes the row with a shared locking
 // read that never waits (LOCK IN SHARE MODE NOWAIT on MariaDB, FOR SHARE
-// NOWAIT on MySQL), in a READ COMMITTED transaction, which locks no gap.
+// NOWAIT on MySQL, the first syntax error telling which), in a READ COMMITTED transaction, which locks no gap.
 // A row that an open transaction holds (a new key reserved by Reserve or
 // Acquire, an expired row being taken over, an unfinished key in an open
 // phase) is then reported [idempotency.KeyHeld]; a new key so held has
@@ -120,21 +122,29 @@ func (s *Store) Inspect(ctx context.Context, key idempotency.Key, body bool) (*i
 // uncommitted one included), with a shared locking read that never waits,
 // in a READ COMMITTED transaction on conn.
 func (s *Store) heldNow(ctx context.Context, conn *sql.Conn, k key) (bool, error) {
-	d, err := s.dialectOf(ctx, conn)
-	if err != nil {
-		return false, mapError(ctx, err, false, "mysql: server version")
-	}
-	q := s.steps.probeShare
-	if d == dialectMySQL {
-		q = s.steps.probeShareMy
-	}
 	tx, err := conn.BeginTx(ctx, &sql.TxOptions{Isolation: sql.LevelReadCommitted})
 	if err != nil {
 		return false, mapError(ctx, err, false, "mysql: inspect key %v: begin", k.key)
 	}
 	defer func() { _ = tx.Rollback() }()
+	// MariaDB has LOCK IN SHARE MODE NOWAIT and no FOR SHARE; MySQL has
+	// FOR SHARE NOWAIT, and no NOWAIT after LOCK IN SHARE MODE. The first
+	// syntax error tells which (a failed statement leaves tx open).
+	mysqlSyntax := s.shareSyntax.Load()
+	q := s.steps.probeShare
+	if mysqlSyntax {
+		q = s.steps.probeShareMy
+	}
 	var one int
 	err = tx.QueryRowContext(ctx, q, k.scope, k.id).Scan(&one)
+	if me := (*gomysql.MySQLError)(nil); errors.As(err, &me) && me.Number == erParse {
+		s.shareSyntax.Store(!mysqlSyntax)
+		q = s.steps.probeShare
+		if !mysqlSyntax {
+			q = s.steps.probeShareMy
+		}
+		err = tx.QueryRowContext(ctx, q, k.scope, k.id).Scan(&one)
+	}
 	if err == nil || errors.Is(err, sql.ErrNoRows) {
 		return false, nil
 	}

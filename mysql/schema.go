@@ -33,6 +33,7 @@ const (
 	erDupFieldName = 1060 // ER_DUP_FIELDNAME: the column exists already
 	erDupKeyName   = 1061 // ER_DUP_KEYNAME: the index exists already
 	erBadFieldName = 1054 // ER_BAD_FIELD_ERROR: an unknown column
+	erParse        = 1064 // ER_PARSE_ERROR: a syntax the server lacks
 )
 
 // Schema returns the DDL of the keys table named table (see [Config.Table]),

@@ -116,6 +116,9 @@ type Store struct {
 	// purgeSelectV1 is purgeSelect on a table of the v0.1.0 schema, which
 	// has no progress column (see Store.Migrate).
 	purgeSelectV1 string
+	// shareSyntax: Inspect's probe takes MySQL's FOR SHARE NOWAIT, not
+	// MariaDB's LOCK IN SHARE MODE NOWAIT (see Store.heldNow).
+	shareSyntax atomic.Bool
 	// steps are the statements of multi-step operations and of the key
 	// administration (steps.go, admin.go).
 	steps stepSQL
