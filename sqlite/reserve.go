@@ -45,6 +45,11 @@ import (
 //     reports [idempotency.ErrConflict].
 //
 // A key found completed after such a wait is returned instead.
+//
+// An unfinished operation's key (see [Store.Acquire]) is a committed
+// pending row that never expires: Reserve reports it with
+// [idempotency.ErrInProgress] at once, whatever r.Wait, and never takes it
+// over.
 func (s *Store) Reserve(ctx context.Context, r idempotency.Reservation) (idempotency.Txn[*sql.Tx], *idempotency.Record, error) {
 	if r.TTL <= 0 {
 		return nil, nil, fmt.Errorf("%w: sqlite: key %v: reservation TTL %v", idempotency.ErrInvalidConfig, r.Key, r.TTL)
