@@ -10,6 +10,12 @@ import (
 	"github.com/go-idempotency/idempotency"
 )
 
+// readWait bounds how long the reads of key administration (Inspect,
+// List, Stats, Abandoned) retry SQLITE_BUSY. Outside WAL mode a reader
+// meets it while a writer commits (or spills its cache), and a connection
+// without busy timeout meets it at once.
+const readWait = time.Second
+
 // forgetWait bounds how long [Store.Forget] waits for the Store's write
 // turn (held by callers of other keys) and for SQLite's write lock (held
 // by a writer outside the Store).
@@ -100,8 +106,11 @@ func (s *Store) holds(key idempotency.Key) bool {
 }
 
 // Inspect implements [idempotency.KeyAdmin] with one SELECT outside any
-// transaction (in WAL mode it waits for no writer; otherwise a commit in
-// progress may make it fail with [idempotency.ErrConflict]). The body is
+// transaction. In WAL mode it waits for no writer. Outside WAL mode a
+// commit in progress makes a read fail with SQLITE_BUSY: Inspect then
+// retries for up to a second (waiting for that commit, never for a key's
+// holder), then reports [idempotency.ErrConflict]. The same holds for
+// List, Stats and Abandoned. The body is
 // read only when body is set. It needs the columns that [Store.Migrate]
 // adds to a v0.1.0 table.
 //
@@ -126,7 +135,9 @@ func (s *Store) Inspect(ctx context.Context, key idempotency.Key, body bool) (*i
 		query = s.q.steps.inspectBody
 	}
 	var row keyRow
-	err = row.scan(s.db.QueryRowContext(ctx, query, key.Scope, key.ID, now))
+	err = retryBusyFor(ctx, readWait, func() error {
+		return row.scan(s.db.QueryRowContext(ctx, query, key.Scope, key.ID, now))
+	})
 	mine := s.holds(key)
 	switch {
 	case errors.Is(err, sql.ErrNoRows) && mine:
@@ -228,32 +239,36 @@ func (s *Store) List(ctx context.Context, q idempotency.ListQuery) (idempotency.
 			afterFirst, afterRest = nil, c.ID
 		}
 	}
-	rows, err := s.db.QueryContext(ctx, s.q.steps.list, q.Scope, afterFirst, afterRest, q.Limit+1, now)
-	if err != nil {
-		return idempotency.KeyPage{}, mapError(ctx, "list", err)
-	}
-	defer rows.Close()
 	var (
 		page  idempotency.KeyPage
 		parts []bool
 	)
-	for rows.Next() {
-		var (
-			part int
-			row  keyRow
-		)
-		if err := rows.Scan(append([]any{&part}, row.dest()...)...); err != nil {
-			return idempotency.KeyPage{}, mapError(ctx, "list", err)
-		}
-		key := idempotency.Key{Scope: row.scope, ID: row.id}
-		info, err := row.info(key, s.holds(key), false)
+	err = retryBusyFor(ctx, readWait, func() error {
+		page, parts = idempotency.KeyPage{}, nil
+		rows, err := s.db.QueryContext(ctx, s.q.steps.list, q.Scope, afterFirst, afterRest, q.Limit+1, now)
 		if err != nil {
-			return idempotency.KeyPage{}, err
+			return err
 		}
-		page.Keys = append(page.Keys, *info)
-		parts = append(parts, part == 0)
-	}
-	if err := rows.Err(); err != nil {
+		defer rows.Close()
+		for rows.Next() {
+			var (
+				part int
+				row  keyRow
+			)
+			if err := rows.Scan(append([]any{&part}, row.dest()...)...); err != nil {
+				return err
+			}
+			key := idempotency.Key{Scope: row.scope, ID: row.id}
+			info, err := row.info(key, s.holds(key), false)
+			if err != nil {
+				return err
+			}
+			page.Keys = append(page.Keys, *info)
+			parts = append(parts, part == 0)
+		}
+		return rows.Err()
+	})
+	if err != nil {
 		return idempotency.KeyPage{}, mapError(ctx, "list", err)
 	}
 	if len(page.Keys) > q.Limit {
@@ -279,8 +294,10 @@ func (s *Store) Stats(ctx context.Context) (idempotency.Stats, error) {
 		st     idempotency.Stats
 		oldest sql.NullInt64
 	)
-	err = s.db.QueryRowContext(ctx, s.q.steps.stats, now).
-		Scan(&st.Held, &st.Unfinished, &st.Completed, &st.Expired, &st.Failing, &oldest, &st.BodyBytes)
+	err = retryBusyFor(ctx, readWait, func() error {
+		return s.db.QueryRowContext(ctx, s.q.steps.stats, now).
+			Scan(&st.Held, &st.Unfinished, &st.Completed, &st.Expired, &st.Failing, &oldest, &st.BodyBytes)
+	})
 	if err != nil {
 		return idempotency.Stats{}, mapError(ctx, "stats", err)
 	}

@@ -5,6 +5,7 @@ import (
 	"database/sql"
 	"errors"
 	"fmt"
+	"path/filepath"
 	"reflect"
 	"strings"
 	"testing"
@@ -365,4 +366,62 @@ func TestStats(t *testing.T) {
 	if got, err := f.store.Stats(ctx); err != nil || got != (idempotency.Stats{}) {
 		t.Errorf("empty table: %+v, %v; want zero", got, err)
 	}
+}
+
+// TestAdminReadsBareDSN: on a database opened with no DSN option (rollback
+// journal, no busy timeout), Inspect, List, Stats and Abandoned meet
+// SQLITE_BUSY while writers commit; they wait for the commits rather than
+// fail.
+func TestAdminReadsBareDSN(t *testing.T) {
+	ctx := testkit.Context(t, testTimeout)
+	f := newFixture(t, openBare(t, filepath.Join(t.TempDir(), "bare.db")), 0)
+	g := guard(t, f.store, &idempotency.Config{WaitTimeout: 10 * time.Second})
+	p := mustAcquire(t, ctx, f.store, acquisition("op", "A", 0))
+	if err := p.Release(ctx, []byte("s")); err != nil {
+		t.Fatal(err)
+	}
+	stop := make(chan struct{})
+	writerDone := make(chan error, 1)
+	go func() {
+		for i := 0; ; i++ {
+			select {
+			case <-stop:
+				writerDone <- nil
+				return
+			default:
+			}
+			id := fmt.Sprint("w", i)
+			if _, err := g.Do(ctx, idempotency.Key{ID: id}, "fp", func(tx *sql.Tx) (idempotency.Response, error) {
+				return idempotency.Response{Status: 200, Body: []byte(id)}, f.fx.Effect(ctx, tx, "w")
+			}); err != nil {
+				writerDone <- err
+				return
+			}
+		}
+	}()
+	deadline := time.Now().Add(time.Second)
+	reads := 0
+	for time.Now().Before(deadline) {
+		if _, err := f.store.Inspect(ctx, idempotency.Key{ID: "op"}, true); err != nil {
+			t.Fatalf("Inspect after %d reads: %v", reads, err)
+		}
+		if _, err := f.store.List(ctx, idempotency.ListQuery{Limit: 5}); err != nil {
+			t.Fatalf("List after %d reads: %v", reads, err)
+		}
+		if _, err := f.store.Stats(ctx); err != nil {
+			t.Fatalf("Stats after %d reads: %v", reads, err)
+		}
+		if keys, err := f.store.Abandoned(ctx, idempotency.AbandonedQuery{MaxTries: 5, Limit: 5}); err != nil || len(keys) != 1 {
+			t.Fatalf("Abandoned after %d reads: %v, %v", reads, keys, err)
+		}
+		reads++
+	}
+	close(stop)
+	if err := <-writerDone; err != nil {
+		t.Fatalf("writer: %v", err)
+	}
+	if n, err := f.fx.Count(ctx, "w"); err != nil || n == 0 {
+		t.Fatalf("the writer committed %d keys (%v); want some", n, err)
+	}
+	t.Logf("%d rounds of reads while the writer committed", reads)
 }

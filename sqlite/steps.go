@@ -215,7 +215,7 @@ func (s *Store) unclaimed(ctx context.Context, tx *sql.Tx, key idempotency.Key, 
 
 // Abandoned implements [idempotency.Stepper]: one SELECT outside any
 // transaction, on the partial index of unfinished keys by lease end. In
-// WAL mode it waits for no writer. q.Limit must be 1 to 1000, q.Grace and
+// WAL mode it waits for no writer (outside it, see [Store.Inspect]). q.Limit must be 1 to 1000, q.Grace and
 // q.MaxTries not negative, else an error wraps
 // [idempotency.ErrInvalidConfig].
 func (s *Store) Abandoned(ctx context.Context, q idempotency.AbandonedQuery) ([]idempotency.AbandonedKey, error) {
@@ -229,27 +229,31 @@ func (s *Store) Abandoned(ctx context.Context, q idempotency.AbandonedQuery) ([]
 	if err != nil {
 		return nil, err
 	}
-	rows, err := s.db.QueryContext(ctx, s.q.steps.abandoned, now, int64(q.Grace), q.MaxTries, q.Limit)
-	if err != nil {
-		return nil, mapError(ctx, "abandoned", err)
-	}
-	defer rows.Close()
 	var out []idempotency.AbandonedKey
-	for rows.Next() {
-		var (
-			k            idempotency.AbandonedKey
-			tries, ended int64
-		)
-		if err := rows.Scan(&k.Key.Scope, &k.Key.ID, &k.Fingerprint, &k.Progress, &tries, &ended); err != nil {
-			return nil, mapError(ctx, "abandoned", err)
+	err = retryBusyFor(ctx, readWait, func() error {
+		out = nil
+		rows, err := s.db.QueryContext(ctx, s.q.steps.abandoned, now, int64(q.Grace), q.MaxTries, q.Limit)
+		if err != nil {
+			return err
 		}
-		if k.Progress == nil {
-			k.Progress = []byte{}
+		defer rows.Close()
+		for rows.Next() {
+			var (
+				k            idempotency.AbandonedKey
+				tries, ended int64
+			)
+			if err := rows.Scan(&k.Key.Scope, &k.Key.ID, &k.Fingerprint, &k.Progress, &tries, &ended); err != nil {
+				return err
+			}
+			if k.Progress == nil {
+				k.Progress = []byte{}
+			}
+			k.Tries, k.LeaseEnded = int(tries), time.Unix(0, ended).UTC()
+			out = append(out, k)
 		}
-		k.Tries, k.LeaseEnded = int(tries), time.Unix(0, ended).UTC()
-		out = append(out, k)
-	}
-	if err := rows.Err(); err != nil {
+		return rows.Err()
+	})
+	if err != nil {
 		return nil, mapError(ctx, "abandoned", err)
 	}
 	return out, nil
