@@ -101,6 +101,26 @@ func (s *suite[Tx]) cases() []testCase {
 		{"PurgeLimit", []rule{rulePurgeCount, rulePurgeDeletes}, s.purgeLimit},
 		{"PurgeCountsDeleted", []rule{rulePurgeCount}, s.purgeCountsDeleted},
 		{"FailedCompleteFreesKey", []rule{ruleFailedComplete}, s.failedCompleteFreesKey},
+		// Multi-step operations (idempotency.Stepper); skipped on a store
+		// that does not implement it.
+		{"StepsNewKey", []rule{ruleAcquirePhase, ruleStepOneTxn, ruleSave, rulePhaseRollback}, s.stepsNewKey},
+		{"StepsResumeOwnLease", []rule{ruleAcquirePhase, ruleSave, rulePhaseRollback}, s.stepsResumeOwnLease},
+		{"StepsOtherOwnerLiveLease", []rule{ruleAcquireHeld}, s.stepsOtherOwnerLiveLease},
+		{"StepsLeaseEndsByStoreClock", []rule{ruleStepClock, ruleAcquirePhase, ruleAcquireHeld}, s.stepsLeaseClock},
+		{"StepsTakeOverIsCAS", []rule{ruleStepCAS, ruleAcquireHeld}, s.stepsTakeOverIsCAS},
+		{"StepsReleaseCountsTries", []rule{ruleRelease, ruleAcquireTries, rulePhaseRollback}, s.stepsReleaseCountsTries},
+		{"StepsCompleteClearsProgress", []rule{rulePhaseComplete, ruleAcquireRecord, ruleCreatedAt}, s.stepsComplete},
+		{"StepsReserveTreatsUnfinishedAsHeld", []rule{ruleStepReserveHeld}, s.stepsReserveUnfinished},
+		{"StepsPurgeSkipsUnfinished", []rule{ruleStepNeverExpires, rulePurgeDeletes}, s.stepsPurgeSkipsUnfinished},
+		{"StepsAbandoned", []rule{ruleAbandoned, ruleAbandonedNoLock}, s.stepsAbandoned},
+		{"StepsPhaseOneConnection", []rule{ruleOneConn, rulePhaseOver}, s.stepsOneConnection},
+		{"StepsInvalidInput", []rule{ruleAcquireInput, ruleSave, ruleAbandonedLimit, rulePhaseOver}, s.stepsInvalidInput},
+		// Key administration (idempotency.KeyAdmin, idempotency.KeyLister);
+		// skipped on a store that does not implement it.
+		{"AdminInspect", []rule{ruleInspect, ruleInspectHeldNew, ruleStateHeld, ruleStateUnfinished, ruleStateExpired, ruleInfoTimes}, s.adminInspect},
+		{"AdminForget", []rule{ruleForget, ruleForgetUnfinished}, s.adminForget},
+		{"AdminList", []rule{ruleList, ruleListNext, ruleListCursor, ruleListLimit}, s.adminList},
+		{"AdminStats", []rule{ruleStats, ruleStatsFields}, s.adminStats},
 	}
 }
 
