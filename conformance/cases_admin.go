@@ -23,7 +23,7 @@ func (e *env[Tx]) admin() idempotency.KeyAdmin {
 	e.t.Helper()
 	ad, ok := e.f.Store.(idempotency.KeyAdmin)
 	if !ok {
-		e.t.Skipf("the store (%T) does not implement idempotency.KeyAdmin: Inspect and Forget are not checked", e.f.Store)
+		e.lacking("KeyAdmin")
 	}
 	return ad
 }
@@ -33,7 +33,7 @@ func (e *env[Tx]) lister() idempotency.KeyLister {
 	e.t.Helper()
 	ls, ok := e.f.Store.(idempotency.KeyLister)
 	if !ok {
-		e.t.Skipf("the store (%T) does not implement idempotency.KeyLister: List and Stats are not checked", e.f.Store)
+		e.lacking("KeyLister")
 	}
 	return ls
 }
@@ -131,6 +131,7 @@ func (e *env[Tx]) checkOp(info *idempotency.KeyInfo, key idempotency.Key, state 
 // adminInspect: Inspect of a completed key (its body only when asked),
 // an expired one, a held one, an unfinished one and an absent one.
 func (s *suite[Tx]) adminInspect(t *testing.T) {
+	s.need(t, "KeyAdmin")
 	clk := newClock()
 	e := s.setupClock(t, Options{}, clk)
 	ad := e.admin()
@@ -212,6 +213,7 @@ func (s *suite[Tx]) adminInspect(t *testing.T) {
 // deletes a completed one (returning it without its body) and an
 // unfinished one whose lease ended, and reports an absent one.
 func (s *suite[Tx]) adminForget(t *testing.T) {
+	s.need(t, "KeyAdmin")
 	clk := newClock()
 	e := s.setupClock(t, Options{}, clk)
 	ad := e.admin()
@@ -311,6 +313,7 @@ var listIDs = []string{"b", "a", "_", "B", "A"}
 // part in byte order of ID, every key once, with cursors; other scopes'
 // keys never listed.
 func (s *suite[Tx]) adminList(t *testing.T) {
+	s.need(t, "KeyLister")
 	e := s.setup(t, Options{})
 	ls := e.lister()
 	scope := uniq("list")
@@ -433,6 +436,7 @@ func (s *suite[Tx]) adminList(t *testing.T) {
 // adminStats: exact counts by state, by the store's clock, on a fixture
 // of the case's own.
 func (s *suite[Tx]) adminStats(t *testing.T) {
+	s.need(t, "KeyLister")
 	clk := newClock()
 	e := s.setupClock(t, Options{}, clk)
 	ls := e.lister()

@@ -32,12 +32,37 @@ const heldBound = 2 * time.Second
 // StepsTakeOverIsCAS fires, for each kind of key.
 const stepRounds = 3
 
+// need skips the case, before it builds a fixture, if an earlier case found
+// that the fixture's store does not implement iface.
+func (s *suite[Tx]) need(t *testing.T, iface string) {
+	t.Helper()
+	if s.lacks[iface] {
+		t.Skipf("the store does not implement idempotency.%s (found by an earlier case): %s", iface, unchecked[iface])
+	}
+}
+
+// unchecked says what is not checked on a store that lacks an interface.
+var unchecked = map[string]string{
+	"Stepper":   "multi-step operations are not checked",
+	"KeyAdmin":  "Inspect and Forget are not checked",
+	"KeyLister": "List and Stats are not checked",
+}
+
+// lacking skips the case: the fixture's store does not implement iface.
+func (e *env[Tx]) lacking(iface string) {
+	e.t.Helper()
+	if e.lacks != nil {
+		e.lacks[iface] = true
+	}
+	e.t.Skipf("the store (%T) does not implement idempotency.%s: %s", e.f.Store, iface, unchecked[iface])
+}
+
 // stepper returns the fixture's store as a Stepper, or skips the case.
 func (e *env[Tx]) stepper() idempotency.Stepper[Tx] {
 	e.t.Helper()
 	st, ok := e.f.Store.(idempotency.Stepper[Tx])
 	if !ok {
-		e.t.Skipf("the store (%T) does not implement idempotency.Stepper: multi-step operations are not checked", e.f.Store)
+		e.lacking("Stepper")
 	}
 	return st
 }
@@ -163,6 +188,7 @@ var binProgress = []byte{0, 0xff, 0xfe, '\n', 0x80, 's', 't', 'e', 'p', 0, '\\',
 // the phase's writes and leaves the key unfinished; Rollback instead frees
 // it and discards the writes.
 func (s *suite[Tx]) stepsNewKey(t *testing.T) {
+	s.need(t, "Stepper")
 	e := s.setup(t, Options{})
 	st := e.stepper()
 	key, tag := idempotency.Key{ID: uniq("new")}, uniq("saved")
@@ -209,6 +235,7 @@ func (s *suite[Tx]) stepsNewKey(t *testing.T) {
 // gets the progress last saved, byte-exact (binary, and MaxProgressLen
 // bytes), and the fingerprint the operation started with.
 func (s *suite[Tx]) stepsResumeOwnLease(t *testing.T) {
+	s.need(t, "Stepper")
 	e := s.setup(t, Options{})
 	st := e.stepper()
 	key, tag := idempotency.Key{ID: uniq("own")}, uniq("own")
@@ -241,6 +268,7 @@ func (s *suite[Tx]) stepsResumeOwnLease(t *testing.T) {
 // lease lives, whatever its wait, and changes nothing; while the owner's
 // phase is open, another owner waits for it.
 func (s *suite[Tx]) stepsOtherOwnerLiveLease(t *testing.T) {
+	s.need(t, "Stepper")
 	e := s.setup(t, Options{})
 	st := e.stepper()
 	key, tag := idempotency.Key{ID: uniq("leased")}, uniq("leased")
@@ -294,6 +322,7 @@ func (s *suite[Tx]) stepsOtherOwnerLiveLease(t *testing.T) {
 // passed: another owner takes the key exactly at its end, and the first
 // owner, now stale, is refused.
 func (s *suite[Tx]) stepsLeaseClock(t *testing.T) {
+	s.need(t, "Stepper")
 	clk := newClock()
 	e := s.setupClock(t, Options{}, clk)
 	st := e.stepper()
@@ -335,6 +364,7 @@ func (s *suite[Tx]) stepsLeaseClock(t *testing.T) {
 // for a key whose lease was released, then for a new key; exactly one
 // obtains a Phase, and none while another's is open.
 func (s *suite[Tx]) stepsTakeOverIsCAS(t *testing.T) {
+	s.need(t, "Stepper")
 	e := s.setup(t, Options{})
 	e.stepper()
 	var sts []idempotency.Stepper[Tx]
@@ -421,6 +451,7 @@ var errWon = errors.New("conformance: obtained the Phase")
 // progress, ends the lease now and counts a try; taking over and rolling
 // back changes nothing.
 func (s *suite[Tx]) stepsReleaseCountsTries(t *testing.T) {
+	s.need(t, "Stepper")
 	e := s.setup(t, Options{})
 	st := e.stepper()
 	key, tag := idempotency.Key{ID: uniq("tries")}, uniq("tries")
@@ -458,6 +489,7 @@ func (s *suite[Tx]) stepsReleaseCountsTries(t *testing.T) {
 // byte-exact, with the creation of its first phase and an expiry of the
 // store's clock plus the last Acquisition's TTL, and clears its progress.
 func (s *suite[Tx]) stepsComplete(t *testing.T) {
+	s.need(t, "Stepper")
 	clk := newClock()
 	e := s.setupClock(t, Options{}, clk)
 	st := e.stepper()
@@ -547,6 +579,7 @@ func (s *suite[Tx]) stepsComplete(t *testing.T) {
 // stepsReserveUnfinished: Reserve and Do report an unfinished key held,
 // whether its lease lives or was released, and change nothing.
 func (s *suite[Tx]) stepsReserveUnfinished(t *testing.T) {
+	s.need(t, "Stepper")
 	e := s.setup(t, Options{})
 	st := e.stepper()
 	g := e.guard(&idempotency.Config{WaitTimeout: 300 * time.Millisecond})
@@ -597,6 +630,7 @@ func (s *suite[Tx]) stepsReserveUnfinished(t *testing.T) {
 // stepsPurgeSkipsUnfinished: years later, Purge deletes the expired
 // records and no unfinished key, which is still held and resumable.
 func (s *suite[Tx]) stepsPurgeSkipsUnfinished(t *testing.T) {
+	s.need(t, "Stepper")
 	clk := newClock()
 	e := s.setupClock(t, Options{}, clk)
 	st := e.stepper()
@@ -666,6 +700,7 @@ func isMaxExpiry(t time.Time) bool {
 // to Limit, with their fields exact; it takes no lease and waits for no
 // open phase.
 func (s *suite[Tx]) stepsAbandoned(t *testing.T) {
+	s.need(t, "Stepper")
 	clk := newClock()
 	e := s.setupClock(t, Options{}, clk)
 	st := e.stepper()
@@ -764,6 +799,7 @@ func (s *suite[Tx]) stepsAbandoned(t *testing.T) {
 // connections; no method asks for a second connection while it holds
 // one, so none deadlocks.
 func (s *suite[Tx]) stepsOneConnection(t *testing.T) {
+	s.need(t, "Stepper")
 	e := s.setup(t, Options{MaxConns: 2})
 	st := e.stepper()
 	ad, _ := e.f.Store.(idempotency.KeyAdmin)
@@ -860,6 +896,7 @@ func (e *env[Tx]) poolPhases(st idempotency.Stepper[Tx], ad idempotency.KeyAdmin
 // refused with ErrInvalidConfig (the suite requires that error: the
 // contract states the bounds, not the error) before anything is written.
 func (s *suite[Tx]) stepsInvalidInput(t *testing.T) {
+	s.need(t, "Stepper")
 	e := s.setup(t, Options{})
 	st := e.stepper()
 	key, tag := idempotency.Key{ID: uniq("bad")}, uniq("bad")

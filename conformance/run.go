@@ -31,7 +31,7 @@ func Run[Tx any](t *testing.T, h Harness[Tx]) {
 	if h.NewFixture == nil {
 		t.Fatal("conformance: Harness.NewFixture is nil")
 	}
-	s := &suite[Tx]{h: h, late: newLateSink(t)}
+	s := &suite[Tx]{h: h, late: newLateSink(t), lacks: map[string]bool{}}
 	for _, c := range s.cases() {
 		t.Run(c.name, func(t *testing.T) {
 			t.Cleanup(func() {
@@ -131,6 +131,10 @@ type suite[Tx any] struct {
 	ctx context.Context
 	// late takes the reports that reach a fixture's t after its case ended.
 	late *lateSink
+	// lacks names the optional interfaces (idempotency.Stepper, KeyAdmin,
+	// KeyLister) a fixture's store was found not to implement: the later
+	// cases that need one skip without building a fixture.
+	lacks map[string]bool
 }
 
 // env is one case's fixture, context and helpers.
@@ -141,6 +145,8 @@ type env[Tx any] struct {
 	// stores are the instances of the store the case spread its callers
 	// over: f.Store first, then the ones Fixture.Reopen opened.
 	stores []idempotency.KeyStore[Tx]
+	// lacks is the suite's: see suite.lacks.
+	lacks map[string]bool
 }
 
 func (s *suite[Tx]) setup(t *testing.T, opts Options) *env[Tx] {
@@ -155,7 +161,7 @@ func (s *suite[Tx]) setup(t *testing.T, opts Options) *env[Tx] {
 	if f.Store == nil || f.Effect == nil || f.Count == nil {
 		t.Fatal("conformance: fixture must set Store, Effect and Count")
 	}
-	return &env[Tx]{t: t, ctx: ctx, f: f}
+	return &env[Tx]{t: t, ctx: ctx, f: f, lacks: s.lacks}
 }
 
 // setupClock is setup with a fixture whose store reads clk instead of its
