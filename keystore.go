@@ -343,6 +343,9 @@ type Migrator interface {
 //     or ended at once, in one process or in several, exactly one obtains a
 //     Phase; the others get [ErrInProgress].
 //   - Leases are judged by the store's clock, as expiries are.
+//   - An Acquisition, a progress or a limit out of the bounds given
+//     below is refused with an error wrapping [ErrInvalidConfig] before
+//     anything is written.
 type Stepper[Tx any] interface {
 	// Acquire opens a transaction on a.Key for one phase of the run a.Owner.
 	// It has exactly three successful outcomes:
