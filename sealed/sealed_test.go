@@ -44,7 +44,9 @@ func TestNewValidates(t *testing.T) {
 		}
 	}
 	id := func(idempotency.Response) (string, error) { return "1", nil }
-	render := func(context.Context, idempotency.Key, string) (idempotency.Response, error) { return idempotency.Response{}, nil }
+	render := func(context.Context, idempotency.Key, string) (idempotency.Response, error) {
+		return idempotency.Response{}, nil
+	}
 	for name, cfg := range map[string]sealed.Reference{
 		"no ResourceID": {Render: render},
 		"no Render":     {ResourceID: id},
