@@ -14,6 +14,7 @@ import (
 	"time"
 
 	"github.com/go-idempotency/idempotency"
+	"github.com/go-idempotency/idempotency/internal/memstore"
 	"github.com/go-idempotency/idempotency/internal/testkit"
 	"github.com/go-idempotency/idempotency/sqlite"
 )
@@ -413,5 +414,36 @@ func TestCodecWaitersGetPlainAnswer(t *testing.T) {
 	}
 	if got := codec.opened.Load(); got != 0 {
 		t.Errorf("the codec opened %d records for callers waiting in memory, want 0", got)
+	}
+}
+
+// TestCodecRun: an Operation's answer is sealed by the codec when its
+// Finish completes the key, and opened when Run replays it. (The stored
+// record is read with Inspect, which shows it as stored.)
+func TestCodecRun(t *testing.T) {
+	ctx := testkit.Context(t, 20*time.Second)
+	s := memstore.New()
+	g := newGuard(t, s, &idempotency.Config{Codec: &reverser{}})
+	op := &idempotency.Operation[*memstore.Tx]{Name: "pay",
+		Steps: []idempotency.Step[*memstore.Tx]{{Name: "write", Local: func(_ context.Context, tx *memstore.Tx, _ *idempotency.State) error {
+			tx.Effect("run")
+			return nil
+		}}},
+		Finish: func(context.Context, *memstore.Tx, *idempotency.State) (idempotency.Response, error) {
+			return idempotency.Response{Status: 201, Body: []byte("paid")}, nil
+		},
+	}
+	key := idempotency.Key{Scope: "t", ID: "op"}
+	first, err := g.Run(ctx, key, "fp", nil, op)
+	if err != nil || first.Replayed || string(first.Body) != "paid" {
+		t.Fatalf("first run: %+v, %v", first, err)
+	}
+	info, err := g.Inspect(ctx, key, true)
+	if err != nil || string(info.Body) != "diap" || info.Header.Get("Sealed-For") != "op" {
+		t.Fatalf("stored %+v (%v), want the sealed body %q", info, err, "diap")
+	}
+	again, err := g.Run(ctx, key, "fp", nil, op)
+	if err != nil || !again.Replayed || string(again.Body) != "paid" || s.Count("run") != 1 {
+		t.Fatalf("replay: %+v, %v (%d effects)", again, err, s.Count("run"))
 	}
 }
