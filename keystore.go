@@ -262,8 +262,8 @@ type Record struct {
 	Body        []byte
 	// CreatedAt is set by the store's clock when the key was reserved, to
 	// at least millisecond precision (rounding down), and is never after
-	// ExpiresAt. It is for people reading the store (logs, an admin page):
-	// the core never reads it.
+	// ExpiresAt. It is for people reading the store (logs, an admin page);
+	// the core reads it only for [Event].RecordAge.
 	CreatedAt time.Time
 	// ExpiresAt is the store's clock at completion plus the TTL, clamped
 	// to [MaxExpiry]: the record is absent once the store's clock reaches

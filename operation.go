@@ -359,7 +359,7 @@ func (r *runner[Tx]) drive(ctx context.Context) (Response, error) {
 				if rec.Fingerprint != r.fp {
 					return Response{}, ErrMismatch
 				}
-				return rec.Response(), nil
+				return r.g.replay(ctx, r.key, rec) // Config.Codec
 			}
 			if err := r.adopt(ph); err != nil {
 				_ = ph.Rollback(context.WithoutCancel(ctx))
@@ -473,7 +473,11 @@ func (r *runner[Tx]) stopAfterForeign(ctx context.Context, resp Response) error 
 	case err != nil:
 		return err
 	case rec != nil:
-		return errStopped{rec.Response()}
+		resp, err := r.g.replay(ctx, r.key, rec) // Config.Codec
+		if err != nil {
+			return err
+		}
+		return errStopped{resp}
 	}
 	if err := r.adopt(ph); err != nil {
 		_ = ph.Rollback(context.WithoutCancel(ctx))
@@ -507,7 +511,12 @@ func (r *runner[Tx]) complete(ctx context.Context, ph Phase[Tx], resp Response) 
 		return Response{}, fmt.Errorf("%w: status %d outside 100..599", ErrInvalidResponse, resp.Status)
 	}
 	resp.Replayed = false
-	if err := ph.Complete(ctx, resp); err != nil {
+	stored, err := r.g.seal(ctx, r.key, resp) // Config.Codec
+	if err != nil {
+		_ = ph.Rollback(context.WithoutCancel(ctx))
+		return Response{}, err
+	}
+	if err := ph.Complete(ctx, stored); err != nil {
 		return Response{}, r.storeErr(err)
 	}
 	return resp, nil
