@@ -37,6 +37,8 @@ type app struct {
 	complete func(ctx context.Context, grace, interval time.Duration, logf func(string, ...any))
 	// inspect returns what the store holds for key, body included.
 	inspect func(ctx context.Context, key idempotency.Key) (*idempotency.KeyInfo, error)
+	// stats counts the keys by state.
+	stats func(ctx context.Context) (idempotency.Stats, error)
 	// count runs a SELECT count(*) written with ? placeholders.
 	count func(ctx context.Context, query string, args ...any) (int, error)
 	close func()
@@ -101,6 +103,7 @@ func build[Tx any](store idempotency.KeyStore[Tx], adapt func(Tx) db, names tabl
 		inspect: func(ctx context.Context, key idempotency.Key) (*idempotency.KeyInfo, error) {
 			return g.Inspect(ctx, key, true)
 		},
+		stats: g.Stats,
 	}, nil
 }
 
