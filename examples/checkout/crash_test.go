@@ -62,13 +62,18 @@ func TestCrash(t *testing.T) {
 	for _, sk := range storeKinds {
 		t.Run(sk.name, func(t *testing.T) {
 			t.Parallel()
-			start := time.Now()
-			ctx := testkit.Context(t, 150*time.Second)
 			serviceBinary(t)
+			start := time.Now()
+			ctx := testkit.Context(t, 120*time.Second)
+			t.Cleanup(func() {
+				t.Logf("%d cases in %v", len(crashCases()), time.Since(start).Round(time.Millisecond))
+			})
 			for _, c := range crashCases() {
-				t.Run(c.name(), func(t *testing.T) { crash(t, ctx, sk, c) })
+				t.Run(c.name(), func(t *testing.T) {
+					t.Parallel()
+					crash(t, ctx, sk, c)
+				})
 			}
-			t.Logf("%d cases in %v", len(crashCases()), time.Since(start).Round(time.Millisecond))
 		})
 	}
 }

@@ -5,6 +5,7 @@ import (
 	"bytes"
 	"context"
 	"errors"
+	"flag"
 	"fmt"
 	"io"
 	"net"
@@ -28,8 +29,16 @@ import (
 )
 
 // TestMain says which server backends will not run, and removes the
-// service binary the tests built.
+// service binary the tests built. Unless -parallel is given, it runs 8
+// parallel tests (not GOMAXPROCS): the crash cases spend their time waiting
+// for processes and leases, not computing.
 func TestMain(m *testing.M) {
+	flag.Parse()
+	set := false
+	flag.Visit(func(f *flag.Flag) { set = set || f.Name == "test.parallel" })
+	if !set {
+		_ = flag.Set("test.parallel", "8")
+	}
 	code := func() int {
 		defer func() {
 			if bin.dir != "" {
