@@ -50,6 +50,7 @@ type config struct {
 	chargeTimeout time.Duration
 	grace         time.Duration
 	interval      time.Duration
+	logf          func(format string, args ...any) // nil: no logs
 }
 
 func main() {
@@ -65,6 +66,7 @@ func main() {
 	flag.DurationVar(&cfg.grace, "grace", time.Minute, "how long after a run died the completer takes its key over")
 	flag.DurationVar(&cfg.interval, "interval", 10*time.Second, "pause between two passes of the completer")
 	flag.Parse()
+	cfg.logf = log.Printf
 	if err := run(cfg, os.Stdout, os.Getenv(PauseEnv)); err != nil {
 		log.Fatal(err)
 	}
@@ -76,6 +78,9 @@ func main() {
 func run(cfg config, out io.Writer, pauseAt string) error {
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
 	defer stop()
+	if cfg.logf == nil {
+		cfg.logf = func(string, ...any) {}
+	}
 	if cfg.lease <= cfg.chargeTimeout {
 		return fmt.Errorf("-lease %v must be longer than -charge-timeout %v: a run must hold its key longer than its slowest call", cfg.lease, cfg.chargeTimeout)
 	}
@@ -93,7 +98,7 @@ func run(cfg config, out io.Writer, pauseAt string) error {
 		}
 		defer closeStub()
 		cfg.processor = url
-		log.Printf("checkout: processor stub on %s (declines amount %d)", url, cfg.stubDecline)
+		cfg.logf("checkout: processor stub on %s (declines amount %d)", url, cfg.stubDecline)
 	}
 	a, err := open(ctx, cfg.store, newTables(cfg.prefix), cfg, pause)
 	if err != nil {
@@ -111,9 +116,9 @@ func run(cfg config, out io.Writer, pauseAt string) error {
 	done := make(chan struct{})
 	go func() {
 		defer close(done)
-		a.complete(ctx, cfg.grace, cfg.interval, log.Printf)
+		a.complete(ctx, cfg.grace, cfg.interval, cfg.logf)
 	}()
-	log.Printf("checkout: store %s; completer grace %v, interval %v; lease %v", a.name, cfg.grace, cfg.interval, cfg.lease)
+	cfg.logf("checkout: store %s; completer grace %v, interval %v; lease %v", a.name, cfg.grace, cfg.interval, cfg.lease)
 	fmt.Fprintf(out, "listening http://%s\n", ln.Addr())
 	select {
 	case err = <-errc:

@@ -4,7 +4,6 @@ import (
 	"context"
 	"database/sql"
 	"fmt"
-	"log"
 	"net/http"
 	"strconv"
 	"strings"
@@ -80,7 +79,11 @@ func open(ctx context.Context, dsn string, names tables, cfg config, pause *paus
 // build makes the app of the generic parts: the Guard, the service and
 // its Completer.
 func build[Tx any](store idempotency.KeyStore[Tx], adapt func(Tx) db, names tables, cfg config, pause *pauser) (*app, error) {
-	g, err := idempotency.New(store, &idempotency.Config{Observer: logEvent})
+	logf := cfg.logf
+	if logf == nil {
+		logf = func(string, ...any) {}
+	}
+	g, err := idempotency.New(store, &idempotency.Config{Observer: logEvent(logf)})
 	if err != nil {
 		return nil, err
 	}
@@ -107,14 +110,16 @@ func build[Tx any](store idempotency.KeyStore[Tx], adapt func(Tx) db, names tabl
 	}, nil
 }
 
-// logEvent logs every run of the operation: the key by its hash, how the
-// run ended and at which step.
-func logEvent(_ context.Context, ev idempotency.Event) {
-	if ev.Err != nil {
-		log.Printf("run %v: %v at step %q: %v", ev.Key, ev.Outcome, ev.Step, ev.Err)
-		return
+// logEvent is an Observer that logs every run of the operation: the key
+// by its hash, how the run ended and at which step.
+func logEvent(logf func(string, ...any)) idempotency.Observer {
+	return func(_ context.Context, ev idempotency.Event) {
+		if ev.Err != nil {
+			logf("run %v: %v at step %q: %v", ev.Key, ev.Outcome, ev.Step, ev.Err)
+			return
+		}
+		logf("run %v: %v (%v)", ev.Key, ev.Outcome, ev.Duration.Round(time.Millisecond))
 	}
-	log.Printf("run %v: %v (%v)", ev.Key, ev.Outcome, ev.Duration.Round(time.Millisecond))
 }
 
 // sqlDB is a db on a *sql.Tx (SQLite, MySQL).
