@@ -182,4 +182,3 @@ func (f *fixture) checkNothing(ctx context.Context, id string) {
 		f.t.Errorf("%d orders (%v), %d processor requests; want none", n, err, f.proc.Requests())
 	}
 }
-

@@ -430,4 +430,3 @@ func untilFinal(ctx context.Context, url, id string, amount int64) []answer {
 		}
 	}
 }
-
