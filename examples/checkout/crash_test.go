@@ -64,7 +64,7 @@ func TestCrash(t *testing.T) {
 			t.Parallel()
 			serviceBinary(t)
 			start := time.Now()
-			ctx := testkit.Context(t, 120*time.Second)
+			ctx := testkit.Context(t, 3*time.Minute)
 			t.Cleanup(func() {
 				t.Logf("%d cases in %v", len(crashCases()), time.Since(start).Round(time.Millisecond))
 			})

@@ -42,7 +42,7 @@ var killPoints = append([]string{chargeRecorded, ""}, pausePoints...)
 func fifty(t *testing.T, sk storeKind) {
 	serviceBinary(t)
 	start := time.Now()
-	ctx := testkit.Context(t, 150*time.Second)
+	ctx := testkit.Context(t, 5*time.Minute)
 	seed := uint64(time.Now().UnixNano())
 	if s := os.Getenv("CHECKOUT_SEED"); s != "" {
 		var err error

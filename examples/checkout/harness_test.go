@@ -201,7 +201,14 @@ func (f *fixture) start(ctx context.Context, o serviceOpts) *instance {
 		t.Fatal(err)
 	}
 	s := &instance{t: t, cmd: cmd, marks: make(chan string, 8), logs: logs, waited: make(chan struct{})}
-	t.Cleanup(func() { s.kill() })
+	t.Cleanup(func() {
+		s.kill()
+		// The binary is built with -race: a race it saw fails the test,
+		// even if it was killed before it could exit with status 66.
+		if l := s.log(); strings.Contains(l, "WARNING: DATA RACE") {
+			t.Errorf("the race detector reported in the service:\n%s", l)
+		}
+	})
 	listening := make(chan string, 1)
 	go func() {
 		sc := bufio.NewScanner(stdout)
