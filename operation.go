@@ -605,6 +605,15 @@ func (r *runner[Tx]) acquire(ctx context.Context) (Phase[Tx], *Record, error) {
 		Owner: r.owner, Lease: r.op.lease()}
 	conflicts := 0
 	poll := pollStart
+	deadline := r.deadline
+	if r.st != nil {
+		// This run holds the key by its lease: another caller's phase may
+		// hold the row for a moment (it finds the lease live and gives up),
+		// or a run that took the key over after this run's lease ran out
+		// drives it to the end. Either way, wait for it, as long as a call
+		// waits for a held key.
+		deadline = time.Now().Add(r.g.cfg.WaitTimeout)
+	}
 	for {
 		if err := ctx.Err(); err != nil {
 			return nil, nil, err
@@ -618,12 +627,8 @@ func (r *runner[Tx]) acquire(ctx context.Context) (Phase[Tx], *Record, error) {
 		case errors.Is(err, ErrConflict) && conflicts < r.g.cfg.MaxRetries:
 			conflicts++
 			pause = backoff(r.g.cfg.RetryBackoff, conflicts)
-		case errors.Is(err, ErrInProgress) && !r.g.noWait && !r.resume && r.st == nil:
+		case errors.Is(err, ErrInProgress) && (r.st != nil || !r.g.noWait && !r.resume):
 			pause, poll = poll, min(2*poll, pollMax)
-		case errors.Is(err, ErrInProgress) && r.st != nil:
-			// This run's lease was taken over (it outlived its lease):
-			// another run drives the key now.
-			return nil, nil, fmt.Errorf("%w (this run's lease ran out and another run took the key)", err)
 		case errors.Is(err, ErrConflict):
 			return nil, nil, r.storeErr(err)
 		case errors.Is(err, ErrInProgress) || errors.Is(err, ErrInvalidConfig) || errors.Is(err, ErrInvalidKey):
@@ -631,7 +636,7 @@ func (r *runner[Tx]) acquire(ctx context.Context) (Phase[Tx], *Record, error) {
 		default:
 			return nil, nil, r.storeErr(err)
 		}
-		left := time.Until(r.deadline)
+		left := time.Until(deadline)
 		if left <= 0 {
 			return nil, nil, fmt.Errorf("%w (the wait bound %v ran out)", err, r.g.cfg.WaitTimeout)
 		}
