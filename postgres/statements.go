@@ -42,6 +42,8 @@ type statements struct {
 	complete      string
 
 	purge string
+	// purgeV1 is purge for a table of v0.1.0, which has no progress column.
+	purgeV1 string
 }
 
 func newStatements(table, q string) statements {
@@ -76,8 +78,12 @@ WHERE ctid = $1 AND scope = $2 AND id = $3 AND state = 'pending'`
 	// locked, then deleted by ctid. A scan of the table would walk over the
 	// rows earlier batches deleted, which stay until VACUUM. The clock is read
 	// once, in an InitPlan, so the index condition can use it.
-	st.purge = `DELETE FROM ` + q + ` WHERE ctid = ANY (ARRAY(SELECT ctid FROM ` + q +
+	// An unfinished row never expires (its expires_at is MaxExpiry), and
+	// purge skips it by its progress too.
+	st.purgeV1 = `DELETE FROM ` + q + ` WHERE ctid = ANY (ARRAY(SELECT ctid FROM ` + q +
 		` WHERE expires_at <= (SELECT COALESCE($1::timestamptz, clock_timestamp())) ORDER BY expires_at LIMIT $2 FOR UPDATE SKIP LOCKED))`
+	st.purge = `DELETE FROM ` + q + ` WHERE ctid = ANY (ARRAY(SELECT ctid FROM ` + q +
+		` WHERE expires_at <= (SELECT COALESCE($1::timestamptz, clock_timestamp())) AND progress IS NULL ORDER BY expires_at LIMIT $2 FOR UPDATE SKIP LOCKED))`
 	return st
 }
 
