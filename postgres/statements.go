@@ -44,6 +44,20 @@ type statements struct {
 	purge string
 	// purgeV1 is purge for a table of v0.1.0, which has no progress column.
 	purgeV1 string
+
+	// The statements of multi-step operations (steps.go) and of key
+	// administration (admin.go).
+	acquire       string
+	lockRow       string
+	saveNew       string
+	saveExisting  string
+	completeSteps string
+	abandoned     string
+	inspect       string
+	forgetRead    string
+	forget        string
+	list          string
+	stats         string
 }
 
 func newStatements(table, q string) statements {
@@ -84,6 +98,7 @@ WHERE ctid = $1 AND scope = $2 AND id = $3 AND state = 'pending'`
 		` WHERE expires_at <= (SELECT COALESCE($1::timestamptz, clock_timestamp())) ORDER BY expires_at LIMIT $2 FOR UPDATE SKIP LOCKED))`
 	st.purge = `DELETE FROM ` + q + ` WHERE ctid = ANY (ARRAY(SELECT ctid FROM ` + q +
 		` WHERE expires_at <= (SELECT COALESCE($1::timestamptz, clock_timestamp())) AND progress IS NULL ORDER BY expires_at LIMIT $2 FOR UPDATE SKIP LOCKED))`
+	stepStatements(&st, q)
 	return st
 }
 
