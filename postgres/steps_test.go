@@ -139,15 +139,20 @@ func mustInProgress(t testing.TB, ctx context.Context, s *postgres.Store, a idem
 // resumed and completed, then replayed by Acquire and by Do.
 func TestAcquireLifecycle(t *testing.T) {
 	for _, c := range []struct {
-		name string
-		cfg  postgres.Config
+		name      string
+		cfg       postgres.Config
+		configure []func(*pgxpool.Config)
 	}{
-		{"ReadCommitted", postgres.Config{}},
-		{"Serializable", postgres.Config{TxOptions: pgx.TxOptions{IsoLevel: pgx.Serializable}}},
+		{"ReadCommitted", postgres.Config{}, nil},
+		{"Serializable", postgres.Config{TxOptions: pgx.TxOptions{IsoLevel: pgx.Serializable}}, nil},
+		{"SessionRepeatableRead", postgres.Config{}, []func(*pgxpool.Config){isolation("repeatable read")}},
+		{"SimpleProtocol", postgres.Config{}, []func(*pgxpool.Config){func(c *pgxpool.Config) {
+			c.ConnConfig.DefaultQueryExecMode = pgx.QueryExecModeSimpleProtocol
+		}}},
 	} {
 		t.Run(c.name, func(t *testing.T) {
 			ctx := testkit.Context(t, testTimeout)
-			f := newStepFixture(t, c.cfg, 4)
+			f := newStepFixture(t, c.cfg, 4, c.configure...)
 			s := f.store
 
 			// A new key: no progress; Save writes the unfinished row with
@@ -895,4 +900,38 @@ func slicesContainKey(keys []idempotency.AbandonedKey, key idempotency.Key) bool
 		}
 	}
 	return false
+}
+
+// TestPhaseRollbackCancelled: Rollback works with a ctx already cancelled,
+// frees the key and returns the connection; a phase whose step failed
+// (the transaction aborted) cannot save.
+func TestPhaseRollbackCancelled(t *testing.T) {
+	ctx := testkit.Context(t, testTimeout)
+	f := newStepFixture(t, postgres.Config{}, 1) // one connection: a leak would block the next Acquire
+	if err := mustPhase(t, ctx, f.store, acq("r", "o")).Release(ctx, []byte("p")); err != nil {
+		t.Fatal(err)
+	}
+	for range 2 {
+		p := mustPhase(t, ctx, f.store, acq("r", "o"))
+		if err := f.effect(ctx, p.Tx(), "cancelled"); err != nil {
+			t.Fatal(err)
+		}
+		cctx, cancel := context.WithCancel(ctx)
+		cancel()
+		if err := p.Rollback(cctx); err != nil {
+			t.Fatalf("Rollback with a cancelled ctx: %v", err)
+		}
+	}
+	testkit.MustCount(t, ctx, f.count, "cancelled", 0)
+	f.mustUnfinished(t, ctx, "r", "p", "", at(0), 1)
+
+	p := mustPhase(t, ctx, f.store, acq("r", "o"))
+	if _, err := p.Tx().Exec(ctx, "SELECT 1/0"); err == nil {
+		t.Fatal("division by zero succeeded")
+	}
+	if err := p.Save(ctx, []byte("after failure")); !errors.Is(err, pgx.ErrTxCommitRollback) {
+		t.Fatalf("Save after a failed statement: %v, want pgx.ErrTxCommitRollback", err)
+	}
+	f.mustUnfinished(t, ctx, "r", "p", "", at(0), 1)
+	mustPhase(t, ctx, f.store, acq("r", "o")).Rollback(ctx)
 }
