@@ -134,6 +134,26 @@
 // prepared statement of pgx's cache there fails with
 // [ErrStatementCacheBehindPooler] in its chain.
 //
+// # Multi-step operations
+//
+// [Store] implements [idempotency.Stepper] on the same table: an unfinished
+// operation's key is a committed row with state 'pending', its progress,
+// its owner and the end of that owner's lease, its tries, and the expiry
+// MaxExpiry (so Purge never deletes it). [Store.Acquire] holds the key as
+// Reserve does, by its advisory lock in the phase's transaction, and reads
+// the row after the lock: that lock is the compare-and-swap on the lease.
+// Save, Release and Complete write the row in the same round trip as
+// COMMIT. Reserve reports such a key with [idempotency.ErrInProgress].
+//
+// # Key administration
+//
+// [Store] implements [idempotency.KeyAdmin] and [idempotency.KeyLister].
+// Inspect reads pg_locks, which takes no lock, to tell a key held by an
+// open transaction (a new key included, which has no row yet). Forget
+// takes the key's advisory lock only if it is free, so it never waits and
+// never deletes a key held. List and Stats read committed rows only: a key
+// is held there by a live lease.
+//
 // # Purge
 //
 // [Store.Purge] deletes the oldest expired rows, found through the

@@ -30,6 +30,7 @@ const (
 	codeInvalidStatementName = "26000" // invalid_sql_statement_name: no such prepared statement
 	codeDuplicateStatement   = "42P05" // duplicate_prepared_statement
 	codeUniqueViolation      = "23505" // unique_violation
+	codeUndefinedColumn      = "42703" // undefined_column
 	codeSerializationFailure = "40001" // serialization_failure
 	codeDeadlockDetected     = "40P01" // deadlock_detected
 	codeLockNotAvailable     = "55P03" // lock_not_available: lock_timeout
@@ -93,4 +94,12 @@ func (s *Store) mapError(ctx context.Context, err error, waitingForKey bool) err
 		}
 	}
 	return err
+}
+
+// isUndefinedColumn reports whether err is the server's undefined_column: a
+// statement that needs the columns of multi-step operations met a table of
+// v0.1.0 that was not migrated.
+func isUndefinedColumn(err error) bool {
+	var pgErr *pgconn.PgError
+	return errors.As(err, &pgErr) && pgErr.Code == codeUndefinedColumn
 }

@@ -86,9 +86,24 @@ func ExampleSchema() {
 	// 	body        BYTEA,
 	// 	created_at  TIMESTAMPTZ NOT NULL,
 	// 	expires_at  TIMESTAMPTZ NOT NULL,
+	// 	progress    BYTEA,
+	// 	owner       TEXT,
+	// 	lease_ends  TIMESTAMPTZ,
+	// 	tries       INTEGER NOT NULL DEFAULT 0,
 	// 	PRIMARY KEY (scope, id)
 	// );
+	// DO $idempotency$ BEGIN
+	// 	IF (SELECT count(*) FROM pg_attribute WHERE attrelid = '"billing"."idempotency_keys"'::regclass
+	// 		AND attname IN ('progress', 'owner', 'lease_ends', 'tries') AND NOT attisdropped) < 4 THEN
+	// 		ALTER TABLE "billing"."idempotency_keys"
+	// 			ADD COLUMN IF NOT EXISTS progress   BYTEA,
+	// 			ADD COLUMN IF NOT EXISTS owner      TEXT,
+	// 			ADD COLUMN IF NOT EXISTS lease_ends TIMESTAMPTZ,
+	// 			ADD COLUMN IF NOT EXISTS tries      INTEGER NOT NULL DEFAULT 0;
+	// 	END IF;
+	// END $idempotency$;
 	// CREATE INDEX IF NOT EXISTS "idempotency_keys_expires_at_idx" ON "billing"."idempotency_keys" (expires_at);
+	// CREATE INDEX IF NOT EXISTS "idempotency_keys_lease_ends_idx" ON "billing"."idempotency_keys" (lease_ends) WHERE progress IS NOT NULL;
 }
 
 // readmeQuickStart is the README's PostgreSQL quick start: it opens the

@@ -40,14 +40,17 @@ func (s *Store) Reserve(ctx context.Context, r idempotency.Reservation) (idempot
 		if direct(conn.Conn()) {
 			args = args[1:] // the pool's own exec mode is safe
 		}
-		rec, _, err := scanKey(conn.QueryRow(ctx, s.sql.lookup, args...), r.Key)
-		if err != nil || rec != nil {
+		k, err := scanKey(conn.QueryRow(ctx, s.sql.lookup, args...), r.Key)
+		if err != nil || k.rec != nil || k.held {
 			abandon(ctx, conn)
-			if err != nil {
+			switch {
+			case err != nil:
 				return nil, nil, s.mapError(ctx, fmt.Errorf("postgres: look up key %v: %w", r.Key, err), false)
+			case k.held:
+				return nil, nil, fmt.Errorf("postgres: key %v: %w", r.Key, idempotency.ErrInProgress)
 			}
 			s.firstTries.Add(r.Wait, true)
-			return nil, rec, nil
+			return nil, k.rec, nil
 		}
 	}
 	t, rec, err := s.begin(ctx, conn, r, now)
@@ -81,9 +84,8 @@ func (s *Store) begin(ctx context.Context, conn *pgxpool.Conn, r idempotency.Res
 	b.Queue(s.sql.lookup, r.Key.Scope, r.Key.ID, now)
 	br := s.send(ctx, conn.Conn(), b)
 	var (
-		lk      lockResult
-		rec     *idempotency.Record
-		expired bool
+		lk lockResult
+		k  keyRow
 	)
 	_, err := br.Exec() // BEGIN
 	if err == nil {
@@ -91,7 +93,7 @@ func (s *Store) begin(ctx context.Context, conn *pgxpool.Conn, r idempotency.Res
 	}
 	if err == nil {
 		noteBackend(conn.Conn(), lk.pid)
-		rec, expired, err = scanKey(br.QueryRow(), r.Key)
+		k, err = scanKey(br.QueryRow(), r.Key)
 	}
 	if cerr := br.Close(); err == nil {
 		err = cerr
@@ -103,9 +105,11 @@ func (s *Store) begin(ctx context.Context, conn *pgxpool.Conn, r idempotency.Res
 		s.rowMode.Store(true)
 	}
 	switch {
-	case rec != nil:
-		return nil, rec, nil
-	case !lk.locked:
+	case k.rec != nil:
+		return nil, k.rec, nil
+	case !lk.locked || k.held:
+		// A committed pending row that has not expired is an unfinished
+		// operation's: held, never taken over.
 		return nil, nil, fmt.Errorf("postgres: key %v: %w", r.Key, idempotency.ErrInProgress)
 	case !lk.readCommitted():
 		if _, err := conn.Exec(ctx, "rollback"); err != nil {
@@ -113,7 +117,7 @@ func (s *Store) begin(ctx context.Context, conn *pgxpool.Conn, r idempotency.Res
 		}
 		return s.beginRow(ctx, conn, r, now)
 	}
-	return &txn{s: s, conn: conn, tx: &tx{inner: br.Tx()}, key: r.Key, fp: r.Fingerprint, now: now, ttl: r.TTL, expired: expired}, nil, nil
+	return &txn{s: s, conn: conn, tx: &tx{inner: br.Tx()}, key: r.Key, fp: r.Fingerprint, now: now, ttl: r.TTL, expired: k.expired}, nil, nil
 }
 
 // beginRow reserves the key with its advisory lock and a pending row, for
@@ -167,17 +171,14 @@ func (s *Store) beginRow(ctx context.Context, conn *pgxpool.Conn, r idempotency.
 		}
 		// A committed row is in the way: end the transaction and read the
 		// row in a fresh statement, on the same connection, in one round trip.
-		var (
-			rec     *idempotency.Record
-			expired bool
-		)
+		var k keyRow
 		b = &pgx.Batch{}
 		b.Queue("rollback")
 		b.Queue(s.sql.lookup, r.Key.Scope, r.Key.ID, now)
 		br = s.send(ctx, conn.Conn(), b)
 		_, err = br.Exec()
 		if err == nil {
-			rec, expired, err = scanKey(br.QueryRow(), r.Key)
+			k, err = scanKey(br.QueryRow(), r.Key)
 		}
 		if cerr := br.Close(); err == nil {
 			err = cerr
@@ -185,11 +186,11 @@ func (s *Store) beginRow(ctx context.Context, conn *pgxpool.Conn, r idempotency.
 		switch {
 		case err != nil:
 			return nil, nil, s.mapError(ctx, fmt.Errorf("postgres: read key %v: %w", r.Key, err), false)
-		case rec != nil:
-			return nil, rec, nil
-		case !lk.locked:
+		case k.rec != nil:
+			return nil, k.rec, nil
+		case !lk.locked || k.held:
 			return nil, nil, fmt.Errorf("postgres: key %v: %w", r.Key, idempotency.ErrInProgress)
-		case !expired:
+		case !k.expired:
 			return nil, nil, fmt.Errorf("%w: postgres: key %v changed while it was read", idempotency.ErrConflict, r.Key)
 		}
 		stmt = s.sql.takeOver
@@ -248,32 +249,43 @@ func lockTimeout(ctx context.Context, wait time.Duration) string {
 	return strconv.FormatInt(int64(ms), 10) + "ms"
 }
 
-// scanKey scans a row of the look-up: a live completed record, or expired
-// true for a row expired by the statement's clock (neither for no row).
-func scanKey(row pgx.Row, key idempotency.Key) (rec *idempotency.Record, expired bool, err error) {
+// keyRow is what the look-up found: a live completed record, or an
+// expired row, or a held one (a committed pending row that has not
+// expired: an unfinished operation's), or none of them for no row.
+type keyRow struct {
+	rec     *idempotency.Record
+	expired bool
+	held    bool
+}
+
+// scanKey scans a row of the look-up.
+func scanKey(row pgx.Row, key idempotency.Key) (keyRow, error) {
 	var (
 		fp                 string
 		status             *int
 		header, body       []byte
 		created, expiresAt time.Time
+		expired, pending   bool
 	)
-	err = row.Scan(&fp, &status, &header, &body, &created, &expiresAt, &expired)
+	err := row.Scan(&fp, &status, &header, &body, &created, &expiresAt, &expired, &pending)
 	switch {
 	case errors.Is(err, pgx.ErrNoRows):
-		return nil, false, nil
+		return keyRow{}, nil
 	case err != nil:
-		return nil, false, err
+		return keyRow{}, err
 	case expired:
-		return nil, true, nil
+		return keyRow{expired: true}, nil
+	case pending:
+		return keyRow{held: true}, nil
 	case status == nil:
-		return nil, false, fmt.Errorf("postgres: completed key %v has no status", key)
+		return keyRow{}, fmt.Errorf("postgres: completed key %v has no status", key)
 	}
 	h, err := idempotency.UnmarshalHeader(header)
 	if err != nil {
-		return nil, false, fmt.Errorf("postgres: stored header of key %v: %w", key, err)
+		return keyRow{}, fmt.Errorf("postgres: stored header of key %v: %w", key, err)
 	}
-	return &idempotency.Record{Key: key, Fingerprint: fp, Status: *status, Header: h, Body: body,
-		CreatedAt: created, ExpiresAt: expiresAt}, false, nil
+	return keyRow{rec: &idempotency.Record{Key: key, Fingerprint: fp, Status: *status, Header: h, Body: body,
+		CreatedAt: created, ExpiresAt: expiresAt}}, nil
 }
 
 // abandon ends whatever transaction conn is in and returns conn to the pool

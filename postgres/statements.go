@@ -23,8 +23,9 @@ type statements struct {
 	// So fn's statements run under the session's own setting. It reports
 	// what tryLock does.
 	waitLock string
-	// lookup reads the key's row if it is completed or expired ($3 is the
-	// clock parameter, see clockSQL), and whether it has expired.
+	// lookup reads the key's row ($3 is the clock parameter, see nowFrom),
+	// whether it has expired and whether it is pending: a committed pending
+	// row that has not expired (an unfinished operation's) is held.
 	lookup string
 
 	// insert writes the completed key row, with the response, as the
@@ -41,6 +42,22 @@ type statements struct {
 	complete      string
 
 	purge string
+	// purgeV1 is purge for a table of v0.1.0, which has no progress column.
+	purgeV1 string
+
+	// The statements of multi-step operations (steps.go) and of key
+	// administration (admin.go).
+	acquire       string
+	lockRow       string
+	saveNew       string
+	saveExisting  string
+	completeSteps string
+	abandoned     string
+	inspect       string
+	forgetRead    string
+	forget        string
+	list          string
+	stats         string
 }
 
 func newStatements(table, q string) statements {
@@ -56,9 +73,9 @@ func newStatements(table, q string) statements {
 FROM (SELECT pg_advisory_xact_lock($1::int8) FROM (SELECT set_config('lock_timeout', $2::text, true)
 	FROM (SELECT set_config('idempotency.saved_lock_timeout', current_setting('lock_timeout'), true) OFFSET 0) saved
 	OFFSET 0) bound OFFSET 0) locked`
-	st.lookup = `SELECT k.fingerprint, k.status, k.header, k.body, k.created_at, k.expires_at, k.expires_at <= n.now
+	st.lookup = `SELECT k.fingerprint, k.status, k.header, k.body, k.created_at, k.expires_at, k.expires_at <= n.now, k.state = 'pending'
 FROM ` + nowFrom(3) + `, ` + q + ` AS k
-WHERE k.scope = $1 AND k.id = $2 AND (k.state = 'completed' OR k.expires_at <= n.now)`
+WHERE k.scope = $1 AND k.id = $2`
 	// created_at: the transaction's start (the reservation's BEGIN) on the
 	// server's clock; expires_at: the server's clock at completion plus
 	// the TTL ($9).
@@ -75,8 +92,13 @@ WHERE ctid = $1 AND scope = $2 AND id = $3 AND state = 'pending'`
 	// locked, then deleted by ctid. A scan of the table would walk over the
 	// rows earlier batches deleted, which stay until VACUUM. The clock is read
 	// once, in an InitPlan, so the index condition can use it.
-	st.purge = `DELETE FROM ` + q + ` WHERE ctid = ANY (ARRAY(SELECT ctid FROM ` + q +
+	// An unfinished row never expires (its expires_at is MaxExpiry), and
+	// purge skips it by its progress too.
+	st.purgeV1 = `DELETE FROM ` + q + ` WHERE ctid = ANY (ARRAY(SELECT ctid FROM ` + q +
 		` WHERE expires_at <= (SELECT COALESCE($1::timestamptz, clock_timestamp())) ORDER BY expires_at LIMIT $2 FOR UPDATE SKIP LOCKED))`
+	st.purge = `DELETE FROM ` + q + ` WHERE ctid = ANY (ARRAY(SELECT ctid FROM ` + q +
+		` WHERE expires_at <= (SELECT COALESCE($1::timestamptz, clock_timestamp())) AND progress IS NULL ORDER BY expires_at LIMIT $2 FOR UPDATE SKIP LOCKED))`
+	stepStatements(&st, q)
 	return st
 }
 

@@ -34,7 +34,26 @@ func (t *txn) Tx() pgx.Tx { return t.tx }
 
 // Complete writes the completed key row (or completes the pending one) and
 // commits, in one round trip.
-func (t *txn) Complete(ctx context.Context, resp idempotency.Response) (err error) {
+func (t *txn) Complete(ctx context.Context, resp idempotency.Response) error {
+	header := idempotency.MarshalHeader(resp.Header)
+	return t.finish(ctx, "complete", func(b *pgx.Batch, now any) {
+		switch {
+		case t.row.Valid:
+			b.Queue(t.s.sql.complete, t.row, t.key.Scope, t.key.ID, resp.Status, header, resp.Body, now, t.ttl)
+		case t.expired:
+			b.Queue(t.s.sql.deleteExpired, t.key.Scope, t.key.ID, t.now)
+			fallthrough
+		default:
+			b.Queue(t.s.sql.insert, t.key.Scope, t.key.ID, t.fp, resp.Status, header, resp.Body, t.now, now, t.ttl)
+		}
+	})
+}
+
+// finish ends the transaction: the statements queue adds (the last of
+// which writes the key's row, exactly one) and COMMIT, in one round trip.
+// now is the clock reading at the end (the server's unless a test clock is
+// set). what names the step in errors.
+func (t *txn) finish(ctx context.Context, what string, queue func(b *pgx.Batch, now any)) (err error) {
 	if t.done {
 		return fmt.Errorf("postgres: key %v: %w", t.key, pgx.ErrTxClosed)
 	}
@@ -51,23 +70,12 @@ func (t *txn) Complete(ctx context.Context, resp idempotency.Response) (err erro
 	default:
 		return fmt.Errorf("postgres: key %v: the transaction was ended inside fn: %w", t.key, pgx.ErrTxClosed)
 	}
-	// The expiry is the clock at completion (the server's unless a test
-	// clock is set) plus the TTL.
 	now, err := t.s.now()
 	if err != nil {
 		return err
 	}
-	header := idempotency.MarshalHeader(resp.Header)
 	b := &pgx.Batch{}
-	switch {
-	case t.row.Valid:
-		b.Queue(t.s.sql.complete, t.row, t.key.Scope, t.key.ID, resp.Status, header, resp.Body, now, t.ttl)
-	case t.expired:
-		b.Queue(t.s.sql.deleteExpired, t.key.Scope, t.key.ID, t.now)
-		fallthrough
-	default:
-		b.Queue(t.s.sql.insert, t.key.Scope, t.key.ID, t.fp, resp.Status, header, resp.Body, t.now, now, t.ttl)
-	}
+	queue(b, now)
 	b.Queue(t.s.commitSQL)
 	br := t.s.send(ctx, t.conn.Conn(), b)
 	var written, committed pgconn.CommandTag
@@ -85,11 +93,11 @@ func (t *txn) Complete(ctx context.Context, resp idempotency.Response) (err erro
 	switch {
 	case err != nil:
 		// An error before COMMIT skipped it: abandon rolls back.
-		return t.s.mapError(ctx, fmt.Errorf("postgres: complete key %v: %w", t.key, err), false)
+		return t.s.mapError(ctx, fmt.Errorf("postgres: %s key %v: %w", what, t.key, err), false)
 	case committed.String() == "ROLLBACK":
-		return fmt.Errorf("postgres: complete key %v: %w", t.key, pgx.ErrTxCommitRollback)
+		return fmt.Errorf("postgres: %s key %v: %w", what, t.key, pgx.ErrTxCommitRollback)
 	case written.RowsAffected() != 1:
-		return fmt.Errorf("postgres: complete key %v: its pending row was gone (changed through tx inside fn?); fn's effects were committed without it", t.key)
+		return fmt.Errorf("postgres: %s key %v: its row was gone (changed through tx inside fn?); fn's effects were committed without it", what, t.key)
 	}
 	return nil
 }
