@@ -84,16 +84,8 @@ func (g *Guard[Tx]) Forget(ctx context.Context, key Key) (*KeyInfo, error) {
 // read. q.Limit is 1 to [MaxListLimit]. The store must implement
 // [KeyLister] (the SQL stores do; Redis does not).
 func (g *Guard[Tx]) List(ctx context.Context, q ListQuery) (KeyPage, error) {
-	if err := (Key{Scope: q.Scope, ID: "-"}).Validate(); err != nil {
+	if err := q.Validate(); err != nil {
 		return KeyPage{}, err
-	}
-	if q.Limit < 1 || q.Limit > MaxListLimit {
-		return KeyPage{}, fmt.Errorf("%w: list limit %d outside 1..%d", ErrInvalidConfig, q.Limit, MaxListLimit)
-	}
-	if q.After != nil {
-		if err := (Key{Scope: q.Scope, ID: q.After.ID}).Validate(); err != nil {
-			return KeyPage{}, fmt.Errorf("list cursor: %w", err)
-		}
 	}
 	kl, ok := g.store.(KeyLister)
 	if !ok {

@@ -582,3 +582,71 @@ type Stats struct {
 	// BodyBytes sums the bodies of live completed records.
 	BodyBytes int64
 }
+
+// MaxOwnerLen is the longest [Acquisition].Owner, in bytes.
+const MaxOwnerLen = 64
+
+// Validate returns an error wrapping [ErrInvalidConfig] unless a is within
+// the bounds of [Stepper.Acquire]: an Owner of 1 to [MaxOwnerLen] bytes of
+// printable ASCII, a Lease and a TTL of at least a millisecond, a Wait not
+// negative. Stores call it before anything is sent.
+func (a Acquisition) Validate() error {
+	switch {
+	case a.Owner == "" || len(a.Owner) > MaxOwnerLen:
+		return fmt.Errorf("%w: owner token of %d bytes, want 1 to %d", ErrInvalidConfig, len(a.Owner), MaxOwnerLen)
+	case a.Lease < time.Millisecond:
+		return fmt.Errorf("%w: lease %v shorter than 1ms", ErrInvalidConfig, a.Lease)
+	case a.TTL < time.Millisecond:
+		return fmt.Errorf("%w: TTL %v shorter than 1ms", ErrInvalidConfig, a.TTL)
+	case a.Wait < 0:
+		return fmt.Errorf("%w: negative wait %v", ErrInvalidConfig, a.Wait)
+	}
+	if i := indexNotPrintable(a.Owner); i >= 0 {
+		return fmt.Errorf("%w: owner token byte %d is %#02x, not printable ASCII", ErrInvalidConfig, i, a.Owner[i])
+	}
+	return nil
+}
+
+// CheckProgress returns an error wrapping [ErrInvalidConfig] for a progress
+// a [Phase] cannot store: nil, or longer than [MaxProgressLen].
+func CheckProgress(progress []byte) error {
+	switch {
+	case progress == nil:
+		return fmt.Errorf("%w: nil progress", ErrInvalidConfig)
+	case len(progress) > MaxProgressLen:
+		return fmt.Errorf("%w: progress of %d bytes, more than %d", ErrInvalidConfig, len(progress), MaxProgressLen)
+	}
+	return nil
+}
+
+// Validate returns an error wrapping [ErrInvalidConfig] unless q's Limit is
+// 1 to 1000 and its Grace and MaxTries are not negative.
+func (q AbandonedQuery) Validate() error {
+	switch {
+	case q.Limit < 1 || q.Limit > 1000:
+		return fmt.Errorf("%w: limit %d outside 1..1000", ErrInvalidConfig, q.Limit)
+	case q.Grace < 0:
+		return fmt.Errorf("%w: negative grace %v", ErrInvalidConfig, q.Grace)
+	case q.MaxTries < 0:
+		return fmt.Errorf("%w: negative MaxTries %d", ErrInvalidConfig, q.MaxTries)
+	}
+	return nil
+}
+
+// Validate returns an error unless q's Limit is 1 to [MaxListLimit]
+// ([ErrInvalidConfig]) and its Scope and cursor are a valid scope and id
+// ([ErrInvalidKey]).
+func (q ListQuery) Validate() error {
+	if err := (Key{Scope: q.Scope, ID: "-"}).Validate(); err != nil {
+		return err
+	}
+	if q.Limit < 1 || q.Limit > MaxListLimit {
+		return fmt.Errorf("%w: list limit %d outside 1..%d", ErrInvalidConfig, q.Limit, MaxListLimit)
+	}
+	if q.After != nil {
+		if err := (Key{Scope: q.Scope, ID: q.After.ID}).Validate(); err != nil {
+			return fmt.Errorf("list cursor: %w", err)
+		}
+	}
+	return nil
+}

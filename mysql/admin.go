@@ -213,8 +213,8 @@ func heldUntil(rw stepRow) time.Time {
 // q.Limit must be 1 to 1000, else the error wraps
 // [idempotency.ErrInvalidConfig].
 func (s *Store) List(ctx context.Context, q idempotency.ListQuery) (idempotency.KeyPage, error) {
-	if err := checkLimit(q.Limit); err != nil {
-		return idempotency.KeyPage{}, err
+	if err := q.Validate(); err != nil {
+		return idempotency.KeyPage{}, fmt.Errorf("mysql: list: %w", err)
 	}
 	now, err := s.testNow()
 	if err != nil {

@@ -11,10 +11,6 @@ import (
 	"github.com/go-idempotency/idempotency"
 )
 
-// maxOwnerLen is the longest owner token [Store.Acquire] accepts, in bytes
-// (the owner column).
-const maxOwnerLen = 64
-
 // maxAcquireTries bounds how many times one Acquire that does not wait
 // starts over, when the key's row appeared, vanished or was fought over (a
 // deadlock) between its look-up and its locking statement. One that waits
@@ -211,20 +207,8 @@ func (s *Store) Acquire(ctx context.Context, a idempotency.Acquisition) (idempot
 // checkAcquisition refuses, with [idempotency.ErrInvalidConfig], what
 // Acquire cannot store or judge.
 func checkAcquisition(a idempotency.Acquisition) error {
-	switch {
-	case a.TTL <= 0:
-		return fmt.Errorf("%w: mysql: key %v: TTL %v", idempotency.ErrInvalidConfig, a.Key, a.TTL)
-	case a.Lease < time.Millisecond:
-		return fmt.Errorf("%w: mysql: key %v: lease %v shorter than 1ms", idempotency.ErrInvalidConfig, a.Key, a.Lease)
-	case a.Owner == "" || len(a.Owner) > maxOwnerLen:
-		return fmt.Errorf("%w: mysql: key %v: owner token of %d bytes, want 1 to %d", idempotency.ErrInvalidConfig, a.Key, len(a.Owner), maxOwnerLen)
-	case a.Wait < 0:
-		return fmt.Errorf("%w: mysql: key %v: negative wait %v", idempotency.ErrInvalidConfig, a.Key, a.Wait)
-	}
-	for i := 0; i < len(a.Owner); i++ {
-		if c := a.Owner[i]; c < 0x20 || c > 0x7e {
-			return fmt.Errorf("%w: mysql: key %v: owner token has byte %#x, want printable ASCII", idempotency.ErrInvalidConfig, a.Key, c)
-		}
+	if err := a.Validate(); err != nil {
+		return fmt.Errorf("mysql: key %v: %w", a.Key, err)
 	}
 	return nil
 }
@@ -232,11 +216,8 @@ func checkAcquisition(a idempotency.Acquisition) error {
 // checkProgress refuses, with [idempotency.ErrInvalidConfig], a progress
 // that a Phase cannot store.
 func checkProgress(k idempotency.Key, progress []byte) error {
-	switch {
-	case progress == nil:
-		return fmt.Errorf("%w: mysql: key %v: nil progress", idempotency.ErrInvalidConfig, k)
-	case len(progress) > idempotency.MaxProgressLen:
-		return fmt.Errorf("%w: mysql: key %v: progress of %d bytes, more than %d", idempotency.ErrInvalidConfig, k, len(progress), idempotency.MaxProgressLen)
+	if err := idempotency.CheckProgress(progress); err != nil {
+		return fmt.Errorf("mysql: key %v: %w", k, err)
 	}
 	return nil
 }
@@ -549,11 +530,8 @@ func (p *phase) end() error {
 // q.Grace not negative, else the error wraps
 // [idempotency.ErrInvalidConfig].
 func (s *Store) Abandoned(ctx context.Context, q idempotency.AbandonedQuery) ([]idempotency.AbandonedKey, error) {
-	if err := checkLimit(q.Limit); err != nil {
-		return nil, err
-	}
-	if q.Grace < 0 {
-		return nil, fmt.Errorf("%w: mysql: negative grace %v", idempotency.ErrInvalidConfig, q.Grace)
+	if err := q.Validate(); err != nil {
+		return nil, fmt.Errorf("mysql: abandoned: %w", err)
 	}
 	now, err := s.testNow()
 	if err != nil {
@@ -585,12 +563,4 @@ func (s *Store) Abandoned(ctx context.Context, q idempotency.AbandonedQuery) ([]
 		return nil, mapError(ctx, err, false, "mysql: abandoned keys")
 	}
 	return out, nil
-}
-
-// checkLimit refuses a page size outside 1 to 1000.
-func checkLimit(n int) error {
-	if n < 1 || n > 1000 {
-		return fmt.Errorf("%w: mysql: limit %d, want 1 to 1000", idempotency.ErrInvalidConfig, n)
-	}
-	return nil
 }

@@ -16,9 +16,6 @@ var (
 	_ idempotency.KeyLister = (*Store)(nil)
 )
 
-// maxListLimit is the largest page of List (and of Abandoned).
-const maxListLimit = 1000
-
 // infoColumns are the columns of a key's row that [infoRow] scans, body
 // being the SQL of the body column (NULL when it is not asked for). The
 // statement names the row k and the clock subquery n.
@@ -257,8 +254,8 @@ func (s *Store) Forget(ctx context.Context, key idempotency.Key) (*idempotency.K
 // here by a live lease (or a committed pending row), not by an open
 // transaction on it, which only [Store.Inspect] tells.
 func (s *Store) List(ctx context.Context, q idempotency.ListQuery) (idempotency.KeyPage, error) {
-	if q.Limit < 1 || q.Limit > maxListLimit {
-		return idempotency.KeyPage{}, fmt.Errorf("%w: postgres: ListQuery.Limit %d, want 1 to %d", idempotency.ErrInvalidConfig, q.Limit, maxListLimit)
+	if err := q.Validate(); err != nil {
+		return idempotency.KeyPage{}, fmt.Errorf("postgres: list: %w", err)
 	}
 	now, err := s.now()
 	if err != nil {

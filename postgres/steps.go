@@ -14,9 +14,6 @@ import (
 
 var _ idempotency.Stepper[pgx.Tx] = (*Store)(nil)
 
-// maxOwnerLen is the longest owner token of an [idempotency.Acquisition].
-const maxOwnerLen = 64
-
 // stepStatements builds the statements of multi-step operations and of key
 // administration on the quoted table q. Every parameter is cast or lands in
 // a column, so that they run as unnamed statements behind a pooler (see
@@ -67,33 +64,16 @@ ORDER BY lease_ends LIMIT $4::int8`
 // checkAcquisition validates what Acquire is asked for, before anything is
 // sent.
 func checkAcquisition(a idempotency.Acquisition) error {
-	if a.Owner == "" || len(a.Owner) > maxOwnerLen {
-		return fmt.Errorf("%w: postgres: Acquisition.Owner of %d bytes, want 1 to %d", idempotency.ErrInvalidConfig, len(a.Owner), maxOwnerLen)
-	}
-	for i := 0; i < len(a.Owner); i++ {
-		if c := a.Owner[i]; c < 0x20 || c > 0x7e {
-			return fmt.Errorf("%w: postgres: Acquisition.Owner has byte %#x at %d: want printable ASCII", idempotency.ErrInvalidConfig, c, i)
-		}
-	}
-	if a.Lease < time.Millisecond {
-		return fmt.Errorf("%w: postgres: Acquisition.Lease %v, want at least 1ms", idempotency.ErrInvalidConfig, a.Lease)
-	}
-	if a.TTL < time.Millisecond {
-		return fmt.Errorf("%w: postgres: Acquisition.TTL %v, want at least 1ms", idempotency.ErrInvalidConfig, a.TTL)
-	}
-	if a.Wait < 0 {
-		return fmt.Errorf("%w: postgres: Acquisition.Wait %v is negative", idempotency.ErrInvalidConfig, a.Wait)
+	if err := a.Validate(); err != nil {
+		return fmt.Errorf("postgres: key %v: %w", a.Key, err)
 	}
 	return nil
 }
 
 // checkProgress validates the progress a phase is to store.
 func checkProgress(progress []byte) error {
-	switch {
-	case progress == nil:
-		return fmt.Errorf("%w: postgres: nil progress", idempotency.ErrInvalidConfig)
-	case len(progress) > idempotency.MaxProgressLen:
-		return fmt.Errorf("%w: postgres: progress of %d bytes, more than %d", idempotency.ErrInvalidConfig, len(progress), idempotency.MaxProgressLen)
+	if err := idempotency.CheckProgress(progress); err != nil {
+		return fmt.Errorf("postgres: %w", err)
 	}
 	return nil
 }
@@ -330,11 +310,8 @@ func (p *phase) Complete(ctx context.Context, resp idempotency.Response) error {
 // Abandoned implements [idempotency.Stepper] with one SELECT, served by
 // the partial index on lease_ends. It locks nothing.
 func (s *Store) Abandoned(ctx context.Context, q idempotency.AbandonedQuery) ([]idempotency.AbandonedKey, error) {
-	switch {
-	case q.Limit < 1 || q.Limit > 1000:
-		return nil, fmt.Errorf("%w: postgres: AbandonedQuery.Limit %d, want 1 to 1000", idempotency.ErrInvalidConfig, q.Limit)
-	case q.Grace < 0:
-		return nil, fmt.Errorf("%w: postgres: AbandonedQuery.Grace %v is negative", idempotency.ErrInvalidConfig, q.Grace)
+	if err := q.Validate(); err != nil {
+		return nil, fmt.Errorf("postgres: abandoned: %w", err)
 	}
 	now, err := s.now()
 	if err != nil {

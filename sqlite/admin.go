@@ -222,8 +222,8 @@ func (s *Store) Forget(ctx context.Context, key idempotency.Key) (*idempotency.K
 // [idempotency.ErrInvalidConfig]. Bodies are not read. It needs the
 // columns that [Store.Migrate] adds to a v0.1.0 table.
 func (s *Store) List(ctx context.Context, q idempotency.ListQuery) (idempotency.KeyPage, error) {
-	if q.Limit < 1 || q.Limit > 1000 {
-		return idempotency.KeyPage{}, fmt.Errorf("%w: sqlite: list: limit %d outside 1..1000", idempotency.ErrInvalidConfig, q.Limit)
+	if err := q.Validate(); err != nil {
+		return idempotency.KeyPage{}, fmt.Errorf("sqlite: list: %w", err)
 	}
 	now, err := s.testNow()
 	if err != nil {

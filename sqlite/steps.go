@@ -10,9 +10,6 @@ import (
 	"github.com/go-idempotency/idempotency"
 )
 
-// maxOwnerLen is the longest lease owner token, in bytes.
-const maxOwnerLen = 64
-
 // maxExpirySQL is [idempotency.MaxExpiry] in Unix nanoseconds: the expiry of
 // an unfinished row.
 const maxExpirySQL = "9223372036854775807"
@@ -91,33 +88,20 @@ FROM ` + t + `, (SELECT ` + nowSQL(1) + ` AS n)`,
 	}
 }
 
-// checkAcquisition refuses, with an error wrapping
-// [idempotency.ErrInvalidConfig], what Acquire cannot store.
+// checkAcquisition refuses, with [idempotency.ErrInvalidConfig], what
+// Acquire cannot store or judge.
 func checkAcquisition(a idempotency.Acquisition) error {
-	switch {
-	case a.TTL <= 0:
-		return fmt.Errorf("%w: sqlite: key %v: TTL %v", idempotency.ErrInvalidConfig, a.Key, a.TTL)
-	case a.Lease < time.Millisecond:
-		return fmt.Errorf("%w: sqlite: key %v: lease %v shorter than 1ms", idempotency.ErrInvalidConfig, a.Key, a.Lease)
-	case a.Owner == "" || len(a.Owner) > maxOwnerLen:
-		return fmt.Errorf("%w: sqlite: key %v: owner token of %d bytes, want 1 to %d", idempotency.ErrInvalidConfig, a.Key, len(a.Owner), maxOwnerLen)
-	}
-	for i := 0; i < len(a.Owner); i++ {
-		if c := a.Owner[i]; c < 0x20 || c > 0x7e {
-			return fmt.Errorf("%w: sqlite: key %v: owner token byte %d is %#02x, not printable ASCII", idempotency.ErrInvalidConfig, a.Key, i, c)
-		}
+	if err := a.Validate(); err != nil {
+		return fmt.Errorf("sqlite: key %v: %w", a.Key, err)
 	}
 	return nil
 }
 
-// checkProgress refuses, with an error wrapping
-// [idempotency.ErrInvalidConfig], a progress a phase cannot store.
-func checkProgress(key idempotency.Key, progress []byte) error {
-	switch {
-	case progress == nil:
-		return fmt.Errorf("%w: sqlite: key %v: nil progress", idempotency.ErrInvalidConfig, key)
-	case len(progress) > idempotency.MaxProgressLen:
-		return fmt.Errorf("%w: sqlite: key %v: progress of %d bytes, more than %d", idempotency.ErrInvalidConfig, key, len(progress), idempotency.MaxProgressLen)
+// checkProgress refuses, with [idempotency.ErrInvalidConfig], a progress
+// that a Phase cannot store.
+func checkProgress(k idempotency.Key, progress []byte) error {
+	if err := idempotency.CheckProgress(progress); err != nil {
+		return fmt.Errorf("sqlite: key %v: %w", k, err)
 	}
 	return nil
 }
@@ -219,11 +203,8 @@ func (s *Store) unclaimed(ctx context.Context, tx *sql.Tx, key idempotency.Key, 
 // q.MaxTries not negative, else an error wraps
 // [idempotency.ErrInvalidConfig].
 func (s *Store) Abandoned(ctx context.Context, q idempotency.AbandonedQuery) ([]idempotency.AbandonedKey, error) {
-	switch {
-	case q.Limit < 1 || q.Limit > 1000:
-		return nil, fmt.Errorf("%w: sqlite: abandoned: limit %d outside 1..1000", idempotency.ErrInvalidConfig, q.Limit)
-	case q.Grace < 0 || q.MaxTries < 0:
-		return nil, fmt.Errorf("%w: sqlite: abandoned: negative grace %v or max tries %d", idempotency.ErrInvalidConfig, q.Grace, q.MaxTries)
+	if err := q.Validate(); err != nil {
+		return nil, fmt.Errorf("sqlite: abandoned: %w", err)
 	}
 	now, err := s.testNow()
 	if err != nil {

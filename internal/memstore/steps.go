@@ -27,36 +27,18 @@ type opRow struct {
 	created   time.Time
 }
 
-// checkAcquisition refuses an owner or a lease outside the contract's
-// bounds: at most 64 printable ASCII bytes, at least one millisecond.
+// checkAcquisition refuses an Acquisition outside the contract's bounds.
 func checkAcquisition(a idempotency.Acquisition) error {
-	if a.Lease < time.Millisecond {
-		return fmt.Errorf("%w: memstore: lease %v, want at least 1ms", idempotency.ErrInvalidConfig, a.Lease)
-	}
-	if a.Owner == "" || len(a.Owner) > 64 {
-		return fmt.Errorf("%w: memstore: owner of %d bytes, want 1 to 64", idempotency.ErrInvalidConfig, len(a.Owner))
-	}
-	for i := range len(a.Owner) {
-		if c := a.Owner[i]; c < 0x20 || c > 0x7e {
-			return fmt.Errorf("%w: memstore: owner byte %#x is not printable ASCII", idempotency.ErrInvalidConfig, c)
-		}
+	if err := a.Validate(); err != nil {
+		return fmt.Errorf("memstore: %w", err)
 	}
 	return nil
 }
 
 // checkProgress refuses a nil or oversized progress.
 func checkProgress(progress []byte) error {
-	if progress == nil || len(progress) > idempotency.MaxProgressLen {
-		return fmt.Errorf("%w: memstore: progress of %d bytes (nil %v), want 0 to %d and not nil",
-			idempotency.ErrInvalidConfig, len(progress), progress == nil, idempotency.MaxProgressLen)
-	}
-	return nil
-}
-
-// checkLimit refuses a limit outside 1..1000.
-func checkLimit(limit int) error {
-	if limit < 1 || limit > 1000 {
-		return fmt.Errorf("%w: memstore: limit %d, want 1 to 1000", idempotency.ErrInvalidConfig, limit)
+	if err := idempotency.CheckProgress(progress); err != nil {
+		return fmt.Errorf("memstore: %w", err)
 	}
 	return nil
 }
@@ -115,7 +97,7 @@ func (s *Store) Acquire(ctx context.Context, a idempotency.Acquisition) (idempot
 
 // Abandoned implements [idempotency.Stepper].
 func (s *Store) Abandoned(_ context.Context, q idempotency.AbandonedQuery) ([]idempotency.AbandonedKey, error) {
-	if err := checkLimit(q.Limit); err != nil {
+	if err := q.Validate(); err != nil {
 		return nil, err
 	}
 	now, err := s.now()
@@ -256,7 +238,7 @@ func (s *Store) Forget(_ context.Context, key idempotency.Key) (*idempotency.Key
 
 // List implements [idempotency.KeyLister].
 func (s *Store) List(_ context.Context, q idempotency.ListQuery) (idempotency.KeyPage, error) {
-	if err := checkLimit(q.Limit); err != nil {
+	if err := q.Validate(); err != nil {
 		return idempotency.KeyPage{}, err
 	}
 	now, err := s.now()
