@@ -286,8 +286,9 @@ type runner[Tx any] struct {
 	deadline time.Time
 	owner    string
 
-	st    *State // nil until the first phase; then the run's state
-	saved []byte // the progress this run last committed
+	st        *State // nil until the first phase; then the run's state
+	saved     []byte // the progress this run last committed
+	conflicts int    // commits retried after a conflict
 }
 
 func (r *runner[Tx]) lead(ctx context.Context) (resp Response, step string, err error) {
@@ -357,7 +358,12 @@ func (r *runner[Tx]) drive(ctx context.Context) (Response, error) {
 			return Response{}, err
 		}
 		if i == len(r.op.Steps) {
-			return r.finish(ctx, open)
+			resp, err := r.finish(ctx, open)
+			open = nil
+			if err != nil && r.conflicted(ctx, err) {
+				continue
+			}
+			return resp, err
 		}
 		st := r.op.Steps[i]
 		if st.Foreign != nil {
@@ -365,7 +371,7 @@ func (r *runner[Tx]) drive(ctx context.Context) (Response, error) {
 			// before the call: no transaction stays open across it.
 			err := r.save(ctx, open, r.st.p)
 			open = nil
-			if err != nil {
+			if err != nil && !r.conflicted(ctx, err) {
 				return Response{}, err
 			}
 			continue // to the call, as the lease is this run's
@@ -382,10 +388,27 @@ func (r *runner[Tx]) drive(ctx context.Context) (Response, error) {
 		}
 		err = r.save(ctx, open, next)
 		open = nil
-		if err != nil {
+		if err != nil && !r.conflicted(ctx, err) {
 			return Response{}, err
 		}
 	}
+}
+
+// conflicted reports whether err, a phase's failed commit, is a conflict
+// to retry from a new phase (the commit applied nothing: the step runs
+// again), and waits the backoff before it. A run that had committed
+// nothing yet forgets its state: another run may have taken the key (a
+// certification conflict on a multi-primary cluster), which the next
+// phase then waits for.
+func (r *runner[Tx]) conflicted(ctx context.Context, err error) bool {
+	if !errors.Is(err, ErrConflict) || r.conflicts >= r.g.cfg.MaxRetries {
+		return false
+	}
+	r.conflicts++
+	if r.saved == nil {
+		r.st = nil
+	}
+	return sleep(ctx, backoff(r.g.cfg.RetryBackoff, r.conflicts)) == nil
 }
 
 // nextIsForeign reports whether the step the run resumes at is Foreign.

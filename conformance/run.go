@@ -101,6 +101,10 @@ func (s *suite[Tx]) cases() []testCase {
 		{"PurgeLimit", []rule{rulePurgeCount, rulePurgeDeletes}, s.purgeLimit},
 		{"PurgeCountsDeleted", []rule{rulePurgeCount}, s.purgeCountsDeleted},
 		{"FailedCompleteFreesKey", []rule{ruleFailedComplete}, s.failedCompleteFreesKey},
+		{"OperationConcurrentSameKey", nil, s.operationConcurrentSameKey},
+		{"OperationResumes", nil, s.operationResumes},
+		{"OperationLease", nil, s.operationLease},
+		{"OperationCompleter", nil, s.operationCompleter},
 	}
 }
 

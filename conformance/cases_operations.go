@@ -1,0 +1,263 @@
+package conformance
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"net/http"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/go-idempotency/idempotency"
+)
+
+// The cases of this file run [idempotency.Guard.Run] (multi-step
+// operations) on a store that implements [idempotency.Stepper]: the
+// guarantees users rely on, end to end, over the primitives the cases of
+// cases_steps.go check one by one.
+
+// processor stands for another system (a card processor) that
+// deduplicates on the key it is given: the same key gives the same charge.
+type processor struct {
+	mu      sync.Mutex
+	charges map[string]string
+	calls   atomic.Int64
+	fail    atomic.Int64 // fail this many calls
+}
+
+var errProcessor = errors.New("conformance: processor unavailable")
+
+func newProcessor() *processor { return &processor{charges: map[string]string{}} }
+
+func (p *processor) charge(key string) (string, error) {
+	p.calls.Add(1)
+	if p.fail.Add(-1) >= 0 {
+		return "", errProcessor
+	}
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	if id, ok := p.charges[key]; ok {
+		return id, nil
+	}
+	id := fmt.Sprintf("ch_%d", len(p.charges)+1)
+	p.charges[key] = id
+	return id, nil
+}
+
+func (p *processor) count() int {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	return len(p.charges)
+}
+
+// steppable skips the case unless the fixture's store implements
+// [idempotency.Stepper].
+func (e *env[Tx]) steppable() {
+	e.t.Helper()
+	if _, ok := e.f.Store.(idempotency.Stepper[Tx]); !ok {
+		e.t.Skipf("conformance: the store %T does not implement idempotency.Stepper (operations)", e.f.Store)
+	}
+}
+
+// checkoutOp is an operation of a Local step, a Foreign call to p and
+// another Local step, then Finish; each local phase commits an effect
+// tagged tag plus the phase's name.
+func (e *env[Tx]) checkoutOp(p *processor, tag string) *idempotency.Operation[Tx] {
+	return &idempotency.Operation[Tx]{
+		Name: "checkout",
+		Steps: []idempotency.Step[Tx]{
+			{Name: "order", Local: func(ctx context.Context, tx Tx, s *idempotency.State) error {
+				return e.f.Effect(ctx, tx, tag+"-order")
+			}},
+			{Name: "charge", Foreign: func(ctx context.Context, s *idempotency.State) error {
+				id, err := p.charge(s.Key().Derive("charge"))
+				s.Set("charge", id)
+				return err
+			}},
+			{Name: "receipt", Local: func(ctx context.Context, tx Tx, s *idempotency.State) error {
+				return e.f.Effect(ctx, tx, tag+"-receipt-"+s.Get("charge"))
+			}},
+		},
+		Finish: func(ctx context.Context, tx Tx, s *idempotency.State) (idempotency.Response, error) {
+			if err := e.f.Effect(ctx, tx, tag+"-email"); err != nil {
+				return idempotency.Response{}, err
+			}
+			return idempotency.Response{Status: http.StatusCreated, Header: http.Header{"Location": {"/orders/" + s.Get("charge")}},
+				Body: []byte(`{"charge":"` + s.Get("charge") + `","input":"` + string(s.Input()) + `"}`)}, nil
+		},
+		Lease: 5 * time.Second,
+	}
+}
+
+// oneCheckout fails the case unless tag's operation committed exactly one
+// set of rows for charge.
+func (e *env[Tx]) oneCheckout(tag, charge, contract string) {
+	e.t.Helper()
+	e.count(tag+"-order", 1, contract)
+	e.count(tag+"-receipt-"+charge, 1, contract)
+	e.count(tag+"-email", 1, contract)
+}
+
+// operationConcurrentSameKey: 20 callers of one operation's key over
+// several Guards and store instances: one charge, one set of rows, 20
+// identical answers; another fingerprint is refused.
+func (s *suite[Tx]) operationConcurrentSameKey(t *testing.T) {
+	e := s.setup(t, Options{})
+	e.steppable()
+	gs := e.guards(4, nil)
+	p := newProcessor()
+	tag := uniq("op")
+	op := e.checkoutOp(p, tag)
+	key := idempotency.Key{Scope: "client-1", ID: uniq("k")}
+	rs := fire(t, Callers, func(i int) (idempotency.Response, error) {
+		return gs[i%len(gs)].Run(e.ctx, key, "fp", []byte("100"), op)
+	})
+	var first idempotency.Response
+	for i, r := range rs {
+		if r.err != nil {
+			t.Fatalf("caller %d: %v", i, r.err)
+		}
+		if i == 0 {
+			first = r.resp
+		}
+		if !sameResponse(r.resp, first) {
+			t.Fatalf("caller %d got %+v, caller 0 %+v: 20 callers must get one answer", i, r.resp, first)
+		}
+	}
+	if string(first.Body) != `{"charge":"ch_1","input":"100"}` {
+		t.Fatalf("answer %q", first.Body)
+	}
+	if p.count() != 1 {
+		t.Fatalf("the processor charged %d times; want 1", p.count())
+	}
+	e.oneCheckout(tag, "ch_1", "20 concurrent runs of one operation")
+	if _, err := gs[0].Run(e.ctx, key, "other", nil, op); !errors.Is(err, idempotency.ErrMismatch) {
+		t.Fatalf("another fingerprint: %v; want ErrMismatch", err)
+	}
+}
+
+// operationResumes: a Foreign step's failure leaves the key unfinished at
+// that step; a retry on another instance of the store resumes there: the
+// committed step does not run again, the call is repeated with the same
+// derived key, and the answer is stored once.
+func (s *suite[Tx]) operationResumes(t *testing.T) {
+	e := s.setup(t, Options{})
+	e.steppable()
+	stores := e.instances(2)
+	g1, g2 := e.guardOn(stores[0], nil), e.guardOn(stores[len(stores)-1], nil)
+	p := newProcessor()
+	p.fail.Store(1)
+	tag := uniq("op")
+	op := e.checkoutOp(p, tag)
+	key := idempotency.Key{ID: uniq("k")}
+	if _, err := g1.Run(e.ctx, key, "fp", []byte("7"), op); !errors.Is(err, idempotency.ErrUnfinished) || !errors.Is(err, errProcessor) {
+		t.Fatalf("first run: %v; want ErrUnfinished wrapping the step's error", err)
+	}
+	e.count(tag+"-order", 1, "a committed step stays committed after a later step fails")
+	if _, err := g1.Do(e.ctx, key, "fp", e.effectFn(tag+"-do", new(atomic.Int64))); !errors.Is(err, idempotency.ErrInProgress) {
+		t.Fatalf("Do on an unfinished key: %v; want ErrInProgress", err)
+	}
+	resp, err := g2.Run(e.ctx, key, "fp", []byte("ignored"), op)
+	if err != nil || string(resp.Body) != `{"charge":"ch_1","input":"7"}` {
+		t.Fatalf("retry: %+v, %v", resp, err)
+	}
+	again, err := g1.Run(e.ctx, key, "fp", nil, op)
+	if err != nil || !again.Replayed || !sameResponse(again, resp) {
+		t.Fatalf("replay: %+v, %v", again, err)
+	}
+	e.oneCheckout(tag, "ch_1", "a resumed operation")
+	e.count(tag+"-do", 0, "Do on an unfinished key runs nothing")
+	if p.count() != 1 || p.calls.Load() != 2 {
+		t.Fatalf("charges %d, calls %d; want 1 and 2", p.count(), p.calls.Load())
+	}
+}
+
+// operationLease: a run that died inside a Foreign call holds the key
+// until its lease ends by the store's clock; then a retry takes it over
+// and finishes it; Purge meanwhile never deletes it.
+func (s *suite[Tx]) operationLease(t *testing.T) {
+	clk := newClock()
+	e := s.setupClock(t, Options{}, clk)
+	e.steppable()
+	g := e.guard(&idempotency.Config{WaitTimeout: -1})
+	p := newProcessor()
+	tag := uniq("op")
+	op := e.checkoutOp(p, tag)
+	dying := *op
+	dying.Steps = append([]idempotency.Step[Tx](nil), op.Steps...)
+	died := errors.New("killed")
+	dying.Steps[1].Foreign = func(ctx context.Context, s *idempotency.State) error {
+		if _, err := p.charge(s.Key().Derive("charge")); err != nil {
+			return err
+		}
+		panic(died)
+	}
+	key := idempotency.Key{ID: uniq("k")}
+	func() {
+		defer func() {
+			if r := recover(); r != died {
+				t.Fatalf("recovered %v", r)
+			}
+		}()
+		_, _ = g.Run(e.ctx, key, "fp", []byte("5"), &dying)
+	}()
+	if _, err := g.Run(e.ctx, key, "fp", nil, op); !errors.Is(err, idempotency.ErrInProgress) {
+		t.Fatalf("retry within the lease: %v; want ErrInProgress", err)
+	}
+	clk.Add(100 * 365 * 24 * time.Hour)
+	if _, err := g.Purge(e.ctx); err != nil {
+		t.Fatalf("Purge: %v", err)
+	}
+	resp, err := g.Run(e.ctx, key, "fp", nil, op)
+	if err != nil || string(resp.Body) != `{"charge":"ch_1","input":"5"}` {
+		t.Fatalf("retry after the lease: %+v, %v", resp, err)
+	}
+	e.oneCheckout(tag, "ch_1", "an operation taken over after its lease ended")
+	if p.count() != 1 || p.calls.Load() != 2 {
+		t.Fatalf("charges %d, calls %d; want 1 and 2", p.count(), p.calls.Load())
+	}
+}
+
+// operationCompleter: keys left unfinished are finished by a Completer
+// once their grace has passed, each once, and a Completer of another
+// instance finds nothing left.
+func (s *suite[Tx]) operationCompleter(t *testing.T) {
+	clk := newClock()
+	e := s.setupClock(t, Options{}, clk)
+	e.steppable()
+	g := e.guard(nil)
+	p := newProcessor()
+	tag := uniq("op")
+	op := e.checkoutOp(p, tag)
+	const n = 5
+	p.fail.Store(n)
+	for i := range n {
+		if _, err := g.Run(e.ctx, idempotency.Key{ID: fmt.Sprintf("%s-%d", tag, i)}, "fp", []byte(fmt.Sprint(i)), op); !errors.Is(err, idempotency.ErrUnfinished) {
+			t.Fatalf("run %d: %v; want ErrUnfinished", i, err)
+		}
+	}
+	c, err := idempotency.NewCompleter(g, &idempotency.CompleterConfig{Grace: time.Minute, Batch: 3}, op)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if rep, err := c.Once(e.ctx); err != nil || rep.Listed != 0 {
+		t.Fatalf("within the grace: %+v, %v; want nothing listed", rep, err)
+	}
+	clk.Add(time.Minute)
+	for pass, want := range []int{3, 2, 0} {
+		rep, err := c.Once(e.ctx)
+		if err != nil || rep.Listed != want || rep.Finished != want {
+			t.Fatalf("pass %d: %+v, %v; want %d listed and finished", pass, rep, err, want)
+		}
+	}
+	if p.count() != n {
+		t.Fatalf("charges %d; want %d", p.count(), n)
+	}
+	e.count(tag+"-order", n, "every abandoned operation's first step ran once")
+	e.count(tag+"-email", n, "every abandoned operation finished once")
+	for i := range n {
+		e.count(fmt.Sprintf("%s-receipt-ch_%d", tag, i+1), 1, "one receipt per charge")
+	}
+}
