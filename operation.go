@@ -40,6 +40,10 @@ type Operation[Tx any] struct {
 	// Finish runs in the last transaction and returns the answer, which
 	// commits with its writes and the completed key. Required.
 	Finish func(ctx context.Context, tx Tx, s *State) (Response, error)
+	// TTL is how long the operation's answer is remembered once it
+	// completes, by the store's clock, as [Config.TTL] is for the Guard's
+	// calls; zero means the Guard's TTL.
+	TTL time.Duration
 	// Lease is how long a run holds the key after each commit, by the
 	// store's clock. While it lasts, other processes wait for the run or
 	// get [ErrInProgress]; a run that died (a crash, a kill) holds the key
@@ -133,6 +137,9 @@ func (op *Operation[Tx]) validate() error {
 	if op.Finish == nil {
 		return fmt.Errorf("%w: operation %q: nil Finish", ErrInvalidConfig, op.Name)
 	}
+	if op.TTL < 0 || (op.TTL > 0 && op.TTL < time.Millisecond) {
+		return fmt.Errorf("%w: operation %q: TTL %v under 1ms", ErrInvalidConfig, op.Name, op.TTL)
+	}
 	if op.Lease < 0 || (op.Lease > 0 && op.Lease < time.Millisecond) {
 		return fmt.Errorf("%w: operation %q: Lease %v under 1ms", ErrInvalidConfig, op.Name, op.Lease)
 	}
@@ -163,6 +170,14 @@ func checkName(s string) error {
 		return fmt.Errorf("byte %d is %#02x, not printable ASCII", i, s[i])
 	}
 	return nil
+}
+
+// ttl is the TTL of the operation's answer under g.
+func (op *Operation[Tx]) ttl(g *Guard[Tx]) time.Duration {
+	if op.TTL == 0 {
+		return g.cfg.TTL
+	}
+	return op.TTL
 }
 
 func (op *Operation[Tx]) lease() time.Duration {
@@ -525,7 +540,7 @@ func (r *runner[Tx]) failed(ctx context.Context, ph Phase[Tx], err error) (Respo
 func (r *runner[Tx]) release(ctx context.Context, step string, cause error) {
 	ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), releaseTimeout)
 	defer cancel()
-	a := Acquisition{Reservation: Reservation{Key: r.key, Fingerprint: r.fp, TTL: r.g.cfg.TTL}, Owner: r.owner, Lease: r.op.lease()}
+	a := Acquisition{Reservation: Reservation{Key: r.key, Fingerprint: r.fp, TTL: r.op.ttl(r.g)}, Owner: r.owner, Lease: r.op.lease()}
 	ph, rec, err := r.ss.Acquire(ctx, a)
 	if err != nil || rec != nil {
 		return // taken over, or finished by another run: nothing to release
@@ -586,7 +601,7 @@ func (r *runner[Tx]) storeErr(err error) error {
 // acquire takes the key for the next phase: it retries conflicts and
 // waits (polling) for a key held elsewhere, up to the wait bound.
 func (r *runner[Tx]) acquire(ctx context.Context) (Phase[Tx], *Record, error) {
-	a := Acquisition{Reservation: Reservation{Key: r.key, Fingerprint: r.fp, TTL: r.g.cfg.TTL, NoWait: r.g.noWait, Deadline: r.deadline},
+	a := Acquisition{Reservation: Reservation{Key: r.key, Fingerprint: r.fp, TTL: r.op.ttl(r.g), NoWait: r.g.noWait, Deadline: r.deadline},
 		Owner: r.owner, Lease: r.op.lease()}
 	conflicts := 0
 	poll := pollStart

@@ -183,5 +183,21 @@
 // open transactions are skipped, never waited for. Each DELETE removes up
 // to 250 rows. Each row is found by one unique lookup of its primary key:
 // the keys are a derived table joined first (STRAIGHT_JOIN) to the table
-// FORCE INDEX (PRIMARY).
+// FORCE INDEX (PRIMARY). It skips the rows of unfinished operations
+// (progress not NULL), which never expire anyway.
+//
+// # Multi-step operations and administration
+//
+// [Store] implements [idempotency.Stepper], [idempotency.KeyAdmin] and
+// [idempotency.KeyLister] on the same table, with four more columns
+// (progress, owner, lease_ends, tries; see [Schema] to upgrade a v0.1.0
+// table). An unfinished operation's row stays pending with expires_at at
+// [idempotency.MaxExpiry], so Reserve reports it in progress and Purge
+// never deletes it. [Store.Acquire] locks an existing row with SELECT ...
+// FOR UPDATE before judging its lease (only the lock's holder decides,
+// and no gap is locked), and inserts a new key's row as Reserve does.
+// [Store.Forget] refuses a held key with FOR UPDATE NOWAIT;
+// [Store.Inspect] tells an open transaction's hold with a shared NOWAIT
+// probe. On a Galera cluster these probes see the transactions of their
+// own node only; the statements rely on row locks, never on gap locks.
 package mysql

@@ -69,8 +69,13 @@ func ExampleSchema() {
 	//   body        LONGBLOB NULL,
 	//   created_at  BIGINT NOT NULL COMMENT 'Unix nanoseconds',
 	//   expires_at  BIGINT NOT NULL COMMENT 'Unix nanoseconds',
+	//   progress    MEDIUMBLOB NULL,
+	//   owner       VARCHAR(64) CHARACTER SET ascii COLLATE ascii_bin NULL,
+	//   lease_ends  BIGINT NULL COMMENT 'Unix nanoseconds',
+	//   tries       INT NOT NULL DEFAULT 0,
 	//   PRIMARY KEY (scope, id),
-	//   KEY expires_at_idx (expires_at)
+	//   KEY expires_at_idx (expires_at),
+	//   KEY lease_ends_idx (lease_ends)
 	// ) ENGINE=InnoDB
 }
 

@@ -4,11 +4,16 @@ import (
 	"context"
 	"database/sql"
 	"encoding/hex"
+	"errors"
+
+	gomysql "github.com/go-sql-driver/mysql"
 )
 
 // Purge implements [idempotency.KeyStore]. In one READ COMMITTED
 // transaction it locks up to limit expired rows with FOR UPDATE SKIP
-// LOCKED: rows held by open transactions are skipped, never waited for. It
+// LOCKED: rows held by open transactions are skipped, never waited for.
+// Rows of unfinished operations (progress not NULL) never expire, and
+// Purge skips them explicitly too. It
 // deletes them by primary key, purgeChunk rows per statement, and commits.
 // Expired means expires_at <= the server's clock (or the test clock,
 // [Config.Clock]).
@@ -26,6 +31,11 @@ func (s *Store) Purge(ctx context.Context, limit int) (int, error) {
 	}
 	defer func() { _ = tx.Rollback() }() // a no-op after Commit
 	rows, err := tx.QueryContext(ctx, s.purgeSelect, b, limit)
+	if me := (*gomysql.MySQLError)(nil); errors.As(err, &me) && me.Number == erBadFieldName {
+		// A table of v0.1.0, not migrated yet: no progress column, and so no
+		// unfinished operation to skip.
+		rows, err = tx.QueryContext(ctx, s.purgeSelectV1, b, limit)
+	}
 	if err != nil {
 		return 0, mapError(ctx, err, false, "mysql: purge %s", s.table)
 	}

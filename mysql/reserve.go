@@ -206,7 +206,9 @@ func (s *Store) claim(ctx context.Context, tx *sql.Tx, k key, r idempotency.Rese
 		rec, err := rw.record(r.Key)
 		return false, rec, err
 	}
-	return false, nil, fmt.Errorf("%w: key %v is pending in a committed row (a transaction committed its reservation without completing it) until %v",
+	// An unfinished operation (see Store.Acquire, expiring never), or a
+	// reservation whose transaction fn committed without its completion.
+	return false, nil, fmt.Errorf("%w: key %v is pending in a committed row (an unfinished operation, or a reservation committed without its completion) until %v",
 		idempotency.ErrInProgress, r.Key, time.Unix(0, rw.expires).UTC())
 }
 

@@ -21,6 +21,9 @@ var (
 	_ idempotency.KeyStore[*sql.Tx]  = (*Store)(nil)
 	_ idempotency.ConflictClassifier = (*Store)(nil)
 	_ idempotency.Migrator           = (*Store)(nil)
+	_ idempotency.Stepper[*sql.Tx]   = (*Store)(nil)
+	_ idempotency.KeyAdmin           = (*Store)(nil)
+	_ idempotency.KeyLister          = (*Store)(nil)
 )
 
 // Config tunes a [Store]. The zero value (or nil) means the defaults.
@@ -110,6 +113,15 @@ type Store struct {
 	lockedReadSQL string
 	completeSQL   string
 	purgeSelect   string
+	// purgeSelectV1 is purgeSelect on a table of the v0.1.0 schema, which
+	// has no progress column (see Store.Migrate).
+	purgeSelectV1 string
+	// shareSyntax: Inspect's probe takes MySQL's FOR SHARE NOWAIT, not
+	// MariaDB's LOCK IN SHARE MODE NOWAIT (see Store.heldNow).
+	shareSyntax atomic.Bool
+	// steps are the statements of multi-step operations and of the key
+	// administration (steps.go, admin.go).
+	steps stepSQL
 	// beginSQL begins the transaction inside a statement of the store (at
 	// the isolation level), completeFoldSQL stores the response and commits
 	// in one statement; both are MariaDB compound statements (see foldConn).
@@ -177,7 +189,9 @@ VALUES (?, ?, ?, 'pending', 0, NULL, NULL, ` + clockSQL + `, ` + expirySQL + `)`
 created_at = ` + clockSQL + `, expires_at = ` + expirySQL + ` WHERE scope = ? AND id = ? AND expires_at <= ` + clockSQL,
 		lockedReadSQL:   `SELECT ` + cols + ` FROM ` + q + ` WHERE scope = ? AND id = ? LOCK IN SHARE MODE`,
 		completeSQL:     completeSQL,
-		purgeSelect:     `SELECT scope, id FROM ` + q + ` WHERE expires_at <= ` + clockSQL + ` ORDER BY expires_at LIMIT ? FOR UPDATE SKIP LOCKED`,
+		purgeSelect:     `SELECT scope, id FROM ` + q + ` WHERE expires_at <= ` + clockSQL + ` AND progress IS NULL ORDER BY expires_at LIMIT ? FOR UPDATE SKIP LOCKED`,
+		purgeSelectV1:   `SELECT scope, id FROM ` + q + ` WHERE expires_at <= ` + clockSQL + ` ORDER BY expires_at LIMIT ? FOR UPDATE SKIP LOCKED`,
+		steps:           newStepSQL(q),
 		beginSQL:        begin,
 		completeFoldSQL: "BEGIN NOT ATOMIC " + completeSQL + ";\nIF ROW_COUNT() <> 1 THEN SIGNAL SQLSTATE '45000' SET MESSAGE_TEXT = '" + pendingGone + "'; END IF;\nCOMMIT; END",
 	}, nil
