@@ -325,6 +325,10 @@ func TestStores(t *testing.T) {
 			if code != 0 || !p.DryRun || p.Expired == nil || *p.Expired != 1 || p.Deleted != 0 {
 				t.Errorf("purge -dry-run: exit %d (%s): %s", code, errs, out)
 			}
+			code, out, _ = cmd("purge", "-dry-run")
+			if want := "expired: 1 (a purge would delete them; nothing was deleted)\n"; code != 0 || out != want {
+				t.Errorf("purge -dry-run text: exit %d, got %q, want %q", code, out, want)
+			}
 			code, out, _ = cmd("-json", "inspect", "-scope", scope, "b-old")
 			if code != 0 || !strings.Contains(out, `"state": "expired"`) {
 				t.Errorf("purge -dry-run deleted the expired record: exit %d, %s", code, out)
@@ -335,6 +339,10 @@ func TestStores(t *testing.T) {
 			code, out, errs := cmd("forget", "-scope", scope, "c-held")
 			if code != 1 || out != "" {
 				t.Errorf("forget of a held key: exit %d, stdout %q, stderr %q", code, out, errs)
+			}
+			// SQLite has one writer: the rest waits for the holder.
+			if err := release(); err != nil {
+				t.Errorf("the held Do: %v", err)
 			}
 			code, out, errs = cmd("-json", "forget", "-scope", scope, "a-done")
 			var got forgetJSON
@@ -357,9 +365,29 @@ func TestStores(t *testing.T) {
 				t.Errorf("forget twice: exit %d, want 1", code)
 			}
 		})
-		if err := release(); err != nil {
-			t.Errorf("the held Do: %v", err)
-		}
+
+		t.Run("Purge", func(t *testing.T) {
+			if !sc.seed.isLister() {
+				return // refused: see Stats
+			}
+			if ran, err := sc.seed.complete(ctx, key("e-old"), "x", true); err != nil || !ran {
+				t.Fatalf("seed e-old: %v, %v", ran, err)
+			}
+			code, out, errs := cmd("-json", "purge", "-batch", "1")
+			if want := "{\n  \"dry_run\": false,\n  \"deleted\": 1\n}\n"; code != 0 || out != want {
+				t.Errorf("purge: exit %d (%s), got %q, want %q", code, errs, out, want)
+			}
+			if code, _, _ := cmd("inspect", "-scope", scope, "e-old"); code != 1 {
+				t.Errorf("inspect after purge: exit %d, want 1", code)
+			}
+			if code, out, _ := cmd("inspect", "-scope", scope, "a-done"); code != 0 || !strings.Contains(out, "state:       completed\n") {
+				t.Errorf("purge touched a live record: exit %d:\n%s", code, out)
+			}
+			code, out, _ = cmd("purge")
+			if code != 0 || out != "deleted: 0 expired records\n" {
+				t.Errorf("purge text: exit %d, %q", code, out)
+			}
+		})
 	})
 }
 
@@ -525,5 +553,71 @@ func TestBinary(t *testing.T) {
 	}
 	if code, _, errs := exe("list"); code != 2 || !strings.Contains(errs, "Redis cannot list keys") {
 		t.Errorf("list: exit %d, %s", code, errs)
+	}
+}
+
+// TestHumanOutput: the text of each command, byte for byte.
+func TestHumanOutput(t *testing.T) {
+	t.Parallel()
+	created := time.Date(2026, 3, 1, 12, 0, 0, 250e6, time.UTC)
+	unfinished := idempotency.KeyInfo{Key: idempotency.Key{Scope: "s", ID: "op-1"}, State: idempotency.KeyUnfinished, Fingerprint: "fp1",
+		CreatedAt: created, ExpiresAt: idempotency.MaxExpiry(), Progress: []byte("p"), Tries: 2, LeaseEnds: created.Add(time.Minute),
+		Operation: "payment", Step: "charge", Failure: "charge: card processor down"}
+	done := idempotency.KeyInfo{Key: idempotency.Key{Scope: "s", ID: "k-2"}, State: idempotency.KeyCompleted, Fingerprint: "fp2",
+		Status: 201, Header: http.Header{"X-B": {"2"}, "X-A": {"1", "3"}}, BodyLen: 5, Body: []byte("hello"),
+		CreatedAt: created, ExpiresAt: created.Add(24 * time.Hour)}
+	for name, tc := range map[string]struct {
+		print func(*bytes.Buffer)
+		want  string
+	}{
+		"inspect unfinished": {func(b *bytes.Buffer) { printInfo(b, &unfinished) }, "" +
+			"key:         " + unfinished.Key.String() + "\n" +
+			"state:       unfinished\n" +
+			"operation:   payment\n" +
+			"step:        charge\n" +
+			"tries:       2\n" +
+			"failure:     charge: card processor down\n" +
+			"fingerprint: fp1\n" +
+			"created:     2026-03-01T12:00:00.250Z\n" +
+			"expires:     never\n" +
+			"lease ends:  2026-03-01T12:01:00.250Z\n"},
+		"inspect -body": {func(b *bytes.Buffer) { printInfo(b, &done) }, "" +
+			"key:         " + done.Key.String() + "\n" +
+			"state:       completed\n" +
+			"fingerprint: fp2\n" +
+			"status:      201\n" +
+			"header:      X-A: 1\n" +
+			"header:      X-A: 3\n" +
+			"header:      X-B: 2\n" +
+			"body size:   5 bytes\n" +
+			"created:     2026-03-01T12:00:00.250Z\n" +
+			"expires:     2026-03-02T12:00:00.250Z\n" +
+			"body:\nhello\n"},
+		"list": {func(b *bytes.Buffer) {
+			printList(b, idempotency.KeyPage{Keys: []idempotency.KeyInfo{unfinished, done}, Next: &idempotency.ListCursor{ID: "k-2"}})
+		}, "" +
+			"STATE       ID    STEP            TRIES  STATUS  BODY  CREATED                   EXPIRES\n" +
+			"unfinished  op-1  payment/charge  2      -       0     2026-03-01T12:00:00.250Z  never\n" +
+			"completed   k-2   -               -      201     5     2026-03-01T12:00:00.250Z  2026-03-02T12:00:00.250Z\n" +
+			"next page: -after r:k-2\n"},
+		"list last page": {func(b *bytes.Buffer) { printList(b, idempotency.KeyPage{}) }, "" +
+			"STATE  ID  STEP  TRIES  STATUS  BODY  CREATED  EXPIRES\n" +
+			"last page\n"},
+		"stats": {func(b *bytes.Buffer) {
+			printStats(b, idempotency.Stats{Held: 1, Completed: 20, Unfinished: 3, Expired: 4, OldestUnfinished: created, Failing: 2, BodyBytes: 1234})
+		}, "" +
+			"held:              1\n" +
+			"unfinished:        3\n" +
+			"failing:           2\n" +
+			"completed:         20\n" +
+			"expired:           4\n" +
+			"body bytes:        1234\n" +
+			"oldest unfinished: 2026-03-01T12:00:00.250Z\n"},
+	} {
+		var b bytes.Buffer
+		tc.print(&b)
+		if b.String() != tc.want {
+			t.Errorf("%s: got\n%s\nwant\n%s", name, b.String(), tc.want)
+		}
 	}
 }
