@@ -74,6 +74,16 @@ func (a *adminSetup) do(t *testing.T, ctx context.Context, key idempotency.Key, 
 	return !resp.Replayed
 }
 
+// reserve takes key for the test with fingerprint fp, by the store alone.
+func (a *adminSetup) reserve(t *testing.T, ctx context.Context, key idempotency.Key, fp string) idempotency.Txn[*Tx] {
+	t.Helper()
+	txn, _, err := a.store.Reserve(ctx, idempotency.Reservation{Key: key, Fingerprint: fp, TTL: adminTTL})
+	if err != nil || txn == nil {
+		t.Fatalf("Reserve: %v, %v", txn, err)
+	}
+	return txn
+}
+
 func (a *adminSetup) exists(t *testing.T, ctx context.Context, key idempotency.Key) bool {
 	t.Helper()
 	n, err := a.client.Exists(ctx, a.store.keysFor(key).rec).Result()
@@ -90,10 +100,7 @@ func TestAdminInspect(t *testing.T) {
 	key := idempotency.Key{Scope: "orders", ID: "inspect-1"}
 	created := a.clock.now()
 	body := "{\"id\":7}\x00\xff"
-	txn, _, err := a.store.Reserve(ctx, idempotency.Reservation{Key: key, Fingerprint: "fp-inspect-1", TTL: adminTTL})
-	if err != nil || txn == nil {
-		t.Fatalf("Reserve: %v, %v", txn, err)
-	}
+	txn := a.reserve(t, ctx, key, "fp-inspect-1")
 	a.clock.add(1500 * time.Millisecond) // completion: the expiry counts from it
 	if err := txn.Complete(ctx, idempotency.Response{Status: http.StatusCreated, Header: http.Header{"X-Order": {"42", "b"}}, Body: []byte(body)}); err != nil {
 		t.Fatal(err)
@@ -162,10 +169,7 @@ func TestAdminInspectHeld(t *testing.T) {
 	ctx := testkit.Context(t, 30*time.Second)
 	a := newAdminSetup(t, singleClient(t))
 	key := idempotency.Key{Scope: "orders", ID: "held-1"}
-	txn, _, err := a.store.Reserve(ctx, idempotency.Reservation{Key: key, Fingerprint: "fp-held", TTL: adminTTL})
-	if err != nil || txn == nil {
-		t.Fatalf("Reserve: %v, %v", txn, err)
-	}
+	txn := a.reserve(t, ctx, key, "fp-held")
 	defer func() { _ = txn.Rollback(ctx) }()
 	before := time.Now()
 	got, err := a.store.Inspect(ctx, key, true)
@@ -239,10 +243,7 @@ func TestAdminForget(t *testing.T) {
 
 	t.Run("HeldRefused", func(t *testing.T) {
 		key := idempotency.Key{Scope: "orders", ID: "forget-held"}
-		txn, _, err := a.store.Reserve(ctx, idempotency.Reservation{Key: key, Fingerprint: "fp", TTL: adminTTL})
-		if err != nil || txn == nil {
-			t.Fatalf("Reserve: %v, %v", txn, err)
-		}
+		txn := a.reserve(t, ctx, key, "fp")
 		before, err := a.client.HGetAll(ctx, a.store.keysFor(key).rec).Result()
 		if err != nil {
 			t.Fatal(err)
@@ -319,10 +320,7 @@ func TestAdminForgetConcurrent(t *testing.T) {
 	t.Run("ForgetVersusComplete", func(t *testing.T) {
 		for i := range 30 {
 			key := keyN(i)
-			txn, _, err := a.store.Reserve(ctx, idempotency.Reservation{Key: key, Fingerprint: "fp", TTL: adminTTL})
-			if err != nil || txn == nil {
-				t.Fatalf("Reserve: %v, %v", txn, err)
-			}
+			txn := a.reserve(t, ctx, key, "fp")
 			var forgot *idempotency.KeyInfo
 			var ferr, cerr error
 			testkit.Together(2, func(j int) {
