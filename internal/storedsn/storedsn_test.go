@@ -140,4 +140,3 @@ func TestParse(t *testing.T) {
 		t.Errorf("Parse(redis) = %+v, %v", got, err)
 	}
 }
-
