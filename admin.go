@@ -146,3 +146,32 @@ func (info *KeyInfo) decode() {
 		info.Step = "Finish"
 	}
 }
+
+// Answer returns the answer stored for key, opened by [Config.Codec], as a
+// replay, without running anything and without a fingerprint: for a status
+// resource that a client polls after a 202 Accepted (see idemhttp). info
+// says what the store holds. A key held or unfinished gives info and an
+// error wrapping [ErrInProgress]; a key with no live record (absent,
+// expired) an error wrapping [ErrNotFound]. Only a caller entitled to the
+// key's scope may be given its answer. The store must implement
+// [KeyAdmin].
+func (g *Guard[Tx]) Answer(ctx context.Context, key Key) (Response, *KeyInfo, error) {
+	info, err := g.Inspect(ctx, key, true)
+	if err != nil {
+		return Response{}, nil, err
+	}
+	switch info.State {
+	case KeyHeld, KeyUnfinished:
+		return Response{}, info, &KeyError{Key: key, Err: fmt.Errorf("%w: the key is %s", ErrInProgress, info.State)}
+	case KeyCompleted:
+	default:
+		return Response{}, nil, &KeyError{Key: key, Err: fmt.Errorf("%w: the key is %s", ErrNotFound, info.State)}
+	}
+	resp, err := g.replay(ctx, key, &Record{Key: key, Fingerprint: info.Fingerprint, Status: info.Status, Header: info.Header, Body: info.Body,
+		CreatedAt: info.CreatedAt, ExpiresAt: info.ExpiresAt})
+	if err != nil {
+		return Response{}, info, &KeyError{Key: key, Err: err}
+	}
+	info.Body = nil
+	return resp, info, nil
+}

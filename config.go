@@ -27,8 +27,8 @@ type Outcome int
 
 // The outcomes an [Observer] is told about. [Guard.Do] reports the first
 // five, [Operation.Run] Unfinished too, [Guard.Forget] Forgotten and the
-// [Completer] Exhausted; the others are those of integrations that tell
-// more apart.
+// [Completer] Exhausted, [Guard.Purge] Purged (one per batch); the others
+// are those of integrations that tell more apart.
 const (
 	// Executed: fn ran and its response was committed with the key.
 	Executed Outcome = iota + 1
@@ -67,12 +67,16 @@ const (
 	// its MaxTries failed runs. The key stays unfinished (never purged) for
 	// an operator to inspect, finish by a retry, or forget.
 	Exhausted
+	// Purged: one batch of [Guard.Purge] ended; [Event].Deleted says how
+	// many records it deleted, Duration how long it took, Err why it
+	// failed (nil for a batch that succeeded).
+	Purged
 )
 
 // String returns the outcome as a metrics label: "executed", "replayed",
 // "mismatch", "in_progress", "failed", "not_stored", "handler_error",
 // "rejected", "store_error", "canceled", "internal", "unfinished",
-// "forgotten" or "exhausted".
+// "forgotten", "exhausted" or "purged".
 func (o Outcome) String() string {
 	switch o {
 	case Executed:
@@ -103,11 +107,14 @@ func (o Outcome) String() string {
 		return "forgotten"
 	case Exhausted:
 		return "exhausted"
+	case Purged:
+		return "purged"
 	}
 	return fmt.Sprintf("Outcome(%d)", int(o))
 }
 
-// Event describes one finished call of [Guard.Do].
+// Event describes one finished call of [Guard.Do], or of the other calls
+// the [Outcome] constants name (one per batch of [Guard.Purge]).
 //
 // Log a call by [Event.KeyHash], not by Key's fields: the raw key is a
 // client's secret-ish input (and often personal data), and log lines
@@ -129,6 +136,31 @@ type Event struct {
 	// when it finished); both are "" for a call of [Guard.Do].
 	Operation string
 	Step      string
+
+	// Waited is how long the call waited for another caller holding its
+	// key: in memory behind the call of this Guard that was in the store,
+	// and inside the store (each reservation given a wait, and each that
+	// reported the key held, as SQLite's does after waiting for its one
+	// write lock). A wait that ended in a replay has Outcome Replayed and
+	// Waited > 0; one that ran out has Outcome InProgress. Zero for a
+	// call that found the key free or completed.
+	Waited time.Duration
+	// RecordAge is, for a replay read from the store, how old the
+	// replayed record is: the application's clock now minus the record's
+	// CreatedAt (the store's clock when the key was reserved), zero if
+	// the clocks make it negative. Zero for every other call, and for a
+	// replay handed over in memory by the call that made the answer.
+	RecordAge time.Duration
+	// AfterFn: fn ran and returned an answer, and storing it failed (the
+	// store's Complete returned the call's error: a cut connection, a
+	// lost commit reply, a lease lost). The core cannot tell whether the
+	// commit landed; a retry with the same key replays it or runs fn
+	// once. Set only on a call that failed: Err wraps [ErrStore], or the
+	// context's error when ctx ended during the commit.
+	AfterFn bool
+	// Deleted is how many records a batch of [Guard.Purge] deleted
+	// (Outcome Purged); zero for other events.
+	Deleted int
 }
 
 // KeyHash returns [Key.Hash] of the call's key: the name of the key in
@@ -146,6 +178,18 @@ func (e Event) LogValue() slog.Value {
 	}
 	if e.Operation != "" {
 		attrs = append(attrs, slog.String("operation", e.Operation), slog.String("step", e.Step))
+	}
+	if e.Waited > 0 {
+		attrs = append(attrs, slog.Duration("waited", e.Waited))
+	}
+	if e.RecordAge > 0 {
+		attrs = append(attrs, slog.Duration("record_age", e.RecordAge))
+	}
+	if e.AfterFn {
+		attrs = append(attrs, slog.Bool("after_fn", true))
+	}
+	if e.Outcome == Purged {
+		attrs = append(attrs, slog.Int("deleted", e.Deleted))
 	}
 	if e.Err != nil {
 		attrs = append(attrs, slog.String("error", e.Err.Error()))
@@ -214,6 +258,10 @@ type Config struct {
 	PurgePause time.Duration
 	// Observer, if set, is told about every call's outcome.
 	Observer Observer
+	// Codec, if set, seals every answer before it is stored and opens
+	// every answer replayed from the store (see [Codec]; package sealed
+	// encrypts answers, or stores a resource id instead of the body).
+	Codec Codec
 }
 
 // Defaults of [Config].

@@ -142,30 +142,50 @@ type Guard[Tx any] struct {
 // built on: only writes through tx commit atomically with the key.
 func (g *Guard[Tx]) Do(ctx context.Context, key Key, fingerprint string, fn func(tx Tx) (Response, error)) (Response, error) {
 	if g.cfg.Observer == nil {
-		resp, _, err := g.do(ctx, key, fingerprint, fn)
+		var tr trace
+		resp, _, err := g.do(ctx, key, fingerprint, fn, &tr)
 		return resp, err
 	}
+	resp, _, err := g.observed(ctx, key, fingerprint, fn)
+	return resp, err
+}
+
+// DoEvent is [Guard.Do] that also returns the call's [Event], as the
+// [Observer] (if set) is told it. Integrations such as idemhttp use it to
+// report a call's waits, the age of a replayed record and failures after
+// fn in events of their own.
+func (g *Guard[Tx]) DoEvent(ctx context.Context, key Key, fingerprint string, fn func(tx Tx) (Response, error)) (Response, Event, error) {
 	return g.observed(ctx, key, fingerprint, fn)
 }
 
-// observed is Do with [Config.Observer] set; apart from Do, so that Do's
-// own stack frame stays small (callers often run it on a fresh goroutine).
-func (g *Guard[Tx]) observed(ctx context.Context, key Key, fingerprint string, fn func(tx Tx) (Response, error)) (Response, error) {
+// observed is Do with its Event; apart from Do, so that Do's own stack
+// frame stays small (callers often run it on a fresh goroutine).
+func (g *Guard[Tx]) observed(ctx context.Context, key Key, fingerprint string, fn func(tx Tx) (Response, error)) (_ Response, ev Event, _ error) {
 	start := time.Now()
-	ev := Event{Key: key, Outcome: Failed, Err: errPanicked}
+	ev = Event{Key: key, Outcome: Failed, Err: errPanicked}
+	var tr trace
 	defer func() {
 		ev.Duration = time.Since(start)
-		g.cfg.Observer(ctx, ev)
+		ev.Waited, ev.RecordAge, ev.AfterFn = tr.waited, tr.age, tr.afterFn
+		if g.cfg.Observer != nil {
+			g.cfg.Observer(ctx, ev)
+		}
 	}()
-	resp, attempts, err := g.do(ctx, key, fingerprint, fn)
+	resp, attempts, err := g.do(ctx, key, fingerprint, fn, &tr)
 	ev.Outcome, ev.Attempts, ev.Err = outcomeOf(resp, err), attempts, err
-	return resp, err
+	if err != nil || !resp.Replayed {
+		tr.age = 0
+	}
+	if err == nil {
+		tr.afterFn = false
+	}
+	return resp, ev, err
 }
 
 // errPanicked is what the observer is told when fn panicked.
 var errPanicked = errors.New("idempotency: fn panicked")
 
-func (g *Guard[Tx]) do(ctx context.Context, key Key, fingerprint string, fn func(tx Tx) (Response, error)) (resp Response, attempts int, err error) {
+func (g *Guard[Tx]) do(ctx context.Context, key Key, fingerprint string, fn func(tx Tx) (Response, error), tr *trace) (resp Response, attempts int, err error) {
 	if err := key.Validate(); err != nil {
 		return Response{}, 0, err
 	}
@@ -190,13 +210,15 @@ func (g *Guard[Tx]) do(ctx context.Context, key Key, fingerprint string, fn func
 	for {
 		c, lead := g.join(key)
 		if !lead {
+			waitStart := time.Now()
 			resp, handed, err := g.follow(ctx, c, fingerprint, deadline)
+			tr.waited += time.Since(waitStart)
 			if err != nil || handed {
 				return resp, 0, err
 			}
 			continue // the call ahead failed: compete for the key
 		}
-		resp, attempts, own, err = g.lead(ctx, c, key, fingerprint, deadline, fn)
+		resp, attempts, own, err = g.lead(ctx, c, key, fingerprint, deadline, fn, tr)
 		return resp, attempts, err
 	}
 }
@@ -204,7 +226,7 @@ func (g *Guard[Tx]) do(ctx context.Context, key Key, fingerprint string, fn func
 // lead runs the attempts of the call that represents key in the store,
 // then hands its answer to the callers of key waiting in memory.
 // own reports that err is fn's own error, as fn returned it.
-func (g *Guard[Tx]) lead(ctx context.Context, c *call, key Key, fp string, deadline time.Time, fn func(Tx) (Response, error)) (resp Response, attempts int, own bool, err error) {
+func (g *Guard[Tx]) lead(ctx context.Context, c *call, key Key, fp string, deadline time.Time, fn func(Tx) (Response, error), tr *trace) (resp Response, attempts int, own bool, err error) {
 	handed := false
 	defer func() {
 		if !handed { // an error or a panic in fn: the followers compete
@@ -212,7 +234,7 @@ func (g *Guard[Tx]) lead(ctx context.Context, c *call, key Key, fp string, deadl
 		}
 	}()
 	for attempts = 1; ; attempts++ {
-		resp, err = g.attempt(ctx, c, key, fp, deadline, fn)
+		resp, err = g.attempt(ctx, c, key, fp, deadline, fn, tr)
 		if err == nil || !errors.Is(err, ErrConflict) || attempts > g.cfg.MaxRetries {
 			break
 		}
@@ -253,7 +275,8 @@ func storeError(ctx context.Context, err error) (_ error, own bool) {
 	case errors.As(err, &fe):
 		return fe.err, true
 	case errors.Is(err, ErrMismatch), errors.Is(err, ErrInProgress),
-		errors.Is(err, ErrInvalidResponse), errors.Is(err, ErrInvalidConfig):
+		errors.Is(err, ErrInvalidResponse), errors.Is(err, ErrInvalidConfig),
+		errors.Is(err, ErrCodec):
 		return err, false
 	case ctx.Err() != nil && errors.Is(err, ctx.Err()):
 		return err, false
@@ -288,19 +311,26 @@ func outcomeOf(resp Response, err error) Outcome {
 // It first asks the store without waiting. Only when the key is held
 // elsewhere does it wait inside the store, in one of the Guard's waiter
 // slots, for what remains of the wait bound.
-func (g *Guard[Tx]) attempt(ctx context.Context, c *call, key Key, fp string, deadline time.Time, fn func(Tx) (Response, error)) (Response, error) {
+func (g *Guard[Tx]) attempt(ctx context.Context, c *call, key Key, fp string, deadline time.Time, fn func(Tx) (Response, error), tr *trace) (Response, error) {
 	if err := ctx.Err(); err != nil {
 		return Response{}, err
 	}
+	tr.afterFn = false
 	r := Reservation{Key: key, Fingerprint: fp, TTL: g.cfg.TTL, NoWait: g.noWait, Deadline: deadline}
+	reserveStart := time.Now()
 	txn, rec, err := g.store.Reserve(ctx, r)
+	if errors.Is(err, ErrInProgress) { // it may have waited for a lock
+		tr.waited += time.Since(reserveStart)
+	}
 	if wait := time.Until(deadline); errors.Is(err, ErrInProgress) && !g.noWait && wait > 0 {
 		if !g.takeWaiter() {
 			return Response{}, fmt.Errorf("%w: the key is held elsewhere and %d calls already wait in the store (Config.MaxWaiters)",
 				ErrInProgress, g.cfg.MaxWaiters)
 		}
+		waitStart := time.Now()
 		r.Wait = time.Until(deadline)
 		txn, rec, err = g.store.Reserve(ctx, r)
+		tr.waited += time.Since(waitStart)
 		g.releaseWaiter()
 	}
 	switch {
@@ -312,10 +342,11 @@ func (g *Guard[Tx]) attempt(ctx context.Context, c *call, key Key, fp string, de
 		if rec.Fingerprint != fp {
 			return Response{}, ErrMismatch
 		}
-		return rec.Response(), nil
+		tr.age = recordAge(rec)
+		return g.replay(ctx, key, rec)
 	}
 	c.running()
-	resp, err := g.run(ctx, txn, fn)
+	resp, err := g.run(ctx, txn, key, fn, tr)
 	var fe fnError
 	if errors.As(err, &fe) && !errors.Is(err, ErrConflict) {
 		// Only fn's own error is classified: a conflict met by fn's
@@ -331,7 +362,7 @@ func (g *Guard[Tx]) attempt(ctx context.Context, c *call, key Key, fp string, de
 // run calls fn on a won reservation and ends the transaction: Complete on
 // success, Rollback on an error or a panic (re-raised). An error of fn comes
 // back as an fnError.
-func (g *Guard[Tx]) run(ctx context.Context, txn Txn[Tx], fn func(Tx) (Response, error)) (resp Response, err error) {
+func (g *Guard[Tx]) run(ctx context.Context, txn Txn[Tx], key Key, fn func(Tx) (Response, error), tr *trace) (resp Response, err error) {
 	done := false
 	defer func() {
 		if done {
@@ -352,7 +383,15 @@ func (g *Guard[Tx]) run(ctx context.Context, txn Txn[Tx], fn func(Tx) (Response,
 		return Response{}, fnError{err, err}
 	}
 	resp.Replayed = false
-	if err := txn.Complete(ctx, resp); err != nil {
+	stored, err := g.seal(ctx, key, resp)
+	if err != nil {
+		if rerr := txn.Rollback(context.WithoutCancel(ctx)); rerr != nil {
+			err = errors.Join(err, fmt.Errorf("%w: rollback: %w", ErrStore, rerr))
+		}
+		return Response{}, err
+	}
+	if err := txn.Complete(ctx, stored); err != nil {
+		tr.afterFn = true
 		return Response{}, err
 	}
 	return resp, nil
@@ -382,7 +421,9 @@ func sleep(ctx context.Context, d time.Duration) error {
 // [Config.PurgePause] says. A batch that meets a store
 // conflict ([ErrConflict]) is retried like a call of [Guard.Do] (up to
 // [Config.MaxRetries] times in a row). It returns how many keys it
-// deleted.
+// deleted. The [Observer] is told one Event per batch (each call of the
+// store's Purge, a retried one included): Outcome [Purged], Deleted,
+// Duration, and Err if the batch failed.
 func (g *Guard[Tx]) Purge(ctx context.Context) (int, error) {
 	total := 0
 	conflicts := 0
@@ -390,6 +431,7 @@ func (g *Guard[Tx]) Purge(ctx context.Context) (int, error) {
 		start := time.Now()
 		n, err := g.store.Purge(ctx, g.cfg.PurgeBatch)
 		took := time.Since(start)
+		g.observePurge(ctx, n, took, err)
 		total += n
 		if err != nil && errors.Is(err, ErrConflict) && conflicts < g.cfg.MaxRetries && ctx.Err() == nil {
 			conflicts++

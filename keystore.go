@@ -262,8 +262,8 @@ type Record struct {
 	Body        []byte
 	// CreatedAt is set by the store's clock when the key was reserved, to
 	// at least millisecond precision (rounding down), and is never after
-	// ExpiresAt. It is for people reading the store (logs, an admin page):
-	// the core never reads it.
+	// ExpiresAt. It is for people reading the store (logs, an admin page);
+	// the core reads it only for [Event].RecordAge.
 	CreatedAt time.Time
 	// ExpiresAt is the store's clock at completion plus the TTL, clamped
 	// to [MaxExpiry]: the record is absent once the store's clock reaches
@@ -343,6 +343,9 @@ type Migrator interface {
 //     or ended at once, in one process or in several, exactly one obtains a
 //     Phase; the others get [ErrInProgress].
 //   - Leases are judged by the store's clock, as expiries are.
+//   - An Acquisition, a progress or a limit out of the bounds given
+//     below is refused with an error wrapping [ErrInvalidConfig] before
+//     anything is written.
 type Stepper[Tx any] interface {
 	// Acquire opens a transaction on a.Key for one phase of the run a.Owner.
 	// It has exactly three successful outcomes:

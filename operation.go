@@ -359,7 +359,7 @@ func (r *runner[Tx]) drive(ctx context.Context) (Response, error) {
 				if rec.Fingerprint != r.fp {
 					return Response{}, ErrMismatch
 				}
-				return rec.Response(), nil
+				return r.g.replay(ctx, r.key, rec) // Config.Codec
 			}
 			if err := r.adopt(ph); err != nil {
 				_ = ph.Rollback(context.WithoutCancel(ctx))
@@ -473,7 +473,11 @@ func (r *runner[Tx]) stopAfterForeign(ctx context.Context, resp Response) error 
 	case err != nil:
 		return err
 	case rec != nil:
-		return errStopped{rec.Response()}
+		resp, err := r.g.replay(ctx, r.key, rec) // Config.Codec
+		if err != nil {
+			return err
+		}
+		return errStopped{resp}
 	}
 	if err := r.adopt(ph); err != nil {
 		_ = ph.Rollback(context.WithoutCancel(ctx))
@@ -507,7 +511,12 @@ func (r *runner[Tx]) complete(ctx context.Context, ph Phase[Tx], resp Response) 
 		return Response{}, fmt.Errorf("%w: status %d outside 100..599", ErrInvalidResponse, resp.Status)
 	}
 	resp.Replayed = false
-	if err := ph.Complete(ctx, resp); err != nil {
+	stored, err := r.g.seal(ctx, r.key, resp) // Config.Codec
+	if err != nil {
+		_ = ph.Rollback(context.WithoutCancel(ctx))
+		return Response{}, err
+	}
+	if err := ph.Complete(ctx, stored); err != nil {
 		return Response{}, r.storeErr(err)
 	}
 	return resp, nil
@@ -605,6 +614,15 @@ func (r *runner[Tx]) acquire(ctx context.Context) (Phase[Tx], *Record, error) {
 		Owner: r.owner, Lease: r.op.lease()}
 	conflicts := 0
 	poll := pollStart
+	deadline := r.deadline
+	if r.st != nil {
+		// This run holds the key by its lease: another caller's phase may
+		// hold the row for a moment (it finds the lease live and gives up),
+		// or a run that took the key over after this run's lease ran out
+		// drives it to the end. Either way, wait for it, as long as a call
+		// waits for a held key.
+		deadline = time.Now().Add(r.g.cfg.WaitTimeout)
+	}
 	for {
 		if err := ctx.Err(); err != nil {
 			return nil, nil, err
@@ -618,12 +636,8 @@ func (r *runner[Tx]) acquire(ctx context.Context) (Phase[Tx], *Record, error) {
 		case errors.Is(err, ErrConflict) && conflicts < r.g.cfg.MaxRetries:
 			conflicts++
 			pause = backoff(r.g.cfg.RetryBackoff, conflicts)
-		case errors.Is(err, ErrInProgress) && !r.g.noWait && !r.resume && r.st == nil:
+		case errors.Is(err, ErrInProgress) && (r.st != nil || !r.g.noWait && !r.resume):
 			pause, poll = poll, min(2*poll, pollMax)
-		case errors.Is(err, ErrInProgress) && r.st != nil:
-			// This run's lease was taken over (it outlived its lease):
-			// another run drives the key now.
-			return nil, nil, fmt.Errorf("%w (this run's lease ran out and another run took the key)", err)
 		case errors.Is(err, ErrConflict):
 			return nil, nil, r.storeErr(err)
 		case errors.Is(err, ErrInProgress) || errors.Is(err, ErrInvalidConfig) || errors.Is(err, ErrInvalidKey):
@@ -631,7 +645,7 @@ func (r *runner[Tx]) acquire(ctx context.Context) (Phase[Tx], *Record, error) {
 		default:
 			return nil, nil, r.storeErr(err)
 		}
-		left := time.Until(r.deadline)
+		left := time.Until(deadline)
 		if left <= 0 {
 			return nil, nil, fmt.Errorf("%w (the wait bound %v ran out)", err, r.g.cfg.WaitTimeout)
 		}

@@ -519,3 +519,32 @@ func TestList(t *testing.T) {
 		}
 	}
 }
+
+func TestAnswer(t *testing.T) {
+	ctx := context.Background()
+	s := memstore.New()
+	g := newGuard(t, s, nil)
+	p := newProcessor()
+	var locals atomic.Int64
+	op := checkout(p, &locals)
+	p.fail.Store(1)
+	key := idempotency.Key{Scope: "a", ID: "status"}
+	if _, err := g.Run(ctx, key, "fp", []byte("3"), op); !errors.Is(err, idempotency.ErrUnfinished) {
+		t.Fatal(err)
+	}
+	_, info, err := g.Answer(ctx, key)
+	if !errors.Is(err, idempotency.ErrInProgress) || info == nil || info.State != idempotency.KeyUnfinished || info.Step != "charge" {
+		t.Fatalf("unfinished: %+v, %v; want ErrInProgress with the step", info, err)
+	}
+	want, err := g.Run(ctx, key, "fp", nil, op)
+	if err != nil {
+		t.Fatal(err)
+	}
+	got, info, err := g.Answer(ctx, key)
+	if err != nil || !got.Replayed || got.Status != want.Status || !bytes.Equal(got.Body, want.Body) || info.State != idempotency.KeyCompleted {
+		t.Fatalf("completed: %+v, %+v, %v; want %+v", got, info, err, want)
+	}
+	if _, _, err := g.Answer(ctx, idempotency.Key{Scope: "b", ID: "status"}); !errors.Is(err, idempotency.ErrNotFound) {
+		t.Fatalf("another scope: %v; want ErrNotFound", err)
+	}
+}

@@ -52,15 +52,6 @@ func (p *processor) count() int {
 	return len(p.charges)
 }
 
-// steppable skips the case unless the fixture's store implements
-// [idempotency.Stepper].
-func (e *env[Tx]) steppable() {
-	e.t.Helper()
-	if _, ok := e.f.Store.(idempotency.Stepper[Tx]); !ok {
-		e.t.Skipf("conformance: the store %T does not implement idempotency.Stepper (operations)", e.f.Store)
-	}
-}
-
 // checkoutOp is an operation of a Local step, a Foreign call to p and
 // another Local step, then Finish; each local phase commits an effect
 // tagged tag plus the phase's name.
@@ -104,8 +95,9 @@ func (e *env[Tx]) oneCheckout(tag, charge, contract string) {
 // several Guards and store instances: one charge, one set of rows, 20
 // identical answers; another fingerprint is refused.
 func (s *suite[Tx]) operationConcurrentSameKey(t *testing.T) {
+	s.need(t, "Stepper")
 	e := s.setup(t, Options{})
-	e.steppable()
+	e.stepper()
 	gs := e.guards(4, nil)
 	p := newProcessor()
 	tag := uniq("op")
@@ -143,8 +135,9 @@ func (s *suite[Tx]) operationConcurrentSameKey(t *testing.T) {
 // committed step does not run again, the call is repeated with the same
 // derived key, and the answer is stored once.
 func (s *suite[Tx]) operationResumes(t *testing.T) {
+	s.need(t, "Stepper")
 	e := s.setup(t, Options{})
-	e.steppable()
+	e.stepper()
 	stores := e.instances(2)
 	g1, g2 := e.guardOn(stores[0], nil), e.guardOn(stores[len(stores)-1], nil)
 	p := newProcessor()
@@ -178,9 +171,10 @@ func (s *suite[Tx]) operationResumes(t *testing.T) {
 // until its lease ends by the store's clock; then a retry takes it over
 // and finishes it; Purge meanwhile never deletes it.
 func (s *suite[Tx]) operationLease(t *testing.T) {
+	s.need(t, "Stepper")
 	clk := newClock()
 	e := s.setupClock(t, Options{}, clk)
-	e.steppable()
+	e.stepper()
 	g := e.guard(&idempotency.Config{WaitTimeout: -1})
 	p := newProcessor()
 	tag := uniq("op")
@@ -224,9 +218,10 @@ func (s *suite[Tx]) operationLease(t *testing.T) {
 // once their grace has passed, each once, and a Completer of another
 // instance finds nothing left.
 func (s *suite[Tx]) operationCompleter(t *testing.T) {
+	s.need(t, "Stepper")
 	clk := newClock()
 	e := s.setupClock(t, Options{}, clk)
-	e.steppable()
+	e.stepper()
 	g := e.guard(nil)
 	p := newProcessor()
 	tag := uniq("op")

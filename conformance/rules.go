@@ -72,6 +72,78 @@ var (
 	ruleFailedComplete = rule{"keystore.go",
 		"A Complete that returns an error and committed nothing frees the key as Rollback does: another caller can take it within one second, never only when a lease runs out."}
 
+	// The multi-step primitives ([idempotency.Stepper], [idempotency.Phase]).
+	ruleStepNeverExpires = rule{"keystore.go",
+		"An unfinished key is never expired and never purged: its expiry is [MaxExpiry] until it completes, and [KeyStore.Purge] skips it."}
+	ruleStepReserveHeld = rule{"keystore.go",
+		"[KeyStore.Reserve] treats an unfinished key as held: it reports [ErrInProgress], at once or after waiting, and never takes it over."}
+	ruleStepOneTxn = rule{"keystore.go",
+		"Every phase is one transaction of the store on the key's row: the caller's writes through [Phase.Tx], the progress and the lease commit together or not at all."}
+	ruleStepCAS = rule{"keystore.go",
+		"Taking a lease is a compare-and-swap on the row, as taking a free key is: of several callers that find an unfinished key's lease free or ended at once, in one process or in several, exactly one obtains a Phase; the others get [ErrInProgress]."}
+	ruleStepClock = rule{"keystore.go",
+		"Leases are judged by the store's clock, as expiries are."}
+	ruleAcquirePhase = rule{"keystore.go",
+		"Either no live record existed (phase.Progress() is nil: a new key, held as [KeyStore.Reserve] holds it, so Rollback frees it), or the key is unfinished and its lease was free, ended (by the store's clock), or already a.Owner's. Then phase.Progress() is the progress last saved, phase.Fingerprint() the fingerprint the operation started with, and the lease is a.Owner's in the transaction."}
+	ruleAcquireTries = rule{"keystore.go",
+		"Taking over another owner's ended lease counts in Tries only if a later Release commits."}
+	ruleAcquireRecord = rule{"keystore.go",
+		"(nil, rec, nil): the key is completed and live, as in Reserve."}
+	ruleAcquireHeld = rule{"keystore.go",
+		"(nil, nil, err) with err wrapping [ErrInProgress]: the key is held by a transaction of Reserve or Acquire (waited for up to a.Wait, as Reserve does) or leased to another owner until a later time (reported at once: the core polls)."}
+	// The suite requires these bounds to be refused with an error wrapping
+	// idempotency.ErrInvalidConfig, before anything is written: the
+	// contract names no error for them, and ErrInvalidConfig is the one
+	// the core gives a value out of range.
+	ruleAcquireInput = rule{"keystore.go",
+		"a.Owner is a token of at most 64 printable ASCII bytes; a.Lease is at least one millisecond."}
+	ruleAbandonedLimit = rule{"keystore.go",
+		"Limit bounds the list: 1 to 1000."}
+	ruleListLimit = rule{"keystore.go",
+		"Limit is the page's size: 1 to 1000."}
+	ruleAbandoned = rule{"keystore.go",
+		"Abandoned lists up to q.Limit unfinished keys whose lease ended at least q.Grace ago by the store's clock (a run that released its lease ended it then) and whose Tries are under q.MaxTries, the longest ended first."}
+	ruleAbandonedNoLock = rule{"keystore.go",
+		"It takes no lease and locks nothing: the caller then acquires each one, and may lose it to another."}
+	rulePhaseOver = rule{"keystore.go",
+		"After it returns, whatever the error, the transaction is over and its connection released."}
+	ruleSave = rule{"keystore.go",
+		"Save commits the phase: the writes done through Tx, progress as the key's progress (at most [MaxProgressLen] bytes, never nil), and the lease, the Acquisition's owner's until the store's clock plus its Lease. The key is unfinished."}
+	ruleRelease = rule{"keystore.go",
+		"Release commits the phase with progress and the lease ended now, and counts one more try: a run that failed and lets a retry or the completer resume the key. Writes done through Tx are committed too"}
+	rulePhaseComplete = rule{"keystore.go",
+		"Complete stores resp as the key's completed record and commits, as [Txn.Complete] does, with the writes done through Tx. The progress, owner, lease and tries are cleared; the expiry is the store's clock plus the Acquisition's TTL."}
+	rulePhaseRollback = rule{"keystore.go",
+		"Rollback discards the phase: the writes done through Tx and the lease taken by Acquire. An unfinished key stays as it was committed (progress, owner, lease end); a new key is free again."}
+
+	// Key administration ([idempotency.KeyAdmin], [idempotency.KeyLister]).
+	ruleInspect = rule{"keystore.go",
+		"Inspect returns what the store holds for key, with its body only if body is true (BodyLen is always set). A key with no record gives an error wrapping [ErrNotFound]. It takes no lock and waits for none."}
+	ruleInspectHeldNew = rule{"keystore.go",
+		"A store that holds a new key in an open transaction with no row visible to others (PostgreSQL) reports it [KeyHeld] if it can tell without waiting, else [ErrNotFound]: its documentation says which."}
+	ruleStateHeld = rule{"keystore.go",
+		"KeyHeld: a call of [Guard.Do] holds the key in an open transaction, or a run of an [Operation] holds its live lease."}
+	ruleStateUnfinished = rule{"keystore.go",
+		"KeyUnfinished: an operation stopped between two steps and nobody holds it: a retry with the key or the [Completer] resumes it."}
+	ruleStateExpired = rule{"keystore.go",
+		"KeyExpired: past its expiry by the store's clock, not yet purged; it counts as absent."}
+	ruleInfoTimes = rule{"keystore.go",
+		"CreatedAt and ExpiresAt are by the store's clock; ExpiresAt is [MaxExpiry] for an unfinished key, zero when the store cannot tell (a key held in a transaction with no row yet)."}
+	ruleForget = rule{"keystore.go",
+		"Forget deletes key's record and returns what it deleted (without the body). A key held (by a transaction of Reserve or Acquire, or by a live lease) is refused with [ErrInProgress] and nothing changes; Forget never waits for it. A key with no record gives [ErrNotFound]."}
+	ruleForgetUnfinished = rule{"keystore.go",
+		"An unfinished key whose lease ended is deleted: its operation will not be resumed."}
+	ruleList = rule{"keystore.go",
+		"List returns one page of the keys of q.Scope: the unfinished and held ones first, then the others, each part in byte order of ID. Bodies are not read."}
+	ruleListNext = rule{"keystore.go",
+		"Next resumes the listing; nil when this page is the last."}
+	ruleListCursor = rule{"keystore.go",
+		"Unfinished: the last key was in the first part (unfinished or held)."}
+	ruleStats = rule{"keystore.go",
+		"Stats counts the store's records by state, by the store's clock."}
+	ruleStatsFields = rule{"keystore.go",
+		"OldestUnfinished is the creation of the oldest unfinished or held operation, zero when there is none. Failing counts the unfinished keys with at least one failed try. BodyBytes sums the bodies of live completed records."}
+
 	ruleTTL = rule{"config.go",
 		"TTL is how long a completed key is remembered, counted by the store's clock from the moment its answer was committed (however long fn ran). After it the key counts as new."}
 	ruleMaxExpiry = rule{"config.go",
@@ -92,4 +164,9 @@ var allRules = []rule{
 	ruleRollbackDone, ruleExpiredAbsent, ruleMigrate, ruleTTL, ruleMaxExpiry, ruleMinClock,
 	ruleMemWait, ruleMaxWaiters, ruleLeaseEnds, ruleTakeoverCAS, ruleStaleOwner, rulePurgeRecheck,
 	rulePurgeCount, ruleFailedComplete,
+	ruleStepNeverExpires, ruleStepReserveHeld, ruleStepOneTxn, ruleStepCAS, ruleStepClock, ruleAcquirePhase,
+	ruleAcquireTries, ruleAcquireRecord, ruleAcquireHeld, ruleAcquireInput, ruleAbandonedLimit, ruleListLimit,
+	ruleAbandoned, ruleAbandonedNoLock, rulePhaseOver, ruleSave, ruleRelease, rulePhaseComplete, rulePhaseRollback,
+	ruleInspect, ruleInspectHeldNew, ruleStateHeld, ruleStateUnfinished, ruleStateExpired, ruleInfoTimes,
+	ruleForget, ruleForgetUnfinished, ruleList, ruleListNext, ruleListCursor, ruleStats, ruleStatsFields,
 }

@@ -33,6 +33,14 @@ type Event struct {
 	// for executed, replayed and not_stored, except when the handler also
 	// wrote around the middleware: then it wraps [ErrWriterBypassed].
 	Err error
+	// Waited, RecordAge and AfterFn are those of the guard's call
+	// ([idempotency.Event]): how long the request waited for another
+	// holder of its key, how old the replayed record was, and whether
+	// the handler ran and storing its answer failed. Zero when the
+	// request did not reach the guard.
+	Waited    time.Duration
+	RecordAge time.Duration
+	AfterFn   bool
 }
 
 // KeyHash returns the short hash of the request's key (scope and id,

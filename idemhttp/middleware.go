@@ -207,7 +207,7 @@ func (h *handler[Tx]) serve(w http.ResponseWriter, r *http.Request, values []str
 	var partial *bypassError // the handler wrote to both writers
 	outer := probeOuter(w)
 	runs := 0
-	resp, err := h.g.Do(r.Context(), key, fp, func(tx Tx) (idempotency.Response, error) {
+	resp, gev, err := h.g.DoEvent(r.Context(), key, fp, func(tx Tx) (idempotency.Response, error) {
 		// fn runs again after a retryable store conflict: every run gets a
 		// fresh writer and a fresh body.
 		if runs++; runs == 1 && h.st.bypassed.Load() {
@@ -247,6 +247,7 @@ func (h *handler[Tx]) serve(w http.ResponseWriter, r *http.Request, values []str
 		}
 		return idempotency.Response{Status: cw.status, Header: h.c.storedHeader(cw.sent), Body: cw.body.Bytes()}, nil
 	})
+	ev.Waited, ev.RecordAge, ev.AfterFn = gev.Waited, gev.RecordAge, gev.AfterFn
 	if be, ok := errors.AsType[*bypassError](err); ok {
 		h.answerBypass(w, r, ev, outer, be)
 		return

@@ -81,6 +81,31 @@
 // So Complete raises a busy timeout below 5s to 5s for its UPDATE and
 // COMMIT, and restores it afterwards.
 //
+// # Multi-step operations and key administration
+//
+// The Store implements [idempotency.Stepper], [idempotency.KeyAdmin] and
+// [idempotency.KeyLister] on the same table, with four more columns:
+// progress (NOT NULL on an unfinished operation), owner and lease_ends (the
+// run that holds it, and until when by the store's clock) and tries.
+// [Store.Migrate] adds them to a table created by v0.1.0 ([Schema] shows
+// the statements). Do, Reserve and Purge keep working on a v0.1.0 table
+// until it is upgraded.
+//
+// A phase ([Store.Acquire]) is a write transaction like a reservation: it
+// holds SQLite's write lock, for the whole database, from Acquire until
+// Save, Release, Complete or Rollback. Acquire waits for it, and reports
+// a key it may not take, exactly as Reserve does. An unfinished key is a
+// committed pending row whose expiry is [idempotency.MaxExpiry]: Reserve
+// reports it with [idempotency.ErrInProgress] and never takes it over,
+// and Purge never deletes it.
+//
+// Inspect, List, Stats and Abandoned are one SELECT each, outside any
+// transaction: in WAL mode they wait for no writer. They see committed
+// rows only, and of the keys held in open transactions they can tell only
+// those of this Store (see [Store.Inspect]). Forget takes the write lock
+// for one DELETE. It refuses a held key at once, and waits for the writers
+// of other keys for at most a second (see [Store.Forget]).
+//
 // # Statements per Do
 //
 // SQLite runs in the process: a statement is a function call, not a round

@@ -69,10 +69,15 @@ const startWait = 30 * time.Second
 // SQLITE_LOCKED, sleeping a few random milliseconds between tries, while
 // ctx lives and for at most startWait.
 func retryBusy(ctx context.Context, f func() error) error {
+	return retryBusyFor(ctx, startWait, f)
+}
+
+// retryBusyFor is retryBusy for at most bound.
+func retryBusyFor(ctx context.Context, bound time.Duration, f func() error) error {
 	start := time.Now()
 	for {
 		err := f()
-		if err == nil || !isBusy(err) || ctx.Err() != nil || time.Since(start) > startWait {
+		if err == nil || !isBusy(err) || ctx.Err() != nil || time.Since(start) > bound {
 			return err
 		}
 		t := time.NewTimer(time.Millisecond + rand.N(10*time.Millisecond))

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"strings"
 
 	"modernc.org/sqlite"
 	sqlite3 "modernc.org/sqlite/lib"
@@ -37,6 +38,13 @@ func isBusy(err error) bool {
 		return true
 	}
 	return false
+}
+
+// noProgressColumn reports whether err is SQLite's refusal of a statement
+// that names the progress column on a table without it (a v0.1.0 table).
+func noProgressColumn(err error) bool {
+	var se *sqlite.Error
+	return errors.As(err, &se) && se.Code()&0xff == sqlite3.SQLITE_ERROR && strings.Contains(se.Error(), "no such column: progress")
 }
 
 // IsConflict implements [idempotency.ConflictClassifier]: err (from fn's

@@ -8,7 +8,10 @@ import (
 // Purge implements [idempotency.KeyStore]: it deletes at most limit keys
 // whose ExpiresAt <= SQLite's clock (or the test clock, [Config].Clock, read
 // once). It deletes purgeChunk keys per statement, each statement its own
-// transaction. A key held by an open transaction is not visible to it.
+// transaction. A key held by an open transaction is not visible to it. An
+// unfinished key (with progress: see [Store.Acquire]) is never deleted; on
+// a v0.1.0 table, which has none, Purge works before [Store.Migrate]
+// upgrades it.
 // SQLite has one writer at a time. So each statement queues for the Store's
 // write turn like any of its writers (while ctx lives), and gives it back
 // at once. A Do waits for one small statement of a purge, not for a whole
@@ -45,6 +48,11 @@ func (s *Store) deleteExpired(ctx context.Context, before any, limit int) (int, 
 		return 0, err
 	}
 	res, err := s.db.ExecContext(ctx, s.q.purge, before, limit)
+	if err != nil && ctx.Err() == nil && noProgressColumn(err) {
+		// A v0.1.0 table, not yet upgraded by Migrate: it has no
+		// unfinished rows.
+		res, err = s.db.ExecContext(ctx, s.q.purgeV1, before, limit)
+	}
 	s.releaseTurn()
 	if err != nil {
 		return 0, mapError(ctx, "purge", err)

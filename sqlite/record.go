@@ -26,8 +26,10 @@ func (s *Store) read(ctx context.Context, tx *sql.Tx, key idempotency.Key) (*ide
 		return nil, mapError(ctx, "reserve: read live key", err)
 	}
 	if state != "completed" {
-		// Only a writer outside this package can commit a pending row.
-		return nil, fmt.Errorf("%w: sqlite: key %v has a committed pending row until %v",
+		// An unfinished operation (see Store.Acquire; its expiry is
+		// MaxExpiry), or a pending row committed by a writer outside this
+		// package: held either way, never taken over.
+		return nil, fmt.Errorf("%w: sqlite: key %v has a committed pending row (an unfinished operation, or a reservation committed outside this package) until %v",
 			idempotency.ErrInProgress, key, time.Unix(0, expires).UTC())
 	}
 	return record(key, fp, status, header, body, bodyNull, created, expires)

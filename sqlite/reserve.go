@@ -45,6 +45,11 @@ import (
 //     reports [idempotency.ErrConflict].
 //
 // A key found completed after such a wait is returned instead.
+//
+// An unfinished operation's key (see [Store.Acquire]) is a committed
+// pending row that never expires: Reserve reports it with
+// [idempotency.ErrInProgress] at once, whatever r.Wait, and never takes it
+// over.
 func (s *Store) Reserve(ctx context.Context, r idempotency.Reservation) (idempotency.Txn[*sql.Tx], *idempotency.Record, error) {
 	if r.TTL <= 0 {
 		return nil, nil, fmt.Errorf("%w: sqlite: key %v: reservation TTL %v", idempotency.ErrInvalidConfig, r.Key, r.TTL)
@@ -57,17 +62,56 @@ func (s *Store) Reserve(ctx context.Context, r idempotency.Reservation) (idempot
 	if err != nil {
 		return nil, nil, err
 	}
-	deadline := time.Now().Add(r.Wait)
-	rec, err := s.lookup(ctx, st, r, now)
-	if err != nil || rec != nil {
+	o, rec, err := s.openKey(ctx, st, r, now, true, insertReservation(st, r, now))
+	if o == nil {
 		return nil, rec, err
+	}
+	if !o.won {
+		rec, err := s.read(ctx, o.tx, r.Key)
+		o.end()
+		s.releaseTurn()
+		return nil, rec, err
+	}
+	t, err := o.hold(ctx, s, st, r)
+	if err != nil {
+		s.releaseTurn()
+		return nil, nil, err
+	}
+	return t, nil, nil
+}
+
+// openKey takes the Store's write turn for r.Key and begins a transaction
+// whose first statement is first. It is what Reserve, Acquire and Forget
+// share. With lookup set, a completed live key is first looked up outside
+// any transaction, and returned as rec when found (also after a wait for
+// the key that ended in [idempotency.ErrInProgress]: its holder may have
+// completed it). now is the test clock's reading (nil for SQLite's).
+//
+// On success (o not nil) the caller holds the write turn and o's open
+// transaction: it ends both. Otherwise neither is held.
+func (s *Store) openKey(ctx context.Context, st *stmts, r idempotency.Reservation, now any, lookup bool, first firstStatement) (o *opened, rec *idempotency.Record, err error) {
+	deadline := time.Now().Add(r.Wait)
+	look := func() *idempotency.Record {
+		if !lookup {
+			return nil
+		}
+		if rec, lerr := s.lookup(ctx, st, r, now); lerr == nil && rec != nil {
+			return rec
+		}
+		return nil
+	}
+	if lookup {
+		rec, err := s.lookup(ctx, st, r, now)
+		if err != nil || rec != nil {
+			return nil, rec, err
+		}
 	}
 	by := lockBound(r, deadline)
 	if err := s.acquire(ctx, &r.Key, r.NoWait, deadline, turnWait(r, by)); err != nil {
 		if errors.Is(err, idempotency.ErrInProgress) {
 			// The key's holder may have committed and not yet given the
 			// turn back.
-			if rec, lerr := s.lookup(ctx, st, r, now); lerr == nil && rec != nil {
+			if rec := look(); rec != nil {
 				return nil, rec, nil
 			}
 			return nil, nil, err
@@ -76,7 +120,7 @@ func (s *Store) Reserve(ctx context.Context, r idempotency.Reservation) (idempot
 			// The turn's holder may be stuck behind a writer outside the
 			// Store, which may hold this key too.
 			if started := s.lockWait.Load(); started != 0 && time.Since(time.Unix(0, started)) >= outsideAfter {
-				if rec, lerr := s.lookup(ctx, st, r, now); lerr == nil && rec != nil {
+				if rec := look(); rec != nil {
 					return nil, rec, nil
 				}
 				// Not wrapped: the key may be held, not a conflict to retry.
@@ -86,18 +130,18 @@ func (s *Store) Reserve(ctx context.Context, r idempotency.Reservation) (idempot
 		}
 		return nil, nil, err
 	}
-	t, rec, err := s.reserve(ctx, st, r, now, by)
-	if t == nil && errors.Is(err, idempotency.ErrInProgress) {
-		// The writer outside the Store may just have completed the key.
-		if found, lerr := s.lookup(ctx, st, r, now); lerr == nil && found != nil {
-			rec, err = found, nil
-		}
-	}
-	if t == nil {
+	o, err = s.open(ctx, st, r, by, first)
+	if err != nil {
 		s.releaseTurn()
-		return nil, rec, err
+		if errors.Is(err, idempotency.ErrInProgress) {
+			// The writer outside the Store may just have completed the key.
+			if rec := look(); rec != nil {
+				return nil, rec, nil
+			}
+		}
+		return nil, nil, err
 	}
-	return t, nil, nil
+	return o, nil, nil
 }
 
 // outsideAfter is how long the holder of the write turn must have waited
@@ -143,9 +187,70 @@ func (s *Store) lookup(ctx context.Context, st *stmts, r idempotency.Reservation
 	return record(r.Key, fp, status, header, body, bodyNull, created, expires)
 }
 
-// reserve takes a connection and inserts the reservation in a new
-// transaction on it. Unless it returns a txn, the connection is back in
-// the pool when it returns.
+// opened is a transaction that open began on a connection of its own,
+// whose first statement ran. Whoever has it ends tx, then calls end (or
+// hands both to a txn).
+type opened struct {
+	conn *sql.Conn
+	tx   *sql.Tx
+	// won: the first statement took the key (a reservation inserted, a row
+	// deleted); otherwise a row is in the way, which the caller reads.
+	won bool
+	// orig is the connection's own busy timeout (or busyUnknown), cur the
+	// one it runs with now.
+	orig, cur int64
+}
+
+// firstStatement runs the first statement of a transaction of open and
+// reports whether it took the key.
+type firstStatement func(ctx context.Context, tx *sql.Tx) (bool, error)
+
+// insertReservation is the first statement of Reserve and of Acquire: it
+// inserts the reservation, or takes over an expired row; a live row (or an
+// unfinished one, whose expiry is MaxExpiry) is left as it is.
+func insertReservation(st *stmts, r idempotency.Reservation, now any) firstStatement {
+	return func(ctx context.Context, tx *sql.Tx) (bool, error) {
+		var created int64
+		err := tx.StmtContext(ctx, st.reserve).QueryRowContext(ctx, r.Key.Scope, r.Key.ID, r.Fingerprint, now, int64(r.TTL)).Scan(&created)
+		if errors.Is(err, sql.ErrNoRows) {
+			return false, nil // a live row is in the way
+		}
+		return err == nil, err
+	}
+}
+
+// end rolls o's transaction back (if it is still open) and returns its
+// connection to the pool, its busy timeout set back.
+func (o *opened) end() {
+	rollback(o.conn, o.tx)
+	release(o.conn, o.orig, o.cur)
+}
+
+// hold makes the transaction o opened for r a reservation: the busy
+// timeout is set back before the caller's statements run. On an error o
+// is ended.
+func (o *opened) hold(ctx context.Context, s *Store, st *stmts, r idempotency.Reservation) (*txn, error) {
+	if o.cur != o.orig {
+		// The wait bound must not apply to the caller's statements.
+		if _, err := o.tx.ExecContext(ctx, pragmaBusyTimeout(o.orig)); err != nil {
+			o.end()
+			return nil, mapError(ctx, "reserve: restore busy_timeout", err)
+		}
+	}
+	commit := o.orig
+	if !st.wal {
+		commit = max(o.orig, commitWait)
+	}
+	return &txn{
+		s: s, conn: o.conn, tx: o.tx, complete: st.complete,
+		key: r.Key, fp: r.Fingerprint, ttl: r.TTL,
+		busyTimeout: o.orig, commitBusyTimeout: commit,
+	}, nil
+}
+
+// open takes a connection and begins a transaction on it whose first
+// statement is first (for Reserve, the reservation). Unless it returns o,
+// the connection is back in the pool when it returns.
 //
 // The wait for SQLite's write lock is its busy handler's, under the
 // connection's busy timeout. With no bound (by zero, not r.NoWait) that
@@ -167,10 +272,10 @@ func (s *Store) lookup(ctx context.Context, st *stmts, r idempotency.Reservation
 // nothing on the connection, but modernc.org/sqlite then watches the
 // context with a goroutine and a progress handler in every statement of
 // the transaction.)
-func (s *Store) reserve(ctx context.Context, st *stmts, r idempotency.Reservation, now any, by time.Time) (*txn, *idempotency.Record, error) {
+func (s *Store) open(ctx context.Context, st *stmts, r idempotency.Reservation, by time.Time, first firstStatement) (*opened, error) {
 	conn, err := s.db.Conn(ctx)
 	if err != nil {
-		return nil, nil, mapError(ctx, "reserve: connection", err)
+		return nil, mapError(ctx, "reserve: connection", err)
 	}
 	bounded := !by.IsZero() || r.NoWait
 	// A first try (r.Wait == 0, bounded by the call's Deadline) assumes the
@@ -183,7 +288,7 @@ func (s *Store) reserve(ctx context.Context, st *stmts, r idempotency.Reservatio
 	if !st.wal || bounded && !firstTry {
 		if err := read(); err != nil {
 			_ = conn.Close()
-			return nil, nil, mapError(ctx, "reserve: busy_timeout", err)
+			return nil, mapError(ctx, "reserve: busy_timeout", err)
 		}
 	}
 	for {
@@ -205,83 +310,49 @@ func (s *Store) reserve(ctx context.Context, st *stmts, r idempotency.Reservatio
 				if orig == busyUnknown {
 					if err := read(); err != nil {
 						_ = conn.Close()
-						return nil, nil, mapError(ctx, "reserve: busy_timeout", err)
+						return nil, mapError(ctx, "reserve: busy_timeout", err)
 					}
 					continue
 				}
 				cur = wait
 				if _, err := conn.ExecContext(ctx, pragmaBusyTimeout(cur)); err != nil {
 					release(conn, orig, cur)
-					return nil, nil, mapError(ctx, "reserve: set busy_timeout", err)
+					return nil, mapError(ctx, "reserve: set busy_timeout", err)
 				}
 			}
 		}
 		attempt := time.Now()
 		s.lockWait.Store(attempt.UnixNano())
-		tx, won, err := s.begin(ctx, conn, st, r, now)
+		tx, won, err := begin(ctx, conn, first)
 		s.lockWait.Store(0)
 		if err != nil {
 			if again && ctx.Err() == nil && isBusy(err) && time.Since(attempt) >= time.Duration(own)*time.Millisecond {
 				continue // the busy timeout ran out, the bound has not
 			}
 			release(conn, orig, cur)
-			return nil, nil, waitErr(ctx, err, r, by)
+			return nil, waitErr(ctx, err, r, by)
 		}
-		if !won {
-			rec, err := s.readLive(ctx, conn, tx, r.Key)
-			release(conn, orig, cur)
-			return nil, rec, err
-		}
-		if cur != orig {
-			// The wait bound must not apply to the caller's statements.
-			if _, err := tx.ExecContext(ctx, pragmaBusyTimeout(orig)); err != nil {
-				rollback(conn, tx)
-				release(conn, orig, cur)
-				return nil, nil, mapError(ctx, "reserve: restore busy_timeout", err)
-			}
-		}
-		commit := orig
-		if !st.wal {
-			commit = max(orig, commitWait)
-		}
-		return &txn{
-			s: s, conn: conn, tx: tx, complete: st.complete,
-			key: r.Key, fp: r.Fingerprint, ttl: r.TTL,
-			busyTimeout: orig, commitBusyTimeout: commit,
-		}, nil, nil
+		return &opened{conn: conn, tx: tx, won: won, orig: orig, cur: cur}, nil
 	}
 }
 
-// begin begins a transaction on conn under ctx and inserts the
-// reservation as its first statement. It returns the transaction and
-// whether the key is now held (if not, a live row exists: the caller reads
-// it and ends tx), or an error (tx is then rolled back).
+// begin begins a transaction on conn under ctx and runs first as its
+// first statement. It returns the transaction and whether first took the
+// key, or an error (tx is then rolled back).
 //
-// With _txlock=immediate the BEGIN waits for the write lock; otherwise the
-// INSERT does. Either way no snapshot is read before the lock is taken, so
-// the wait is the busy handler's and the row read after it is the latest
-// committed one.
-func (s *Store) begin(ctx context.Context, conn *sql.Conn, st *stmts, r idempotency.Reservation, now any) (*sql.Tx, bool, error) {
+// With _txlock=immediate the BEGIN waits for the write lock; otherwise
+// first, a write, does. Either way no snapshot is read before the lock is
+// taken, so the wait is the busy handler's and the row read after it is
+// the latest committed one.
+func begin(ctx context.Context, conn *sql.Conn, first firstStatement) (*sql.Tx, bool, error) {
 	tx, err := conn.BeginTx(ctx, nil)
 	if err != nil {
 		return nil, false, err
 	}
-	var created int64
-	err = tx.StmtContext(ctx, st.reserve).QueryRowContext(ctx, r.Key.Scope, r.Key.ID, r.Fingerprint, now, int64(r.TTL)).Scan(&created)
-	if errors.Is(err, sql.ErrNoRows) {
-		return tx, false, nil // a live row is in the way
-	}
+	won, err := first(ctx, tx)
 	if err != nil {
 		rollback(conn, tx)
 		return nil, false, err
 	}
-	return tx, true, nil
-}
-
-// readLive reads the live row that another caller committed (the write
-// lock is held, so this is the latest commit) and ends tx.
-func (s *Store) readLive(ctx context.Context, conn *sql.Conn, tx *sql.Tx, key idempotency.Key) (*idempotency.Record, error) {
-	rec, err := s.read(ctx, tx, key)
-	rollback(conn, tx)
-	return rec, err
+	return tx, won, nil
 }

@@ -12,7 +12,12 @@ import (
 	"github.com/go-idempotency/idempotency"
 )
 
-var _ idempotency.KeyStore[*sql.Tx] = (*Store)(nil)
+var (
+	_ idempotency.KeyStore[*sql.Tx] = (*Store)(nil)
+	_ idempotency.Stepper[*sql.Tx]  = (*Store)(nil)
+	_ idempotency.KeyAdmin          = (*Store)(nil)
+	_ idempotency.KeyLister         = (*Store)(nil)
+)
 
 // Config tunes a [Store]. The zero value (or nil) means the defaults.
 type Config struct {
@@ -52,6 +57,7 @@ func expirySQL(now string, ttl int) string {
 type Store struct {
 	db     *sql.DB
 	clock  func() time.Time // Config.Clock: nil for SQLite's
+	table  string
 	schema string
 	q      queries
 
@@ -70,8 +76,12 @@ type Store struct {
 }
 
 // queries are the statements of one Store, with its table name quoted in.
+// Those of Reserve, Complete and Purge (purgeV1) name only the columns of
+// the v0.1.0 table, so that Do works on a table not yet upgraded; the
+// others need the columns of multi-step operations (see [Schema]).
 type queries struct {
-	lookup, reserve, read, complete, purge string
+	lookup, reserve, read, complete, purge, purgeV1 string
+	steps                                           stepQueries
 }
 
 // stmts are the statements of the hot path, prepared once per Store:
@@ -133,6 +143,7 @@ func New(db *sql.DB, cfg *Config) (*Store, error) {
 	return &Store{
 		db:     db,
 		clock:  clock,
+		table:  table,
 		schema: schema,
 		writer: make(chan struct{}, 1),
 		q: queries{
@@ -151,7 +162,12 @@ RETURNING created_at`,
 			complete: `UPDATE ` + t + ` SET state = 'completed', status = ?1, header = ?2, body = ?3, expires_at = ` + expirySQL(nowSQL(6), 7) + `
 WHERE scope = ?4 AND id = ?5 AND state = 'pending'
 RETURNING expires_at`,
-			purge: `DELETE FROM ` + t + ` WHERE rowid IN (SELECT rowid FROM ` + t + ` WHERE expires_at <= ` + nowSQL(1) + ` ORDER BY expires_at LIMIT ?2)`,
+			// Never an unfinished row (progress set), whose expiry is
+			// MaxExpiry anyway.
+			purge: `DELETE FROM ` + t + ` WHERE rowid IN (SELECT rowid FROM ` + t + ` WHERE expires_at <= ` + nowSQL(1) + ` AND progress IS NULL ORDER BY expires_at LIMIT ?2)`,
+			// purge on a v0.1.0 table, which has no unfinished rows.
+			purgeV1: `DELETE FROM ` + t + ` WHERE rowid IN (SELECT rowid FROM ` + t + ` WHERE expires_at <= ` + nowSQL(1) + ` ORDER BY expires_at LIMIT ?2)`,
+			steps:   newStepQueries(t),
 		},
 	}, nil
 }

@@ -54,29 +54,40 @@ func (t *txn) Complete(ctx context.Context, resp idempotency.Response) error {
 // completeAndCommit runs Complete's statements with the busy timeout cur;
 // on an error the transaction is over.
 func (t *txn) completeAndCommit(ctx context.Context, resp idempotency.Response, cur int64) error {
+	return t.commitWith(ctx, cur, func(now any) error {
+		header := idempotency.MarshalHeader(resp.Header)
+		var expires int64
+		err := t.tx.StmtContext(ctx, t.complete).QueryRowContext(ctx, resp.Status, header, resp.Body, t.key.Scope, t.key.ID, now, int64(t.ttl)).Scan(&expires)
+		if errors.Is(err, sql.ErrNoRows) {
+			return fmt.Errorf("sqlite: complete: the reservation of key %v is gone (no row changed)", t.key)
+		}
+		if err != nil {
+			return mapError(ctx, "complete", err)
+		}
+		return nil
+	})
+}
+
+// commitWith runs write, the last statement of the transaction, with the
+// busy timeout cur and the clock now (the test clock's reading, nil for
+// SQLite's), then commits. write returns its errors mapped. On an error
+// the transaction is over.
+func (t *txn) commitWith(ctx context.Context, cur int64, write func(now any) error) error {
 	if cur != t.busyTimeout {
 		if _, err := t.tx.ExecContext(ctx, pragmaBusyTimeout(cur)); err != nil {
 			rollback(t.conn, t.tx)
 			return mapError(ctx, "complete: set busy_timeout", err)
 		}
 	}
-	// The expiry: the clock at completion (SQLite's unless a test clock is
-	// set) plus the TTL, as stored.
+	// The clock at completion: SQLite's unless a test clock is set.
 	now, err := t.s.testNow()
 	if err != nil {
 		rollback(t.conn, t.tx)
 		return err
 	}
-	header := idempotency.MarshalHeader(resp.Header)
-	var expires int64
-	err = t.tx.StmtContext(ctx, t.complete).QueryRowContext(ctx, resp.Status, header, resp.Body, t.key.Scope, t.key.ID, now, int64(t.ttl)).Scan(&expires)
-	if errors.Is(err, sql.ErrNoRows) {
+	if err := write(now); err != nil {
 		rollback(t.conn, t.tx)
-		return fmt.Errorf("sqlite: complete: the reservation of key %v is gone (no row changed)", t.key)
-	}
-	if err != nil {
-		rollback(t.conn, t.tx)
-		return mapError(ctx, "complete", err)
+		return err
 	}
 	if err := t.tx.Commit(); err != nil {
 		// The driver rolls a failed COMMIT back; should it not have, the

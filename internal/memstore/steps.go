@@ -27,8 +27,45 @@ type opRow struct {
 	created   time.Time
 }
 
+// checkAcquisition refuses an owner or a lease outside the contract's
+// bounds: at most 64 printable ASCII bytes, at least one millisecond.
+func checkAcquisition(a idempotency.Acquisition) error {
+	if a.Lease < time.Millisecond {
+		return fmt.Errorf("%w: memstore: lease %v, want at least 1ms", idempotency.ErrInvalidConfig, a.Lease)
+	}
+	if a.Owner == "" || len(a.Owner) > 64 {
+		return fmt.Errorf("%w: memstore: owner of %d bytes, want 1 to 64", idempotency.ErrInvalidConfig, len(a.Owner))
+	}
+	for i := range len(a.Owner) {
+		if c := a.Owner[i]; c < 0x20 || c > 0x7e {
+			return fmt.Errorf("%w: memstore: owner byte %#x is not printable ASCII", idempotency.ErrInvalidConfig, c)
+		}
+	}
+	return nil
+}
+
+// checkProgress refuses a nil or oversized progress.
+func checkProgress(progress []byte) error {
+	if progress == nil || len(progress) > idempotency.MaxProgressLen {
+		return fmt.Errorf("%w: memstore: progress of %d bytes (nil %v), want 0 to %d and not nil",
+			idempotency.ErrInvalidConfig, len(progress), progress == nil, idempotency.MaxProgressLen)
+	}
+	return nil
+}
+
+// checkLimit refuses a limit outside 1..1000.
+func checkLimit(limit int) error {
+	if limit < 1 || limit > 1000 {
+		return fmt.Errorf("%w: memstore: limit %d, want 1 to 1000", idempotency.ErrInvalidConfig, limit)
+	}
+	return nil
+}
+
 // Acquire implements [idempotency.Stepper].
 func (s *Store) Acquire(ctx context.Context, a idempotency.Acquisition) (idempotency.Phase[*Tx], *idempotency.Record, error) {
+	if err := checkAcquisition(a); err != nil {
+		return nil, nil, err
+	}
 	if s.ReserveErr != nil {
 		if err := s.ReserveErr(); err != nil {
 			return nil, nil, err
@@ -78,6 +115,9 @@ func (s *Store) Acquire(ctx context.Context, a idempotency.Acquisition) (idempot
 
 // Abandoned implements [idempotency.Stepper].
 func (s *Store) Abandoned(_ context.Context, q idempotency.AbandonedQuery) ([]idempotency.AbandonedKey, error) {
+	if err := checkLimit(q.Limit); err != nil {
+		return nil, err
+	}
 	now, err := s.now()
 	if err != nil {
 		return nil, err
@@ -116,6 +156,9 @@ func (p *phase) Release(_ context.Context, progress []byte) error { return p.com
 func (p *phase) commit(progress []byte, release bool) error {
 	s := p.s
 	now, err := s.now()
+	if err == nil {
+		err = checkProgress(progress)
+	}
 	if err != nil {
 		_ = p.Rollback(context.Background())
 		return err
@@ -160,8 +203,8 @@ func (s *Store) Inspect(_ context.Context, key idempotency.Key, body bool) (*ide
 	if info == nil {
 		return nil, fmt.Errorf("memstore: %w", idempotency.ErrNotFound)
 	}
-	if body {
-		info.Body = bytes.Clone(s.records[key].Body)
+	if rec, ok := s.records[key]; body && ok && info.State != idempotency.KeyHeld {
+		info.Body = bytes.Clone(rec.Body)
 	}
 	return info, nil
 }
@@ -213,6 +256,9 @@ func (s *Store) Forget(_ context.Context, key idempotency.Key) (*idempotency.Key
 
 // List implements [idempotency.KeyLister].
 func (s *Store) List(_ context.Context, q idempotency.ListQuery) (idempotency.KeyPage, error) {
+	if err := checkLimit(q.Limit); err != nil {
+		return idempotency.KeyPage{}, err
+	}
 	now, err := s.now()
 	if err != nil {
 		return idempotency.KeyPage{}, err

@@ -1,0 +1,498 @@
+package conformance
+
+import (
+	"bytes"
+	"errors"
+	"fmt"
+	"net/http"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/go-idempotency/idempotency"
+)
+
+// The Admin cases check key administration ([idempotency.KeyAdmin],
+// [idempotency.KeyLister]) on a store that implements it; on any other
+// store they are skipped, naming the interface. The parts about
+// unfinished keys run only on a store that is also an
+// [idempotency.Stepper].
+
+// admin returns the fixture's store as a KeyAdmin, or skips the case.
+func (e *env[Tx]) admin() idempotency.KeyAdmin {
+	e.t.Helper()
+	ad, ok := e.f.Store.(idempotency.KeyAdmin)
+	if !ok {
+		e.lacking("KeyAdmin")
+	}
+	return ad
+}
+
+// lister returns the fixture's store as a KeyLister, or skips the case.
+func (e *env[Tx]) lister() idempotency.KeyLister {
+	e.t.Helper()
+	ls, ok := e.f.Store.(idempotency.KeyLister)
+	if !ok {
+		e.lacking("KeyLister")
+	}
+	return ls
+}
+
+// inspect calls Inspect, failing the case if it takes longer than
+// heldBound: it takes no lock and waits for none.
+func (e *env[Tx]) inspect(ad idempotency.KeyAdmin, key idempotency.Key, body bool) (*idempotency.KeyInfo, error) {
+	e.t.Helper()
+	var (
+		info *idempotency.KeyInfo
+		err  error
+	)
+	within(e.t, heldBound, "Inspect (it waits for nothing)", func() { info, err = ad.Inspect(e.ctx, key, body) })
+	return info, err
+}
+
+// forget calls Forget, failing the case if it takes longer than heldBound:
+// it never waits.
+func (e *env[Tx]) forget(ad idempotency.KeyAdmin, key idempotency.Key) (*idempotency.KeyInfo, error) {
+	e.t.Helper()
+	var (
+		info *idempotency.KeyInfo
+		err  error
+	)
+	within(e.t, heldBound, "Forget (it never waits)", func() { info, err = ad.Forget(e.ctx, key) })
+	return info, err
+}
+
+// adminResp is the answer the Admin cases store: binary body, header
+// values in order.
+func adminResp(body int) idempotency.Response {
+	b := bytes.Repeat(binProgress, body/len(binProgress)+1)[:body]
+	return idempotency.Response{
+		Status: http.StatusCreated,
+		Header: http.Header{"Content-Type": {"application/octet-stream"}, "X-Admin": {"\xff\x00one", "two"}},
+		Body:   b,
+	}
+}
+
+// complete runs Do on key with an effect tagged tag answering resp.
+func (e *env[Tx]) complete(g *idempotency.Guard[Tx], key idempotency.Key, tag string, resp idempotency.Response) {
+	e.t.Helper()
+	r, err := g.Do(e.ctx, key, "fp-admin", func(tx Tx) (idempotency.Response, error) {
+		if err := e.f.Effect(e.ctx, tx, tag); err != nil {
+			return idempotency.Response{}, err
+		}
+		return resp, nil
+	})
+	if err != nil || r.Replayed {
+		e.t.Fatalf("Do of a new key: got %+v, %v; want fn run", r, err)
+	}
+}
+
+// checkAnswer fails the case unless info describes key completed (or
+// expired) with resp at created, expiring at expires; with its body only
+// if body.
+func (e *env[Tx]) checkAnswer(info *idempotency.KeyInfo, key idempotency.Key, state idempotency.KeyState, resp idempotency.Response, body bool, created, expires time.Time, what string) {
+	e.t.Helper()
+	switch {
+	case info == nil:
+		e.t.Fatalf("%s: nil KeyInfo", what)
+	case info.Key != key || info.State != state || info.Fingerprint != "fp-admin":
+		e.t.Fatalf("%s: key %v, state %v, fingerprint %q; want %v, %v, %q", what, info.Key, info.State, info.Fingerprint, key, state, "fp-admin")
+	case info.Status != resp.Status || !headerEqual(info.Header, resp.Header) || info.BodyLen != len(resp.Body):
+		e.t.Fatalf("%s: status %d, header %v, BodyLen %d; want %d, %v, %d", what, info.Status, info.Header, info.BodyLen, resp.Status, resp.Header, len(resp.Body))
+	case body && !bytes.Equal(info.Body, resp.Body):
+		e.t.Fatalf("%s, asked for its body: Body %s, want %s byte-exact", what, showBytes(info.Body), showBytes(resp.Body))
+	case !body && len(info.Body) != 0:
+		e.t.Fatalf("%s, not asked for its body: Body %s, want none", what, showBytes(info.Body))
+	case !info.CreatedAt.Equal(created) || !info.ExpiresAt.Equal(expires):
+		e.t.Fatalf("%s: CreatedAt %v, ExpiresAt %v; want %v, %v (the store's clock)", what, info.CreatedAt, info.ExpiresAt, created, expires)
+	case info.Progress != nil || info.Tries != 0:
+		e.t.Fatalf("%s: Progress %s, Tries %d; want none", what, showBytes(info.Progress), info.Tries)
+	}
+}
+
+// checkOp fails the case unless info describes an unfinished operation's
+// key in state, with progress, tries and the lease's end.
+func (e *env[Tx]) checkOp(info *idempotency.KeyInfo, key idempotency.Key, state idempotency.KeyState, progress []byte, tries int, created, leaseEnds time.Time, what string) {
+	e.t.Helper()
+	switch {
+	case info == nil:
+		e.t.Fatalf("%s: nil KeyInfo", what)
+	case info.Key != key || info.State != state || info.Fingerprint != "fp-start":
+		e.t.Fatalf("%s: key %v, state %v, fingerprint %q; want %v, %v, %q", what, info.Key, info.State, info.Fingerprint, key, state, "fp-start")
+	case !bytes.Equal(info.Progress, progress) || info.Tries != tries:
+		e.t.Fatalf("%s: Progress %s, Tries %d; want %s, %d", what, showBytes(info.Progress), info.Tries, showBytes(progress), tries)
+	case !info.CreatedAt.Equal(created) || !isMaxExpiry(info.ExpiresAt) || !info.LeaseEnds.Equal(leaseEnds):
+		e.t.Fatalf("%s: CreatedAt %v, ExpiresAt %v, LeaseEnds %v; want %v, MaxExpiry, %v", what, info.CreatedAt, info.ExpiresAt, info.LeaseEnds, created, leaseEnds)
+	case info.Status != 0 || info.BodyLen != 0 || len(info.Body) != 0:
+		e.t.Fatalf("%s: status %d, BodyLen %d: an unfinished key has no answer", what, info.Status, info.BodyLen)
+	}
+}
+
+// adminInspect: Inspect of a completed key (its body only when asked),
+// an expired one, a held one, an unfinished one and an absent one.
+func (s *suite[Tx]) adminInspect(t *testing.T) {
+	s.need(t, "KeyAdmin")
+	clk := newClock()
+	e := s.setupClock(t, Options{}, clk)
+	ad := e.admin()
+	t0 := clk.Now()
+	g := e.guard(&idempotency.Config{TTL: time.Hour})
+	key, resp := idempotency.Key{Scope: "inspect", ID: uniq("done")}, adminResp(1000)
+	e.complete(g, key, "done", resp)
+	for _, body := range []bool{false, true} {
+		info, err := e.inspect(ad, key, body)
+		if err != nil {
+			t.Fatalf("Inspect(body %v) of a completed key: %v", body, err)
+		}
+		e.checkAnswer(info, key, idempotency.KeyCompleted, resp, body, t0, t0.Add(time.Hour), fmt.Sprintf("Inspect(body %v) of a completed key", body))
+	}
+	for _, k := range []idempotency.Key{{Scope: "inspect", ID: uniq("absent")}, {Scope: "Inspect", ID: key.ID}, {ID: key.ID}} {
+		if info, err := e.inspect(ad, k, true); !errors.Is(err, idempotency.ErrNotFound) {
+			t.Fatalf("Inspect of a key with no record (%+q): got %+v, %v; want ErrNotFound", k, info, err)
+		}
+	}
+
+	// A new key held by an open Reserve: held, or not found on a store
+	// that cannot tell without waiting.
+	held := idempotency.Key{ID: uniq("held")}
+	txn, _, err := e.f.Store.Reserve(e.ctx, reservation(held, 0))
+	if err != nil || txn == nil {
+		t.Fatalf("Reserve of a new key: %v, %v", txn, err)
+	}
+	info, err := e.inspect(ad, held, false)
+	if err == nil && (info == nil || info.State != idempotency.KeyHeld || info.Key != held) {
+		t.Fatalf("Inspect of a new key held by an open Reserve: got %+v; want KeyHeld (or ErrNotFound)", info)
+	} else if err != nil && !errors.Is(err, idempotency.ErrNotFound) {
+		t.Fatalf("Inspect of a new key held by an open Reserve: got %v; want KeyHeld (or ErrNotFound)", err)
+	}
+	if err := txn.Rollback(e.ctx); err != nil {
+		t.Fatalf("Rollback: %v", err)
+	}
+
+	if st, ok := e.f.Store.(idempotency.Stepper[Tx]); ok {
+		op := idempotency.Key{ID: uniq("op")}
+		p := e.phase(st, stepAcq(op, "owner-a"), "a new key")
+		if err := p.Save(e.ctx, binProgress); err != nil {
+			t.Fatalf("Save: %v", err)
+		}
+		info, err := e.inspect(ad, op, true)
+		if err != nil {
+			t.Fatalf("Inspect of a key whose lease lives: %v", err)
+		}
+		e.checkOp(info, op, idempotency.KeyHeld, binProgress, 0, t0, t0.Add(stepLease), "Inspect of a key whose lease lives")
+		clk.Add(stepLease)
+		info, err = e.inspect(ad, op, false)
+		if err != nil {
+			t.Fatalf("Inspect of a key whose lease ran out: %v", err)
+		}
+		e.checkOp(info, op, idempotency.KeyUnfinished, binProgress, 0, t0, t0.Add(stepLease), "Inspect of a key whose lease ran out")
+		p = e.phase(st, stepAcq(op, "owner-b"), "another owner")
+		if err := p.Release(e.ctx, []byte("p2")); err != nil {
+			t.Fatalf("Release: %v", err)
+		}
+		info, err = e.inspect(ad, op, false)
+		if err != nil {
+			t.Fatalf("Inspect of a released key: %v", err)
+		}
+		e.checkOp(info, op, idempotency.KeyUnfinished, []byte("p2"), 1, t0, clk.Now(), "Inspect of a released key")
+	}
+
+	clk.Set(t0.Add(time.Hour))
+	info, err = e.inspect(ad, key, true)
+	switch {
+	case errors.Is(err, idempotency.ErrNotFound) && s.h.Features.SelfExpiring:
+		// Already gone by itself.
+	case err != nil:
+		t.Fatalf("Inspect of an expired key: %v", err)
+	default:
+		e.checkAnswer(info, key, idempotency.KeyExpired, resp, true, t0, t0.Add(time.Hour), "Inspect of a key expired by the store's clock")
+	}
+}
+
+// adminForget: Forget refuses a held key at once and changes nothing,
+// deletes a completed one (returning it without its body) and an
+// unfinished one whose lease ended, and reports an absent one.
+func (s *suite[Tx]) adminForget(t *testing.T) {
+	s.need(t, "KeyAdmin")
+	clk := newClock()
+	e := s.setupClock(t, Options{}, clk)
+	ad := e.admin()
+	t0 := clk.Now()
+	g := e.guard(&idempotency.Config{TTL: time.Hour})
+	if info, err := e.forget(ad, idempotency.Key{ID: uniq("absent")}); !errors.Is(err, idempotency.ErrNotFound) {
+		t.Fatalf("Forget of a key with no record: got %+v, %v; want ErrNotFound", info, err)
+	}
+
+	key, tag, resp := idempotency.Key{Scope: "forget", ID: uniq("done")}, uniq("done"), adminResp(300)
+	e.complete(g, key, tag, resp)
+	info, err := e.forget(ad, key)
+	if err != nil {
+		t.Fatalf("Forget of a completed key: %v", err)
+	}
+	e.checkAnswer(info, key, idempotency.KeyCompleted, resp, false, t0, t0.Add(time.Hour), "what Forget of a completed key returned")
+	if info, err := e.inspect(ad, key, false); !errors.Is(err, idempotency.ErrNotFound) {
+		t.Fatalf("Inspect of a forgotten key: got %+v, %v; want ErrNotFound", info, err)
+	}
+	if info, err := e.forget(ad, key); !errors.Is(err, idempotency.ErrNotFound) {
+		t.Fatalf("Forget of a forgotten key: got %+v, %v; want ErrNotFound", info, err)
+	}
+	e.complete(g, key, tag, resp)
+	e.count(tag, 2, "Do runs fn again on a forgotten key")
+
+	// Held by an open Reserve: a new key, and an expired one taken over.
+	expired, tagExp := idempotency.Key{ID: uniq("expired")}, uniq("expired")
+	e.complete(g, expired, tagExp, resp)
+	clk.Add(time.Hour)
+	for _, k := range []idempotency.Key{{ID: uniq("new")}, expired} {
+		tagK := uniq("held")
+		txn, rec, err := e.f.Store.Reserve(e.ctx, reservation(k, 0))
+		if err != nil || txn == nil {
+			t.Fatalf("Reserve of a free key: %v, %+v, %v", txn, rec, err)
+		}
+		e.effect(txn.Tx(), tagK)
+		info, err := e.forget(ad, k)
+		if !errors.Is(err, idempotency.ErrInProgress) {
+			_ = txn.Rollback(e.ctx)
+			t.Fatalf("Forget of a key held by an open Reserve: got %+v, %v; want ErrInProgress at once", info, err)
+		}
+		want := created(tagK, 1)
+		if err := txn.Complete(e.ctx, want); err != nil {
+			t.Fatalf("Complete of a Reserve that Forget refused to touch: %v", err)
+		}
+		e.count(tagK, 1, "the holder's effect")
+		e.replays(g, k, want, "a key Forget refused while it was held")
+	}
+
+	st, ok := e.f.Store.(idempotency.Stepper[Tx])
+	if !ok {
+		return
+	}
+	op := idempotency.Key{ID: uniq("op")}
+	p := e.phase(st, stepAcq(op, "owner-a"), "a new key")
+	began := clk.Now()
+	if err := p.Save(e.ctx, []byte("p1")); err != nil {
+		t.Fatalf("Save: %v", err)
+	}
+	if info, err := e.forget(ad, op); !errors.Is(err, idempotency.ErrInProgress) {
+		t.Fatalf("Forget of a key whose lease lives: got %+v, %v; want ErrInProgress at once", info, err)
+	}
+	e.resumes(st, op, "owner-a", []byte("p1"), 0, "a key Forget refused while its lease lived")
+	clk.Add(stepLease) // the lease ended
+	p = e.phase(st, stepAcq(op, "owner-b"), "another owner")
+	if info, err := e.forget(ad, op); !errors.Is(err, idempotency.ErrInProgress) {
+		_ = p.Rollback(e.ctx)
+		t.Fatalf("Forget of a key held by an open phase: got %+v, %v; want ErrInProgress at once", info, err)
+	}
+	if err := p.Release(e.ctx, []byte("p2")); err != nil {
+		t.Fatalf("Release: %v", err)
+	}
+	info, err = e.forget(ad, op)
+	if err != nil {
+		t.Fatalf("Forget of an unfinished key whose lease ended: %v", err)
+	}
+	e.checkOp(info, op, idempotency.KeyUnfinished, []byte("p2"), 1, began, clk.Now(), "what Forget of an unfinished key returned")
+	p = e.phase(st, stepAcq(op, "owner-c"), "a forgotten unfinished key")
+	e.checkPhase(p, nil, "fp-start", 0, "a forgotten unfinished key: its operation is not resumed")
+	if err := p.Rollback(e.ctx); err != nil {
+		t.Fatalf("Rollback: %v", err)
+	}
+	txn, rec, err := e.f.Store.Reserve(e.ctx, reservation(op, 0))
+	if err != nil || txn == nil {
+		t.Fatalf("Reserve of a forgotten unfinished key: %v, %+v, %v; want the key", txn, rec, err)
+	}
+	if err := txn.Rollback(e.ctx); err != nil {
+		t.Fatalf("Rollback: %v", err)
+	}
+}
+
+// listIDs are the completed keys of AdminList: byte order (A < B < _ < a <
+// b) differs from any case-insensitive or accent-aware collation's.
+var listIDs = []string{"b", "a", "_", "B", "A"}
+
+// adminList: pages of a scope's keys, unfinished and held first, each
+// part in byte order of ID, every key once, with cursors; other scopes'
+// keys never listed.
+func (s *suite[Tx]) adminList(t *testing.T) {
+	s.need(t, "KeyLister")
+	e := s.setup(t, Options{})
+	ls := e.lister()
+	scope := uniq("list")
+	g := e.guard(nil)
+	resp := adminResp(50)
+	for _, id := range listIDs {
+		e.complete(g, idempotency.Key{Scope: scope, ID: id}, "list", resp)
+	}
+	for _, id := range append([]string{"0", "C", "y"}, listIDs...) {
+		e.complete(g, idempotency.Key{Scope: scope + "-other", ID: id}, "other", resp)
+		e.complete(g, idempotency.Key{Scope: strings.ToUpper(scope), ID: id}, "other", resp)
+	}
+	want := []string{"A", "B", "_", "a", "b"}
+	first := 0 // how many keys are in the first part
+	states := map[string]idempotency.KeyState{}
+	for _, id := range want {
+		states[id] = idempotency.KeyCompleted
+	}
+	if st, ok := e.f.Store.(idempotency.Stepper[Tx]); ok {
+		p := e.phase(st, stepAcq(idempotency.Key{Scope: scope, ID: "y"}, "owner-a"), "a new key")
+		if err := p.Release(e.ctx, []byte("y")); err != nil {
+			t.Fatalf("Release: %v", err)
+		}
+		p = e.phase(st, stepAcq(idempotency.Key{Scope: scope, ID: "C"}, "owner-a"), "a new key")
+		if err := p.Save(e.ctx, []byte("C")); err != nil {
+			t.Fatalf("Save: %v", err)
+		}
+		want, first = append([]string{"C", "y"}, want...), 2
+		states["C"], states["y"] = idempotency.KeyHeld, idempotency.KeyUnfinished
+	}
+	list := func(q idempotency.ListQuery) idempotency.KeyPage {
+		t.Helper()
+		var (
+			page idempotency.KeyPage
+			err  error
+		)
+		within(t, 10*time.Second, "List", func() { page, err = ls.List(e.ctx, q) })
+		if err != nil {
+			t.Fatalf("List(limit %d, after %+v): %v", q.Limit, q.After, err)
+		}
+		return page
+	}
+	for _, limit := range []int{3, 2, 1, len(want), 1000} {
+		var got []string
+		q := idempotency.ListQuery{Scope: scope, Limit: limit}
+		for pages := 0; ; pages++ {
+			if pages > len(want) {
+				t.Fatalf("List with limit %d: more than %d pages for %d keys", limit, len(want), len(want))
+			}
+			page := list(q)
+			if len(page.Keys) > limit {
+				t.Fatalf("List with limit %d: a page of %d keys", limit, len(page.Keys))
+			}
+			for _, k := range page.Keys {
+				id := k.Key.ID
+				got = append(got, id)
+				switch {
+				case k.Key.Scope != scope:
+					t.Fatalf("List of scope %q gave a key of scope %q", scope, k.Key.Scope)
+				case k.State != states[id]:
+					t.Fatalf("List: key %q is %v, want %v", id, k.State, states[id])
+				case len(k.Body) != 0:
+					t.Fatalf("List: key %q came with its body: bodies are not read", id)
+				case k.State == idempotency.KeyCompleted && (k.Status != resp.Status || k.Fingerprint != "fp-admin"):
+					t.Fatalf("List: completed key %q: status %d, fingerprint %q", id, k.Status, k.Fingerprint)
+				case k.State != idempotency.KeyCompleted && !bytes.Equal(k.Progress, []byte(id)):
+					t.Fatalf("List: unfinished key %q: progress %s", id, showBytes(k.Progress))
+				}
+			}
+			last := len(got) == len(want)
+			switch {
+			case len(got) > len(want):
+				t.Fatalf("List with limit %d gave %q, want %q", limit, got, want)
+			case last && page.Next != nil:
+				t.Fatalf("List with limit %d: the last page (%q) has Next %+v, want nil", limit, got, page.Next)
+			case !last && page.Next == nil:
+				t.Fatalf("List with limit %d: Next is nil after %q, want the rest of %q", limit, got, want)
+			case !last && (len(page.Keys) != limit || *page.Next != idempotency.ListCursor{Unfinished: len(got) <= first, ID: got[len(got)-1]}):
+				t.Fatalf("List with limit %d: a page of %d keys ending at %q with Next %+v", limit, len(page.Keys), got[len(got)-1], page.Next)
+			}
+			if last {
+				break
+			}
+			q.After = page.Next
+		}
+		if strings.Join(got, " ") != strings.Join(want, " ") {
+			t.Fatalf("List with limit %d: %q, want %q (unfinished and held first, then byte order of ID)", limit, got, want)
+		}
+	}
+	// A cursor at a key no longer there (forgotten between two pages).
+	for _, c := range []struct {
+		after idempotency.ListCursor
+		want  []string
+	}{
+		{idempotency.ListCursor{ID: "AA"}, []string{"B", "_", "a", "b"}},
+		{idempotency.ListCursor{ID: "b"}, nil},
+		{idempotency.ListCursor{Unfinished: true, ID: "D"}, want[first-min(first, 1):]},
+	} {
+		page := list(idempotency.ListQuery{Scope: scope, Limit: 1000, After: &c.after})
+		var got []string
+		for _, k := range page.Keys {
+			got = append(got, k.Key.ID)
+		}
+		if strings.Join(got, " ") != strings.Join(c.want, " ") || page.Next != nil {
+			t.Fatalf("List after %+v: %q (Next %+v), want %q", c.after, got, page.Next, c.want)
+		}
+	}
+	if page := list(idempotency.ListQuery{Scope: uniq("empty"), Limit: 10}); len(page.Keys) != 0 || page.Next != nil {
+		t.Fatalf("List of a scope with no keys: %+v", page)
+	}
+	for _, limit := range []int{0, -1, 1001} {
+		var err error
+		within(t, 10*time.Second, "List", func() { _, err = ls.List(e.ctx, idempotency.ListQuery{Scope: scope, Limit: limit}) })
+		if !errors.Is(err, idempotency.ErrInvalidConfig) {
+			t.Fatalf("List with Limit %d: got %v, want an error wrapping ErrInvalidConfig", limit, err)
+		}
+	}
+}
+
+// adminStats: exact counts by state, by the store's clock, on a fixture
+// of the case's own.
+func (s *suite[Tx]) adminStats(t *testing.T) {
+	s.need(t, "KeyLister")
+	clk := newClock()
+	e := s.setupClock(t, Options{}, clk)
+	ls := e.lister()
+	stats := func(want idempotency.Stats, what string) {
+		t.Helper()
+		var (
+			got idempotency.Stats
+			err error
+		)
+		within(t, 10*time.Second, "Stats", func() { got, err = ls.Stats(e.ctx) })
+		if err != nil {
+			t.Fatalf("Stats, %s: %v", what, err)
+		}
+		if got.OldestUnfinished.Equal(want.OldestUnfinished) {
+			got.OldestUnfinished = want.OldestUnfinished
+		}
+		if got != want {
+			t.Fatalf("Stats, %s:\n got %+v\nwant %+v", what, got, want)
+		}
+	}
+	stats(idempotency.Stats{}, "of an empty store")
+	t0 := clk.Now()
+	short := e.guard(&idempotency.Config{TTL: time.Minute})
+	long := e.guard(&idempotency.Config{TTL: time.Hour})
+	e.complete(short, idempotency.Key{ID: uniq("expired")}, "stats", adminResp(7))
+	for _, n := range []int{10, 0, 100} {
+		e.complete(long, idempotency.Key{ID: uniq("done")}, "stats", adminResp(n))
+	}
+	stats(idempotency.Stats{Completed: 4, BodyBytes: 117}, "4 completed keys")
+	clk.Add(2 * time.Minute)
+	want := idempotency.Stats{Completed: 3, Expired: 1, BodyBytes: 110}
+	stats(want, "3 completed keys and 1 expired")
+	st, ok := e.f.Store.(idempotency.Stepper[Tx])
+	if !ok {
+		return
+	}
+	// failing: released once at t0+2m; held: its lease lives; idle: its
+	// lease ran out, never released.
+	failing, held, idle := idempotency.Key{ID: uniq("failing")}, idempotency.Key{ID: uniq("held")}, idempotency.Key{ID: uniq("idle")}
+	p := e.phase(st, stepAcq(failing, "owner-a"), "a new key")
+	if err := p.Release(e.ctx, []byte("failing")); err != nil {
+		t.Fatalf("Release: %v", err)
+	}
+	clk.Add(time.Minute)
+	p = e.phase(st, stepAcq(idle, "owner-a"), "a new key")
+	if err := p.Save(e.ctx, []byte("idle")); err != nil {
+		t.Fatalf("Save: %v", err)
+	}
+	clk.Add(stepLease)
+	p = e.phase(st, stepAcq(held, "owner-a"), "a new key")
+	if err := p.Save(e.ctx, []byte("held")); err != nil {
+		t.Fatalf("Save: %v", err)
+	}
+	want.Held, want.Unfinished, want.Failing, want.OldestUnfinished = 1, 2, 1, t0.Add(2*time.Minute)
+	stats(want, "with 1 key held by its lease and 2 unfinished, 1 of them failing")
+	clk.Set(t0.Add(time.Hour))
+	want.Held, want.Unfinished, want.Completed, want.Expired, want.BodyBytes = 0, 3, 0, 4, 0
+	stats(want, "an hour on: every lease ended, every completed key expired")
+}

@@ -1,0 +1,198 @@
+package sealed
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"net/http"
+
+	"github.com/go-idempotency/idempotency"
+)
+
+// MaxResourceIDLen is the longest resource id a [ReferenceCodec] stores.
+const MaxResourceIDLen = 1024
+
+// Reference configures a [ReferenceCodec]: an answer stored as a
+// reference to the resource it is about (the order created, the payment
+// made) rather than as its body, and rendered again from that resource's
+// current state on every replay.
+type Reference struct {
+	// ResourceID returns the id of the resource an answer is about (its
+	// Location header, the id in its body). An error fails the call
+	// before anything is stored: fn's writes are rolled back. Required.
+	ResourceID func(resp idempotency.Response) (string, error)
+	// Headers are the names of the answer's headers stored with the status
+	// (in clear, unless the reference is chained with a [Codec]); any
+	// other header is not stored. A replay carries them as they were sent.
+	Headers []string
+	// Render returns the answer for the resource id ResourceID gave for
+	// key's first answer. Its Header and Body are replayed, with the
+	// stored headers on top, under the stored status, unless it sets a
+	// Status of its own (410 for a resource since deleted). An error
+	// fails the replay closed (the operation never runs again). Required.
+	Render func(ctx context.Context, key idempotency.Key, resourceID string) (idempotency.Response, error)
+	// AcceptPlain makes Open return records stored without this codec
+	// as they are, instead of failing with [ErrNotSealed].
+	AcceptPlain bool
+}
+
+// ReferenceCodec stores an answer as its status, the headers allowed and a
+// resource id ([NewReference]). It is safe for concurrent use if Render
+// and ResourceID are. Its stored body is:
+//
+//	"\x00ISR" | len(id) (uvarint) | id
+type ReferenceCodec struct {
+	cfg     Reference
+	headers []string // canonical names
+}
+
+// NewReference returns a ReferenceCodec for cfg. A missing ResourceID or
+// Render, or an invalid header name, gives an error wrapping
+// [idempotency.ErrInvalidConfig].
+func NewReference(cfg Reference) (*ReferenceCodec, error) {
+	switch {
+	case cfg.ResourceID == nil:
+		return nil, fmt.Errorf("%w: sealed: Reference.ResourceID is nil", idempotency.ErrInvalidConfig)
+	case cfg.Render == nil:
+		return nil, fmt.Errorf("%w: sealed: Reference.Render is nil", idempotency.ErrInvalidConfig)
+	}
+	c := &ReferenceCodec{cfg: cfg}
+	for _, name := range cfg.Headers {
+		if name == "" || !validHeaderName(name) {
+			return nil, fmt.Errorf("%w: sealed: Reference.Headers: invalid header name %q", idempotency.ErrInvalidConfig, name)
+		}
+		c.headers = append(c.headers, http.CanonicalHeaderKey(name))
+	}
+	c.cfg.Headers = nil
+	return c, nil
+}
+
+// validHeaderName reports whether name is an HTTP token.
+func validHeaderName(name string) bool {
+	for i := range len(name) {
+		ch := name[i]
+		switch {
+		case 'a' <= ch && ch <= 'z', 'A' <= ch && ch <= 'Z', '0' <= ch && ch <= '9':
+		case ch < 0x80 && ch > ' ' && ch != 0x7f && !isSeparator(ch):
+		default:
+			return false
+		}
+	}
+	return true
+}
+
+func isSeparator(ch byte) bool {
+	switch ch {
+	case '(', ')', '<', '>', '@', ',', ';', ':', '\\', '"', '/', '[', ']', '?', '=', '{', '}':
+		return true
+	}
+	return false
+}
+
+// errResourceID: ResourceID returned an id that cannot be stored.
+var errResourceID = errors.New("sealed: invalid resource id")
+
+// Seal stores resp's status, its allowed headers and the id of its
+// resource.
+func (c *ReferenceCodec) Seal(_ context.Context, _ idempotency.Key, resp idempotency.Response) (idempotency.Response, error) {
+	id, err := c.cfg.ResourceID(resp)
+	if err != nil {
+		return idempotency.Response{}, fmt.Errorf("sealed: Reference.ResourceID: %w", err)
+	}
+	if id == "" || len(id) > MaxResourceIDLen {
+		return idempotency.Response{}, fmt.Errorf("%w: %d bytes, want 1 to %d", errResourceID, len(id), MaxResourceIDLen)
+	}
+	var h http.Header
+	for _, name := range c.headers {
+		if v, ok := resp.Header[name]; ok {
+			if h == nil {
+				h = http.Header{}
+			}
+			h[name] = append([]string(nil), v...)
+		}
+	}
+	body := append([]byte(magic), kindReference)
+	body = appendString(body, id)
+	return idempotency.Response{Status: resp.Status, Header: h, Body: body}, nil
+}
+
+// Open renders the answer of the resource the record names.
+func (c *ReferenceCodec) Open(ctx context.Context, key idempotency.Key, stored idempotency.Response) (idempotency.Response, error) {
+	if kindOf(stored.Body) != kindReference {
+		if c.cfg.AcceptPlain && kindOf(stored.Body) == 0 {
+			return stored, nil
+		}
+		return idempotency.Response{}, ErrNotSealed
+	}
+	id, err := parseReference(stored.Body)
+	if err != nil {
+		return idempotency.Response{}, err
+	}
+	r, err := c.cfg.Render(ctx, key, id)
+	if err != nil {
+		return idempotency.Response{}, fmt.Errorf("sealed: Reference.Render: %w", err)
+	}
+	out := idempotency.Response{Status: stored.Status, Header: r.Header.Clone(), Body: plainBody(r.Body)}
+	if r.Status != 0 {
+		out.Status = r.Status
+	}
+	for name, v := range stored.Header {
+		if out.Header == nil {
+			out.Header = http.Header{}
+		}
+		out.Header[name] = append([]string(nil), v...)
+	}
+	return out, nil
+}
+
+// parseReference returns the resource id of a reference's stored body.
+func parseReference(body []byte) (string, error) {
+	r := &reader{b: body[len(magic)+1:]}
+	id := r.string()
+	switch {
+	case r.err != nil:
+		return "", r.err
+	case len(r.b) != 0:
+		return "", fmt.Errorf("%w: %d bytes after the resource id", ErrCorrupt, len(r.b))
+	case id == "" || len(id) > MaxResourceIDLen:
+		return "", fmt.Errorf("%w: resource id of %d bytes", ErrCorrupt, len(id))
+	}
+	return id, nil
+}
+
+// Chain returns a codec that seals with each of codecs in order and opens
+// in the reverse order: Chain(reference, aead) stores a reference whose
+// resource id and headers are encrypted. Nil codecs are skipped.
+func Chain(codecs ...idempotency.Codec) idempotency.Codec {
+	var cs chain
+	for _, c := range codecs {
+		if c != nil {
+			cs = append(cs, c)
+		}
+	}
+	return cs
+}
+
+type chain []idempotency.Codec
+
+// Seal seals with each codec in order.
+func (cs chain) Seal(ctx context.Context, key idempotency.Key, resp idempotency.Response) (idempotency.Response, error) {
+	for _, c := range cs {
+		var err error
+		if resp, err = c.Seal(ctx, key, resp); err != nil {
+			return idempotency.Response{}, err
+		}
+	}
+	return resp, nil
+}
+
+// Open opens with each codec in the reverse order.
+func (cs chain) Open(ctx context.Context, key idempotency.Key, stored idempotency.Response) (idempotency.Response, error) {
+	for i := len(cs) - 1; i >= 0; i-- {
+		var err error
+		if stored, err = cs[i].Open(ctx, key, stored); err != nil {
+			return idempotency.Response{}, err
+		}
+	}
+	return stored, nil
+}
