@@ -126,4 +126,31 @@
 // that, up to half the lease. Otherwise it fails with a retryable conflict,
 // nothing applied. The scripts name only the record, so reservations and
 // replays run on whichever node has it meanwhile.
+//
+// # Key administration
+//
+// [Store] implements [idempotency.KeyAdmin]: [idempotency.Guard.Inspect]
+// and [idempotency.Guard.Forget] look at one key and delete it, each in one
+// script on the record's node. A pending record is reported held, and
+// Forget refuses it with [idempotency.ErrInProgress]. An expired record is
+// seen only until Redis deletes it, at least a minute after its completion.
+//
+// It does not implement [idempotency.KeyLister]: there is no listing of the
+// keys of a scope, nor counts by state. The only way to enumerate them is
+// SCAN over the key space of every node. On a Redis shared with other data,
+// let alone a Cluster, that walks every key of the server, may return a key
+// twice or miss one that moves, and is no snapshot. That is not a listing
+// this package can promise. [idempotency.Guard.List] and
+// [idempotency.Guard.Stats] return an error wrapping [errors.ErrUnsupported].
+// Records expire by themselves, so there is nothing to purge either.
+//
+// # Multi-step operations
+//
+// [Store] does not implement [idempotency.Stepper], and
+// [idempotency.Guard.Run] refuses it with an error wrapping
+// [errors.ErrUnsupported]. An operation saves its progress in the same
+// transaction as each step's effects, so that a crash resumes it at the
+// last recovery point. Redis cannot share a transaction with effects kept
+// anywhere else, so that promise would not hold: use a SQL store for
+// operations.
 package redis

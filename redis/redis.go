@@ -83,6 +83,7 @@ type Store struct {
 	renewScript   *goredis.Script
 	releaseScript *goredis.Script
 	abandonScript *goredis.Script
+	adminScript   *goredis.Script
 
 	// tokens starts every owner token of this Store. A token that starts
 	// with it and is not in holds belongs to a reservation that is over,
@@ -213,6 +214,7 @@ func New(client goredis.UniversalClient, cfg *Config) (*Store, error) {
 		renewScript:   goredis.NewScript(renewLua),
 		releaseScript: goredis.NewScript(releaseLua),
 		abandonScript: goredis.NewScript(abandonLua),
+		adminScript:   goredis.NewScript(adminLua),
 		tokens:        rand.Text() + ".",
 		holds:         make(map[string]*hold),
 	}, nil

@@ -44,6 +44,8 @@ import (
 	"os/signal"
 	"syscall"
 	"time"
+
+	"github.com/go-idempotency/idempotency/internal/storedsn"
 )
 
 // poolSize caps the library's connection pool on every store, below the
@@ -68,7 +70,7 @@ func main() {
 
 // options are the parsed command line.
 type options struct {
-	store   target
+	store   storedsn.Target // a SQLite Target with no Path: a temporary database
 	n       int
 	timeout time.Duration
 }
@@ -76,7 +78,7 @@ type options struct {
 func parseArgs(args []string, stderr io.Writer) (options, error) {
 	fs := flag.NewFlagSet("idemcheck", flag.ContinueOnError)
 	fs.SetOutput(stderr)
-	dsn := fs.String("store", "", "store `DSN`: postgres://..., mysql://user:pass@host:port/db, user@tcp(host:port)/db, redis://host:port/db, sqlite:PATH, file:PATH or a path ending in .db, .sqlite or .sqlite3 (default: a temporary SQLite database)")
+	dsn := fs.String("store", "", storedsn.FlagHelp+" (default: a temporary SQLite database)")
 	n := fs.Int("n", 20, "number of simultaneous callers, 1 to 1000")
 	timeout := fs.Duration("timeout", 60*time.Second, "overall time limit")
 	fs.Usage = func() {
@@ -97,11 +99,15 @@ func parseArgs(args []string, stderr io.Writer) (options, error) {
 	if *timeout <= 0 {
 		return options{}, fmt.Errorf("-timeout %v: want a positive duration", *timeout)
 	}
-	t, err := parseStore(*dsn) // a *StoreError names the flag
-	if err != nil {
-		return options{}, err
+	opts := options{store: storedsn.Target{Kind: storedsn.SQLite}, n: *n, timeout: *timeout}
+	if *dsn != "" {
+		t, err := storedsn.Parse(*dsn) // a *storedsn.Error names the flag
+		if err != nil {
+			return options{}, err
+		}
+		opts.store = t
 	}
-	return options{store: t, n: *n, timeout: *timeout}, nil
+	return opts, nil
 }
 
 // run is the whole command; it returns the exit status.
@@ -178,16 +184,16 @@ type backend struct {
 // open connects to the target store and creates the run's tables. It opens
 // a pool of poolSize connections for the library and one of naiveConns for
 // the naive version, both in full before the callers start.
-func open(ctx context.Context, t target, naiveConns int) (*backend, error) {
-	switch t.kind {
-	case "sqlite":
-		return openSQLite(ctx, t.sqlite, naiveConns)
-	case "postgres":
-		return openPostgres(ctx, t.pg, naiveConns)
-	case "mysql":
-		return openMySQL(ctx, t.my, naiveConns)
-	case "redis":
-		return openRedis(ctx, t.rd, naiveConns)
+func open(ctx context.Context, t storedsn.Target, naiveConns int) (*backend, error) {
+	switch t.Kind {
+	case storedsn.SQLite:
+		return openSQLite(ctx, t.Path, naiveConns)
+	case storedsn.Postgres:
+		return openPostgres(ctx, t.Postgres, naiveConns)
+	case storedsn.MySQL:
+		return openMySQL(ctx, t.MySQL, naiveConns)
+	case storedsn.Redis:
+		return openRedis(ctx, t.Redis, naiveConns)
 	}
-	return nil, fmt.Errorf("unknown store kind %q", t.kind)
+	return nil, fmt.Errorf("unknown store kind %q", t.Kind)
 }

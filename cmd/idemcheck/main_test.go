@@ -235,50 +235,6 @@ func TestBadArguments(t *testing.T) {
 	}
 }
 
-func TestParseStore(t *testing.T) {
-	t.Parallel()
-	for dsn, want := range map[string]gomysql.Config{
-		"mysql://u:p%40ss@db.example:3307/shop?parseTime=true&timeout=5s": {
-			User: "u", Passwd: "p@ss", Net: "tcp", Addr: "db.example:3307", DBName: "shop", ParseTime: true, Timeout: 5 * time.Second,
-		},
-		"mysql://root@localhost/test":                  {User: "root", Net: "tcp", Addr: "localhost:3306", DBName: "test"},
-		"root@tcp(127.0.0.1:3306)/test?parseTime=true": {User: "root", Net: "tcp", Addr: "127.0.0.1:3306", DBName: "test", ParseTime: true},
-	} {
-		got, err := parseStore(dsn)
-		if err != nil || got.kind != "mysql" {
-			t.Errorf("parseStore(%q) = %q, %v; want mysql", dsn, got.kind, err)
-			continue
-		}
-		cfg, err := mysql.ParseDSN(got.my)
-		if err != nil {
-			t.Fatalf("parseStore(%q) gave DSN %q: %v", dsn, got.my, err)
-		}
-		if cfg.User != want.User || cfg.Passwd != want.Passwd || cfg.Net != want.Net || cfg.Addr != want.Addr ||
-			cfg.DBName != want.DBName || cfg.ParseTime != want.ParseTime || cfg.Timeout != want.Timeout {
-			t.Errorf("parseStore(%q) gave DSN %q = %+v, want %+v", dsn, got.my, cfg, want)
-		}
-	}
-	for dsn, want := range map[string]target{
-		"":                     {kind: "sqlite"},
-		"sqlite:/tmp/x.db":     {kind: "sqlite", sqlite: "/tmp/x.db"},
-		"./payments.db":        {kind: "sqlite", sqlite: "./payments.db"},
-		"/var/lib/app/keys.db": {kind: "sqlite", sqlite: "/var/lib/app/keys.db"},
-	} {
-		got, err := parseStore(dsn)
-		if err != nil || got.kind != want.kind || got.sqlite != want.sqlite {
-			t.Errorf("parseStore(%q) = %q %q, %v; want %q %q", dsn, got.kind, got.sqlite, err, want.kind, want.sqlite)
-		}
-	}
-	for _, dsn := range []string{"postgres://u@h/db", "postgresql://u@h:5433/db?sslmode=disable"} {
-		if got, err := parseStore(dsn); err != nil || got.kind != "postgres" {
-			t.Errorf("parseStore(%q) = %q, %v; want postgres", dsn, got.kind, err)
-		}
-	}
-	if got, err := parseStore("redis://h:6380/2"); err != nil || got.kind != "redis" || got.rd.Addr != "h:6380" || got.rd.DB != 2 {
-		t.Errorf("parseStore(redis) = %+v, %v", got, err)
-	}
-}
-
 // TestLibraryProblems checks that every deviation from the expected row makes
 // the command fail.
 func TestLibraryProblems(t *testing.T) {

@@ -1,4 +1,7 @@
-package main
+// Package storedsn parses the -store values the commands accept
+// (idemcheck, idemctl): one parser, so that every command takes the same
+// forms and refuses the same mistakes.
+package storedsn
 
 import (
 	"fmt"
@@ -11,96 +14,105 @@ import (
 	"github.com/go-idempotency/idempotency/mysql"
 )
 
-// target is a parsed -store value. Exactly one of its store fields is set
-// (or none, for the default temporary SQLite database).
-type target struct {
-	kind   string // "sqlite", "postgres", "mysql" or "redis"
-	sqlite string // SQLite file path; "" means a temporary database
-	pg     *pgxpool.Config
-	my     string // MySQL DSN in either form, checked by mysql.ParseDSN
-	rd     *goredis.Options
+// The kinds of store a [Target] names.
+const (
+	SQLite   = "sqlite"
+	Postgres = "postgres"
+	MySQL    = "mysql"
+	Redis    = "redis"
+)
+
+// Target is a parsed -store value. Exactly one of its store fields is set
+// for its Kind.
+type Target struct {
+	Kind     string           // SQLite, Postgres, MySQL or Redis
+	Path     string           // SQLite file path
+	Postgres *pgxpool.Config  // PostgreSQL
+	MySQL    string           // MySQL DSN in either form, checked by mysql.ParseDSN
+	Redis    *goredis.Options // Redis
 }
 
-// acceptedStores lists the -store forms, for the flag's help and for the
-// error that refuses anything else.
-const acceptedStores = `accepted -store values:
-  (none)                               a temporary SQLite database, removed at exit
+// FlagHelp is the help of a -store flag.
+const FlagHelp = "store `DSN`: postgres://..., mysql://user:pass@host:port/db, user@tcp(host:port)/db, redis://host:port/db, sqlite:PATH, file:PATH or a path ending in .db, .sqlite or .sqlite3"
+
+// Accepted lists the -store forms, for a command's help and for the error
+// that refuses anything else.
+const Accepted = `accepted -store values:
   PATH.db, PATH.sqlite, PATH.sqlite3   SQLite file
   sqlite:PATH, file:PATH               SQLite file of any name
   postgres://user@host:5432/db         PostgreSQL (also postgresql://; e.g. ?sslmode=disable)
   mysql://user:pass@host:3306/db       MySQL/MariaDB (also user:pass@tcp(host:3306)/db)
   redis://host:6379/0                  Redis (also rediss:// for TLS)`
 
-// StoreError is the error of a -store value that is not one of the
-// accepted forms (or is one, but malformed). Its message lists the
-// accepted forms.
-type StoreError struct {
+// Error is the error of a -store value that is not one of the accepted
+// forms (or is one, but malformed). Its message lists the accepted forms.
+type Error struct {
 	Value  string // the -store value
 	Reason string // what is wrong with it
 	Err    error  // the parser's error, if any
 }
 
 // Error says what is wrong with the value and lists the accepted forms.
-func (e *StoreError) Error() string {
+func (e *Error) Error() string {
 	msg := fmt.Sprintf("-store %q: %s", e.Value, e.Reason)
 	if e.Err != nil {
 		msg += ": " + e.Err.Error()
 	}
-	return msg + "\n" + acceptedStores
+	return msg + "\n" + Accepted
 }
 
 // Unwrap returns the parser's error.
-func (e *StoreError) Unwrap() error { return e.Err }
+func (e *Error) Unwrap() error { return e.Err }
 
 // sqliteSuffixes are the file extensions taken as SQLite paths without a
 // sqlite: or file: prefix.
 var sqliteSuffixes = []string{".db", ".sqlite", ".sqlite3"}
 
-// parseStore turns a -store value into a target, without connecting. A
-// value that is not a recognised form is refused with a [*StoreError]. It
-// is never taken for a file name: `-store 127.0.0.1:6379` would otherwise
-// run on a new SQLite file of that name.
-func parseStore(dsn string) (target, error) {
+// Parse turns a -store value into a Target, without connecting. A value
+// that is not a recognised form, the empty one included, is refused with
+// an [*Error]. It is never taken for a file name: `-store 127.0.0.1:6379`
+// would otherwise run on a new SQLite file of that name.
+func Parse(dsn string) (Target, error) {
 	t, reason, err := classifyStore(dsn)
 	if reason != "" || err != nil {
-		return target{}, &StoreError{Value: dsn, Reason: reason, Err: err}
+		return Target{}, &Error{Value: dsn, Reason: reason, Err: err}
 	}
 	return t, nil
 }
 
 // classifyStore parses dsn; a non-empty reason or an error refuses it.
-func classifyStore(dsn string) (t target, reason string, err error) {
+func classifyStore(dsn string) (t Target, reason string, err error) {
 	if dsn == "" {
-		return target{kind: "sqlite"}, "", nil
+		return Target{}, "empty", nil
 	}
 	scheme, _, hasScheme := strings.Cut(dsn, "://")
 	switch {
 	case hasScheme && (scheme == "postgres" || scheme == "postgresql"):
 		cfg, err := pgxpool.ParseConfig(dsn)
 		if err != nil {
-			return target{}, "invalid PostgreSQL URL", err
+			return Target{}, "invalid PostgreSQL URL", err
 		}
-		return target{kind: "postgres", pg: cfg}, "", nil
+		return Target{Kind: Postgres, Postgres: cfg}, "", nil
 	case hasScheme && scheme == "mysql":
 		t, err := mysqlTarget(dsn)
 		if err != nil {
-			return target{}, "invalid MySQL URL", err
+			return Target{}, "invalid MySQL URL", err
 		}
 		return t, "", nil
 	case hasScheme && (scheme == "redis" || scheme == "rediss"):
 		opt, err := goredis.ParseURL(dsn)
 		if err != nil {
-			return target{}, "invalid Redis URL", err
+			return Target{}, "invalid Redis URL", err
 		}
-		return target{kind: "redis", rd: opt}, "", nil
+		return Target{Kind: Redis, Redis: opt}, "", nil
 	case hasScheme && scheme == "file":
 		path := strings.TrimPrefix(dsn, "file://")
 		if !strings.HasPrefix(path, "/") {
-			return target{}, "a file:// URL must have an empty host and an absolute path (file:///dir/keys.db)", nil
+			return Target{}, "a file:// URL must have an empty host and an absolute path (file:///dir/keys.db)", nil
 		}
 		return sqliteTarget(path)
 	case hasScheme:
-		return target{}, fmt.Sprintf("unknown scheme %q", scheme), nil
+		return Target{}, fmt.Sprintf("unknown scheme %q", scheme), nil
 	case strings.HasPrefix(dsn, "sqlite:"):
 		return sqliteTarget(strings.TrimPrefix(dsn, "sqlite:"))
 	case strings.HasPrefix(dsn, "file:"):
@@ -108,7 +120,7 @@ func classifyStore(dsn string) (t target, reason string, err error) {
 	case looksLikeMySQLNative(dsn):
 		t, err := mysqlTarget(dsn)
 		if err != nil {
-			return target{}, "unusable MySQL DSN", err
+			return Target{}, "unusable MySQL DSN", err
 		}
 		return t, "", nil
 	}
@@ -119,9 +131,9 @@ func classifyStore(dsn string) (t target, reason string, err error) {
 		}
 	}
 	if host, port, err := net.SplitHostPort(dsn); err == nil && host != "" && port != "" {
-		return target{}, "a bare host:port names no store; " + guessScheme(host, port), nil
+		return Target{}, "a bare host:port names no store; " + guessScheme(host, port), nil
 	}
-	return target{}, "not a recognised store (a SQLite file path must end in .db, .sqlite or .sqlite3, or start with sqlite: or file:)", nil
+	return Target{}, "not a recognised store (a SQLite file path must end in .db, .sqlite or .sqlite3, or start with sqlite: or file:)", nil
 }
 
 // guessScheme suggests a URL for a bare host:port from its port.
@@ -141,25 +153,25 @@ func guessScheme(host, port string) string {
 // sqliteTarget checks a SQLite file path given with sqlite:, file: or a
 // recognised extension. The store opens it with its own options, so a
 // query string is refused.
-func sqliteTarget(path string) (target, string, error) {
+func sqliteTarget(path string) (Target, string, error) {
 	switch {
 	case path == "":
-		return target{}, "SQLite: the path is empty", nil
+		return Target{}, "SQLite: the path is empty", nil
 	case path == ":memory:":
-		return target{}, "SQLite: an in-memory database is not shared by the connections of a pool; give a file path", nil
+		return Target{}, "SQLite: an in-memory database is not shared by the connections of a pool; give a file path", nil
 	case strings.Contains(path, "?"):
-		return target{}, "SQLite: a query string is not accepted (the store sets its own options); give a plain file path", nil
+		return Target{}, "SQLite: a query string is not accepted (the store sets its own options); give a plain file path", nil
 	}
-	return target{kind: "sqlite", sqlite: path}, "", nil
+	return Target{Kind: SQLite, Path: path}, "", nil
 }
 
 // mysqlTarget checks a DSN, in the driver's form or the URL form, with
 // the mysql package's own rules.
-func mysqlTarget(dsn string) (target, error) {
+func mysqlTarget(dsn string) (Target, error) {
 	if _, err := mysql.ParseDSN(dsn); err != nil {
-		return target{}, err
+		return Target{}, err
 	}
-	return target{kind: "mysql", my: dsn}, nil
+	return Target{Kind: MySQL, MySQL: dsn}, nil
 }
 
 // looksLikeMySQLNative reports whether dsn is in go-sql-driver/mysql's own
