@@ -177,7 +177,7 @@ func forEachStore(t *testing.T, f func(t *testing.T, ctx context.Context, sc sto
 			ctx := testkit.Context(t, 60*time.Second)
 			sc := newStoreCase(t, ctx, name)
 			if !sc.seed.isAdmin() {
-				t.Skipf("PENDING: the %s store does not implement idempotency.KeyAdmin on this branch", name)
+				t.Fatalf("the %s store does not implement idempotency.KeyAdmin", name)
 			}
 			f(t, ctx, sc)
 		})
@@ -397,7 +397,10 @@ func TestUnfinished(t *testing.T) {
 	t.Parallel()
 	forEachStore(t, func(t *testing.T, ctx context.Context, sc storeCase) {
 		if !sc.seed.isStepper() {
-			t.Skipf("the %s store runs no operations (no Stepper) on this branch", sc.name)
+			if sc.name != "redis" {
+				t.Fatalf("the %s store runs no operations (no Stepper)", sc.name)
+			}
+			t.Skip("redis runs no operations: it cannot share a transaction with a step's writes (see package redis)")
 		}
 		scope := testkit.Name("op-")
 		cmd := func(args ...string) (int, string, string) {
@@ -414,7 +417,7 @@ func TestUnfinished(t *testing.T) {
 		var got keyInfoJSON
 		outJSON(t, out, &got)
 		if code != 0 || got.State != "unfinished" || got.Operation != "payment" || got.Step != "charge" || got.Tries != 1 ||
-			!strings.Contains(got.Failure, "card processor down") || got.Expires == nil || !got.Expires.Equal(idempotency.MaxExpiry().Truncate(time.Millisecond)) && !got.Expires.Equal(idempotency.MaxExpiry()) {
+			!strings.Contains(got.Failure, "card processor down") || got.Expires == nil || got.Expires.Before(idempotency.MaxExpiry().Truncate(time.Millisecond)) {
 			t.Errorf("inspect: exit %d (%s): %+v", code, errs, got)
 		}
 		code, out, _ = cmd("inspect", "-scope", scope, "z-op")

@@ -63,7 +63,7 @@ func newStoreCase(t *testing.T, ctx context.Context, name string) storeCase {
 		if err := s.Migrate(ctx); err != nil {
 			t.Fatal(err)
 		}
-		return storeCase{name: name, args: []string{"-store", dsn, "-table", table}, seed: newGuards(t, s), held: []string{"held", "notfound"}}
+		return storeCase{name: name, args: []string{"-store", dsn, "-table", table}, seed: newGuards(t, s), held: []string{"held"}}
 	case "mysql":
 		dsn := testenv.MySQLDSN(t)
 		db, err := mysql.Open(ctx, dsn)
