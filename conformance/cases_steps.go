@@ -866,33 +866,53 @@ func (s *suite[Tx]) stepsOneConnection(t *testing.T) {
 // reports instead of failing (it runs on a goroutine of its own).
 func (e *env[Tx]) poolPhases(st idempotency.Stepper[Tx], ad idempotency.KeyAdmin, key idempotency.Key, tag, owner string) error {
 	for i := range 3 {
-		a := waiting(stepAcq(key, owner), 10*time.Second)
-		p, rec, err := e.acquireRetrying(st, a, 10*time.Second)
-		if err != nil || p == nil {
-			return fmt.Errorf("phase %d: Acquire got %v, %+v, %v; want a Phase", i, p, rec, err)
-		}
-		if err := e.f.Effect(e.ctx, p.Tx(), tag); err != nil {
-			_ = p.Rollback(e.ctx)
-			return fmt.Errorf("phase %d: effect: %w", i, err)
-		}
-		switch i {
-		case 0:
-			err = p.Save(e.ctx, []byte("p0"))
-		case 1:
-			err = p.Release(e.ctx, []byte("p1"))
-		default:
-			err = p.Complete(e.ctx, created(tag, 3))
+		// A commit that meets a conflict (a serialization failure under
+		// SERIALIZABLE) applied nothing: the phase is tried again, as the
+		// core tries it.
+		var err error
+		for range 10 {
+			if err = e.poolPhase(st, ad, key, tag, owner, i); !errors.Is(err, idempotency.ErrConflict) {
+				break
+			}
 		}
 		if err != nil {
-			return fmt.Errorf("phase %d: %w", i, err)
+			return err
 		}
-		if _, err := st.Abandoned(e.ctx, idempotency.AbandonedQuery{MaxTries: 10, Limit: 5}); err != nil {
-			return fmt.Errorf("Abandoned after phase %d: %w", i, err)
+	}
+	return nil
+}
+
+// poolPhase is phase i of poolPhases.
+func (e *env[Tx]) poolPhase(st idempotency.Stepper[Tx], ad idempotency.KeyAdmin, key idempotency.Key, tag, owner string, i int) error {
+	a := waiting(stepAcq(key, owner), 10*time.Second)
+	p, rec, err := e.acquireRetrying(st, a, 10*time.Second)
+	if err != nil || p == nil {
+		return fmt.Errorf("phase %d: Acquire got %v, %+v, %v; want a Phase", i, p, rec, err)
+	}
+	if err := e.f.Effect(e.ctx, p.Tx(), tag); err != nil {
+		_ = p.Rollback(e.ctx)
+		if cc, ok := e.f.Store.(idempotency.ConflictClassifier); ok && cc.IsConflict(err) {
+			err = fmt.Errorf("%w: %w", idempotency.ErrConflict, err)
 		}
-		if ad != nil {
-			if _, err := ad.Inspect(e.ctx, key, true); err != nil {
-				return fmt.Errorf("Inspect after phase %d: %w", i, err)
-			}
+		return fmt.Errorf("phase %d: effect: %w", i, err)
+	}
+	switch i {
+	case 0:
+		err = p.Save(e.ctx, []byte("p0"))
+	case 1:
+		err = p.Release(e.ctx, []byte("p1"))
+	default:
+		err = p.Complete(e.ctx, created(tag, 3))
+	}
+	if err != nil {
+		return fmt.Errorf("phase %d: %w", i, err)
+	}
+	if _, err := st.Abandoned(e.ctx, idempotency.AbandonedQuery{MaxTries: 10, Limit: 5}); err != nil {
+		return fmt.Errorf("Abandoned after phase %d: %w", i, err)
+	}
+	if ad != nil {
+		if _, err := ad.Inspect(e.ctx, key, true); err != nil {
+			return fmt.Errorf("Inspect after phase %d: %w", i, err)
 		}
 	}
 	return nil

@@ -49,6 +49,7 @@ type statements struct {
 	// administration (admin.go).
 	acquire       string
 	lockRow       string
+	claimNew      string
 	saveNew       string
 	saveExisting  string
 	completeSteps string

@@ -29,6 +29,13 @@ WHERE k.scope = $1::text AND k.id = $2::text`
 	// SERIALIZABLE: a row changed since the snapshot fails it with a
 	// serialization failure.
 	st.lockRow = `SELECT 1 FROM ` + q + ` WHERE scope = $1::text AND id = $2::text FOR UPDATE`
+	// claimNew writes a new key's row at once, with an empty progress,
+	// under REPEATABLE READ and SERIALIZABLE: scope $1, id $2, fingerprint
+	// $3, its creation $4 (NULL: the transaction's start). A row committed
+	// after the snapshot fails it with a serialization failure.
+	st.claimNew = `INSERT INTO ` + q + ` (scope, id, fingerprint, state, created_at, expires_at, progress)
+VALUES ($1::text, $2::text, $3::text, 'pending', COALESCE($4::timestamptz, now()), ` + maxExpirySQL + `, ''::bytea)
+ON CONFLICT (scope, id) DO NOTHING`
 	// saveNew writes a new key's unfinished row: scope $1, id $2,
 	// fingerprint $3, its creation $4 (NULL: the transaction's start), the
 	// clock $5, progress $6, owner $7 (NULL for none), the lease $8 (counted
@@ -190,6 +197,27 @@ func (s *Store) acquire(ctx context.Context, conn *pgxpool.Conn, a idempotency.A
 	}
 	if unfinished {
 		p.fp, p.progress, p.tries, p.existing = row.fp, row.progress, row.tries, true
+	}
+	if !row.exists && !lk.readCommitted() {
+		// A new key under REPEATABLE READ or SERIALIZABLE: the snapshot
+		// may predate a row that another phase committed while this one
+		// waited for the key's lock. Writing the key's row now turns that
+		// into a serialization failure (ErrConflict: the core tries again,
+		// on a new snapshot), never into a second phase.
+		b := &pgx.Batch{}
+		b.Queue(s.sql.claimNew, a.Key.Scope, a.Key.ID, a.Fingerprint, now)
+		br := s.send(ctx, conn.Conn(), b)
+		tag, err := br.Exec()
+		if cerr := br.Close(); err == nil {
+			err = cerr
+		}
+		if err == nil && tag.RowsAffected() != 1 {
+			err = fmt.Errorf("%w: the key's row appeared", idempotency.ErrConflict)
+		}
+		if err != nil { // the caller rolls back (abandon)
+			return nil, nil, s.mapError(ctx, fmt.Errorf("postgres: acquire key %v: claim its row: %w", a.Key, err), false)
+		}
+		p.existing = true // Save and Complete update the claimed row
 	}
 	return p, nil, nil
 }
