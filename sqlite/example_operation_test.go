@@ -12,6 +12,7 @@ import (
 	"path/filepath"
 	"strings"
 	"sync"
+	"time"
 
 	"github.com/go-idempotency/idempotency"
 	"github.com/go-idempotency/idempotency/sqlite"
@@ -109,6 +110,15 @@ func ExampleStore_operation() {
 	}
 	// readme:end operations-checkout
 
+	// readme:begin operations-completer
+	completer, err := idempotency.NewCompleter(guard, &idempotency.CompleterConfig{Grace: time.Minute}, checkout)
+	if err != nil {
+		log.Fatal(err)
+	}
+	report, err := completer.Once(ctx) // or go completer.Run(ctx): a pass every Interval
+	fmt.Println("abandoned:", report.Listed, err)
+	// readme:end operations-completer
+
 	var orders int
 	if err := db.QueryRowContext(ctx, `SELECT count(*) FROM orders WHERE charge = 'ch_1'`).Scan(&orders); err != nil {
 		log.Fatal(err)
@@ -118,5 +128,6 @@ func ExampleStore_operation() {
 	// 0  false idempotency: operation unfinished; retrying with the same key resumes it: operation "checkout", step charge: connection reset (key #614047206e664d04)
 	// 201 {"charge":"ch_1"} false <nil>
 	// 201 {"charge":"ch_1"} true <nil>
+	// abandoned: 0 <nil>
 	// orders: 1 charges: 1
 }
