@@ -181,9 +181,10 @@ type Config struct {
 	// RenderProblem, if set, writes every error the middleware answers
 	// itself, instead of the default application/problem+json document
 	// ([WriteProblem]). p.Header holds the fields the answer must carry, and
-	// the renderer must send them. They are Retry-After on 409 and 503, and
-	// whatever a Scope or ValidateKey problem set, such as
-	// WWW-Authenticate.
+	// the renderer must send them. They are Retry-After on 409 (or 425) and
+	// 503, [HeaderKeyExpires] on the in-progress problem, the Link of
+	// [Config].ProblemDocs, and whatever a Scope or ValidateKey problem set,
+	// such as WWW-Authenticate.
 	RenderProblem func(w http.ResponseWriter, r *http.Request, p *Problem)
 
 	// OnError, if set, is called with the cause of every 500 and 503 the
