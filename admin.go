@@ -117,9 +117,9 @@ func unsupported(store any, what string) error {
 
 // inFlight returns the call of key running in g, if any.
 func (g *Guard[Tx]) inFlight(key Key) (*call, bool) {
-	g.mu.Lock()
-	defer g.mu.Unlock()
-	c, ok := g.calls[key]
+	g.fl.mu.Lock()
+	defer g.fl.mu.Unlock()
+	c, ok := g.fl.calls[key]
 	return c, ok
 }
 

@@ -68,6 +68,6 @@ func (g *Guard[Tx]) replay(ctx context.Context, key Key, rec *Record) (Response,
 	if out.Status < 100 || out.Status > 599 {
 		return Response{}, fmt.Errorf("%w: open: status %d outside 100..599", ErrCodec, out.Status)
 	}
-	out.Replayed = true
+	out.Replayed, out.ExpiresAt = true, rec.ExpiresAt
 	return out, nil
 }

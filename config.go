@@ -129,6 +129,10 @@ type Event struct {
 	Duration time.Duration
 	// Attempts counts reservations tried, retries of [ErrConflict] included.
 	Attempts int
+	// TTL is the lifetime the Guard that handled the call gives the
+	// answers it completes ([Config.TTL], or [Guard.WithTTL]'s): a label
+	// of how long the route keeps its keys, not of this key.
+	TTL time.Duration
 	// Err is the error Do returned, nil for Executed and Replayed.
 	Err error
 	// Operation and Step name the [Operation] of a call of [Operation.Run]
@@ -292,17 +296,16 @@ func New[Tx any](store KeyStore[Tx], cfg *Config) (*Guard[Tx], error) {
 	if cfg != nil {
 		c = *cfg
 	}
+	if err := checkTTL(c.TTL); err != nil {
+		return nil, err
+	}
 	switch {
-	case c.TTL < 0:
-		return nil, fmt.Errorf("%w: negative TTL %v", ErrInvalidConfig, c.TTL)
 	case c.RetryBackoff < 0:
 		return nil, fmt.Errorf("%w: negative RetryBackoff %v", ErrInvalidConfig, c.RetryBackoff)
 	case c.RetryBackoff > MaxRetryBackoff:
 		return nil, fmt.Errorf("%w: RetryBackoff %v longer than %v", ErrInvalidConfig, c.RetryBackoff, MaxRetryBackoff)
 	case c.PurgeBatch < 0:
 		return nil, fmt.Errorf("%w: negative PurgeBatch %d", ErrInvalidConfig, c.PurgeBatch)
-	case c.TTL > 0 && c.TTL < time.Millisecond:
-		return nil, fmt.Errorf("%w: TTL %v shorter than 1ms", ErrInvalidConfig, c.TTL)
 	}
 	if c.TTL == 0 {
 		c.TTL = DefaultTTL
@@ -331,5 +334,47 @@ func New[Tx any](store KeyStore[Tx], cfg *Config) (*Guard[Tx], error) {
 	default:
 		waiters = make(chan struct{}, c.MaxWaiters)
 	}
-	return &Guard[Tx]{store: store, cfg: c, noWait: noWait, calls: make(map[Key]*call), waiters: waiters}, nil
+	fl := &flight{calls: make(map[Key]*call), waiters: waiters}
+	return &Guard[Tx]{store: store, cfg: c, noWait: noWait, fl: fl}, nil
 }
+
+// checkTTL refuses a TTL that [New] refuses: negative, or positive and
+// shorter than a millisecond. Zero means the default.
+func checkTTL(ttl time.Duration) error {
+	switch {
+	case ttl < 0:
+		return fmt.Errorf("%w: negative TTL %v", ErrInvalidConfig, ttl)
+	case ttl > 0 && ttl < time.Millisecond:
+		return fmt.Errorf("%w: TTL %v shorter than 1ms", ErrInvalidConfig, ttl)
+	}
+	return nil
+}
+
+// WithTTL returns a view of g that stores the answers it completes with
+// ttl instead of [Config.TTL]: a route or an operation whose keys must be
+// remembered longer (a payment: 72h) or shorter than the rest. Zero means
+// [DefaultTTL]; a TTL [New] would refuse gives an error wrapping
+// [ErrInvalidConfig].
+//
+// The view shares everything else with g: the store, the rest of the
+// configuration (the Observer included) and the in-memory queue. Callers of
+// one key through g and through the view wait for each other in memory,
+// as callers of one Guard do, and share its [Config.MaxWaiters] slots. A
+// key is one record whatever its TTL: a replay answers with the record as
+// it was completed, by whichever view, and [Response].ExpiresAt says when
+// that record expires. Build views once, at start-up, not per call.
+func (g *Guard[Tx]) WithTTL(ttl time.Duration) (*Guard[Tx], error) {
+	if err := checkTTL(ttl); err != nil {
+		return nil, err
+	}
+	if ttl == 0 {
+		ttl = DefaultTTL
+	}
+	v := *g
+	v.cfg.TTL = ttl
+	return &v, nil
+}
+
+// TTL returns how long g keeps the answers it completes: [Config.TTL] (or
+// its default), or the TTL given to [Guard.WithTTL].
+func (g *Guard[Tx]) TTL() time.Duration { return g.cfg.TTL }

@@ -72,8 +72,8 @@ func TestNewDefaults(t *testing.T) {
 	c := g.cfg
 	if c.TTL != DefaultTTL || c.WaitTimeout != DefaultWaitTimeout || c.MaxRetries != DefaultMaxRetries ||
 		c.RetryBackoff != DefaultRetryBackoff || c.PurgeBatch != DefaultPurgeBatch || c.MaxWaiters != DefaultMaxWaiters ||
-		cap(g.waiters) != DefaultMaxWaiters {
-		t.Fatalf("defaults: got %+v (waiter slots %d)", c, cap(g.waiters))
+		cap(g.fl.waiters) != DefaultMaxWaiters {
+		t.Fatalf("defaults: got %+v (waiter slots %d)", c, cap(g.fl.waiters))
 	}
 	if DefaultTTL != 24*time.Hour || DefaultWaitTimeout != 30*time.Second || DefaultMaxRetries != 10 ||
 		DefaultRetryBackoff != 2*time.Millisecond || DefaultPurgeBatch != 1000 || DefaultMaxWaiters != 2 {
@@ -90,8 +90,8 @@ func TestNewDefaults(t *testing.T) {
 		t.Fatalf("RetryBackoff at its maximum: got %v", g.cfg.RetryBackoff)
 	}
 	g = mustNew(t, &fakeStore{}, &Config{MaxRetries: -1, MaxWaiters: -1})
-	if g.cfg.MaxRetries != 0 || g.waiters != nil {
-		t.Fatalf("negative MaxRetries/MaxWaiters: got %d retries, waiter slots %v; want 0 and no bound", g.cfg.MaxRetries, g.waiters)
+	if g.cfg.MaxRetries != 0 || g.fl.waiters != nil {
+		t.Fatalf("negative MaxRetries/MaxWaiters: got %d retries, waiter slots %v; want 0 and no bound", g.cfg.MaxRetries, g.fl.waiters)
 	}
 	g = mustNew(t, &fakeStore{}, &Config{WaitTimeout: -1})
 	if !g.noWait || g.cfg.WaitTimeout != DefaultWaitTimeout {
@@ -428,7 +428,7 @@ func TestWaitBoundPerWaiter(t *testing.T) {
 		go func() { errs <- c.wait(ctx, nil, time.Now().Add(b+time.Minute)) }()
 	}
 	time.Sleep(10 * time.Millisecond)
-	(&Guard[int]{calls: map[Key]*call{}}).leave(Key{ID: "k"}, c, &answer{})
+	(&Guard[int]{fl: &flight{calls: map[Key]*call{}}}).leave(Key{ID: "k"}, c, &answer{})
 	for range bounds {
 		select {
 		case err := <-errs:

@@ -8,6 +8,18 @@ import (
 	"time"
 )
 
+// flight is the in-memory queue of a [Guard]: the call of each key that is
+// in the store, and the slots for waiting inside the store. A Guard and
+// every view of it ([Guard.WithTTL]) share one, so their callers of one key
+// meet in memory.
+type flight struct {
+	mu    sync.Mutex
+	calls map[Key]*call // the call of each key that is in the store
+	// waiters has one slot per call allowed to wait inside the store; nil
+	// means no bound.
+	waiters chan struct{}
+}
+
 // call is the one call of a key that is in the store on behalf of every
 // caller of that key in a Guard. The others wait for it in memory.
 type call struct {
@@ -38,21 +50,22 @@ func (c *call) won() bool {
 // join returns the call of key in the store and whether the caller must
 // make it (lead) or wait for it.
 func (g *Guard[Tx]) join(key Key) (c *call, lead bool) {
-	g.mu.Lock()
-	defer g.mu.Unlock()
-	if c, ok := g.calls[key]; ok {
+	f := g.fl
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	if c, ok := f.calls[key]; ok {
 		return c, false
 	}
 	c = &call{done: make(chan struct{}), ran: make(chan struct{})}
-	g.calls[key] = c
+	f.calls[key] = c
 	return c, true
 }
 
 // leave ends c with ans (nil if it failed) and wakes its waiters.
 func (g *Guard[Tx]) leave(key Key, c *call, ans *answer) {
-	g.mu.Lock()
-	delete(g.calls, key)
-	g.mu.Unlock()
+	g.fl.mu.Lock()
+	delete(g.fl.calls, key)
+	g.fl.mu.Unlock()
 	c.ans = ans
 	close(c.done)
 }
@@ -82,11 +95,11 @@ func (g *Guard[Tx]) follow(ctx context.Context, c *call, fp string, deadline tim
 // takeWaiter takes one of the slots for waiting inside the store, without
 // blocking; false if none is free.
 func (g *Guard[Tx]) takeWaiter() bool {
-	if g.waiters == nil {
+	if g.fl.waiters == nil {
 		return true
 	}
 	select {
-	case g.waiters <- struct{}{}:
+	case g.fl.waiters <- struct{}{}:
 		return true
 	default:
 		return false
@@ -94,8 +107,8 @@ func (g *Guard[Tx]) takeWaiter() bool {
 }
 
 func (g *Guard[Tx]) releaseWaiter() {
-	if g.waiters != nil {
-		<-g.waiters
+	if g.fl.waiters != nil {
+		<-g.fl.waiters
 	}
 }
 

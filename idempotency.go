@@ -18,7 +18,6 @@ import (
 	"fmt"
 	"math/rand/v2"
 	"net/http"
-	"sync"
 	"time"
 )
 
@@ -89,6 +88,29 @@ type Response struct {
 	// Replayed is false when this call ran fn, true when the response was
 	// read back from the store.
 	Replayed bool
+	// TTL and ExpiresAt say how long the key keeps this answer. They are
+	// set by [Guard.Do] on the answers it returns, never stored and never
+	// compared: the stored answer is Status, Header and Body, and what fn
+	// puts in these two fields is ignored.
+	//
+	// TTL is the lifetime the answer's record was completed with: the
+	// Guard's ([Config.TTL] or [Guard.WithTTL]) when this call ran fn, or
+	// the leading call's when the answer was handed in memory by the call
+	// of the same key that ran fn. Stores do not keep the TTL: for a replay
+	// read from the store it is the TTL of the Guard that read it, and the
+	// record may have been completed by a view with another; ExpiresAt is
+	// then the one to trust.
+	TTL time.Duration
+	// ExpiresAt is when the key stops answering this response. For a
+	// replay read from the store it is the record's expiry, exact, by the
+	// store's clock ([Record].ExpiresAt). For an executed call (and an
+	// answer handed in memory by one) it is an estimate: the application's
+	// clock read just before [Txn.Complete], plus the TTL, rounded down to
+	// the millisecond and clamped as [Expiry] clamps. When the
+	// application's and the store's clocks agree it is no later than the
+	// store's expiry, so a client that stops retrying by it never retries
+	// after the key expired. Zero when unknown.
+	ExpiresAt time.Time
 }
 
 // Guard runs operations under idempotency keys on a [KeyStore]. It is safe
@@ -99,11 +121,8 @@ type Guard[Tx any] struct {
 	// noWait: a negative [Config.WaitTimeout]; cfg.WaitTimeout then holds
 	// the default, the bound of the call's conflict retries.
 	noWait bool
-	// waiters has one slot per call allowed to wait inside the store; nil
-	// means no bound.
-	waiters chan struct{}
-	mu      sync.Mutex
-	calls   map[Key]*call // the call of each key that is in the store
+	// fl is the in-memory queue, shared with every view ([Guard.WithTTL]).
+	fl *flight
 }
 
 // Do runs fn at most once per key, as seen by every caller of the key's
@@ -179,6 +198,7 @@ func (g *Guard[Tx]) observed(ctx context.Context, key Key, fingerprint string, f
 	if err == nil {
 		tr.afterFn = false
 	}
+	ev.TTL = g.cfg.TTL
 	return resp, ev, err
 }
 
@@ -343,7 +363,9 @@ func (g *Guard[Tx]) attempt(ctx context.Context, c *call, key Key, fp string, de
 			return Response{}, ErrMismatch
 		}
 		tr.age = recordAge(rec)
-		return g.replay(ctx, key, rec)
+		resp, err := g.replay(ctx, key, rec)
+		resp.TTL = g.cfg.TTL
+		return resp, err
 	}
 	c.running()
 	resp, err := g.run(ctx, txn, key, fn, tr)
@@ -382,7 +404,8 @@ func (g *Guard[Tx]) run(ctx context.Context, txn Txn[Tx], key Key, fn func(Tx) (
 		}
 		return Response{}, fnError{err, err}
 	}
-	resp.Replayed = false
+	// Only status, header and body are stored: the store gets no more.
+	resp = Response{Status: resp.Status, Header: resp.Header, Body: resp.Body}
 	stored, err := g.seal(ctx, key, resp)
 	if err != nil {
 		if rerr := txn.Rollback(context.WithoutCancel(ctx)); rerr != nil {
@@ -390,10 +413,13 @@ func (g *Guard[Tx]) run(ctx context.Context, txn Txn[Tx], key Key, fn func(Tx) (
 		}
 		return Response{}, err
 	}
+	now := time.Now().Round(0) // before Complete: no later than the store's clock at completion
 	if err := txn.Complete(ctx, stored); err != nil {
 		tr.afterFn = true
 		return Response{}, err
 	}
+	resp.TTL = g.cfg.TTL
+	resp.ExpiresAt = Expiry(now, g.cfg.TTL).Truncate(time.Millisecond)
 	return resp, nil
 }
 

@@ -289,9 +289,10 @@ func CheckClock(now time.Time) error {
 	return nil
 }
 
-// Response builds the replayed [Response] held by rec.
+// Response builds the replayed [Response] held by rec, with its
+// ExpiresAt (TTL is left zero: the record does not keep it).
 func (rec *Record) Response() Response {
-	return Response{Status: rec.Status, Header: rec.Header, Body: rec.Body, Replayed: true}
+	return Response{Status: rec.Status, Header: rec.Header, Body: rec.Body, Replayed: true, ExpiresAt: rec.ExpiresAt}
 }
 
 // ConflictClassifier is an optional interface of a [KeyStore]. IsConflict

@@ -5,6 +5,7 @@ import (
 	"errors"
 	"net/http"
 	"strings"
+	"time"
 
 	"github.com/go-idempotency/idempotency"
 )
@@ -13,7 +14,32 @@ import (
 // the renderer wrote, which may not be p.Status (a renderer that maps 422
 // to 409). A renderer that wrote no status would let the server send an
 // empty 200 for an error: the middleware answers p with [WriteProblem].
+//
+// The problem goes out with the fields the configuration adds: the Link
+// to [Config].ProblemDocs and, with [Config].ExposeHeaders, the
+// Access-Control-Expose-Headers naming what a browser may read. p itself
+// (which may be the caller's, from Scope or ValidateKey) is not changed.
 func (h *handler[Tx]) problem(w http.ResponseWriter, r *http.Request, ev *Event, p *Problem) {
+	if h.c.link != "" || h.c.expose {
+		cp := *p
+		cp.Header = p.Header.Clone()
+		if cp.Header == nil {
+			cp.Header = http.Header{}
+		}
+		if h.c.link != "" {
+			cp.Header.Add("Link", h.c.link)
+		}
+		if h.c.expose {
+			var names []string
+			for _, n := range []string{HeaderKeyExpires, "Retry-After", "Link"} {
+				if _, ok := cp.Header[n]; ok {
+					names = append(names, n)
+				}
+			}
+			expose(w.Header(), names...)
+		}
+		p = &cp
+	}
 	sw := &statusWriter{ResponseWriter: w}
 	h.c.render(sw, r, p)
 	if sw.status == 0 {
@@ -46,6 +72,15 @@ func (s *statusWriter) Write(p []byte) (int, error) {
 
 // Unwrap lets http.ResponseController reach the writer underneath.
 func (s *statusWriter) Unwrap() http.ResponseWriter { return s.ResponseWriter }
+
+// refuseInvalid answers a guarded request of a middleware mounted with a
+// [Config] field out of range: nothing ran, nothing was stored.
+func (h *handler[Tx]) refuseInvalid(w http.ResponseWriter, r *http.Request, ev *Event) {
+	ev.Outcome, ev.Err = idempotency.Internal, h.c.invalid
+	h.warnOnce(&h.st.invalid, r, h.c.invalid)
+	h.problem(w, r, ev, &Problem{Type: ProblemInternal, Title: "Idempotency middleware failed", Status: http.StatusInternalServerError,
+		Detail: "The idempotency middleware is misconfigured; the request was not processed."})
+}
 
 // refuseNoScope answers a guarded request of a middleware mounted without
 // [Config].Scope: nothing ran, nothing was stored.
@@ -86,8 +121,9 @@ func (h *handler[Tx]) internal(w http.ResponseWriter, r *http.Request, ev *Event
 	h.problem(w, r, ev, &Problem{Type: ProblemInternal, Title: "Idempotency middleware failed", Status: http.StatusInternalServerError})
 }
 
-// fail answers an error returned by Guard.Do.
-func (h *handler[Tx]) fail(w http.ResponseWriter, r *http.Request, ev *Event, err error) {
+// fail answers an error returned by Guard.Do; arrived is when the request
+// reached the middleware, before Do.
+func (h *handler[Tx]) fail(w http.ResponseWriter, r *http.Request, ev *Event, err error, arrived time.Time) {
 	ev.Err = err
 	if f, ok := errors.AsType[*handlerFailure](err); ok {
 		// The handler's own response, rolled back and not stored.
@@ -97,7 +133,7 @@ func (h *handler[Tx]) fail(w http.ResponseWriter, r *http.Request, ev *Event, er
 		} else {
 			ev.Err = nil
 		}
-		writeResponse(w, f.c.status, f.c.sent, f.c.body.Bytes(), false)
+		writeResponse(w, f.c.status, f.c.sent, f.c.body.Bytes(), false, nil)
 		return
 	}
 	switch {
@@ -112,9 +148,16 @@ func (h *handler[Tx]) fail(w http.ResponseWriter, r *http.Request, ev *Event, er
 	case errors.Is(err, idempotency.ErrInProgress) && !errors.Is(err, idempotency.ErrStore):
 		// Only a key that is truly held is "in progress": a store that is
 		// busy (SQLite's writer held by another key not waiting) is a 503.
+		// The holder answers after this request arrived: its answer is
+		// kept at least the TTL from then (if it holds the key on this
+		// route's TTL), a lower bound of the key's expiry.
 		ev.Outcome = idempotency.InProgress
-		h.problem(w, r, ev, &Problem{Type: ProblemInProgress, Title: "A request with this " + h.c.header + " is in progress", Status: http.StatusConflict,
-			Detail: "Retry later with the same key to get its response.", Header: retryAfterHeader()})
+		hd := retryAfterHeader()
+		if h.g != nil {
+			hd.Set(HeaderKeyExpires, formatExpiry(idempotency.Expiry(arrived, h.g.TTL())))
+		}
+		h.problem(w, r, ev, &Problem{Type: ProblemInProgress, Title: "A request with this " + h.c.header + " is in progress", Status: h.c.progress,
+			Detail: "Retry later with the same key to get its response.", Header: hd})
 		return
 	}
 	canceled := errors.Is(err, context.Canceled) && r.Context().Err() != nil

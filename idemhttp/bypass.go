@@ -26,6 +26,7 @@ type mountState struct {
 	bypassed atomic.Bool // a handler wrote around the middleware: refuse from now on
 	warned   atomic.Bool // the loud report was made
 	noScope  atomic.Bool // the loud report of a missing Config.Scope was made
+	invalid  atomic.Bool // the loud report of a Config field out of range was made
 }
 
 // written is implemented by framework writers that know whether they sent

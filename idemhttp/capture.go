@@ -89,13 +89,17 @@ func bodyAllowed(status int) bool {
 
 // writeResponse sends a buffered response: header fields are added to the
 // ones already on w (set by outer middleware), replacing same-named ones.
-func writeResponse(w http.ResponseWriter, status int, header http.Header, body []byte, replayed bool) {
+// extra, if set, is called on the header last, before it is sent.
+func writeResponse(w http.ResponseWriter, status int, header http.Header, body []byte, replayed bool, extra func(http.Header)) {
 	h := w.Header()
 	for k, v := range header {
 		h[k] = v
 	}
 	if replayed {
 		h.Set(HeaderReplayed, "true")
+	}
+	if extra != nil {
+		extra(h)
 	}
 	if bodyAllowed(status) && h.Get("Content-Length") == "" && h.Get("Transfer-Encoding") == "" {
 		h.Set("Content-Length", strconv.Itoa(len(body)))

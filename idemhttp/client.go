@@ -3,12 +3,21 @@ package idemhttp
 import (
 	"bytes"
 	"context"
+	"errors"
 	"fmt"
 	"io"
 	"net/http"
+	"strconv"
 	"strings"
 	"time"
 )
+
+// ErrKeyExpired: [Transport] stopped retrying because the next attempt
+// would arrive after the server forgets the key, by the
+// [HeaderKeyExpires] of an earlier answer: that attempt could run the
+// operation a second time. The error says when the key expires and the
+// last attempt's status or error; the operation may have run once.
+var ErrKeyExpired = errors.New("idemhttp: the idempotency key expires before the next retry could arrive; not retried")
 
 // Defaults of [Transport].
 const (
@@ -43,7 +52,18 @@ const (
 // jitter. When the response has a Retry-After header (seconds or
 // HTTP-date), it waits exactly that long. When
 // Retry-After asks for more than MaxDelay, or a wait would pass the
-// context's deadline, that response is returned instead. A request without
+// context's deadline, that response is returned instead.
+//
+// An answer may say until when the server keeps the key
+// ([HeaderKeyExpires]: on stored answers, replays and the in-progress
+// problem of [Middleware]). The Transport keeps the latest such bound of
+// the request's attempts. Once the next attempt would be sent at or after
+// it (now plus the wait), it stops and returns an error wrapping
+// [ErrKeyExpired] instead of a retry that could run the operation twice.
+// When the answer has a Date, the bound is also taken relative to it (the
+// server's clock, less a second for its rounding) from the moment the
+// attempt was sent, and the earlier of the two readings is kept, so that
+// a client clock behind the server's does not move it later. A request without
 // a key (another method, and no key header) is sent once.
 //
 // The body is sent again on each attempt through req.GetBody (set by
@@ -129,6 +149,7 @@ func (t *Transport) RoundTrip(req *http.Request) (*http.Response, error) {
 		maxAttempts = DefaultMaxAttempts
 	}
 	t.Budget.deposit()
+	var expires time.Time // the key's expiry, as the answers bound it; zero: unknown
 	for attempt := 1; ; attempt++ {
 		areq := req.Clone(ctx)
 		if key != "" {
@@ -140,7 +161,13 @@ func (t *Transport) RoundTrip(req *http.Request) (*http.Response, error) {
 			}
 			areq.GetBody = getBody
 		}
+		sent := time.Now()
 		resp, err := send.RoundTrip(areq)
+		if resp != nil {
+			if e, ok := keyExpiry(resp, sent); ok && e.After(expires) {
+				expires = e
+			}
+		}
 		if err != nil && ctx.Err() != nil {
 			return nil, fmt.Errorf("idemhttp: attempt %d of %d: %w", attempt, maxAttempts, err)
 		}
@@ -157,7 +184,13 @@ func (t *Transport) RoundTrip(req *http.Request) (*http.Response, error) {
 		if dl, has := ctx.Deadline(); ok && has && time.Now().Add(wait).After(dl) {
 			ok = false
 		}
-		if !ok || !t.Budget.withdraw() { // waiting is not allowed: this attempt is the answer
+		if !ok { // waiting is not allowed: this attempt is the answer
+			return answer()
+		}
+		if !expires.IsZero() && !time.Now().Add(wait).Before(expires) {
+			return nil, t.expired(attempt, maxAttempts, resp, err, expires, wait)
+		}
+		if !t.Budget.withdraw() {
 			return answer()
 		}
 		if resp != nil {
@@ -175,6 +208,41 @@ func (t *Transport) RoundTrip(req *http.Request) (*http.Response, error) {
 			return nil, fmt.Errorf("idemhttp: waiting after attempt %d (last status %d): %w", attempt, resp.StatusCode, serr)
 		}
 	}
+}
+
+// expired closes the attempt's answer and returns the [ErrKeyExpired] of
+// a retry that would come too late.
+func (t *Transport) expired(attempt, maxAttempts int, resp *http.Response, err error, expires time.Time, wait time.Duration) error {
+	last := fmt.Sprintf("error: %v", err)
+	if resp != nil {
+		last = "status " + strconv.Itoa(resp.StatusCode)
+		_, _ = io.Copy(io.Discard, io.LimitReader(resp.Body, 64<<10))
+		_ = resp.Body.Close()
+	}
+	return fmt.Errorf("%w: attempt %d of %d (last %s); the key expires at %s by this clock, the next attempt would be sent in %v",
+		ErrKeyExpired, attempt, maxAttempts, last, expires.Format(time.RFC3339), wait.Round(time.Millisecond))
+}
+
+// keyExpiry reads the [HeaderKeyExpires] of resp, an answer to an attempt
+// sent at sent, as an instant of this process's clock. With a Date field,
+// the time left by the server's clock (less a second: both are rounded
+// down) counts from sent, which is no later than the server's Date; the
+// earlier of that and the field read by the local clock is returned.
+func keyExpiry(resp *http.Response, sent time.Time) (time.Time, bool) {
+	v := resp.Header.Get(HeaderKeyExpires)
+	if v == "" {
+		return time.Time{}, false
+	}
+	e, err := http.ParseTime(v)
+	if err != nil {
+		return time.Time{}, false
+	}
+	if d, err := http.ParseTime(resp.Header.Get("Date")); err == nil {
+		if rel := sent.Add(e.Sub(d) - time.Second); rel.Before(e) {
+			return rel, true
+		}
+	}
+	return e, true
 }
 
 func (t *Transport) keyed(method string) bool {

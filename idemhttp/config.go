@@ -2,9 +2,14 @@ package idemhttp
 
 import (
 	"context"
+	"fmt"
 	"net/http"
 	"net/textproto"
+	"net/url"
 	"strings"
+	"time"
+
+	"github.com/go-idempotency/idempotency"
 )
 
 // Defaults of [Config].
@@ -176,9 +181,10 @@ type Config struct {
 	// RenderProblem, if set, writes every error the middleware answers
 	// itself, instead of the default application/problem+json document
 	// ([WriteProblem]). p.Header holds the fields the answer must carry, and
-	// the renderer must send them. They are Retry-After on 409 and 503, and
-	// whatever a Scope or ValidateKey problem set, such as
-	// WWW-Authenticate.
+	// the renderer must send them. They are Retry-After on 409 (or 425) and
+	// 503, [HeaderKeyExpires] on the in-progress problem, the Link of
+	// [Config].ProblemDocs, and whatever a Scope or ValidateKey problem set,
+	// such as WWW-Authenticate.
 	RenderProblem func(w http.ResponseWriter, r *http.Request, p *Problem)
 
 	// OnError, if set, is called with the cause of every 500 and 503 the
@@ -197,6 +203,46 @@ type Config struct {
 	// see [Event]. It runs on the request's goroutine and must not block
 	// for long.
 	Observer func(ctx context.Context, ev Event)
+
+	// TTL, if set, is how long the keys of the routes behind this
+	// middleware are remembered after their answer was stored, instead of
+	// the Guard's [idempotency.Config].TTL: a payment route may keep its
+	// keys 72h while the rest keep 24h. [Middleware] applies it once, with
+	// [idempotency.Guard.WithTTL]: the view shares the Guard's store and
+	// in-memory queue. A TTL the Guard would refuse (negative, or under
+	// 1ms) makes the middleware answer every guarded request 500
+	// [ProblemInternal]; [Config.Validate] finds it at start-up.
+	TTL time.Duration
+
+	// ExposeHeaders adds Access-Control-Expose-Headers to every answer of
+	// a guarded request, naming the fields the middleware sets that a
+	// browser's script may read: [HeaderReplayed] and [HeaderKeyExpires]
+	// on answers and replays, and on problems those of them it carries
+	// plus Retry-After and Link. Names already listed (by a CORS
+	// middleware before this one) are kept and not repeated. Defaults to
+	// false: set it when browsers call the API across origins.
+	ExposeHeaders bool
+
+	// ProblemDocs, if set, is the URL of the service's documentation of
+	// its idempotency errors: every problem the middleware answers itself
+	// (400, 409 or 425, 413, 422, 500, 503) carries
+	// Link: <ProblemDocs>; rel="describedby", as the draft's examples show.
+	// An absolute http or https URL of printable ASCII without spaces,
+	// quotes or angle brackets; [Config.Validate] refuses any other.
+	ProblemDocs string
+
+	// InProgressStatus is the status of the "in progress" answer (a
+	// request whose key another request holds): 409 Conflict, the draft's
+	// and the default, or 425 Too Early (RFC 8470) for services that keep
+	// 409 for business conflicts. The problem ([ProblemInProgress]) and
+	// its Retry-After are the same. Any other value is refused by
+	// [Config.Validate] (and answered 500 [ProblemInternal]).
+	InProgressStatus int
+
+	// KeySchema describes, for [OpenAPI], the keys ValidateKey accepts. Nil
+	// means: a UUID when ValidateKey is [UUIDKey], else 1 to 255 printable
+	// ASCII bytes. It does not validate anything itself.
+	KeySchema *KeySchema
 }
 
 type settings struct {
@@ -216,6 +262,11 @@ type settings struct {
 	render    func(http.ResponseWriter, *http.Request, *Problem)
 	onError   func(*http.Request, error)
 	observer  func(context.Context, Event)
+	ttl       time.Duration
+	expose    bool
+	link      string // the Link field value of problems; "" for none
+	progress  int    // the status of the in-progress answer
+	invalid   error  // a Config error other than a missing Scope: refuse every request
 }
 
 func newSettings(o *Config) *settings {
@@ -237,6 +288,16 @@ func newSettings(o *Config) *settings {
 		render:   o.RenderProblem,
 		onError:  o.OnError,
 		observer: o.Observer,
+		ttl:      o.TTL,
+		expose:   o.ExposeHeaders,
+		progress: o.InProgressStatus,
+		invalid:  o.check(),
+	}
+	if o.ProblemDocs != "" {
+		c.link = "<" + o.ProblemDocs + `>; rel="describedby"`
+	}
+	if c.progress == 0 {
+		c.progress = http.StatusConflict
 	}
 	if c.header == "" {
 		c.header = HeaderKey
@@ -289,7 +350,7 @@ func newSettings(o *Config) *settings {
 func neverStored(name string) bool {
 	switch name {
 	case "Set-Cookie", "Set-Cookie2", "Connection", "Keep-Alive", "Te", "Trailer",
-		"Transfer-Encoding", "Upgrade", "Content-Length", "Date", HeaderReplayed:
+		"Transfer-Encoding", "Upgrade", "Content-Length", "Date", HeaderReplayed, HeaderKeyExpires:
 		return true
 	}
 	return strings.HasPrefix(name, "Proxy-")
@@ -317,4 +378,49 @@ func (c *settings) storedHeader(h http.Header) http.Header {
 		}
 	}
 	return out
+}
+
+// check returns an error wrapping [idempotency.ErrInvalidConfig] for the
+// first field of c out of range, Scope aside (see [Config.Validate]).
+func (c *Config) check() error {
+	if c == nil {
+		return nil
+	}
+	switch {
+	case c.TTL < 0 || (c.TTL > 0 && c.TTL < time.Millisecond):
+		return fmt.Errorf("%w: idemhttp Config.TTL %v is negative or under 1ms", idempotency.ErrInvalidConfig, c.TTL)
+	case c.InProgressStatus != 0 && c.InProgressStatus != http.StatusConflict && c.InProgressStatus != http.StatusTooEarly:
+		return fmt.Errorf("%w: idemhttp Config.InProgressStatus %d is neither 409 nor 425", idempotency.ErrInvalidConfig, c.InProgressStatus)
+	}
+	if err := checkDocs(c.ProblemDocs); err != nil {
+		return err
+	}
+	if s := c.KeySchema; s != nil && (s.MinLength < 0 || s.MaxLength < 0 || s.MaxLength > idempotency.MaxIDLen ||
+		(s.MaxLength > 0 && s.MinLength > s.MaxLength)) {
+		return fmt.Errorf("%w: idemhttp Config.KeySchema lengths %d..%d outside 0..%d", idempotency.ErrInvalidConfig,
+			s.MinLength, s.MaxLength, idempotency.MaxIDLen)
+	}
+	return nil
+}
+
+// checkDocs refuses a ProblemDocs that is not an absolute http(s) URL that
+// fits in a Link field as it is.
+func checkDocs(docs string) error {
+	if docs == "" {
+		return nil
+	}
+	for i := 0; i < len(docs); i++ {
+		if c := docs[i]; c <= ' ' || c > '~' || c == '<' || c == '>' || c == '"' {
+			return fmt.Errorf("%w: idemhttp Config.ProblemDocs has the byte %#02x at %d: "+
+				"write it percent-encoded", idempotency.ErrInvalidConfig, c, i)
+		}
+	}
+	u, err := url.Parse(docs)
+	if err != nil {
+		return fmt.Errorf("%w: idemhttp Config.ProblemDocs: %w", idempotency.ErrInvalidConfig, err)
+	}
+	if (u.Scheme != "https" && u.Scheme != "http") || u.Host == "" {
+		return fmt.Errorf("%w: idemhttp Config.ProblemDocs %q is not an absolute http or https URL", idempotency.ErrInvalidConfig, docs)
+	}
+	return nil
 }

@@ -88,7 +88,8 @@
 //	400     ProblemMissingKey        no Idempotency-Key on a method that requires one
 //	400     ProblemInvalidKey        the key is not a valid sf-string / not 1..255 printable ASCII, or appears twice
 //	400     ProblemInvalidBody       a JSON content type with a body that is not one valid JSON value, or an unreadable body
-//	409     ProblemInProgress        a request with the same key is still running (sent with Retry-After)
+//	409     ProblemInProgress        a request with the same key is still running (sent with Retry-After and
+//	                                 Idempotency-Key-Expires); 425 with Config.InProgressStatus
 //	413     ProblemRequestTooLarge   the request body exceeds Config.MaxRequestBody
 //	422     ProblemKeyReused         the key was used with another request (method, route or body)
 //	500     ProblemResponseTooLarge  the handler's response body exceeded Config.MaxResponseBody; its writes were rolled back
@@ -98,6 +99,18 @@
 //	                                 request, before the handler runs)
 //	503     ProblemStoreUnavailable  the key store failed (idempotency.ErrStore: cut connection, timeout, database
 //	                                 busy with another writer); the handler did not run or was rolled back (sent with Retry-After)
+//
+// With [Config].ProblemDocs set, every problem carries
+// Link: <ProblemDocs>; rel="describedby".
+//
+// # Key lifetime
+//
+// The first answer stored with a key and every replay carry
+// [HeaderKeyExpires]: until when the key keeps the answer (see its
+// documentation for the in-progress problem's lower bound). [Config].TTL
+// gives a route its own lifetime through [idempotency.Guard.WithTTL];
+// [Config].ExposeHeaders lets browsers read the fields; [OpenAPI] describes
+// the whole contract for an OpenAPI 3.1 document.
 //
 // # Client
 //
@@ -109,8 +122,11 @@
 //   - transport errors;
 //   - 5xx except 501 and 505;
 //   - 429;
-//   - a 409 only when it is the server's in-progress answer
+//   - a 409 (or 425) only when it is the server's in-progress answer
 //     ([ProblemInProgress] or Retry-After), never a business 409.
+//
+// It stops, with [ErrKeyExpired], when the next attempt would arrive
+// after the key's expiry ([HeaderKeyExpires]).
 //
 // It waits with exponential backoff and full jitter, honouring
 // Retry-After. [Transport].OnRetry is told about each retry. A shared

@@ -180,7 +180,7 @@ func TestFailTruthful(t *testing.T) {
 	} {
 		rec := httptest.NewRecorder()
 		ev := &Event{}
-		h.fail(rec, httptest.NewRequest(http.MethodPost, "/", nil), ev, c.err)
+		h.fail(rec, httptest.NewRequest(http.MethodPost, "/", nil), ev, c.err, time.Now())
 		var p Problem
 		if err := json.Unmarshal(rec.Body.Bytes(), &p); err != nil {
 			t.Fatal(err)

@@ -15,6 +15,18 @@ const HeaderKey = "Idempotency-Key"
 // HeaderReplayed is set to "true" on responses replayed from the store.
 const HeaderReplayed = "Idempotent-Replayed"
 
+// HeaderKeyExpires is the response header that says until when the server
+// remembers the request's key: an IMF-fixdate (RFC 9110, as Expires and
+// Retry-After carry), rounded down to the second, so that a retry sent
+// before it is answered from the key, never run again. It is on the
+// first answer stored with a key (an estimate no later than the store's
+// expiry) and on every replay (the stored record's expiry), and on the "in
+// progress" problem, where it is a lower bound: the key's holder has not
+// answered yet, and its answer will be kept at least the route's TTL from
+// the moment this request arrived. [Transport] stops retrying by it.
+// docs/http.md says why an instant rather than a number of seconds.
+const HeaderKeyExpires = "Idempotency-Key-Expires"
+
 // parseKey returns the key id carried by one Idempotency-Key field value.
 // The draft makes the value an RFC 8941 sf-string ("abc", where \" and \\
 // are the only escapes); most clients send the bare value, which is taken

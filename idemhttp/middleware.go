@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"io"
 	"net/http"
+	"strings"
 	"time"
 
 	"github.com/go-idempotency/idempotency"
@@ -78,6 +79,14 @@ var (
 // handler never runs unprotected.
 func Middleware[Tx any](g *idempotency.Guard[Tx], cfg *Config) func(http.Handler) http.Handler {
 	c := newSettings(cfg)
+	if c.invalid == nil && c.ttl != 0 && g != nil {
+		v, err := g.WithTTL(c.ttl) // once: the view shares g's in-memory queue
+		if err != nil {
+			c.invalid = err
+		} else {
+			g = v
+		}
+	}
 	st := &mountState{}
 	return func(next http.Handler) http.Handler {
 		return &handler[Tx]{g: g, c: c, st: st, next: next}
@@ -149,6 +158,9 @@ func (h *handler[Tx]) serve(w http.ResponseWriter, r *http.Request, values []str
 	case h.c.scope == nil:
 		h.refuseNoScope(w, r, ev)
 		return
+	case h.c.invalid != nil:
+		h.refuseInvalid(w, r, ev)
+		return
 	case len(values) == 0:
 		h.reject(w, r, ev, &Problem{Type: ProblemMissingKey, Title: h.c.header + " is missing", Status: http.StatusBadRequest,
 			Detail: fmt.Sprintf("%s requests to this resource require an %s header.", r.Method, h.c.header)}, nil)
@@ -207,6 +219,7 @@ func (h *handler[Tx]) serve(w http.ResponseWriter, r *http.Request, values []str
 	var partial *bypassError // the handler wrote to both writers
 	outer := probeOuter(w)
 	runs := 0
+	arrived := time.Now() // before the key's holder, if any, could answer
 	resp, gev, err := h.g.DoEvent(r.Context(), key, fp, func(tx Tx) (idempotency.Response, error) {
 		// fn runs again after a retryable store conflict: every run gets a
 		// fresh writer and a fresh body.
@@ -267,12 +280,49 @@ func (h *handler[Tx]) serve(w http.ResponseWriter, r *http.Request, values []str
 	switch {
 	case err == nil && resp.Replayed:
 		ev.Outcome, ev.Status = idempotency.Replayed, resp.Status
-		writeResponse(w, resp.Status, h.c.storedHeader(resp.Header), resp.Body, true)
+		writeResponse(w, resp.Status, h.c.storedHeader(resp.Header), resp.Body, true, h.lifetime(resp.ExpiresAt))
 	case err == nil:
 		ev.Outcome, ev.Status = idempotency.Executed, first.status
-		writeResponse(w, first.status, first.sent, first.body.Bytes(), false)
+		writeResponse(w, first.status, first.sent, first.body.Bytes(), false, h.lifetime(resp.ExpiresAt))
 	default:
-		h.fail(w, r, ev, err)
+		h.fail(w, r, ev, err, arrived)
+	}
+}
+
+// lifetime returns what writeResponse adds to a stored answer: the key's
+// expiry and, if asked, the names a browser may read.
+func (h *handler[Tx]) lifetime(expires time.Time) func(http.Header) {
+	return func(hd http.Header) {
+		if !expires.IsZero() {
+			hd.Set(HeaderKeyExpires, formatExpiry(expires))
+		}
+		if h.c.expose {
+			expose(hd, HeaderReplayed, HeaderKeyExpires)
+		}
+	}
+}
+
+// formatExpiry writes t as an IMF-fixdate, rounded down to the second.
+func formatExpiry(t time.Time) string { return t.UTC().Format(http.TimeFormat) }
+
+// expose adds names to the Access-Control-Expose-Headers of hd, keeping
+// the names already listed and never repeating one.
+func expose(hd http.Header, names ...string) {
+	listed := map[string]bool{}
+	for _, v := range hd.Values("Access-Control-Expose-Headers") {
+		for _, n := range strings.Split(v, ",") {
+			listed[strings.ToLower(strings.TrimSpace(n))] = true
+		}
+	}
+	var add []string
+	for _, n := range names {
+		if !listed[strings.ToLower(n)] && !listed["*"] {
+			listed[strings.ToLower(n)] = true
+			add = append(add, n)
+		}
+	}
+	if len(add) > 0 {
+		hd.Add("Access-Control-Expose-Headers", strings.Join(add, ", "))
 	}
 }
 

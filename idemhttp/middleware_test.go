@@ -46,6 +46,11 @@ func runMiddlewareTests[Tx any](t *testing.T, b backend[Tx]) {
 		{"FingerprintOptions", testFingerprintOptions[Tx]},
 		{"Observer", testObserver[Tx]},
 		{"ObserverStoreDown", testObserverStoreDown[Tx]},
+		{"KeyLifetime", testKeyLifetime[Tx]},
+		{"ProblemLinks", testProblemLinks[Tx]},
+		{"TooEarly", testTooEarly[Tx]},
+		{"InvalidConfig", testInvalidConfig[Tx]},
+		{"ClientKeyExpiry", testClientKeyExpiry[Tx]},
 	}
 	for _, c := range cases {
 		t.Run(c.name, func(t *testing.T) {

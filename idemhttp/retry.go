@@ -61,8 +61,8 @@ func retryAfter(v string, now time.Time) (time.Duration, bool) {
 //     makes a second arrival harmless);
 //   - every 5xx except 501 and 505, which no retry can cure;
 //   - 429;
-//   - a 409 that is the server's "request in progress" answer. Its problem
-//     type is [ProblemInProgress], or it carries Retry-After.
+//   - a 409 or 425 that is the server's "request in progress" answer. Its
+//     problem type is [ProblemInProgress], or it carries Retry-After.
 //
 // Any other 409 is a business answer ("order already captured"). Like
 // every other 4xx, it is returned at once.
@@ -71,7 +71,7 @@ func DefaultRetry(resp *http.Response, err error) bool {
 		return true
 	}
 	switch s := resp.StatusCode; {
-	case s == http.StatusConflict:
+	case s == http.StatusConflict || s == http.StatusTooEarly:
 		return resp.Header.Get("Retry-After") != "" || IsInProgress(resp)
 	case s == http.StatusTooManyRequests:
 		return true
@@ -84,11 +84,11 @@ func DefaultRetry(resp *http.Response, err error) bool {
 }
 
 // IsInProgress reports whether resp is the in-progress answer of
-// [Middleware]: a 409 application/problem+json document whose type is
-// [ProblemInProgress]. It reads at most 64 KiB of the body and puts the body
+// [Middleware]: a 409 (or 425, [Config].InProgressStatus)
+// application/problem+json document whose type is [ProblemInProgress]. It reads at most 64 KiB of the body and puts the body
 // back, so the caller can still read all of it.
 func IsInProgress(resp *http.Response) bool {
-	if resp == nil || resp.StatusCode != http.StatusConflict || resp.Body == nil {
+	if resp == nil || (resp.StatusCode != http.StatusConflict && resp.StatusCode != http.StatusTooEarly) || resp.Body == nil {
 		return false
 	}
 	if media, _, err := mime.ParseMediaType(resp.Header.Get("Content-Type")); err != nil || media != ProblemContentType {

@@ -22,8 +22,10 @@ var ErrNoScope = errors.New("idemhttp: MISCONFIGURED: Config.Scope is not set, s
 	"Until then this middleware answers every guarded request 500 without running the handler")
 
 // Validate reports whether [Middleware] would refuse c at run time: it
-// returns [ErrNoScope] when c is nil or c.Scope is nil. Call it at
-// start-up to fail there rather than on the first guarded request:
+// returns [ErrNoScope] when c is nil or c.Scope is nil, and an error
+// wrapping [idempotency.ErrInvalidConfig] for a field out of range (TTL,
+// ProblemDocs, InProgressStatus, KeySchema). Call it at start-up to fail
+// there rather than on the first guarded request:
 //
 //	if err := cfg.Validate(); err != nil {
 //		return err
@@ -32,7 +34,7 @@ func (c *Config) Validate() error {
 	if c == nil || c.Scope == nil {
 		return ErrNoScope
 	}
-	return nil
+	return c.check()
 }
 
 // SharedScope is a [Config].Scope that puts every request in one key

@@ -303,6 +303,42 @@ func runCases[Tx any](t *testing.T, e *Env[Tx], start func(*testing.T, *idemhttp
 		}
 	})
 
+	// Contract: the shared Config's route TTL, lifetime header, browser
+	// exposure and problem links reach the client through the
+	// integration.
+	t.Run("Contract", func(t *testing.T) {
+		const docs = "https://docs.example.com/idempotency"
+		url := start(t, &idemhttp.Config{Scope: idemhttp.SharedScope, TTL: 3 * time.Hour, ExposeHeaders: true,
+			ProblemDocs: docs, InProgressStatus: http.StatusTooEarly})
+		before := time.Now()
+		first := Post(t, url+RouteWrite, "contract-1", `{"amount":100}`)
+		if first.Err != nil || first.Status != http.StatusCreated {
+			t.Fatalf("first: %d %q (%v); want 201", first.Status, first.Body, first.Err)
+		}
+		e1, err := http.ParseTime(first.Header.Get(idemhttp.HeaderKeyExpires))
+		if err != nil || e1.Before(before.Add(3*time.Hour-time.Second)) || e1.After(time.Now().Add(3*time.Hour)) {
+			t.Fatalf("first: %s %q (%v); want 3h from now (the route's TTL)", idemhttp.HeaderKeyExpires, first.Header.Get(idemhttp.HeaderKeyExpires), err)
+		}
+		replay := Post(t, url+RouteWrite, "contract-1", `{"amount":100}`)
+		e2, err := http.ParseTime(replay.Header.Get(idemhttp.HeaderKeyExpires))
+		if replay.Status != http.StatusCreated || !bytes.Equal(replay.Body, first.Body) || err != nil || e2.Before(e1) || e2.Sub(e1) > 2*time.Second {
+			t.Fatalf("replay: %d %v %q (%v); want the first bytes and its expiry (%v)", replay.Status, replay.Header, replay.Body, err, e1)
+		}
+		for _, r := range []Result{first, replay} {
+			exposed := strings.Join(r.Header.Values("Access-Control-Expose-Headers"), ",")
+			if !strings.Contains(exposed, idemhttp.HeaderKeyExpires) || !strings.Contains(exposed, idemhttp.HeaderReplayed) {
+				t.Errorf("Access-Control-Expose-Headers %q; want %s and %s", exposed, idemhttp.HeaderKeyExpires, idemhttp.HeaderReplayed)
+			}
+		}
+		missing := Post(t, url+RouteWrite, "", `{"amount":100}`)
+		if missing.Status != http.StatusBadRequest || missing.Header.Get("Link") != "<"+docs+`>; rel="describedby"` {
+			t.Errorf("no key: %d, Link %q; want 400 with the documentation link", missing.Status, missing.Header.Get("Link"))
+		}
+		if n := count("contract-1"); n != 1 {
+			t.Errorf("%d effects, want 1", n)
+		}
+	})
+
 	t.Run("Write", func(t *testing.T) {
 		runs := e.Runs()
 		first := Post(t, base+RouteWrite, "w-1", `{"amount":100}`)
