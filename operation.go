@@ -228,7 +228,10 @@ func (g *Guard[Tx]) Run(ctx context.Context, key Key, fingerprint string, input 
 	if g.cfg.Observer != nil {
 		ev := Event{Key: key, Outcome: runOutcome(resp, err), Duration: time.Since(start), Attempts: 1, Err: err, Step: step}
 		if op != nil {
-			ev.Operation = op.Name
+			ev.Operation, ev.TTL = op.Name, op.TTL
+			if ev.TTL == 0 {
+				ev.TTL = g.cfg.TTL
+			}
 		}
 		g.cfg.Observer(ctx, ev)
 	}
@@ -510,15 +513,19 @@ func (r *runner[Tx]) complete(ctx context.Context, ph Phase[Tx], resp Response) 
 		_ = ph.Rollback(context.WithoutCancel(ctx))
 		return Response{}, fmt.Errorf("%w: status %d outside 100..599", ErrInvalidResponse, resp.Status)
 	}
-	resp.Replayed = false
+	// Only status, header and body are stored: the store gets no more.
+	resp = Response{Status: resp.Status, Header: resp.Header, Body: resp.Body}
 	stored, err := r.g.seal(ctx, r.key, resp) // Config.Codec
 	if err != nil {
 		_ = ph.Rollback(context.WithoutCancel(ctx))
 		return Response{}, err
 	}
+	now := time.Now().Round(0) // before Complete: no later than the store's clock at completion
 	if err := ph.Complete(ctx, stored); err != nil {
 		return Response{}, r.storeErr(err)
 	}
+	ttl := r.op.ttl(r.g)
+	resp.TTL, resp.ExpiresAt = ttl, Expiry(now, ttl).Truncate(time.Millisecond)
 	return resp, nil
 }
 
