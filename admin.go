@@ -26,10 +26,15 @@ func (g *Guard[Tx]) Inspect(ctx context.Context, key Key, body bool) (*KeyInfo, 
 		return nil, unsupported(g.store, "KeyAdmin")
 	}
 	info, err := ka.Inspect(ctx, key, body)
-	if err != nil {
+	// A call of this Guard that runs with the key holds it, whatever the
+	// store can see of it yet; a completed record is final.
+	_, running := g.inFlight(key)
+	switch {
+	case errors.Is(err, ErrNotFound) && running:
+		return &KeyInfo{Key: key, State: KeyHeld}, nil
+	case err != nil:
 		return nil, &KeyError{Key: key, Err: err}
-	}
-	if _, held := g.inFlight(key); held && info.State != KeyHeld {
+	case running && (info.State == KeyUnfinished || info.State == KeyExpired):
 		info.State = KeyHeld
 	}
 	info.decode()

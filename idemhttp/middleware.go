@@ -153,21 +153,24 @@ func (h *handler[Tx]) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	h.serve(w, r, values, ev)
 }
 
-func (h *handler[Tx]) serve(w http.ResponseWriter, r *http.Request, values []string, ev *Event) {
+// admit checks a guarded request before the store is reached: its key
+// (values are its key header's), scope, body and fingerprint. It answers
+// the client and returns false when the request is refused.
+func (h *handler[Tx]) admit(w http.ResponseWriter, r *http.Request, values []string, ev *Event) (key idempotency.Key, body []byte, fp string, ok bool) {
 	switch {
 	case h.c.scope == nil:
 		h.refuseNoScope(w, r, ev)
-		return
+		return key, nil, "", false
 	case h.c.invalid != nil:
 		h.refuseInvalid(w, r, ev)
-		return
+		return key, nil, "", false
 	case len(values) == 0:
 		h.reject(w, r, ev, &Problem{Type: ProblemMissingKey, Title: h.c.header + " is missing", Status: http.StatusBadRequest,
 			Detail: fmt.Sprintf("%s requests to this resource require an %s header.", r.Method, h.c.header)}, nil)
-		return
+		return key, nil, "", false
 	case len(values) > 1:
 		h.invalidKey(w, r, ev, fmt.Errorf("%w: the %s header appears more than once", idempotency.ErrInvalidKey, h.c.header))
-		return
+		return key, nil, "", false
 	}
 	id, err := parseKey(values[0])
 	if err == nil {
@@ -180,41 +183,49 @@ func (h *handler[Tx]) serve(w http.ResponseWriter, r *http.Request, values []str
 	}
 	if err != nil {
 		h.invalidKey(w, r, ev, err)
-		return
+		return key, nil, "", false
 	}
 	ev.Key.ID = id
 	if h.g == nil {
 		h.internal(w, r, ev, errors.New("idemhttp: Middleware was given a nil Guard"))
-		return
+		return key, nil, "", false
 	}
-	key := idempotency.Key{ID: id}
+	key = idempotency.Key{ID: id}
 	if key.Scope, err = h.c.scope(r); err != nil {
 		if p, ok := errors.AsType[*Problem](err); ok {
 			h.reject(w, r, ev, p, err)
-			return
+			return key, nil, "", false
 		}
 		h.internal(w, r, ev, fmt.Errorf("idemhttp: Config.Scope: %w", err))
-		return
+		return key, nil, "", false
 	}
 	if err := key.Validate(); err != nil {
 		h.internal(w, r, ev, fmt.Errorf("idemhttp: Config.Scope returned an invalid scope: %w", err))
-		return
+		return key, nil, "", false
 	}
 	ev.Key.Scope = key.Scope
-	body, ok := h.readBody(w, r, ev)
+	body, ok = h.readBody(w, r, ev)
 	if !ok {
-		return
+		return key, nil, "", false
 	}
-	fp, err := h.fingerprint(r, body)
+	fp, err = h.fingerprint(r, body)
 	if err != nil {
 		p, ok := errors.AsType[*Problem](err)
 		if !ok {
 			p = &Problem{Type: ProblemInvalidBody, Title: "Request body is not valid JSON", Status: http.StatusBadRequest, Detail: err.Error()}
 		}
 		h.reject(w, r, ev, p, err)
-		return
+		return key, nil, "", false
 	}
 
+	return key, body, fp, true
+}
+
+func (h *handler[Tx]) serve(w http.ResponseWriter, r *http.Request, values []string, ev *Event) {
+	key, body, fp, ok := h.admit(w, r, values, ev)
+	if !ok {
+		return
+	}
 	var first *capture
 	var partial *bypassError // the handler wrote to both writers
 	outer := probeOuter(w)
