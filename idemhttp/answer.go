@@ -152,6 +152,13 @@ func (h *handler[Tx]) fail(w http.ResponseWriter, r *http.Request, ev *Event, er
 		// kept at least the TTL from then (if it holds the key on this
 		// route's TTL), a lower bound of the key's expiry.
 		ev.Outcome = idempotency.InProgress
+		if h.c.onHeld != nil {
+			sw := &statusWriter{ResponseWriter: w}
+			if h.c.onHeld(sw, r, ev.Key) {
+				ev.Status = sw.status
+				return
+			}
+		}
 		hd := retryAfterHeader()
 		if h.g != nil {
 			hd.Set(HeaderKeyExpires, formatExpiry(idempotency.Expiry(arrived, h.g.TTL())))

@@ -239,6 +239,14 @@ type Config struct {
 	// [Config.Validate] (and answered 500 [ProblemInternal]).
 	InProgressStatus int
 
+	// InProgress, if set, may answer a request whose key another request
+	// holds, before the middleware answers InProgressStatus: for instance
+	// from the resource the first request is creating, looked up by the
+	// key (the seed's "look up the related resource"). It returns true
+	// when it wrote the answer, false (having written nothing) to leave it
+	// to the middleware. The handler did not run and nothing was stored.
+	InProgress func(w http.ResponseWriter, r *http.Request, key idempotency.Key) bool
+
 	// KeySchema describes, for [OpenAPI], the keys ValidateKey accepts. Nil
 	// means: a UUID when ValidateKey is [UUIDKey], else 1 to 255 printable
 	// ASCII bytes. It does not validate anything itself.
@@ -266,6 +274,7 @@ type settings struct {
 	expose    bool
 	link      string // the Link field value of problems; "" for none
 	progress  int    // the status of the in-progress answer
+	onHeld    func(http.ResponseWriter, *http.Request, idempotency.Key) bool
 	invalid   error  // a Config error other than a missing Scope: refuse every request
 }
 
@@ -291,6 +300,7 @@ func newSettings(o *Config) *settings {
 		ttl:      o.TTL,
 		expose:   o.ExposeHeaders,
 		progress: o.InProgressStatus,
+		onHeld:   o.InProgress,
 		invalid:  o.check(),
 	}
 	if o.ProblemDocs != "" {

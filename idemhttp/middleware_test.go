@@ -26,6 +26,7 @@ func runMiddlewareTests[Tx any](t *testing.T, b backend[Tx]) {
 		{"QuotedKey", testQuotedKey[Tx]},
 		{"InvalidJSON", testInvalidJSON[Tx]},
 		{"InProgressNoWait", testInProgressNoWait[Tx]},
+		{"InProgressLookup", testInProgressLookup[Tx]},
 		{"RequestTooLarge", testRequestTooLarge[Tx]},
 		{"KeyReused", testKeyReused[Tx]},
 		{"Replay", testReplay[Tx]},
@@ -151,6 +152,47 @@ func testInProgressNoWait[Tx any](t *testing.T, e env[Tx]) {
 	wantReplay(t, first, s.post(t, `{}`, "busy"))
 	s.wantCalls(t, 1)
 	s.wantEffects(t, "/busy", 1)
+}
+
+// testInProgressLookup: Config.InProgress answers a request whose key is
+// held (from the resource being created), or leaves it to the middleware.
+func testInProgressLookup[Tx any](t *testing.T, e env[Tx]) {
+	entered, release := make(chan struct{}), make(chan struct{})
+	var asked []string
+	cfg := &idemhttp.Config{Scope: idemhttp.SharedScope, InProgress: func(w http.ResponseWriter, r *http.Request, key idempotency.Key) bool {
+		asked = append(asked, key.ID)
+		if key.ID != "lookup" {
+			return false
+		}
+		w.Header().Set("Content-Type", "application/json")
+		w.WriteHeader(http.StatusAccepted)
+		_, _ = w.Write([]byte(`{"order":"pending"}`))
+		return true
+	}}
+	s := startServer(t, e, &idempotency.Config{WaitTimeout: -1}, cfg, func(n int64, w http.ResponseWriter, r *http.Request) {
+		if n == 1 {
+			close(entered)
+			<-release
+		}
+		created(n, w, r)
+	})
+	done := make(chan result, 1)
+	go func() { done <- s.post(t, `{}`, "lookup") }()
+	select {
+	case <-entered:
+	case <-time.After(20 * time.Second):
+		t.Fatal("the first request never reached the handler")
+	}
+	res := s.post(t, `{}`, "lookup")
+	if res.status != http.StatusAccepted || string(res.body) != `{"order":"pending"}` {
+		t.Fatalf("in progress, looked up: %d %s", res.status, res.body)
+	}
+	close(release)
+	wantStatus(t, <-done, http.StatusCreated)
+	s.wantCalls(t, 1)
+	if len(asked) != 1 || asked[0] != "lookup" {
+		t.Fatalf("InProgress asked for %q", asked)
+	}
 }
 
 func testRequestTooLarge[Tx any](t *testing.T, e env[Tx]) {
