@@ -275,7 +275,7 @@ type settings struct {
 	link      string // the Link field value of problems; "" for none
 	progress  int    // the status of the in-progress answer
 	onHeld    func(http.ResponseWriter, *http.Request, idempotency.Key) bool
-	invalid   error  // a Config error other than a missing Scope: refuse every request
+	invalid   error // a Config error other than a missing Scope: refuse every request
 }
 
 func newSettings(o *Config) *settings {
