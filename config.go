@@ -67,12 +67,15 @@ const (
 	// its MaxTries failed runs. The key stays unfinished (never purged) for
 	// an operator to inspect, finish by a retry, or forget.
 	Exhausted
+	// OverQuota: the request was refused by its scope's [Quota] before
+	// anything was written.
+	OverQuota
 )
 
 // String returns the outcome as a metrics label: "executed", "replayed",
 // "mismatch", "in_progress", "failed", "not_stored", "handler_error",
 // "rejected", "store_error", "canceled", "internal", "unfinished",
-// "forgotten" or "exhausted".
+// "forgotten", "exhausted" or "over_quota".
 func (o Outcome) String() string {
 	switch o {
 	case Executed:
@@ -103,6 +106,8 @@ func (o Outcome) String() string {
 		return "forgotten"
 	case Exhausted:
 		return "exhausted"
+	case OverQuota:
+		return "over_quota"
 	}
 	return fmt.Sprintf("Outcome(%d)", int(o))
 }

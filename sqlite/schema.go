@@ -74,5 +74,5 @@ func (s *Store) Migrate(ctx context.Context) error {
 	if err != nil {
 		return mapError(ctx, "migrate", err)
 	}
-	return nil
+	return s.migrateQuota(ctx)
 }
