@@ -5,6 +5,8 @@ import (
 	"net/http"
 	"net/textproto"
 	"strings"
+
+	"github.com/go-idempotency/idempotency"
 )
 
 // Defaults of [Config].
@@ -197,6 +199,17 @@ type Config struct {
 	// see [Event]. It runs on the request's goroutine and must not block
 	// for long.
 	Observer func(ctx context.Context, ev Event)
+
+	// Quota, if set, limits each scope's new keys per window, keys in
+	// progress and bytes of stored answers. The counters are in the
+	// Guard's store (its [idempotency.QuotaCounter]), so every instance
+	// of the service shares them. Over a limit a request is refused with
+	// 429 [ProblemOverQuota] and Retry-After, before anything is written;
+	// a replay of a completed key is never refused nor counted. Each
+	// request costs one statement of the store before the handler runs
+	// and one after. See [idempotency.Quota] for the window's semantics.
+	// [Config.Validate] checks it.
+	Quota *idempotency.Quota
 }
 
 type settings struct {
@@ -216,6 +229,7 @@ type settings struct {
 	render    func(http.ResponseWriter, *http.Request, *Problem)
 	onError   func(*http.Request, error)
 	observer  func(context.Context, Event)
+	quota     *idempotency.Quota // a copy of Config.Quota
 }
 
 func newSettings(o *Config) *settings {
@@ -237,6 +251,10 @@ func newSettings(o *Config) *settings {
 		render:   o.RenderProblem,
 		onError:  o.OnError,
 		observer: o.Observer,
+	}
+	if o.Quota != nil {
+		q := *o.Quota
+		c.quota = &q
 	}
 	if c.header == "" {
 		c.header = HeaderKey
