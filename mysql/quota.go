@@ -60,13 +60,13 @@ func (s *Store) migrateQuota(ctx context.Context) error {
 
 // The answer of the admission statement, which has no result set, comes
 // back as the OK packet's last insert id, set with LAST_INSERT_ID(expr):
-// the window's start in Unix ms << 19 | the seconds left in it (rounded
-// up, at most 86400 < 2^17) << 2 | the verdict (0 counted, 1 keys, 2 in
-// flight, 3 bytes). A key found completed and live inserts nothing and
-// sets nothing: the id is 0.
+// the window's start in Unix seconds (windows are whole seconds, so it is
+// exact) << 29 | the milliseconds left in it (at most 86400000 < 2^27) <<
+// 2 | the verdict (0 counted, 1 keys, 2 in flight, 3 bytes). A key found
+// completed and live inserts nothing and sets nothing: the id is 0.
 const (
-	quotaStartShift = 19
-	quotaSecsShift  = 2
+	quotaStartShift = 29
+	quotaLeftShift  = 2
 )
 
 // admitQuotaSQL: in ON DUPLICATE KEY UPDATE, assignments run left to
@@ -78,13 +78,13 @@ const (
 func (s *Store) admitQuotaSQL() string {
 	start := "c.ms - MOD(MOD(c.ms, ?) + ?, ?)"
 	return "INSERT INTO `" + quotaName(s.table) + "` (scope, span, window_start, n_keys, n_in_flight, n_bytes, checked_at, verdict)\n" +
-		"SELECT w.q_scope, w.q_span, w.q_start, 1, 1, 0, w.q_ms, LAST_INSERT_ID((w.q_start << 19) | (CEIL((w.q_start + w.q_span - w.q_ms) / 1000) << 2))\n" +
+		"SELECT w.q_scope, w.q_span, w.q_start, 1, 1, 0, w.q_ms, LAST_INSERT_ID((w.q_start DIV 1000 << 29) | ((w.q_start + w.q_span - w.q_ms) << 2))\n" +
 		"FROM (SELECT ? AS q_scope, ? AS q_span, " + start + " AS q_start, c.ms AS q_ms, c.now AS q_now FROM\n" +
 		"  (SELECT t.now, FLOOR(t.now / 1000000) AS ms FROM (SELECT " + clockSQL + " AS now) AS t) AS c) AS w\n" +
 		"WHERE NOT EXISTS (SELECT 1 FROM `" + s.table + "` AS k\n" +
 		"  WHERE k.scope = ? AND k.id = ? AND k.state = 'completed' AND k.expires_at > w.q_now)\n" +
 		"ON DUPLICATE KEY UPDATE\n" +
-		"  verdict = LAST_INSERT_ID((window_start << 19) | (CEIL((window_start + span - VALUES(checked_at)) / 1000) << 2) |\n" +
+		"  verdict = LAST_INSERT_ID((window_start DIV 1000 << 29) | ((window_start + span - VALUES(checked_at)) << 2) |\n" +
 		"    CASE WHEN n_keys >= ? THEN 1 WHEN n_in_flight >= ? THEN 2 WHEN n_bytes >= ? THEN 3 ELSE 0 END),\n" +
 		"  n_keys = n_keys + IF(verdict & 3 = 0, 1, 0),\n" +
 		"  n_in_flight = n_in_flight + IF(verdict & 3 = 0, 1, 0),\n" +
@@ -94,7 +94,7 @@ func (s *Store) admitQuotaSQL() string {
 // AdmitQuota implements [idempotency.QuotaCounter] in one autocommit
 // statement: an INSERT ... SELECT ... ON DUPLICATE KEY UPDATE on the quota
 // table that reads the keys table, and reports through LAST_INSERT_ID
-// (MySQL has no RETURNING). RetryAfter is in whole seconds, rounded up.
+// (MySQL has no RETURNING).
 func (s *Store) AdmitQuota(ctx context.Context, q idempotency.QuotaCheck) (idempotency.QuotaAdmission, error) {
 	now, err := s.testNow()
 	if err != nil {
@@ -118,8 +118,8 @@ func (s *Store) AdmitQuota(ctx context.Context, q idempotency.QuotaCheck) (idemp
 	return idempotency.QuotaAdmission{
 		Counted:     verdict == 0,
 		Over:        idempotency.QuotaLimit(verdict),
-		WindowStart: time.UnixMilli(v >> quotaStartShift),
-		RetryAfter:  time.Duration(v>>quotaSecsShift&(1<<(quotaStartShift-quotaSecsShift)-1)) * time.Second,
+		WindowStart: time.Unix(v>>quotaStartShift, 0),
+		RetryAfter:  time.Duration(v>>quotaLeftShift&(1<<(quotaStartShift-quotaLeftShift)-1)) * time.Millisecond,
 	}, nil
 }
 
