@@ -46,20 +46,11 @@ func (s *Store) table() string {
 	return s.schema[i : i+strings.IndexByte(s.schema[i:], '"')]
 }
 
-// migrateQuota creates the quota table, as Migrate does the keys table.
-func (s *Store) migrateQuota(ctx context.Context) error {
-	ddl, err := QuotaSchema(s.table())
-	if err != nil {
-		return err
-	}
-	err = retryBusy(ctx, func() error {
-		_, err := s.db.ExecContext(ctx, ddl)
-		return err
-	})
-	if err != nil {
-		return mapError(ctx, "migrate quota", err)
-	}
-	return nil
+// quotaSchema is the DDL of the Store's quota table, which Migrate runs
+// with the keys table's, in its transaction on its one connection.
+func (s *Store) quotaSchema() string {
+	ddl, _ := QuotaSchema(s.table()) // the name was validated by New
+	return ddl
 }
 
 // admitQuotaSQL counts a key in its window unless the key is completed

@@ -59,7 +59,7 @@ func (s *Store) Migrate(ctx context.Context) error {
 		if _, err := conn.ExecContext(ctx, "BEGIN IMMEDIATE"); err != nil {
 			return err
 		}
-		_, err := conn.ExecContext(ctx, s.schema)
+		_, err := conn.ExecContext(ctx, s.schema+s.quotaSchema()) // quota.go
 		if err == nil {
 			_, err = conn.ExecContext(ctx, "COMMIT")
 		}
@@ -74,5 +74,5 @@ func (s *Store) Migrate(ctx context.Context) error {
 	if err != nil {
 		return mapError(ctx, "migrate", err)
 	}
-	return s.migrateQuota(ctx)
+	return nil
 }
