@@ -12,7 +12,9 @@ import (
 )
 
 // noQuota hides the in-memory store's QuotaCounter.
-type noQuota struct{ idempotency.KeyStore[*memstore.Tx] }
+type noQuota struct {
+	idempotency.KeyStore[*memstore.Tx]
+}
 
 func TestGuardAdmit(t *testing.T) {
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
