@@ -71,12 +71,15 @@ const (
 	// many records it deleted, Duration how long it took, Err why it
 	// failed (nil for a batch that succeeded).
 	Purged
+	// OverQuota: the request was refused by its scope's [Quota] before
+	// anything was written.
+	OverQuota
 )
 
 // String returns the outcome as a metrics label: "executed", "replayed",
 // "mismatch", "in_progress", "failed", "not_stored", "handler_error",
 // "rejected", "store_error", "canceled", "internal", "unfinished",
-// "forgotten", "exhausted" or "purged".
+// "forgotten", "exhausted", "purged" or "over_quota".
 func (o Outcome) String() string {
 	switch o {
 	case Executed:
@@ -109,6 +112,8 @@ func (o Outcome) String() string {
 		return "exhausted"
 	case Purged:
 		return "purged"
+	case OverQuota:
+		return "over_quota"
 	}
 	return fmt.Sprintf("Outcome(%d)", int(o))
 }

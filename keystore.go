@@ -651,3 +651,77 @@ func (q ListQuery) Validate() error {
 	}
 	return nil
 }
+
+// QuotaCounter is an optional interface of a [KeyStore]: per-scope counters
+// of a [Quota], kept in the store so that every instance of a service
+// shares them. Every store of this module implements it. The counters of
+// one scope live in one row (SQL) or hash (Redis) per window, named by the
+// window's length and its start; a window starts at a multiple of its
+// length since the Unix epoch, by the store's clock.
+//
+// Rules:
+//
+//   - AdmitQuota is one atomic statement (one round trip): of several
+//     callers in one process or in several, no more than the limit are
+//     counted in a window. It holds no connection when it returns, and
+//     is never called while the caller holds one.
+//   - A key with a live completed record (by the store's clock) is not
+//     counted and never refused: its replay costs nothing.
+//   - Over a limit, nothing is counted.
+//   - Nothing of the keys table is written.
+type QuotaCounter interface {
+	// AdmitQuota counts q.Key as a new key and as one more in flight in
+	// the scope's current window, unless its record is completed and live
+	// (Replay) or a limit of q.Quota is reached (Over): the keys counted
+	// in the window reached MaxKeys, the keys in flight MaxInFlight, or
+	// the bytes stored MaxBytes (checked in that order).
+	AdmitQuota(ctx context.Context, q QuotaCheck) (QuotaAdmission, error)
+	// EndQuota ends an admission that AdmitQuota counted: one less in
+	// flight, one less key if none was created, and e.Bytes more stored,
+	// all in the window the admission was counted in. A window already
+	// purged is not recreated.
+	EndQuota(ctx context.Context, e QuotaEnd) error
+	// PurgeQuota deletes at most limit counters of windows that ended
+	// (by the store's clock) and reports how many it deleted. A store
+	// whose counters expire by themselves (Redis) returns 0.
+	PurgeQuota(ctx context.Context, limit int) (int, error)
+}
+
+// QuotaCheck is what [QuotaCounter.AdmitQuota] is asked; the core fills it
+// with a validated key and quota.
+type QuotaCheck struct {
+	Key   Key
+	Quota Quota
+}
+
+// QuotaAdmission is the answer of [QuotaCounter.AdmitQuota].
+type QuotaAdmission struct {
+	// Counted: the key was counted; end it with [QuotaCounter.EndQuota].
+	// False for a replay and for a refusal.
+	Counted bool
+	// Replay: the key's record is completed and live; nothing was counted.
+	Replay bool
+	// Over is the limit that refused the key, 0 when it was not refused.
+	Over QuotaLimit
+	// WindowStart is the start of the window the check counted in, by the
+	// store's clock (zero for a replay).
+	WindowStart time.Time
+	// RetryAfter is the time left until the window ends, by the store's
+	// clock (zero for a replay).
+	RetryAfter time.Duration
+}
+
+// QuotaEnd ends an admission counted by [QuotaCounter.AdmitQuota].
+type QuotaEnd struct {
+	// Scope and Window name the counter: the key's scope, the quota's
+	// window, and the admission's WindowStart.
+	Scope       string
+	Window      time.Duration
+	WindowStart time.Time
+	// Created: the request stored an answer with its key. Otherwise the key
+	// is not counted any more (rolled back, replayed from another caller,
+	// refused).
+	Created bool
+	// Bytes is the size of the stored answer's body, 0 if none.
+	Bytes int64
+}

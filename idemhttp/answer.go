@@ -136,6 +136,9 @@ func (h *handler[Tx]) fail(w http.ResponseWriter, r *http.Request, ev *Event, er
 		writeResponse(w, f.c.status, f.c.sent, f.c.body.Bytes(), false, nil)
 		return
 	}
+	if h.quotaFail(w, r, ev, err) { // 429 or a quota that cannot be checked
+		return
+	}
 	switch {
 	case errors.Is(err, ErrBypassRefused):
 		h.refuseBypassed(w, r, ev)

@@ -251,6 +251,17 @@ type Config struct {
 	// means: a UUID when ValidateKey is [UUIDKey], else 1 to 255 printable
 	// ASCII bytes. It does not validate anything itself.
 	KeySchema *KeySchema
+
+	// Quota, if set, limits each scope's new keys per window, keys in
+	// progress and bytes of stored answers. The counters are in the
+	// Guard's store (its [idempotency.QuotaCounter]), so every instance
+	// of the service shares them. Over a limit a request is refused with
+	// 429 [ProblemOverQuota] and Retry-After, before anything is written;
+	// a replay of a completed key is never refused nor counted. Each
+	// request costs one statement of the store before the handler runs
+	// and one after. See [idempotency.Quota] for the window's semantics.
+	// [Config.Validate] checks it.
+	Quota *idempotency.Quota
 }
 
 type settings struct {
@@ -275,7 +286,8 @@ type settings struct {
 	link      string // the Link field value of problems; "" for none
 	progress  int    // the status of the in-progress answer
 	onHeld    func(http.ResponseWriter, *http.Request, idempotency.Key) bool
-	invalid   error // a Config error other than a missing Scope: refuse every request
+	invalid   error              // a Config error other than a missing Scope: refuse every request
+	quota     *idempotency.Quota // a copy of Config.Quota
 }
 
 func newSettings(o *Config) *settings {
@@ -308,6 +320,10 @@ func newSettings(o *Config) *settings {
 	}
 	if c.progress == 0 {
 		c.progress = http.StatusConflict
+	}
+	if o.Quota != nil {
+		q := *o.Quota
+		c.quota = &q
 	}
 	if c.header == "" {
 		c.header = HeaderKey

@@ -16,8 +16,8 @@ type Event struct {
 	// Method and Route are the request's method and [Config].Route.
 	Method, Route string
 	// Outcome says how the request ended: Executed, Replayed, NotStored,
-	// HandlerError, Mismatch, InProgress, Rejected, StoreError, Canceled or
-	// Internal ([idempotency.Outcome]). Its String is the metric label.
+	// HandlerError, Mismatch, InProgress, Rejected, StoreError, Canceled,
+	// OverQuota or Internal ([idempotency.Outcome]). Its String is the metric label.
 	Outcome idempotency.Outcome
 	// Status is the status sent to the client. For an answer of the
 	// middleware's own, it is the one [Config].RenderProblem wrote, which
@@ -41,6 +41,10 @@ type Event struct {
 	Waited    time.Duration
 	RecordAge time.Duration
 	AfterFn   bool
+	// QuotaLimit is the limit of [Config].Quota that refused the request
+	// (Outcome OverQuota), 0 otherwise. Its String ("keys", "in_flight",
+	// "bytes") may be a metric label.
+	QuotaLimit idempotency.QuotaLimit
 }
 
 // KeyHash returns the short hash of the request's key (scope and id,

@@ -230,8 +230,8 @@ func (h *handler[Tx]) serve(w http.ResponseWriter, r *http.Request, values []str
 	var partial *bypassError // the handler wrote to both writers
 	outer := probeOuter(w)
 	runs := 0
-	arrived := time.Now() // before the key's holder, if any, could answer
-	resp, gev, err := h.g.DoEvent(r.Context(), key, fp, func(tx Tx) (idempotency.Response, error) {
+	arrived := time.Now()                                                          // before the key's holder, if any, could answer
+	resp, gev, err := h.do(r, key, fp, func(tx Tx) (idempotency.Response, error) { // quota.go
 		// fn runs again after a retryable store conflict: every run gets a
 		// fresh writer and a fresh body.
 		if runs++; runs == 1 && h.st.bypassed.Load() {

@@ -36,6 +36,12 @@ const (
 	// ProblemKeyReused (422): the key was already used with another
 	// request (another method, route or body). The handler did not run.
 	ProblemKeyReused = problemBase + "ProblemKeyReused"
+	// ProblemOverQuota (429): the client's scope reached a limit of
+	// [Config].Quota (new keys or stored bytes in the window, or requests
+	// in progress). Nothing was processed nor stored, and the key stays
+	// unused: retry it after the delay in Retry-After (the end of the
+	// quota's window).
+	ProblemOverQuota = problemBase + "ProblemOverQuota"
 	// ProblemResponseTooLarge (500): the handler wrote a response body
 	// larger than [Config].MaxResponseBody. Its writes were rolled back
 	// and the key is free.

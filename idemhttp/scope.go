@@ -2,6 +2,7 @@ package idemhttp
 
 import (
 	"errors"
+	"fmt"
 	"net/http"
 
 	"github.com/go-idempotency/idempotency"
@@ -24,8 +25,9 @@ var ErrNoScope = errors.New("idemhttp: MISCONFIGURED: Config.Scope is not set, s
 // Validate reports whether [Middleware] would refuse c at run time: it
 // returns [ErrNoScope] when c is nil or c.Scope is nil, and an error
 // wrapping [idempotency.ErrInvalidConfig] for a field out of range (TTL,
-// ProblemDocs, InProgressStatus, KeySchema). Call it at start-up to fail
-// there rather than on the first guarded request:
+// ProblemDocs, InProgressStatus, KeySchema) or an invalid [Config].Quota.
+// Call it at start-up to fail there rather than on the first guarded
+// request:
 //
 //	if err := cfg.Validate(); err != nil {
 //		return err
@@ -33,6 +35,11 @@ var ErrNoScope = errors.New("idemhttp: MISCONFIGURED: Config.Scope is not set, s
 func (c *Config) Validate() error {
 	if c == nil || c.Scope == nil {
 		return ErrNoScope
+	}
+	if c.Quota != nil {
+		if err := c.Quota.Validate(); err != nil {
+			return fmt.Errorf("idemhttp: Config.Quota: %w", err)
+		}
 	}
 	return c.check()
 }

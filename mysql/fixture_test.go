@@ -90,7 +90,7 @@ func newFixture(t testing.TB, db *sql.DB, cfg *Config) *fixture {
 			return
 		}
 		defer cdb.Close()
-		for _, tb := range []string{f.table, f.effects} {
+		for _, tb := range []string{f.table, f.effects, quotaName(f.table)} {
 			if _, err := cdb.ExecContext(ctx, "DROP TABLE IF EXISTS `"+tb+"`"); err != nil {
 				t.Errorf("cleanup: drop %s: %v", tb, err)
 			}

@@ -107,6 +107,9 @@ func (s *Store) Migrate(ctx context.Context) error {
 	if _, err := s.db.ExecContext(ctx, s.schema); err != nil {
 		return fmt.Errorf("mysql: migrate %s: %w", s.table, err)
 	}
+	if err := s.migrateQuota(ctx); err != nil {
+		return err
+	}
 	for range 4 {
 		alter, err := s.missingDDL(ctx)
 		if err != nil || alter == "" {

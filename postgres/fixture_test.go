@@ -81,6 +81,9 @@ func newFixture(t testing.TB, pool *pgxpool.Pool, cfg postgres.Config) *fixture 
 		f.effects = testkit.Name("idem_effects_")
 	}
 	pgkit.DropAtCleanup(t, testenv.PostgresDSN(t), "TABLE", f.table, f.effects)
+	if len(f.table) <= 57 && !strings.Contains(f.table, ".") { // Migrate's quota table too
+		pgkit.DropAtCleanup(t, testenv.PostgresDSN(t), "TABLE", f.table+"_quota")
+	}
 	store, err := postgres.New(pool, &cfg)
 	if err != nil {
 		t.Fatalf("New: %v", err)

@@ -58,7 +58,7 @@ func (s *Store) Migrate(ctx context.Context) error {
 	if _, err := s.pool.Exec(ctx, s.sql.migrate); err != nil {
 		return fmt.Errorf("postgres: migrate %s: %w", s.table, err)
 	}
-	return nil
+	return s.migrateQuota(ctx)
 }
 
 // quoteTable validates a table name and returns it quoted.

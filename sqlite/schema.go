@@ -84,7 +84,7 @@ func (s *Store) Migrate(ctx context.Context) error {
 		}
 		err := s.upgrade(ctx, conn)
 		if err == nil {
-			_, err = conn.ExecContext(ctx, s.schema)
+			_, err = conn.ExecContext(ctx, s.schema+s.quotaSchema()) // quota.go
 		}
 		if err == nil {
 			_, err = conn.ExecContext(ctx, "COMMIT")

@@ -199,7 +199,7 @@ func Postgres(t *testing.T) *Env[pgx.Tx] {
 	t.Cleanup(func() {
 		c, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 		defer cancel()
-		if _, err := pool.Exec(c, `DROP TABLE IF EXISTS `+table+`, `+effects); err != nil {
+		if _, err := pool.Exec(c, `DROP TABLE IF EXISTS `+table+`, `+table+`_quota, `+effects); err != nil {
 			t.Error(err)
 		}
 	})
@@ -415,4 +415,50 @@ func runCases[Tx any](t *testing.T, e *Env[Tx], start func(*testing.T, *idemhttp
 		})
 	})
 	t.Run("Bind", func(t *testing.T) { notStored(t, RouteBind, http.StatusBadRequest, `{"amount":"x"}`, nil) })
+
+	// Quota: Config.Quota reaches the framework's integration: the third
+	// new key of a scope is refused with 429 and Retry-After before the
+	// chain runs; the first key still replays.
+	t.Run("Quota", func(t *testing.T) {
+		var b [6]byte
+		_, _ = rand.Read(b[:])
+		scope := "quota-" + hex.EncodeToString(b[:])
+		url := start(t, &idemhttp.Config{
+			Scope: func(*http.Request) (string, error) { return scope, nil },
+			Quota: &idempotency.Quota{Window: time.Hour, MaxKeys: 2},
+		})
+		runs := e.Runs()
+		var first Result
+		for i, key := range []string{"q-1", "q-2", "q-3", "q-1"} {
+			res := Post(t, url+RouteWrite, key, `{"amount":100}`)
+			switch {
+			case res.Err != nil:
+				t.Fatalf("%s: %v", key, res.Err)
+			case i == 0:
+				first = res
+				fallthrough
+			case i == 1:
+				if res.Status != http.StatusCreated {
+					t.Errorf("%s: %d %q; want 201", key, res.Status, res.Body)
+				}
+			case i == 2:
+				if res.Status != http.StatusTooManyRequests || res.Header.Get("Retry-After") == "" ||
+					!strings.Contains(string(res.Body), idemhttp.ProblemOverQuota) {
+					t.Errorf("%s: %d %v %q; want 429 %s with Retry-After", key, res.Status, res.Header, res.Body, idemhttp.ProblemOverQuota)
+				}
+			default:
+				if res.Status != http.StatusCreated || !bytes.Equal(res.Body, first.Body) || res.Header.Get(idemhttp.HeaderReplayed) != "true" {
+					t.Errorf("replay of q-1: %d %q; want the first answer %q replayed", res.Status, res.Body, first.Body)
+				}
+			}
+		}
+		if d := e.Runs() - runs; d != 2 {
+			t.Errorf("the chain ran %d times, want 2", d)
+		}
+		for id, want := range map[string]int{"q-1": 1, "q-2": 1, "q-3": 0} {
+			if n := e.Count(t, scope, id); n != want {
+				t.Errorf("%s: %d effects, want %d", id, n, want)
+			}
+		}
+	})
 }

@@ -28,6 +28,7 @@ type Store struct {
 	held    map[idempotency.Key]chan struct{} // closed when the holder ends
 	ops     map[idempotency.Key]*opRow        // unfinished operations
 	counts  map[string]int
+	quota   map[quotaRow]*quotaCount // see quota.go
 	// ReserveErr, when set, is returned by Reserve (to test failing stores).
 	ReserveErr func() error
 	// Conflict, when set, classifies fn's errors (see IsConflict).
