@@ -27,7 +27,8 @@ func openPostgres(ctx context.Context, cfg *pgxpool.Config, naiveConns int) (b *
 	closeAll := func(ctx context.Context) error {
 		defer pool.Close()
 		defer naivePool.Close()
-		if _, err := pool.Exec(ctx, `DROP TABLE IF EXISTS `+payments+`, `+naiveKeys+`, `+keys); err != nil {
+		// The store's Migrate made keys and its quota table (keys + "_quota").
+		if _, err := pool.Exec(ctx, `DROP TABLE IF EXISTS `+payments+`, `+naiveKeys+`, `+keys+`, `+keys+`_quota`); err != nil {
 			return fmt.Errorf("postgres: drop tables: %w", err)
 		}
 		return nil

@@ -94,7 +94,8 @@ func (s sqlTables) paymentIDs(source string) func(context.Context) ([]string, er
 // both pools.
 func (s sqlTables) close(ctx context.Context) error {
 	var errs []error
-	for _, t := range []string{s.payments, s.naiveKeys, s.keys} {
+	// The store's Migrate made keys and its quota table (keys + "_quota").
+	for _, t := range []string{s.payments, s.naiveKeys, s.keys, s.keys + "_quota"} {
 		if _, err := s.db.ExecContext(ctx, `DROP TABLE IF EXISTS `+t); err != nil {
 			errs = append(errs, fmt.Errorf("drop %s: %w", t, err))
 		}
