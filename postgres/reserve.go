@@ -65,6 +65,39 @@ func (s *Store) Reserve(ctx context.Context, r idempotency.Reservation) (idempot
 	return t, nil, nil
 }
 
+// lockAndRead sends BEGIN, the key's advisory lock and one read of the
+// key's row (query, with the key's scope and id and the clock now) in one
+// round trip, and scans that row with scan. It returns the lock's result
+// and the transaction the batch began; what names the call in errors. A
+// transaction that reports REPEATABLE READ or SERIALIZABLE switches the
+// store to row mode for good. The caller releases conn on an error.
+func (s *Store) lockAndRead(ctx context.Context, conn *pgxpool.Conn, r idempotency.Reservation, now any, query, what string, scan func(pgx.Row) error) (lockResult, pgx.Tx, error) {
+	b := &pgx.Batch{}
+	b.BeginTx(s.txOptions)
+	s.queueLock(ctx, b, r)
+	b.Queue(query, r.Key.Scope, r.Key.ID, now)
+	br := s.send(ctx, conn.Conn(), b)
+	var lk lockResult
+	_, err := br.Exec() // BEGIN
+	if err == nil {
+		lk, err = scanLock(br, r.Wait > 0)
+	}
+	if err == nil {
+		noteBackend(conn.Conn(), lk.pid)
+		err = scan(br.QueryRow())
+	}
+	if cerr := br.Close(); err == nil {
+		err = cerr
+	}
+	if err != nil {
+		return lk, nil, s.mapError(ctx, fmt.Errorf("postgres: %s key %v (wait bound %v): %w", what, r.Key, r.Wait, err), r.Wait > 0)
+	}
+	if !lk.readCommitted() {
+		s.rowMode.Store(true)
+	}
+	return lk, br.Tx(), nil
+}
+
 // begin sends BEGIN, the key's advisory lock and the look-up in one round
 // trip. It returns the reservation if the transaction holds the key, or the
 // key's live record, or an error. The caller releases conn unless a
@@ -78,31 +111,13 @@ func (s *Store) begin(ctx context.Context, conn *pgxpool.Conn, r idempotency.Res
 	if s.rowMode.Load() {
 		return s.beginRow(ctx, conn, r, now)
 	}
-	b := &pgx.Batch{}
-	b.BeginTx(s.txOptions)
-	s.queueLock(ctx, b, r)
-	b.Queue(s.sql.lookup, r.Key.Scope, r.Key.ID, now)
-	br := s.send(ctx, conn.Conn(), b)
-	var (
-		lk lockResult
-		k  keyRow
-	)
-	_, err := br.Exec() // BEGIN
-	if err == nil {
-		lk, err = scanLock(br, r.Wait > 0)
-	}
-	if err == nil {
-		noteBackend(conn.Conn(), lk.pid)
-		k, err = scanKey(br.QueryRow(), r.Key)
-	}
-	if cerr := br.Close(); err == nil {
-		err = cerr
-	}
+	var k keyRow
+	lk, ptx, err := s.lockAndRead(ctx, conn, r, now, s.sql.lookup, "reserve", func(row pgx.Row) (err error) {
+		k, err = scanKey(row, r.Key)
+		return err
+	})
 	if err != nil {
-		return nil, nil, s.mapError(ctx, fmt.Errorf("postgres: reserve key %v (wait bound %v): %w", r.Key, r.Wait, err), r.Wait > 0)
-	}
-	if !lk.readCommitted() {
-		s.rowMode.Store(true)
+		return nil, nil, err
 	}
 	switch {
 	case k.rec != nil:
@@ -117,7 +132,7 @@ func (s *Store) begin(ctx context.Context, conn *pgxpool.Conn, r idempotency.Res
 		}
 		return s.beginRow(ctx, conn, r, now)
 	}
-	return &txn{s: s, conn: conn, tx: &tx{inner: br.Tx()}, key: r.Key, fp: r.Fingerprint, now: now, ttl: r.TTL, expired: k.expired}, nil, nil
+	return &txn{s: s, conn: conn, tx: &tx{inner: ptx}, key: r.Key, fp: r.Fingerprint, now: now, ttl: r.TTL, expired: k.expired}, nil, nil
 }
 
 // beginRow reserves the key with its advisory lock and a pending row, for

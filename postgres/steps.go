@@ -140,31 +140,13 @@ type opRow struct {
 // acquire is Acquire on conn; the caller releases conn unless a phase is
 // returned.
 func (s *Store) acquire(ctx context.Context, conn *pgxpool.Conn, a idempotency.Acquisition, now any) (*phase, *idempotency.Record, error) {
-	b := &pgx.Batch{}
-	b.BeginTx(s.txOptions)
-	s.queueLock(ctx, b, a.Reservation)
-	b.Queue(s.sql.acquire, a.Key.Scope, a.Key.ID, now)
-	br := s.send(ctx, conn.Conn(), b)
-	var (
-		lk  lockResult
-		row opRow
-	)
-	_, err := br.Exec() // BEGIN
-	if err == nil {
-		lk, err = scanLock(br, a.Wait > 0)
-	}
-	if err == nil {
-		noteBackend(conn.Conn(), lk.pid)
-		row, err = scanOpRow(br.QueryRow(), a.Key)
-	}
-	if cerr := br.Close(); err == nil {
-		err = cerr
-	}
+	var row opRow
+	lk, ptx, err := s.lockAndRead(ctx, conn, a.Reservation, now, s.sql.acquire, "acquire", func(r pgx.Row) (err error) {
+		row, err = scanOpRow(r, a.Key)
+		return err
+	})
 	if err != nil {
-		return nil, nil, s.mapError(ctx, fmt.Errorf("postgres: acquire key %v (wait bound %v): %w", a.Key, a.Wait, err), a.Wait > 0)
-	}
-	if !lk.readCommitted() {
-		s.rowMode.Store(true)
+		return nil, nil, err
 	}
 	unfinished := row.progress != nil
 	switch {
@@ -192,7 +174,7 @@ func (s *Store) acquire(ctx context.Context, conn *pgxpool.Conn, a idempotency.A
 		}
 	}
 	p := &phase{
-		txn: txn{s: s, conn: conn, tx: &tx{inner: br.Tx()}, key: a.Key, fp: a.Fingerprint, now: now, ttl: a.TTL, expired: row.expired},
+		txn: txn{s: s, conn: conn, tx: &tx{inner: ptx}, key: a.Key, fp: a.Fingerprint, now: now, ttl: a.TTL, expired: row.expired},
 		a:   a,
 	}
 	if unfinished {
