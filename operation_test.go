@@ -12,43 +12,17 @@ import (
 	"time"
 
 	"github.com/go-idempotency/idempotency"
+	"github.com/go-idempotency/idempotency/internal/cardstub"
 	"github.com/go-idempotency/idempotency/internal/memstore"
 )
 
-// processor stands for a card processor that deduplicates on the key it is
-// given: the same key gives the same charge, never a second one.
+// processor is the stub card processor with a switch that makes it decline.
 type processor struct {
-	mu      sync.Mutex
-	charges map[string]string // derived key -> charge id
-	calls   atomic.Int64
-	fail    atomic.Int64 // fail this many calls transiently
+	*cardstub.Processor
 	decline bool
 }
 
-func newProcessor() *processor { return &processor{charges: map[string]string{}} }
-
-var errProcessorDown = errors.New("processor: 503")
-
-func (p *processor) charge(key string) (string, error) {
-	p.calls.Add(1)
-	if p.fail.Add(-1) >= 0 {
-		return "", errProcessorDown
-	}
-	p.mu.Lock()
-	defer p.mu.Unlock()
-	if id, ok := p.charges[key]; ok {
-		return id, nil
-	}
-	id := fmt.Sprintf("ch_%d", len(p.charges)+1)
-	p.charges[key] = id
-	return id, nil
-}
-
-func (p *processor) count() int {
-	p.mu.Lock()
-	defer p.mu.Unlock()
-	return len(p.charges)
-}
+func newProcessor() *processor { return &processor{Processor: cardstub.New()} }
 
 // checkout is an operation of three steps and a Finish on memstore: each
 // Local step records an effect, the Foreign one charges the processor.
@@ -66,7 +40,7 @@ func checkout(p *processor, localRuns *atomic.Int64) *idempotency.Operation[*mem
 				if p.decline {
 					return idempotency.Stop(idempotency.Response{Status: 402, Body: []byte("declined")})
 				}
-				id, err := p.charge(s.Key().Derive("charge"))
+				id, err := p.Charge(s.Key().Derive("charge"))
 				if err != nil {
 					return err
 				}
@@ -105,9 +79,9 @@ func TestRunStepsOnceThenReplays(t *testing.T) {
 	if _, err := g.Run(ctx, key, "other", nil, op); !errors.Is(err, idempotency.ErrMismatch) {
 		t.Fatalf("other fingerprint: %v; want ErrMismatch", err)
 	}
-	if p.count() != 1 || s.Count("order") != 1 || s.Count("receipt:ch_1") != 1 || s.Count("email") != 1 || locals.Load() != 2 {
+	if p.Charges() != 1 || s.Count("order") != 1 || s.Count("receipt:ch_1") != 1 || s.Count("email") != 1 || locals.Load() != 2 {
 		t.Fatalf("charges %d, order %d, receipt %d, email %d, local runs %d; want 1 of each and 2 local runs",
-			p.count(), s.Count("order"), s.Count("receipt:ch_1"), s.Count("email"), locals.Load())
+			p.Charges(), s.Count("order"), s.Count("receipt:ch_1"), s.Count("email"), locals.Load())
 	}
 	// A Do with the key replays the operation's answer.
 	d, err := g.Do(ctx, key, "fp", ok("never"))
@@ -138,8 +112,8 @@ func TestRunConcurrentCallersOneCharge(t *testing.T) {
 			t.Fatalf("caller %d: %+v, %v", i, resps[i], errs[i])
 		}
 	}
-	if p.count() != 1 || p.calls.Load() != 1 || s.Count("order") != 1 || s.Count("email") != 1 {
-		t.Fatalf("charges %d (calls %d), orders %d, emails %d; want 1", p.count(), p.calls.Load(), s.Count("order"), s.Count("email"))
+	if p.Charges() != 1 || p.Calls.Load() != 1 || s.Count("order") != 1 || s.Count("email") != 1 {
+		t.Fatalf("charges %d (calls %d), orders %d, emails %d; want 1", p.Charges(), p.Calls.Load(), s.Count("order"), s.Count("email"))
 	}
 }
 
@@ -149,17 +123,17 @@ func TestRunTransientFailureResumes(t *testing.T) {
 	var events []idempotency.Event
 	g := newGuard(t, s, &idempotency.Config{Observer: func(_ context.Context, ev idempotency.Event) { events = append(events, ev) }})
 	p := newProcessor()
-	p.fail.Store(1)
+	p.Fail.Store(1)
 	var locals atomic.Int64
 	op := checkout(p, &locals)
 	key := idempotency.Key{ID: "flaky"}
 	_, err := g.Run(ctx, key, "fp", []byte("9"), op)
-	if !errors.Is(err, idempotency.ErrUnfinished) || !errors.Is(err, errProcessorDown) {
+	if !errors.Is(err, idempotency.ErrUnfinished) || !errors.Is(err, cardstub.ErrDown) {
 		t.Fatalf("first run: %v; want ErrUnfinished wrapping the processor's error", err)
 	}
 	info, err := g.Inspect(ctx, key, false)
 	if err != nil || info.State != idempotency.KeyUnfinished || info.Step != "charge" || info.Tries != 1 ||
-		info.Operation != "checkout" || !strings.Contains(info.Failure, "processor: 503") {
+		info.Operation != "checkout" || !strings.Contains(info.Failure, cardstub.ErrDown.Error()) {
 		t.Fatalf("after the failure: %+v, %v", info, err)
 	}
 	if ev := events[0]; ev.Outcome != idempotency.Unfinished || ev.Operation != "checkout" || ev.Step != "charge" {
@@ -173,8 +147,8 @@ func TestRunTransientFailureResumes(t *testing.T) {
 	if err != nil || string(resp.Body) != "o-9 ch_1" {
 		t.Fatalf("retry: %+v, %v", resp, err)
 	}
-	if s.Count("order") != 1 || locals.Load() != 2 || p.count() != 1 || p.calls.Load() != 2 {
-		t.Fatalf("orders %d, local runs %d, charges %d, calls %d; want 1, 2, 1, 2", s.Count("order"), locals.Load(), p.count(), p.calls.Load())
+	if s.Count("order") != 1 || locals.Load() != 2 || p.Charges() != 1 || p.Calls.Load() != 2 {
+		t.Fatalf("orders %d, local runs %d, charges %d, calls %d; want 1, 2, 1, 2", s.Count("order"), locals.Load(), p.Charges(), p.Calls.Load())
 	}
 }
 
@@ -195,8 +169,8 @@ func TestRunStop(t *testing.T) {
 	if err != nil || !again.Replayed || again.Status != 402 {
 		t.Fatalf("replay: %+v, %v", again, err)
 	}
-	if s.Count("order") != 1 || s.Count("email") != 0 || p.count() != 0 {
-		t.Fatalf("orders %d, emails %d, charges %d; want 1, 0, 0", s.Count("order"), s.Count("email"), p.count())
+	if s.Count("order") != 1 || s.Count("email") != 0 || p.Charges() != 0 {
+		t.Fatalf("orders %d, emails %d, charges %d; want 1, 0, 0", s.Count("order"), s.Count("email"), p.Charges())
 	}
 
 	// A Stop from a Local step commits that step's writes with the answer.
@@ -270,7 +244,7 @@ func TestRunResumesAfterLeaseEnds(t *testing.T) {
 	dying := *op
 	dying.Steps = append([]idempotency.Step[*memstore.Tx](nil), op.Steps...)
 	dying.Steps[1].Foreign = func(ctx context.Context, s *idempotency.State) error {
-		if _, err := p.charge(s.Key().Derive("charge")); err != nil {
+		if _, err := p.Charge(s.Key().Derive("charge")); err != nil {
 			return err
 		}
 		panic(died)
@@ -292,8 +266,8 @@ func TestRunResumesAfterLeaseEnds(t *testing.T) {
 	if err != nil || string(resp.Body) != "o-5 ch_1" {
 		t.Fatalf("retry after the lease: %+v, %v", resp, err)
 	}
-	if p.count() != 1 || p.calls.Load() != 2 || s.Count("order") != 1 || s.Count("receipt:ch_1") != 1 {
-		t.Fatalf("charges %d, calls %d, orders %d; want 1, 2, 1", p.count(), p.calls.Load(), s.Count("order"))
+	if p.Charges() != 1 || p.Calls.Load() != 2 || s.Count("order") != 1 || s.Count("receipt:ch_1") != 1 {
+		t.Fatalf("charges %d, calls %d, orders %d; want 1, 2, 1", p.Charges(), p.Calls.Load(), s.Count("order"))
 	}
 }
 
@@ -309,7 +283,7 @@ func TestCompleter(t *testing.T) {
 	p := newProcessor()
 	var locals atomic.Int64
 	op := checkout(p, &locals)
-	p.fail.Store(3) // three keys fail at the charge
+	p.Fail.Store(3) // three keys fail at the charge
 	for i := range 3 {
 		if _, err := g.Run(ctx, idempotency.Key{ID: fmt.Sprint("k", i)}, "fp", []byte(fmt.Sprint(i)), op); !errors.Is(err, idempotency.ErrUnfinished) {
 			t.Fatalf("run %d: %v", i, err)
@@ -324,7 +298,7 @@ func TestCompleter(t *testing.T) {
 		t.Fatalf("within the grace: %+v, %v; want nothing listed", rep, err)
 	}
 	advance(time.Minute)
-	p.fail.Store(1) // the first resumed key fails again: its second try
+	p.Fail.Store(1) // the first resumed key fails again: its second try
 	rep, err = c.Once(ctx)
 	if err != nil || rep.Listed != 2 || rep.Finished != 1 || rep.Failed != 1 || rep.Exhausted != 1 {
 		t.Fatalf("first pass: %+v, %v; want 2 listed, 1 finished, 1 failed and exhausted", rep, err)
@@ -359,8 +333,8 @@ func TestCompleter(t *testing.T) {
 	if _, err := g.Run(ctx, exhausted, "fp", nil, op); err != nil {
 		t.Fatalf("client retry of the exhausted key: %v", err)
 	}
-	if p.count() != 3 {
-		t.Fatalf("charges %d; want 3", p.count())
+	if p.Charges() != 3 {
+		t.Fatalf("charges %d; want 3", p.Charges())
 	}
 }
 
@@ -480,7 +454,7 @@ func TestList(t *testing.T) {
 	p := newProcessor()
 	var locals atomic.Int64
 	op := checkout(p, &locals)
-	p.fail.Store(2)
+	p.Fail.Store(2)
 	for _, id := range []string{"b", "B"} {
 		if _, err := g.Run(ctx, idempotency.Key{Scope: "s", ID: id}, "fp", nil, op); !errors.Is(err, idempotency.ErrUnfinished) {
 			t.Fatal(err)
@@ -527,7 +501,7 @@ func TestAnswer(t *testing.T) {
 	p := newProcessor()
 	var locals atomic.Int64
 	op := checkout(p, &locals)
-	p.fail.Store(1)
+	p.Fail.Store(1)
 	key := idempotency.Key{Scope: "a", ID: "status"}
 	if _, err := g.Run(ctx, key, "fp", []byte("3"), op); !errors.Is(err, idempotency.ErrUnfinished) {
 		t.Fatal(err)

@@ -5,12 +5,12 @@ import (
 	"errors"
 	"fmt"
 	"net/http"
-	"sync"
 	"sync/atomic"
 	"testing"
 	"time"
 
 	"github.com/go-idempotency/idempotency"
+	"github.com/go-idempotency/idempotency/internal/cardstub"
 )
 
 // The cases of this file run [idempotency.Guard.Run] (multi-step
@@ -18,44 +18,10 @@ import (
 // guarantees users rely on, end to end, over the primitives the cases of
 // cases_steps.go check one by one.
 
-// processor stands for another system (a card processor) that
-// deduplicates on the key it is given: the same key gives the same charge.
-type processor struct {
-	mu      sync.Mutex
-	charges map[string]string
-	calls   atomic.Int64
-	fail    atomic.Int64 // fail this many calls
-}
-
-var errProcessor = errors.New("conformance: processor unavailable")
-
-func newProcessor() *processor { return &processor{charges: map[string]string{}} }
-
-func (p *processor) charge(key string) (string, error) {
-	p.calls.Add(1)
-	if p.fail.Add(-1) >= 0 {
-		return "", errProcessor
-	}
-	p.mu.Lock()
-	defer p.mu.Unlock()
-	if id, ok := p.charges[key]; ok {
-		return id, nil
-	}
-	id := fmt.Sprintf("ch_%d", len(p.charges)+1)
-	p.charges[key] = id
-	return id, nil
-}
-
-func (p *processor) count() int {
-	p.mu.Lock()
-	defer p.mu.Unlock()
-	return len(p.charges)
-}
-
 // checkoutOp is an operation of a Local step, a Foreign call to p and
 // another Local step, then Finish; each local phase commits an effect
 // tagged tag plus the phase's name.
-func (e *env[Tx]) checkoutOp(p *processor, tag string) *idempotency.Operation[Tx] {
+func (e *env[Tx]) checkoutOp(p *cardstub.Processor, tag string) *idempotency.Operation[Tx] {
 	return &idempotency.Operation[Tx]{
 		Name: "checkout",
 		Steps: []idempotency.Step[Tx]{
@@ -63,7 +29,7 @@ func (e *env[Tx]) checkoutOp(p *processor, tag string) *idempotency.Operation[Tx
 				return e.f.Effect(ctx, tx, tag+"-order")
 			}},
 			{Name: "charge", Foreign: func(ctx context.Context, s *idempotency.State) error {
-				id, err := p.charge(s.Key().Derive("charge"))
+				id, err := p.Charge(s.Key().Derive("charge"))
 				s.Set("charge", id)
 				return err
 			}},
@@ -99,7 +65,7 @@ func (s *suite[Tx]) operationConcurrentSameKey(t *testing.T) {
 	e := s.setup(t, Options{})
 	e.stepper()
 	gs := e.guards(4, nil)
-	p := newProcessor()
+	p := cardstub.New()
 	tag := uniq("op")
 	op := e.checkoutOp(p, tag)
 	key := idempotency.Key{Scope: "client-1", ID: uniq("k")}
@@ -121,8 +87,8 @@ func (s *suite[Tx]) operationConcurrentSameKey(t *testing.T) {
 	if string(first.Body) != `{"charge":"ch_1","input":"100"}` {
 		t.Fatalf("answer %q", first.Body)
 	}
-	if p.count() != 1 {
-		t.Fatalf("the processor charged %d times; want 1", p.count())
+	if p.Charges() != 1 {
+		t.Fatalf("the processor charged %d times; want 1", p.Charges())
 	}
 	e.oneCheckout(tag, "ch_1", "20 concurrent runs of one operation")
 	if _, err := gs[0].Run(e.ctx, key, "other", nil, op); !errors.Is(err, idempotency.ErrMismatch) {
@@ -140,12 +106,12 @@ func (s *suite[Tx]) operationResumes(t *testing.T) {
 	e.stepper()
 	stores := e.instances(2)
 	g1, g2 := e.guardOn(stores[0], nil), e.guardOn(stores[len(stores)-1], nil)
-	p := newProcessor()
-	p.fail.Store(1)
+	p := cardstub.New()
+	p.Fail.Store(1)
 	tag := uniq("op")
 	op := e.checkoutOp(p, tag)
 	key := idempotency.Key{ID: uniq("k")}
-	if _, err := g1.Run(e.ctx, key, "fp", []byte("7"), op); !errors.Is(err, idempotency.ErrUnfinished) || !errors.Is(err, errProcessor) {
+	if _, err := g1.Run(e.ctx, key, "fp", []byte("7"), op); !errors.Is(err, idempotency.ErrUnfinished) || !errors.Is(err, cardstub.ErrDown) {
 		t.Fatalf("first run: %v; want ErrUnfinished wrapping the step's error", err)
 	}
 	e.count(tag+"-order", 1, "a committed step stays committed after a later step fails")
@@ -162,8 +128,8 @@ func (s *suite[Tx]) operationResumes(t *testing.T) {
 	}
 	e.oneCheckout(tag, "ch_1", "a resumed operation")
 	e.count(tag+"-do", 0, "Do on an unfinished key runs nothing")
-	if p.count() != 1 || p.calls.Load() != 2 {
-		t.Fatalf("charges %d, calls %d; want 1 and 2", p.count(), p.calls.Load())
+	if p.Charges() != 1 || p.Calls.Load() != 2 {
+		t.Fatalf("charges %d, calls %d; want 1 and 2", p.Charges(), p.Calls.Load())
 	}
 }
 
@@ -176,14 +142,14 @@ func (s *suite[Tx]) operationLease(t *testing.T) {
 	e := s.setupClock(t, Options{}, clk)
 	e.stepper()
 	g := e.guard(&idempotency.Config{WaitTimeout: -1})
-	p := newProcessor()
+	p := cardstub.New()
 	tag := uniq("op")
 	op := e.checkoutOp(p, tag)
 	dying := *op
 	dying.Steps = append([]idempotency.Step[Tx](nil), op.Steps...)
 	died := errors.New("killed")
 	dying.Steps[1].Foreign = func(ctx context.Context, s *idempotency.State) error {
-		if _, err := p.charge(s.Key().Derive("charge")); err != nil {
+		if _, err := p.Charge(s.Key().Derive("charge")); err != nil {
 			return err
 		}
 		panic(died)
@@ -209,8 +175,8 @@ func (s *suite[Tx]) operationLease(t *testing.T) {
 		t.Fatalf("retry after the lease: %+v, %v", resp, err)
 	}
 	e.oneCheckout(tag, "ch_1", "an operation taken over after its lease ended")
-	if p.count() != 1 || p.calls.Load() != 2 {
-		t.Fatalf("charges %d, calls %d; want 1 and 2", p.count(), p.calls.Load())
+	if p.Charges() != 1 || p.Calls.Load() != 2 {
+		t.Fatalf("charges %d, calls %d; want 1 and 2", p.Charges(), p.Calls.Load())
 	}
 }
 
@@ -223,11 +189,11 @@ func (s *suite[Tx]) operationCompleter(t *testing.T) {
 	e := s.setupClock(t, Options{}, clk)
 	e.stepper()
 	g := e.guard(nil)
-	p := newProcessor()
+	p := cardstub.New()
 	tag := uniq("op")
 	op := e.checkoutOp(p, tag)
 	const n = 5
-	p.fail.Store(n)
+	p.Fail.Store(n)
 	for i := range n {
 		if _, err := g.Run(e.ctx, idempotency.Key{ID: fmt.Sprintf("%s-%d", tag, i)}, "fp", []byte(fmt.Sprint(i)), op); !errors.Is(err, idempotency.ErrUnfinished) {
 			t.Fatalf("run %d: %v; want ErrUnfinished", i, err)
@@ -247,8 +213,8 @@ func (s *suite[Tx]) operationCompleter(t *testing.T) {
 			t.Fatalf("pass %d: %+v, %v; want %d listed and finished", pass, rep, err, want)
 		}
 	}
-	if p.count() != n {
-		t.Fatalf("charges %d; want %d", p.count(), n)
+	if p.Charges() != n {
+		t.Fatalf("charges %d; want %d", p.Charges(), n)
 	}
 	e.count(tag+"-order", n, "every abandoned operation's first step ran once")
 	e.count(tag+"-email", n, "every abandoned operation finished once")
