@@ -73,40 +73,60 @@ func (s *Store) Reserve(ctx context.Context, r idempotency.Reservation) (idempot
 			return nil, nil, err
 		}
 	}
-	deadline := time.NewTimer(r.Wait)
+	rec, now, err := s.take(ctx, r.Key, r.Wait, func(time.Time, bool) error {
+		if _, ok := s.ops[r.Key]; ok {
+			return fmt.Errorf("%w: memstore: an unfinished operation", idempotency.ErrInProgress)
+		}
+		return nil
+	})
+	if rec != nil || err != nil {
+		return nil, rec, err
+	}
+	return &txn{s: s, r: r, created: now, tx: &Tx{}}, nil, nil
+}
+
+// take is the turn that Reserve and Acquire wait for on key. Each round,
+// under s.mu and by the store's clock: a live record ends it (a copy is
+// returned: the caller owns its header map and body); then claim is asked
+// (busy tells whether another caller holds key), and its error ends it;
+// then a holder makes it wait for the key's release, up to wait (0: not at
+// all), and a free key becomes the caller's, held until its transaction
+// ends.
+func (s *Store) take(ctx context.Context, key idempotency.Key, wait time.Duration, claim func(now time.Time, busy bool) error) (*idempotency.Record, time.Time, error) {
+	deadline := time.NewTimer(wait)
 	defer deadline.Stop()
 	for {
 		now, err := s.now()
 		if err != nil {
-			return nil, nil, err
+			return nil, now, err
 		}
 		s.mu.Lock()
-		if rec, ok := s.records[r.Key]; ok && rec.ExpiresAt.After(now) {
+		if rec, ok := s.records[key]; ok && rec.ExpiresAt.After(now) {
 			s.mu.Unlock()
-			cp := *rec // the caller owns its copy: no shared header map nor body
+			cp := *rec
 			cp.Header, cp.Body = rec.Header.Clone(), bytes.Clone(rec.Body)
-			return nil, &cp, nil
+			return &cp, now, nil
 		}
-		if _, ok := s.ops[r.Key]; ok {
+		released, busy := s.held[key]
+		if err := claim(now, busy); err != nil {
 			s.mu.Unlock()
-			return nil, nil, fmt.Errorf("%w: memstore: an unfinished operation", idempotency.ErrInProgress)
+			return nil, now, err
 		}
-		wait, busy := s.held[r.Key]
 		if !busy {
-			s.held[r.Key] = make(chan struct{})
+			s.held[key] = make(chan struct{})
 			s.mu.Unlock()
-			return &txn{s: s, r: r, created: now, tx: &Tx{}}, nil, nil
+			return nil, now, nil
 		}
 		s.mu.Unlock()
-		if r.Wait == 0 {
-			return nil, nil, fmt.Errorf("%w: memstore", idempotency.ErrInProgress)
+		if wait == 0 {
+			return nil, now, fmt.Errorf("%w: memstore", idempotency.ErrInProgress)
 		}
 		select {
-		case <-wait:
+		case <-released:
 		case <-ctx.Done():
-			return nil, nil, ctx.Err()
+			return nil, now, ctx.Err()
 		case <-deadline.C:
-			return nil, nil, fmt.Errorf("%w: memstore: waited %v", idempotency.ErrInProgress, r.Wait)
+			return nil, now, fmt.Errorf("%w: memstore: waited %v", idempotency.ErrInProgress, wait)
 		}
 	}
 }

@@ -53,46 +53,24 @@ func (s *Store) Acquire(ctx context.Context, a idempotency.Acquisition) (idempot
 			return nil, nil, err
 		}
 	}
-	deadline := time.NewTimer(a.Wait)
-	defer deadline.Stop()
-	for {
-		now, err := s.now()
-		if err != nil {
-			return nil, nil, err
+	var p *phase
+	rec, _, err := s.take(ctx, a.Key, a.Wait, func(now time.Time, busy bool) error {
+		if busy {
+			return nil
 		}
-		s.mu.Lock()
-		if rec, ok := s.records[a.Key]; ok && rec.ExpiresAt.After(now) {
-			s.mu.Unlock()
-			cp := *rec
-			cp.Header, cp.Body = rec.Header.Clone(), bytes.Clone(rec.Body)
-			return nil, &cp, nil
-		}
-		wait, busy := s.held[a.Key]
-		if !busy {
-			p := &phase{txn: txn{s: s, r: a.Reservation, created: now, tx: &Tx{}}, a: a, fp: a.Fingerprint}
-			if row, ok := s.ops[a.Key]; ok {
-				if row.owner != a.Owner && row.leaseEnds.After(now) {
-					s.mu.Unlock()
-					return nil, nil, fmt.Errorf("%w: memstore: leased until %v", idempotency.ErrInProgress, row.leaseEnds)
-				}
-				p.fp, p.progress, p.tries, p.created = row.fp, bytes.Clone(row.progress), row.tries, row.created
+		p = &phase{txn: txn{s: s, r: a.Reservation, created: now, tx: &Tx{}}, a: a, fp: a.Fingerprint}
+		if row, ok := s.ops[a.Key]; ok {
+			if row.owner != a.Owner && row.leaseEnds.After(now) {
+				return fmt.Errorf("%w: memstore: leased until %v", idempotency.ErrInProgress, row.leaseEnds)
 			}
-			s.held[a.Key] = make(chan struct{})
-			s.mu.Unlock()
-			return p, nil, nil
+			p.fp, p.progress, p.tries, p.created = row.fp, bytes.Clone(row.progress), row.tries, row.created
 		}
-		s.mu.Unlock()
-		if a.Wait == 0 {
-			return nil, nil, fmt.Errorf("%w: memstore", idempotency.ErrInProgress)
-		}
-		select {
-		case <-wait:
-		case <-ctx.Done():
-			return nil, nil, ctx.Err()
-		case <-deadline.C:
-			return nil, nil, fmt.Errorf("%w: memstore: waited %v", idempotency.ErrInProgress, a.Wait)
-		}
+		return nil
+	})
+	if rec != nil || err != nil {
+		return nil, rec, err
 	}
+	return p, nil, nil
 }
 
 // Abandoned implements [idempotency.Stepper].
