@@ -115,14 +115,7 @@ type ran struct {
 func (a *asyncHandler[Tx]) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	h := a.h
 	ev := &Event{Method: r.Method, Outcome: idempotency.HandlerError}
-	if h.c.observer != nil {
-		start := time.Now()
-		ev.Route = h.c.route(r)
-		defer func() {
-			ev.Duration = time.Since(start)
-			h.c.observer(r.Context(), *ev)
-		}()
-	}
+	defer h.observe(r, ev)()
 	if a.invalid != nil && h.c.scope != nil && h.c.invalid == nil {
 		h.internal(w, r, ev, a.invalid)
 		return
@@ -235,14 +228,7 @@ type statusHandler[Tx any] struct {
 func (s *statusHandler[Tx]) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	h := s.h
 	ev := &Event{Method: r.Method, Outcome: idempotency.HandlerError}
-	if h.c.observer != nil {
-		start := time.Now()
-		ev.Route = h.c.route(r)
-		defer func() {
-			ev.Duration = time.Since(start)
-			h.c.observer(r.Context(), *ev)
-		}()
-	}
+	defer h.observe(r, ev)()
 	switch {
 	case h.c.scope == nil:
 		h.refuseNoScope(w, r, ev)

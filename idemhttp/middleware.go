@@ -135,22 +135,34 @@ func (h *handler[Tx]) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	ev := &Event{Method: r.Method, Outcome: idempotency.HandlerError}
-	if h.c.observer != nil {
-		start := time.Now()
-		ev.Route = h.c.route(r)
-		finished := false
-		defer func() {
-			ev.Duration = time.Since(start)
-			if !finished { // the handler panicked (re-raised): rolled back
-				ev.Outcome, ev.Status, ev.Err = idempotency.HandlerError, 0, errors.New("idemhttp: the handler panicked")
-			}
-			h.c.observer(r.Context(), *ev)
-		}()
+	if h.c.observer == nil {
 		h.serve(w, r, values, ev)
-		finished = true
 		return
 	}
+	report := h.observe(r, ev)
+	finished := false
+	defer func() {
+		if !finished { // the handler panicked (re-raised): rolled back
+			ev.Outcome, ev.Status, ev.Err = idempotency.HandlerError, 0, errors.New("idemhttp: the handler panicked")
+		}
+		report()
+	}()
 	h.serve(w, r, values, ev)
+	finished = true
+}
+
+// observe starts ev's clock for the Observer, if one is set; the returned
+// func (deferred by the caller) sets ev's Duration and reports it.
+func (h *handler[Tx]) observe(r *http.Request, ev *Event) (report func()) {
+	if h.c.observer == nil {
+		return func() {}
+	}
+	start := time.Now()
+	ev.Route = h.c.route(r)
+	return func() {
+		ev.Duration = time.Since(start)
+		h.c.observer(r.Context(), *ev)
+	}
 }
 
 // admit checks a guarded request before the store is reached: its key
