@@ -84,6 +84,9 @@ func TestFoldedCompleteTooLarge(t *testing.T) {
 // spread over its duration, on a pool of one connection, and checks after
 // each cut that the session left in the pool has no open transaction and
 // that the effect and the answer were committed together or not at all.
+// The cuts come 50µs apart; on a host so loaded that all 40 of them fell
+// inside Complete, later ones double their delay (up to 8 more) until one
+// Complete ends before its cut.
 func TestCompleteCutLeavesNoTransaction(t *testing.T) {
 	for _, p := range paths[:2] {
 		t.Run(p.name, func(t *testing.T) {
@@ -92,8 +95,8 @@ func TestCompleteCutLeavesNoTransaction(t *testing.T) {
 			db := openDB(t, testConfig(t, interpolate), 1)
 			f := newFixture(t, db, nil)
 			s := newStore(t, db, f.table, p)
-			cut := 0
-			for i := range 40 {
+			cut, i := 0, 0
+			for ; i < 40 || (cut == i && i < 48); i++ {
 				key := idempotency.Key{ID: testkit.Name("idem_test_")}
 				r := idempotency.Reservation{Key: key, Fingerprint: "fp", TTL: time.Hour}
 				txn, _, err := s.Reserve(ctx, r)
@@ -104,7 +107,11 @@ func TestCompleteCutLeavesNoTransaction(t *testing.T) {
 					t.Fatal(err)
 				}
 				cctx, cancel := context.WithCancel(ctx)
-				timer := time.AfterFunc(time.Duration(i)*50*time.Microsecond, cancel)
+				delay := time.Duration(i) * 50 * time.Microsecond
+				if i >= 40 {
+					delay = 2 * time.Millisecond << (i - 40)
+				}
+				timer := time.AfterFunc(delay, cancel)
 				cerr := txn.Complete(cctx, idempotency.Response{Status: 201, Body: []byte(key.ID)})
 				timer.Stop()
 				cancel()
@@ -133,9 +140,9 @@ func TestCompleteCutLeavesNoTransaction(t *testing.T) {
 				}
 				testkit.MustCount(t, ctx, f.fx.Count, key.ID, want)
 			}
-			t.Logf("%d of 40 Completes cut", cut)
-			if cut == 0 || cut == 40 {
-				t.Fatalf("%d of 40 Completes cut: the cuts missed Complete", cut)
+			t.Logf("%d of %d Completes cut", cut, i)
+			if cut == 0 || cut == i {
+				t.Fatalf("%d of %d Completes cut: the cuts missed Complete", cut, i)
 			}
 		})
 	}
