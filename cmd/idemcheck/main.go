@@ -112,6 +112,7 @@ func parseArgs(args []string, stderr io.Writer) (options, error) {
 
 // run is the whole command; it returns the exit status.
 func run(ctx context.Context, args []string, stdout, stderr io.Writer) (code int) {
+	storedsn.QuietRedis() // its errors reach stderr through ours
 	opts, err := parseArgs(args, stderr)
 	if errors.Is(err, flag.ErrHelp) {
 		return 0

@@ -272,6 +272,7 @@ func exitCode(err error) int {
 
 // run is the whole command; it returns the exit status.
 func run(ctx context.Context, args []string, stdout, stderr io.Writer) int {
+	storedsn.QuietRedis() // its errors reach stderr through ours
 	o, err := parseArgs(args, stderr)
 	if errors.Is(err, flag.ErrHelp) {
 		return exitOK

@@ -4,6 +4,7 @@
 package storedsn
 
 import (
+	"context"
 	"fmt"
 	"net"
 	"strings"
@@ -185,3 +186,15 @@ func looksLikeMySQLNative(dsn string) bool {
 	open := strings.Index(rest, "(")
 	return open > 0 && strings.Contains(rest[open:], ")/")
 }
+
+// QuietRedis stops go-redis from printing log lines of its own on the
+// process's stderr (its pool prints one for each dial that fails), which a
+// command's user would read next to, and before, the command's own error
+// that already carries the same cause. go-redis keeps its logger in a
+// process-wide atomic value: only a command's run calls this.
+func QuietRedis() { goredis.SetLogger(discardLog{}) }
+
+// discardLog is a go-redis logger that prints nothing.
+type discardLog struct{}
+
+func (discardLog) Printf(context.Context, string, ...any) {}
