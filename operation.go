@@ -44,6 +44,13 @@ type Operation[Tx any] struct {
 	// completes, by the store's clock, as [Config.TTL] is for the Guard's
 	// calls; zero means the Guard's TTL.
 	TTL time.Duration
+	// Durable commits a new key, with its input, before the first step
+	// runs, at the cost of one more transaction: the operation is then in
+	// the store from its start, so a run that dies or fails in its first
+	// step leaves it unfinished, for a retry or the [Completer], where it
+	// otherwise leaves the key free (nothing was committed). An operation
+	// whose first step is Foreign is committed before it anyway.
+	Durable bool
 	// Lease is how long a run holds the key after each commit, by the
 	// store's clock. While it lasts, other processes wait for the run or
 	// get [ErrInProgress]; a run that died (a crash, a kill) holds the key
@@ -216,8 +223,12 @@ func (op *Operation[Tx]) index(name string) (int, error) {
 //     [Config.WaitTimeout], as Do does, then [ErrInProgress].
 //  5. A step's transient error: the key is released at its last recovery
 //     point and Run returns an error wrapping [ErrUnfinished] and the
-//     step's error. A [Stop] finishes the operation with its answer.
+//     step's error. A [Stop] finishes the operation with its answer. So
+//     does a run whose ctx ends, or whose store fails, between two steps
+//     after it committed one: it releases the key when the store answers.
 //  6. Store failures wrap [ErrStore]: retrying with the same key resumes.
+//  7. A key deleted while its run goes on ([Guard.Forget]): the run stops
+//     with an error wrapping [ErrNotFound]; it never starts over.
 //
 // The store must implement [Stepper] (the SQL stores do); others give an
 // error wrapping [errors.ErrUnsupported]. op is checked first: a bad one
@@ -305,8 +316,15 @@ type runner[Tx any] struct {
 	owner    string
 
 	st        *State // nil until the first phase; then the run's state
-	saved     []byte // the progress this run last committed
+	saved     []byte // the progress last committed, by this run or the one it resumed
 	conflicts int    // commits retried after a conflict
+	// leased: this run's last commit (a Save) took the lease, and no
+	// Foreign call ran since. Only then does a Foreign step run without a
+	// phase of its own first.
+	leased bool
+	// mine: this run committed a Save, so the lease it ends on a failure
+	// is its own.
+	mine bool
 }
 
 func (r *runner[Tx]) lead(ctx context.Context) (resp Response, step string, err error) {
@@ -320,6 +338,13 @@ func (r *runner[Tx]) lead(ctx context.Context) (resp Response, step string, err 
 	resp, err = r.drive(ctx)
 	if r.st != nil {
 		step = r.st.p.Step
+	}
+	if err != nil && r.mine && !errors.Is(err, ErrUnfinished) && r.release(ctx, step, err) {
+		// The run stopped between two phases (its ctx ended, the store
+		// failed, a commit's outcome is unknown) with the key unfinished
+		// and its lease this run's: the lease ended now, so that a retry
+		// resumes at once rather than when the lease runs out.
+		err = r.unfinishedErr(step, err)
 	}
 	if err != nil {
 		return Response{}, step, err
@@ -338,19 +363,22 @@ func newOwner() string {
 
 // drive runs the operation's steps from where the key stands to the end.
 func (r *runner[Tx]) drive(ctx context.Context) (Response, error) {
-	var open Phase[Tx] // a phase whose transaction is open, if any
+	var (
+		open Phase[Tx] // a phase whose transaction is open, if any
+		stop *Response // a Foreign step's Stop, to complete in the next phase
+	)
 	for {
-		if open == nil && r.saved != nil && r.nextIsForeign() {
-			// This run committed the last phase and holds the lease: the
-			// call needs no transaction.
+		if open == nil && r.leased && r.nextIsForeign() {
+			// This run's last commit took the lease: the call needs no
+			// transaction. A next step that is Foreign too takes the lease
+			// again first, committing this one's data.
 			i, _ := r.op.index(r.st.p.Step)
-			if err := r.foreign(ctx, i); err != nil {
-				var stopped errStopped
-				if errors.As(err, &stopped) {
-					return stopped.resp, nil
-				}
+			r.leased = false
+			resp, err := r.foreign(ctx, i)
+			if err != nil {
 				return Response{}, err
 			}
+			stop = resp
 			continue
 		}
 		if open == nil {
@@ -364,11 +392,32 @@ func (r *runner[Tx]) drive(ctx context.Context) (Response, error) {
 				}
 				return r.g.replay(ctx, r.key, rec) // Config.Codec
 			}
+			moved := string(ph.Progress()) != string(r.saved)
 			if err := r.adopt(ph); err != nil {
 				_ = ph.Rollback(context.WithoutCancel(ctx))
 				return Response{}, err
 			}
 			open = ph
+			if stop != nil {
+				resp := *stop
+				stop = nil
+				if !moved {
+					ph, open = open, nil
+					return r.complete(ctx, ph, resp)
+				}
+				// Another run took the key over while this run's call
+				// outlasted its lease, and moved it on: the Stop no longer
+				// applies. Resume from what that run committed.
+			}
+			if r.saved == nil && r.op.Durable && !r.nextIsForeign() {
+				// A new key: commit it before its first step.
+				err := r.save(ctx, open, r.st.p)
+				open = nil
+				if err != nil && !r.conflicted(ctx, err) {
+					return Response{}, err
+				}
+				continue
+			}
 		}
 		i, err := r.op.index(r.st.p.Step)
 		if err != nil {
@@ -376,38 +425,49 @@ func (r *runner[Tx]) drive(ctx context.Context) (Response, error) {
 			return Response{}, err
 		}
 		if i == len(r.op.Steps) {
+			before := r.st.p.clone()
 			resp, err := r.finish(ctx, open)
 			open = nil
-			if err != nil && r.conflicted(ctx, err) {
-				continue
+			if err != nil && errors.Is(err, ErrConflict) {
+				r.st.p = before // Finish runs again, from the same state
+				if r.conflicted(ctx, err) {
+					continue
+				}
 			}
 			return resp, err
 		}
 		st := r.op.Steps[i]
 		if st.Foreign != nil {
-			// Commit what the phase holds (a new key, a taken lease)
-			// before the call: no transaction stays open across it.
+			// Commit what the phase holds (a new key, a taken lease, a
+			// Foreign step's data) before the call: no transaction stays
+			// open across it.
 			err := r.save(ctx, open, r.st.p)
 			open = nil
 			if err != nil && !r.conflicted(ctx, err) {
 				return Response{}, err
 			}
-			continue // to the call, as the lease is this run's
+			continue // to the call, if the lease is this run's
 		}
-		next := r.st.p.clone()
-		next.Step = r.nextName(i)
+		// A Local step that sets data and whose commit then fails with a
+		// conflict runs again from the state it started from: its writes
+		// were rolled back, so must be what it set.
+		before := r.st.p.clone()
 		r.st.p.Step = st.Name
 		if err := st.Local(ctx, open.Tx(), r.st); err != nil {
 			return r.failed(ctx, open, err)
 		}
-		next.Data = r.st.p.Data
+		next := r.st.p.clone()
+		next.Step = r.nextName(i)
 		if _, err := next.encode(); err != nil {
 			return r.failed(ctx, open, err)
 		}
 		err = r.save(ctx, open, next)
 		open = nil
-		if err != nil && !r.conflicted(ctx, err) {
-			return Response{}, err
+		if err != nil {
+			r.st.p = before
+			if !r.conflicted(ctx, err) {
+				return Response{}, err
+			}
 		}
 	}
 }
@@ -423,6 +483,7 @@ func (r *runner[Tx]) conflicted(ctx context.Context, err error) bool {
 		return false
 	}
 	r.conflicts++
+	r.leased = false
 	if r.saved == nil {
 		r.st = nil
 	}
@@ -444,53 +505,25 @@ func (r *runner[Tx]) nextName(i int) string {
 }
 
 // foreign runs Foreign step i outside any transaction. Its data is kept
-// in memory until the next phase commits it.
-func (r *runner[Tx]) foreign(ctx context.Context, i int) error {
+// in memory until the next phase commits it. A Stop gives its answer,
+// which the next phase completes the key with.
+func (r *runner[Tx]) foreign(ctx context.Context, i int) (*Response, error) {
 	st := r.op.Steps[i]
 	r.st.p.Step = st.Name
 	data := clonedData(r.st.p.Data)
 	err := st.Foreign(ctx, r.st)
 	var stop *StopError
 	if errors.As(err, &stop) {
-		return r.stopAfterForeign(ctx, stop.Response)
+		r.st.p.Data = data // what the call set is not committed
+		return &stop.Response, nil
 	}
 	if err != nil {
 		r.st.p.Data = data
 		_, ferr := r.failed(ctx, nil, err)
-		return ferr
+		return nil, ferr
 	}
 	r.st.p.Step = r.nextName(i)
-	return nil
-}
-
-// errStopped ends drive with the answer of a Stop.
-type errStopped struct{ resp Response }
-
-func (e errStopped) Error() string { return "stopped" }
-
-// stopAfterForeign stores the answer of a Foreign step's Stop in a phase
-// of its own.
-func (r *runner[Tx]) stopAfterForeign(ctx context.Context, resp Response) error {
-	ph, rec, err := r.acquire(ctx)
-	switch {
-	case err != nil:
-		return err
-	case rec != nil:
-		resp, err := r.g.replay(ctx, r.key, rec) // Config.Codec
-		if err != nil {
-			return err
-		}
-		return errStopped{resp}
-	}
-	if err := r.adopt(ph); err != nil {
-		_ = ph.Rollback(context.WithoutCancel(ctx))
-		return err
-	}
-	out, err := r.complete(ctx, ph, resp)
-	if err != nil {
-		return err
-	}
-	return errStopped{out}
+	return nil, nil
 }
 
 // finish runs Finish in ph and completes the key with its answer.
@@ -538,41 +571,48 @@ func (r *runner[Tx]) failed(ctx context.Context, ph Phase[Tx], err error) (Respo
 	if ph != nil && errors.As(err, &stop) {
 		return r.complete(ctx, ph, stop.Response)
 	}
-	step := r.st.p.Step
 	if ph != nil {
 		_ = ph.Rollback(context.WithoutCancel(ctx))
 	}
+	step := r.st.p.Step
 	r.release(ctx, step, err)
+	return Response{}, r.unfinishedErr(step, err)
+}
+
+// unfinishedErr is Run's error for a run that stopped at step with err,
+// leaving the key at its last recovery point.
+func (r *runner[Tx]) unfinishedErr(step string, err error) error {
 	if step == "" {
 		step = "Finish"
 	}
-	return Response{}, fmt.Errorf("%w: operation %q, step %s: %w", ErrUnfinished, r.op.Name, step, err)
+	return fmt.Errorf("%w: operation %q, step %s: %w", ErrUnfinished, r.op.Name, step, err)
 }
 
 // release ends the run's lease after a failure and counts a try, in a
-// phase of its own, so that a retry resumes at once. It keeps the progress
-// last committed, with the failure noted. A key with nothing committed
-// (a new key whose first step failed) is left free.
-func (r *runner[Tx]) release(ctx context.Context, step string, cause error) {
+// phase of its own, so that a retry resumes at once, and reports whether
+// it did. It keeps the progress last committed, with the failure noted. A
+// key with nothing committed (a new key whose first step failed) is left
+// free.
+func (r *runner[Tx]) release(ctx context.Context, step string, cause error) bool {
 	ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), releaseTimeout)
 	defer cancel()
 	a := Acquisition{Reservation: Reservation{Key: r.key, Fingerprint: r.fp, TTL: r.op.ttl(r.g)}, Owner: r.owner, Lease: r.op.lease()}
 	ph, rec, err := r.ss.Acquire(ctx, a)
 	if err != nil || rec != nil {
-		return // taken over, or finished by another run: nothing to release
+		return false // taken over, or finished by another run: nothing to release
 	}
 	p, err := decodeProgress(ph.Progress())
-	if err != nil || ph.Progress() == nil {
+	if err != nil || ph.Progress() == nil || p.Op != r.op.Name {
 		_ = ph.Rollback(ctx)
-		return
+		return false
 	}
 	p.Failure = failureText(step, cause)
 	b, err := p.encode()
 	if err != nil {
 		_ = ph.Rollback(ctx)
-		return
+		return false
 	}
-	_ = ph.Release(ctx, b)
+	return ph.Release(ctx, b) == nil
 }
 
 // releaseTimeout bounds the release of a failed run, which outlives the
@@ -601,9 +641,10 @@ func (r *runner[Tx]) save(ctx context.Context, ph Phase[Tx], p progress) error {
 		return err
 	}
 	if err := ph.Save(ctx, b); err != nil {
+		r.leased = false
 		return r.storeErr(err)
 	}
-	r.st.p, r.saved = p, b
+	r.st.p, r.saved, r.leased, r.mine = p, b, true, true
 	return nil
 }
 
@@ -674,6 +715,12 @@ func (r *runner[Tx]) adopt(ph Phase[Tx]) error {
 	if raw == nil {
 		if r.resume {
 			return fmt.Errorf("%w: the key is no longer unfinished", ErrNotFound)
+		}
+		if r.saved != nil {
+			// The row this run went on from is gone: forgotten by an
+			// operator, or completed by another run and then expired or
+			// purged. Starting over would repeat committed steps.
+			return fmt.Errorf("%w: the key's unfinished operation was deleted (forgotten, or completed and expired) while this run went on with it; it stops here", ErrNotFound)
 		}
 		if ph.Fingerprint() != r.fp {
 			return ErrMismatch
