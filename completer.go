@@ -48,7 +48,8 @@ type Completer[Tx any] struct {
 
 // CompleterReport says what one pass of a [Completer] did.
 type CompleterReport struct {
-	// Listed is how many abandoned keys the pass found (at most Batch).
+	// Listed is how many abandoned keys the pass looked at: at most
+	// Batch, and more when it skipped some (see [Completer.Once]).
 	Listed int
 	// Finished: runs that completed their key (a Stop included).
 	Finished int
@@ -137,35 +138,62 @@ func (c *Completer[Tx]) Run(ctx context.Context) error {
 // MaxTries is told with Outcome [Exhausted]. It returns the error of the
 // listing, or ctx's once it ends; a key's failure is counted, not
 // returned.
+//
+// Keys it cannot resume (of an operation it was not given, saved by a
+// newer version, stopped at a step that no longer exists) are skipped and
+// stay where they are, oldest first. So that they do not fill every pass,
+// a pass that skipped some lists again, further, until it resumed Batch
+// keys or listed 1000 at once (the most [AbandonedQuery] allows): only
+// that many keys it cannot resume, older than all the others, hold it up.
 func (c *Completer[Tx]) Once(ctx context.Context) (CompleterReport, error) {
 	start := time.Now()
 	var rep CompleterReport
 	defer func() { rep.Duration = time.Since(start) }()
-	keys, err := c.ss.Abandoned(ctx, AbandonedQuery{Grace: c.cfg.Grace, MaxTries: c.cfg.MaxTries, Limit: c.cfg.Batch})
-	if err != nil {
-		return rep, fmt.Errorf("idempotency: completer: list abandoned keys: %w", err)
-	}
-	rep.Listed = len(keys)
-	for _, k := range keys {
-		if err := ctx.Err(); err != nil {
-			return rep, err
+	seen := map[Key]bool{}
+	resumed := 0
+	for limit := c.cfg.Batch; ; {
+		keys, err := c.ss.Abandoned(ctx, AbandonedQuery{Grace: c.cfg.Grace, MaxTries: c.cfg.MaxTries, Limit: limit})
+		if err != nil {
+			return rep, fmt.Errorf("idempotency: completer: list abandoned keys: %w", err)
 		}
-		c.resume(ctx, k, &rep)
+		fresh := 0
+		for _, k := range keys {
+			if seen[k.Key] {
+				continue
+			}
+			if err := ctx.Err(); err != nil {
+				return rep, err
+			}
+			seen[k.Key] = true
+			fresh++
+			rep.Listed++
+			if c.resume(ctx, k, &rep) {
+				if resumed++; resumed == c.cfg.Batch {
+					return rep, nil
+				}
+			}
+		}
+		if fresh == 0 || len(keys) < limit || limit == maxAbandoned {
+			return rep, nil
+		}
+		limit = min(maxAbandoned, len(seen)+c.cfg.Batch-resumed)
 	}
-	return rep, nil
 }
 
-// resume drives one abandoned key and counts what came of it.
-func (c *Completer[Tx]) resume(ctx context.Context, k AbandonedKey, rep *CompleterReport) {
+// resume drives one abandoned key, counts what came of it, and reports
+// whether a run reached the key's steps (finished, failed again, or found
+// it finished).
+func (c *Completer[Tx]) resume(ctx context.Context, k AbandonedKey, rep *CompleterReport) bool {
 	p, err := decodeProgress(k.Progress)
 	op := c.ops[p.Op]
 	if err != nil || op == nil {
 		rep.Skipped++
-		return
+		return false
 	}
 	start := time.Now()
 	resp, step, err := c.g.runOp(ctx, k.Key, k.Fingerprint, nil, op, true)
 	ev := Event{Key: k.Key, Outcome: runOutcome(resp, err), Duration: time.Since(start), Attempts: 1, Err: err, Operation: op.Name, Step: step}
+	ran := true
 	switch {
 	case err == nil && resp.Replayed: // finished by another run meanwhile
 		rep.Skipped++
@@ -179,8 +207,10 @@ func (c *Completer[Tx]) resume(ctx context.Context, k AbandonedKey, rep *Complet
 		}
 	default:
 		rep.Skipped++
+		ran = false
 	}
 	if c.g.cfg.Observer != nil {
 		c.g.cfg.Observer(ctx, ev)
 	}
+	return ran
 }

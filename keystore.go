@@ -427,6 +427,9 @@ type Acquisition struct {
 	Lease time.Duration
 }
 
+// maxAbandoned is the largest [AbandonedQuery].Limit.
+const maxAbandoned = 1000
+
 // AbandonedQuery selects the keys [Stepper.Abandoned] lists.
 type AbandonedQuery struct {
 	// Grace is how long ago, at least, the lease must have ended.
@@ -624,8 +627,8 @@ func CheckProgress(progress []byte) error {
 // 1 to 1000 and its Grace and MaxTries are not negative.
 func (q AbandonedQuery) Validate() error {
 	switch {
-	case q.Limit < 1 || q.Limit > 1000:
-		return fmt.Errorf("%w: limit %d outside 1..1000", ErrInvalidConfig, q.Limit)
+	case q.Limit < 1 || q.Limit > maxAbandoned:
+		return fmt.Errorf("%w: limit %d outside 1..%d", ErrInvalidConfig, q.Limit, maxAbandoned)
 	case q.Grace < 0:
 		return fmt.Errorf("%w: negative grace %v", ErrInvalidConfig, q.Grace)
 	case q.MaxTries < 0:
