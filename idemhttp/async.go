@@ -77,9 +77,12 @@ func (c *AsyncConfig) retryAfter() string {
 //   - the key used with another request: 422, as [Middleware].
 //
 // The request's body is the operation's input ([idempotency.State.Input]),
-// saved with the key. Run a [idempotency.Completer] for op in the service:
-// an operation whose process died between two steps is finished by it (or
-// by a retry), and the status resource then serves its answer. Requests
+// saved with the key. op runs as if [idempotency.Operation].Durable were
+// set: the key commits before the first step, and a 202 is answered only
+// once it has. Run a [idempotency.Completer] for op in the service: an
+// operation whose process died (in its first step or between two) is
+// finished by it (or by a retry), and the status resource then serves its
+// answer. Requests
 // are refused before anything is written as [Middleware] refuses them
 // (400, 413, a missing Scope). A nil g or op, or a bad cfg, answers 500.
 func Async[Tx any](g *idempotency.Guard[Tx], op *idempotency.Operation[Tx], cfg *AsyncConfig) http.Handler {
@@ -92,6 +95,14 @@ func Async[Tx any](g *idempotency.Guard[Tx], op *idempotency.Operation[Tx], cfg 
 	a.invalid = cfg.validate()
 	if a.invalid == nil && op == nil {
 		a.invalid = errors.New("idemhttp: Async was given a nil Operation")
+	}
+	if op != nil {
+		// A 202 promises that the operation ends, by a retry or the
+		// Completer: it must be in the store from its start, even when its
+		// first step fails or its process dies in it.
+		durable := *op
+		durable.Durable = true
+		a.op = &durable
 	}
 	if a.invalid == nil && g == nil {
 		a.invalid = errors.New("idemhttp: Async was given a nil Guard")
@@ -140,16 +151,42 @@ func (a *asyncHandler[Tx]) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	case res := <-done:
 		a.answer(w, r, ev, key, res)
 	case <-timer.C:
-		// A run that ends now still gives its answer if it is there.
-		select {
-		case res := <-done:
+		// 202 once the operation is in the store (its first commit), where
+		// the Completer finds it if this process dies; a run that ends
+		// first gives its answer.
+		if res, ended := a.committed(r.Context(), key, done); ended {
 			a.answer(w, r, ev, key, res)
-		default:
+		} else if r.Context().Err() == nil {
 			ev.Outcome, ev.Status = idempotency.InProgress, http.StatusAccepted
 			a.accepted(w, key)
+		} else {
+			ev.Outcome, ev.Err = idempotency.Canceled, r.Context().Err() // the run goes on
 		}
 	case <-r.Context().Done():
 		ev.Outcome, ev.Err = idempotency.Canceled, r.Context().Err() // the run goes on
+	}
+}
+
+// committed waits until the run of key has committed its first recovery
+// point (the store holds the operation: Inspect names it), the run ended
+// (its result, ended true), or ctx ended.
+func (a *asyncHandler[Tx]) committed(ctx context.Context, key idempotency.Key, done <-chan ran) (res ran, ended bool) {
+	for pause := 5 * time.Millisecond; ; pause = min(2*pause, 100*time.Millisecond) {
+		select {
+		case res := <-done:
+			return res, true
+		default:
+		}
+		if info, err := a.h.g.Inspect(ctx, key, false); err == nil && info.Operation != "" {
+			return ran{}, false
+		}
+		select {
+		case res := <-done:
+			return res, true
+		case <-ctx.Done():
+			return ran{}, false
+		case <-time.After(pause):
+		}
 	}
 }
 
