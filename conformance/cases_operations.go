@@ -133,6 +133,48 @@ func (s *suite[Tx]) operationResumes(t *testing.T) {
 	}
 }
 
+// operationDurable: a Durable operation's new key is committed before its
+// first step: when that step fails, the key is unfinished at it, with the
+// input saved and nothing of the step written, and a retry on another
+// instance of the store resumes it with the saved input.
+func (s *suite[Tx]) operationDurable(t *testing.T) {
+	s.need(t, "Stepper")
+	e := s.setup(t, Options{})
+	e.stepper()
+	stores := e.instances(2)
+	g1, g2 := e.guardOn(stores[0], nil), e.guardOn(stores[len(stores)-1], nil)
+	p := cardstub.New()
+	tag := uniq("op")
+	op := e.checkoutOp(p, tag)
+	op.Durable = true
+	failing := *op
+	failing.Steps = append([]idempotency.Step[Tx](nil), op.Steps...)
+	errFirst := errors.New("the first step failed")
+	failing.Steps[0].Local = func(ctx context.Context, tx Tx, _ *idempotency.State) error {
+		if err := e.f.Effect(ctx, tx, tag+"-order"); err != nil {
+			return err
+		}
+		return errFirst // rolls the effect back
+	}
+	key := idempotency.Key{ID: uniq("k")}
+	if _, err := g1.Run(e.ctx, key, "fp", []byte("7"), &failing); !errors.Is(err, idempotency.ErrUnfinished) || !errors.Is(err, errFirst) {
+		t.Fatalf("first run: %v; want ErrUnfinished wrapping the step's error", err)
+	}
+	e.count(tag+"-order", 0, "a failed first step commits none of its writes")
+	if info, err := g1.Inspect(e.ctx, key, false); err == nil {
+		if info.State != idempotency.KeyUnfinished || info.Step != "order" || info.Tries != 1 {
+			t.Fatalf("the key after a Durable run's first step failed: %+v; want unfinished at order, 1 try", info)
+		}
+	} else if !errors.Is(err, errors.ErrUnsupported) {
+		t.Fatalf("Inspect: %v", err)
+	}
+	resp, err := g2.Run(e.ctx, key, "fp", []byte("ignored"), op)
+	if err != nil || string(resp.Body) != `{"charge":"ch_1","input":"7"}` {
+		t.Fatalf("retry: %+v, %v; want the saved input 7", resp, err)
+	}
+	e.oneCheckout(tag, "ch_1", "a Durable operation resumed at its first step")
+}
+
 // operationLease: a run that died inside a Foreign call holds the key
 // until its lease ends by the store's clock; then a retry takes it over
 // and finishes it; Purge meanwhile never deletes it.

@@ -126,6 +126,7 @@ func (s *suite[Tx]) cases() []testCase {
 		{"OperationResumes", nil, s.operationResumes},
 		{"OperationLease", nil, s.operationLease},
 		{"OperationCompleter", nil, s.operationCompleter},
+		{"OperationDurable", nil, s.operationDurable},
 	}
 }
 
