@@ -306,13 +306,17 @@ func (a answer) final() bool { return a.err == nil && (a.status == 201 || a.stat
 // allowed reports whether a is an answer a client may get on its way to
 // the stored one: 409 (the key is leased to a run, maybe a dead one),
 // 503 (the run stopped at a step: retry), or a transport error of a
-// killed or not yet started process.
+// killed or not yet started process. A process killed right after it
+// accepted the connection, before it read the request, closes it with
+// nothing written back, which net/http reports with an unexported error
+// that only its text names.
 func (a answer) allowed() bool {
 	if a.err == nil {
 		return a.final() || a.status == http.StatusConflict || a.status == http.StatusServiceUnavailable
 	}
 	return errors.Is(a.err, syscall.ECONNREFUSED) || errors.Is(a.err, syscall.ECONNRESET) ||
-		errors.Is(a.err, io.EOF) || errors.Is(a.err, io.ErrUnexpectedEOF)
+		errors.Is(a.err, io.EOF) || errors.Is(a.err, io.ErrUnexpectedEOF) ||
+		strings.Contains(a.err.Error(), "server closed idle connection")
 }
 
 // post sends one checkout.
