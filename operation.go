@@ -596,7 +596,11 @@ func (r *runner[Tx]) unfinishedErr(step string, err error) error {
 func (r *runner[Tx]) release(ctx context.Context, step string, cause error) bool {
 	ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), releaseTimeout)
 	defer cancel()
-	a := Acquisition{Reservation: Reservation{Key: r.key, Fingerprint: r.fp, TTL: r.op.ttl(r.g)}, Owner: r.owner, Lease: r.op.lease()}
+	// Another caller may hold the row for a moment (it finds the lease
+	// live and gives up): wait for it a little rather than leave the key
+	// leased until the lease runs out.
+	a := Acquisition{Reservation: Reservation{Key: r.key, Fingerprint: r.fp, TTL: r.op.ttl(r.g), Wait: releaseWait, Deadline: time.Now().Add(releaseWait)},
+		Owner: r.owner, Lease: r.op.lease()}
 	ph, rec, err := r.ss.Acquire(ctx, a)
 	if err != nil || rec != nil {
 		return false // taken over, or finished by another run: nothing to release
@@ -616,8 +620,11 @@ func (r *runner[Tx]) release(ctx context.Context, step string, cause error) bool
 }
 
 // releaseTimeout bounds the release of a failed run, which outlives the
-// caller's context.
-const releaseTimeout = 5 * time.Second
+// caller's context; releaseWait, its wait for a row another caller holds.
+const (
+	releaseTimeout = 5 * time.Second
+	releaseWait    = time.Second
+)
 
 // maxFailure bounds the failure text saved with a released key.
 const maxFailure = 512
