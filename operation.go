@@ -339,7 +339,7 @@ func (r *runner[Tx]) lead(ctx context.Context) (resp Response, step string, err 
 	if r.st != nil {
 		step = r.st.p.Step
 	}
-	if err != nil && r.mine && !errors.Is(err, ErrUnfinished) && r.release(ctx, step, err) {
+	if err != nil && r.mine && !errors.Is(err, ErrUnfinished) && r.release(ctx, step, err) == released {
 		// The run stopped between two phases (its ctx ended, the store
 		// failed, a commit's outcome is unknown) with the key unfinished
 		// and its lease this run's: the lease ended now, so that a retry
@@ -392,7 +392,7 @@ func (r *runner[Tx]) drive(ctx context.Context) (Response, error) {
 				}
 				return r.g.replay(ctx, r.key, rec) // Config.Codec
 			}
-			moved := string(ph.Progress()) != string(r.saved)
+			moved := !samePoint(ph.Progress(), r.saved)
 			if err := r.adopt(ph); err != nil {
 				_ = ph.Rollback(context.WithoutCancel(ctx))
 				return Response{}, err
@@ -575,25 +575,47 @@ func (r *runner[Tx]) failed(ctx context.Context, ph Phase[Tx], err error) (Respo
 		_ = ph.Rollback(context.WithoutCancel(ctx))
 	}
 	step := r.st.p.Step
-	r.release(ctx, step, err)
+	if r.release(ctx, step, err) == gone {
+		return Response{}, fmt.Errorf("%w: operation %q, step %s failed (%w) after the key's unfinished operation was deleted (forgotten, or completed and expired): nothing is left to resume", ErrNotFound, r.op.Name, stepName(step), err)
+	}
 	return Response{}, r.unfinishedErr(step, err)
+}
+
+// stepName is step as errors name it: "Finish" for "".
+func stepName(step string) string {
+	if step == "" {
+		return "Finish"
+	}
+	return step
 }
 
 // unfinishedErr is Run's error for a run that stopped at step with err,
 // leaving the key at its last recovery point.
 func (r *runner[Tx]) unfinishedErr(step string, err error) error {
-	if step == "" {
-		step = "Finish"
-	}
-	return fmt.Errorf("%w: operation %q, step %s: %w", ErrUnfinished, r.op.Name, step, err)
+	return fmt.Errorf("%w: operation %q, step %s: %w", ErrUnfinished, r.op.Name, stepName(step), err)
 }
 
+// What [runner.release] found.
+type releaseResult int
+
+const (
+	// released: the key is unfinished at its last recovery point, its
+	// lease ended now.
+	released releaseResult = iota + 1
+	// notReleased: the key is another run's (its lease is live), or
+	// completed, or the store did not answer; or it is a new key with
+	// nothing committed, left free.
+	notReleased
+	// gone: the key this run went on with is no longer its operation's:
+	// deleted, or another request's (another fingerprint or operation).
+	gone
+)
+
 // release ends the run's lease after a failure and counts a try, in a
-// phase of its own, so that a retry resumes at once, and reports whether
-// it did. It keeps the progress last committed, with the failure noted. A
-// key with nothing committed (a new key whose first step failed) is left
-// free.
-func (r *runner[Tx]) release(ctx context.Context, step string, cause error) bool {
+// phase of its own, so that a retry resumes at once. It keeps the progress
+// last committed, with the failure noted. A key with nothing committed
+// (a new key whose first step failed) is left free.
+func (r *runner[Tx]) release(ctx context.Context, step string, cause error) releaseResult {
 	ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), releaseTimeout)
 	defer cancel()
 	// Another caller may hold the row for a moment (it finds the lease
@@ -603,20 +625,31 @@ func (r *runner[Tx]) release(ctx context.Context, step string, cause error) bool
 		Owner: r.owner, Lease: r.op.lease()}
 	ph, rec, err := r.ss.Acquire(ctx, a)
 	if err != nil || rec != nil {
-		return false // taken over, or finished by another run: nothing to release
+		return notReleased // taken over, or finished by another run: nothing to release
 	}
-	p, err := decodeProgress(ph.Progress())
-	if err != nil || ph.Progress() == nil || p.Op != r.op.Name {
+	raw := ph.Progress()
+	p, err := decodeProgress(raw)
+	switch {
+	case raw == nil && r.saved == nil:
+		_ = ph.Rollback(ctx) // a new key with nothing committed: left free
+		return notReleased
+	case raw == nil, ph.Fingerprint() != r.fp, err == nil && p.Op != r.op.Name:
 		_ = ph.Rollback(ctx)
-		return false
+		return gone
+	case err != nil:
+		_ = ph.Rollback(ctx)
+		return notReleased
 	}
 	p.Failure = failureText(step, cause)
 	b, err := p.encode()
 	if err != nil {
 		_ = ph.Rollback(ctx)
-		return false
+		return notReleased
 	}
-	return ph.Release(ctx, b) == nil
+	if ph.Release(ctx, b) != nil {
+		return notReleased
+	}
+	return released
 }
 
 // releaseTimeout bounds the release of a failed run, which outlives the
@@ -630,10 +663,7 @@ const (
 const maxFailure = 512
 
 func failureText(step string, err error) string {
-	if step == "" {
-		step = "Finish"
-	}
-	s := step + ": " + err.Error()
+	s := stepName(step) + ": " + err.Error()
 	if len(s) > maxFailure {
 		s = s[:maxFailure]
 	}
@@ -769,4 +799,22 @@ func clonedData(m map[string]string) map[string]string {
 		c[k] = v
 	}
 	return c
+}
+
+// samePoint reports whether progress a and b stand at the same point
+// with the same data: a failure noted by a run that released the key
+// changes nothing else.
+func samePoint(a, b []byte) bool {
+	if string(a) == string(b) {
+		return true
+	}
+	pa, errA := decodeProgress(a)
+	pb, errB := decodeProgress(b)
+	if errA != nil || errB != nil || a == nil || b == nil {
+		return false
+	}
+	pa.Failure, pb.Failure = "", ""
+	ea, errA := pa.encode()
+	eb, errB := pb.encode()
+	return errA == nil && errB == nil && string(ea) == string(eb)
 }

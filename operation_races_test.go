@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -332,5 +333,118 @@ func TestRunCancelledReleasesLease(t *testing.T) {
 	_, err = g.Run(context.Background(), key, "fp", nil, op)
 	if err != nil {
 		t.Fatalf("the client's retry right after: %v", err)
+	}
+}
+
+func testClock(s *memstore.Store) func(time.Duration) {
+	var mu sync.Mutex
+	now := time.Date(2030, 1, 1, 0, 0, 0, 0, time.UTC)
+	s.Clock = func() time.Time { mu.Lock(); defer mu.Unlock(); return now }
+	return func(d time.Duration) { mu.Lock(); now = now.Add(d); mu.Unlock() }
+}
+
+// TestRunReleaseLeavesOtherRequestsKey: A's key is forgotten during A's
+// slow Foreign call; client B reuses the key with another request (fp2) and
+// its Durable run fails at the first step (key unfinished, lease ended,
+// tries 1). A's next phase finds fp2: A stops with ErrMismatch, not
+// ErrUnfinished, and leaves B's key as B left it (no try, no failure text
+// of A's).
+func TestRunReleaseLeavesOtherRequestsKey(t *testing.T) {
+	ctx := context.Background()
+	s := memstore.New()
+	advance := testClock(s)
+	gA, gB := newGuard(t, s, nil), newGuard(t, s, nil)
+	key := idempotency.Key{ID: "k"}
+	fin := func(context.Context, *memstore.Tx, *idempotency.State) (idempotency.Response, error) {
+		return idempotency.Response{Status: 201}, nil
+	}
+	opB := &idempotency.Operation[*memstore.Tx]{Name: "pay", Durable: true, Lease: time.Minute,
+		Steps: []idempotency.Step[*memstore.Tx]{
+			{Name: "order", Local: func(context.Context, *memstore.Tx, *idempotency.State) error { return errors.New("db down") }},
+			{Name: "charge", Foreign: func(context.Context, *idempotency.State) error { return nil }},
+		}, Finish: fin}
+	var bErr, fErr error
+	opA := &idempotency.Operation[*memstore.Tx]{Name: "pay", Lease: time.Minute,
+		Steps: []idempotency.Step[*memstore.Tx]{
+			{Name: "order", Local: func(_ context.Context, tx *memstore.Tx, _ *idempotency.State) error { tx.Effect("order"); return nil }},
+			{Name: "charge", Foreign: func(ctx context.Context, _ *idempotency.State) error {
+				advance(2 * time.Minute)
+				_, fErr = gB.Forget(ctx, key)
+				_, bErr = gB.Run(ctx, key, "fp2", nil, opB)
+				return nil
+			}},
+		}, Finish: fin}
+	_, err := gA.Run(ctx, key, "fp1", nil, opA)
+	info, ierr := gB.Inspect(ctx, key, false)
+	if fErr != nil || !errors.Is(bErr, idempotency.ErrUnfinished) || ierr != nil {
+		t.Fatalf("forget: %v; B: %v; inspect: %v", fErr, bErr, ierr)
+	}
+	if !errors.Is(err, idempotency.ErrMismatch) || errors.Is(err, idempotency.ErrUnfinished) || info.Tries != 1 || !strings.Contains(info.Failure, "db down") {
+		t.Fatalf("A: %v; B's key: tries %d, failure %q; want A ErrMismatch (not unfinished), B's key untouched (1 try, B's failure)", err, info.Tries, info.Failure)
+	}
+}
+
+// TestRunForeignFailsAfterForget: a Foreign step that fails after its key
+// was forgotten gives ErrNotFound, not ErrUnfinished: nothing is stored to
+// resume (an Async status resource would answer 404 after a 202).
+func TestRunForeignFailsAfterForget(t *testing.T) {
+	ctx := context.Background()
+	s := memstore.New()
+	advance := testClock(s)
+	g, admin := newGuard(t, s, nil), newGuard(t, s, nil)
+	key := idempotency.Key{ID: "k"}
+	op := &idempotency.Operation[*memstore.Tx]{Name: "pay", Lease: time.Minute,
+		Steps: []idempotency.Step[*memstore.Tx]{
+			{Name: "order", Local: func(_ context.Context, tx *memstore.Tx, _ *idempotency.State) error { tx.Effect("order"); return nil }},
+			{Name: "charge", Foreign: func(ctx context.Context, _ *idempotency.State) error {
+				advance(2 * time.Minute)
+				if _, err := admin.Forget(ctx, key); err != nil {
+					t.Errorf("forget: %v", err)
+				}
+				return errors.New("processor timeout")
+			}},
+		}, Finish: func(context.Context, *memstore.Tx, *idempotency.State) (idempotency.Response, error) {
+			return idempotency.Response{Status: 201}, nil
+		}}
+	_, err := g.Run(ctx, key, "fp", nil, op)
+	_, ierr := admin.Inspect(ctx, key, false)
+	if !errors.Is(ierr, idempotency.ErrNotFound) || !errors.Is(err, idempotency.ErrNotFound) || errors.Is(err, idempotency.ErrUnfinished) {
+		t.Fatalf("run: %v; inspect: %v; want ErrNotFound (not ErrUnfinished) for a key that is gone", err, ierr)
+	}
+}
+
+// TestRunStopKeptAfterFailedTakeover: A's Foreign call outlives its
+// lease; B takes over, its call of the same step fails and B releases the
+// key at that step (only a failure note changes the progress). A's Stop
+// still applies: the key completes with it after two calls, not three.
+func TestRunStopKeptAfterFailedTakeover(t *testing.T) {
+	ctx := context.Background()
+	s := memstore.New()
+	advance := testClock(s)
+	gA, gB := newGuard(t, s, nil), newGuard(t, s, nil)
+	key := idempotency.Key{ID: "k"}
+	var calls atomic.Int32
+	var op *idempotency.Operation[*memstore.Tx]
+	var bErr error
+	op = &idempotency.Operation[*memstore.Tx]{Name: "pay", Lease: time.Minute,
+		Steps: []idempotency.Step[*memstore.Tx]{
+			{Name: "order", Local: func(_ context.Context, tx *memstore.Tx, _ *idempotency.State) error { tx.Effect("order"); return nil }},
+			{Name: "charge", Foreign: func(ctx context.Context, _ *idempotency.State) error {
+				switch calls.Add(1) {
+				case 1:
+					advance(2 * time.Minute)
+					_, bErr = gB.Run(ctx, key, "fp", nil, op)
+					return idempotency.Stop(idempotency.Response{Status: 402})
+				case 2:
+					return errors.New("processor timeout")
+				}
+				return idempotency.Stop(idempotency.Response{Status: 402})
+			}},
+		}, Finish: func(context.Context, *memstore.Tx, *idempotency.State) (idempotency.Response, error) {
+			return idempotency.Response{Status: 201}, nil
+		}}
+	resp, err := gA.Run(ctx, key, "fp", nil, op)
+	if resp.Status != 402 || err != nil || !errors.Is(bErr, idempotency.ErrUnfinished) || calls.Load() != 2 {
+		t.Fatalf("A: %d %v; B: %v; calls %d; want A 402 after 2 calls, B unfinished", resp.Status, err, bErr, calls.Load())
 	}
 }
