@@ -74,6 +74,10 @@ func (c *AsyncConfig) retryAfter() string {
 //     a step after a transient failure: 202 Accepted with Location (the
 //     status resource, see [AsyncStatus]) and Retry-After. A retry of the
 //     request with the key gets the same, or the answer once it is stored;
+//   - the key held by another caller's run that has stored nothing yet (a
+//     plain Run or Do elsewhere) after Wait and up to a second more: 409
+//     in progress, as [Middleware] answers: a 202 is only answered once the
+//     operation is stored;
 //   - the key used with another request: 422, as [Middleware].
 //
 // The request's body is the operation's input ([idempotency.State.Input]),
@@ -149,49 +153,68 @@ func (a *asyncHandler[Tx]) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	defer timer.Stop()
 	select {
 	case res := <-done:
-		a.answer(w, r, ev, key, res)
+		a.answer(w, r, ev, key, fp, res)
 	case <-timer.C:
-		// 202 once the operation is in the store (its first commit), where
-		// the Completer finds it if this process dies; a run that ends
-		// first gives its answer.
-		if res, ended := a.committed(r.Context(), key, done); ended {
-			a.answer(w, r, ev, key, res)
-		} else if r.Context().Err() == nil {
+		// 202 only once the operation is in the store (its first commit),
+		// where the Completer finds it if this process dies; a run that
+		// ends first gives its answer. Waited for one more Wait at most
+		// (and at least a second, the time a first commit may take): then
+		// the key is held by another caller's run that has committed
+		// nothing yet, and the request is in progress, not accepted.
+		res, ended, stored := a.committed(r.Context(), key, fp, done, max(wait, time.Second))
+		switch {
+		case ended:
+			a.answer(w, r, ev, key, fp, res)
+		case r.Context().Err() != nil:
+			ev.Outcome, ev.Err = idempotency.Canceled, r.Context().Err() // the run goes on
+		case stored:
 			ev.Outcome, ev.Status = idempotency.InProgress, http.StatusAccepted
 			a.accepted(w, key)
-		} else {
-			ev.Outcome, ev.Err = idempotency.Canceled, r.Context().Err() // the run goes on
+		default:
+			h.fail(w, r, ev, fmt.Errorf("idemhttp: %w: the operation is not stored yet", idempotency.ErrInProgress), time.Now())
 		}
 	case <-r.Context().Done():
 		ev.Outcome, ev.Err = idempotency.Canceled, r.Context().Err() // the run goes on
 	}
 }
 
-// committed waits until the run of key has committed its first recovery
-// point (the store holds the operation: Inspect names it), the run ended
-// (its result, ended true), or ctx ended.
-func (a *asyncHandler[Tx]) committed(ctx context.Context, key idempotency.Key, done <-chan ran) (res ran, ended bool) {
+// committed waits, up to bound, until the store holds the operation of key
+// with fingerprint fp (Inspect names it: stored), or the run ended (its
+// result, ended), or ctx ended.
+func (a *asyncHandler[Tx]) committed(ctx context.Context, key idempotency.Key, fp string, done <-chan ran, bound time.Duration) (res ran, ended, stored bool) {
+	deadline := time.NewTimer(bound)
+	defer deadline.Stop()
 	for pause := 5 * time.Millisecond; ; pause = min(2*pause, 100*time.Millisecond) {
 		select {
 		case res := <-done:
-			return res, true
+			return res, true, false
 		default:
 		}
-		if info, err := a.h.g.Inspect(ctx, key, false); err == nil && info.Operation != "" {
-			return ran{}, false
+		if a.stored(ctx, key, fp) {
+			return ran{}, false, true
 		}
 		select {
 		case res := <-done:
-			return res, true
+			return res, true, false
 		case <-ctx.Done():
-			return ran{}, false
+			return ran{}, false, false
+		case <-deadline.C:
+			return ran{}, false, false
 		case <-time.After(pause):
 		}
 	}
 }
 
+// stored reports whether the store holds an operation of key with
+// fingerprint fp, unfinished or held (not a new key in an uncommitted
+// first transaction).
+func (a *asyncHandler[Tx]) stored(ctx context.Context, key idempotency.Key, fp string) bool {
+	info, err := a.h.g.Inspect(ctx, key, false)
+	return err == nil && info.Operation != "" && info.Fingerprint == fp
+}
+
 // answer writes what a run that ended gave.
-func (a *asyncHandler[Tx]) answer(w http.ResponseWriter, r *http.Request, ev *Event, key idempotency.Key, res ran) {
+func (a *asyncHandler[Tx]) answer(w http.ResponseWriter, r *http.Request, ev *Event, key idempotency.Key, fp string, res ran) {
 	h := a.h
 	switch {
 	case res.err == nil:
@@ -201,8 +224,11 @@ func (a *asyncHandler[Tx]) answer(w http.ResponseWriter, r *http.Request, ev *Ev
 		}
 		writeResponse(w, res.resp.Status, h.c.storedHeader(res.resp.Header), res.resp.Body, res.resp.Replayed, h.lifetime(res.resp.ExpiresAt))
 	case errors.Is(res.err, idempotency.ErrUnfinished),
-		errors.Is(res.err, idempotency.ErrInProgress) && !errors.Is(res.err, idempotency.ErrStore):
-		// Resumable: a retry or the Completer finishes it.
+		errors.Is(res.err, idempotency.ErrInProgress) && !errors.Is(res.err, idempotency.ErrStore) && a.stored(r.Context(), key, fp):
+		// Stored and resumable: a retry or the Completer finishes it. A key
+		// held by a run that stored nothing yet, or by another request
+		// (another fingerprint), is answered as the middleware does: 409
+		// in progress.
 		ev.Outcome, ev.Status, ev.Err = idempotency.InProgress, http.StatusAccepted, res.err
 		a.accepted(w, key)
 	default:

@@ -110,3 +110,58 @@ func TestAsyncAcceptedOnlyOnceStored(t *testing.T) {
 		t.Fatalf("labels %d; want 1", n)
 	}
 }
+
+// TestAsyncHeldUnstoredIsInProgress: the key is held, uncommitted, by
+// another process's run (a plain Guard.Run of the op, not Durable, in its
+// first Local step). Async answers after Wait and at most a second more
+// (not its run's WaitTimeout, 5 s here), and with 409 in progress, not a
+// 202 that nothing stored backs.
+func TestAsyncHeldUnstoredIsInProgress(t *testing.T) {
+	ctx := testkit.Context(t, 10*time.Second)
+	s := memstore.New()
+	gA, err := idempotency.New[*memstore.Tx](s, &idempotency.Config{WaitTimeout: 5 * time.Second})
+	if err != nil {
+		t.Fatal(err)
+	}
+	gB, err := idempotency.New[*memstore.Tx](s, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	gate := make(chan struct{})
+	started := make(chan struct{})
+	op := &idempotency.Operation[*memstore.Tx]{
+		Name: "ship",
+		Steps: []idempotency.Step[*memstore.Tx]{{Name: "label", Local: func(ctx context.Context, tx *memstore.Tx, _ *idempotency.State) error {
+			select {
+			case started <- struct{}{}:
+			default:
+			}
+			select {
+			case <-gate:
+			case <-ctx.Done():
+				return ctx.Err()
+			}
+			return errors.New("printer down")
+		}}},
+		Finish: func(context.Context, *memstore.Tx, *idempotency.State) (idempotency.Response, error) {
+			return idempotency.Response{Status: http.StatusCreated}, nil
+		},
+	}
+	srv := asyncServer(t, gA, op, 20*time.Millisecond)
+	bDone := make(chan error, 1)
+	go func() {
+		_, err := gB.Run(ctx, idempotency.Key{Scope: "acct", ID: "k1"}, "whatever", nil, op)
+		bDone <- err
+	}()
+	<-started
+	t0 := time.Now()
+	first := asyncCall(t, ctx, "POST", srv.URL+"/ship", "acct", "k1", `{}`)
+	took := time.Since(t0)
+	close(gate)
+	if err := <-bDone; !errors.Is(err, idempotency.ErrUnfinished) {
+		t.Fatalf("the other process's run: %v; want its first step's failure", err)
+	}
+	if took > 3*time.Second || first.status != http.StatusConflict || first.header.Get("Location") != "" {
+		t.Fatalf("POST: %d (Location %q) after %v with Wait 20ms; want 409 in progress, well before the run's WaitTimeout", first.status, first.header.Get("Location"), took)
+	}
+}
