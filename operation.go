@@ -454,7 +454,22 @@ func (r *runner[Tx]) drive(ctx context.Context) (Response, error) {
 		before := r.st.p.clone()
 		r.st.p.Step = st.Name
 		if err := st.Local(ctx, open.Tx(), r.st); err != nil {
-			return r.failed(ctx, open, err)
+			if !r.isConflict(err) {
+				return r.failed(ctx, open, err)
+			}
+			// A statement of the step met a conflict (a deadlock, a
+			// serialization failure, a certification abort): the step runs
+			// again in a new phase, from the state it started from.
+			_ = open.Rollback(context.WithoutCancel(ctx))
+			open = nil
+			r.st.p = before
+			if !r.conflicted(ctx, fmt.Errorf("%w: %w", ErrConflict, err)) {
+				if r.st == nil { // a new key: nothing committed
+					r.st = &State{key: r.key, p: before}
+				}
+				return r.failed(ctx, nil, err)
+			}
+			continue
 		}
 		next := r.st.p.clone()
 		next.Step = r.nextName(i)
@@ -534,10 +549,27 @@ func (r *runner[Tx]) finish(ctx context.Context, ph Phase[Tx]) (Response, error)
 	if errors.As(err, &stop) {
 		resp, err = stop.Response, nil
 	}
+	if err != nil && r.isConflict(err) {
+		// Finish's statement met a conflict: drive runs it again.
+		_ = ph.Rollback(context.WithoutCancel(ctx))
+		return Response{}, fmt.Errorf("%w: %w", ErrConflict, err)
+	}
 	if err != nil {
 		return r.failed(ctx, ph, err)
 	}
 	return r.complete(ctx, ph, resp)
+}
+
+// isConflict reports whether err, a step's or Finish's, is a conflict
+// that the store classifies as retryable ([ConflictClassifier]), as
+// [Guard.Do] retries fn's: never a [Stop].
+func (r *runner[Tx]) isConflict(err error) bool {
+	var stop *StopError
+	if errors.As(err, &stop) {
+		return false
+	}
+	cc, ok := r.g.store.(ConflictClassifier)
+	return ok && cc.IsConflict(err)
 }
 
 // complete stores resp as the key's answer in ph.

@@ -448,3 +448,52 @@ func TestRunStopKeptAfterFailedTakeover(t *testing.T) {
 		t.Fatalf("A: %d %v; B: %v; calls %d; want A 402 after 2 calls, B unfinished", resp.Status, err, bErr, calls.Load())
 	}
 }
+
+// errStepDeadlock stands for a conflict met by a step's own statement (a
+// deadlock, a serialization failure, a Galera certification abort).
+var errStepDeadlock = errors.New("deadlock found when trying to get lock")
+
+// TestRunStepConflictRetried: a Local step, then Finish, whose statement
+// meets a conflict the store classifies runs again in a new phase, from
+// the state it started from, as Do retries fn: the caller gets the answer,
+// not ErrUnfinished, and each write commits once.
+func TestRunStepConflictRetried(t *testing.T) {
+	ctx := context.Background()
+	cs := memstore.New()
+	cs.Conflict = func(err error) bool { return errors.Is(err, errStepDeadlock) } // as the SQL stores know their drivers' errors
+	g, err := idempotency.New[*memstore.Tx](cs, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var orderRuns, finishRuns int
+	op := &idempotency.Operation[*memstore.Tx]{
+		Name: "pay",
+		Steps: []idempotency.Step[*memstore.Tx]{
+			{Name: "order", Local: func(_ context.Context, tx *memstore.Tx, s *idempotency.State) error {
+				orderRuns++
+				if s.Get("order") == "" {
+					tx.Effect("order")
+					s.Set("order", "o-1")
+				}
+				if orderRuns == 1 {
+					return fmt.Errorf("insert: %w", errStepDeadlock)
+				}
+				return nil
+			}},
+		},
+		Finish: func(_ context.Context, tx *memstore.Tx, s *idempotency.State) (idempotency.Response, error) {
+			finishRuns++
+			tx.Effect("receipt")
+			if finishRuns == 1 {
+				return idempotency.Response{}, errStepDeadlock
+			}
+			return idempotency.Response{Status: 201, Body: []byte(s.Get("order"))}, nil
+		},
+	}
+	resp, err := g.Run(ctx, idempotency.Key{ID: "k"}, "fp", nil, op)
+	if err != nil || resp.Status != 201 || string(resp.Body) != "o-1" || orderRuns != 2 || finishRuns != 2 ||
+		cs.Count("order") != 1 || cs.Count("receipt") != 1 {
+		t.Fatalf("run: %d %q, %v; order ran %d, Finish %d; orders %d, receipts %d; want 201 o-1, 2 and 2 runs, 1 and 1 committed",
+			resp.Status, resp.Body, err, orderRuns, finishRuns, cs.Count("order"), cs.Count("receipt"))
+	}
+}
