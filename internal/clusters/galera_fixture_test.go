@@ -18,13 +18,17 @@ import (
 
 // spread is a KeyStore over the three nodes of a Galera cluster, one
 // mysql.Store (and pool) per node, as three service instances behind a
-// load balancer would be: each Reserve goes to the next node in turn, or
-// always to node pin when pin >= 0.
+// load balancer would be: each call goes to the next node in turn, or
+// always to node pin when pin >= 0. It is also the mysql store's
+// idempotency.Stepper, KeyAdmin and KeyLister, each call of those on the
+// next node in the same way: the phases of one operation, an Abandoned
+// and the Acquires that follow it, an Inspect or a Forget of a key another
+// node holds, all meet on different nodes.
 type spread struct {
 	stores []*mysql.Store
 	pin    int
 	next   atomic.Uint64
-	// onNode counts the reservations sent to each node.
+	// onNode counts the reservations and acquisitions sent to each node.
 	onNode [GaleraNodes]atomic.Int64
 }
 
@@ -32,6 +36,9 @@ var (
 	_ idempotency.KeyStore[*sql.Tx]  = (*spread)(nil)
 	_ idempotency.ConflictClassifier = (*spread)(nil)
 	_ idempotency.Migrator           = (*spread)(nil)
+	_ idempotency.Stepper[*sql.Tx]   = (*spread)(nil)
+	_ idempotency.KeyAdmin           = (*spread)(nil)
+	_ idempotency.KeyLister          = (*spread)(nil)
 )
 
 func (s *spread) node() int {
@@ -45,6 +52,41 @@ func (s *spread) Reserve(ctx context.Context, r idempotency.Reservation) (idempo
 	i := s.node()
 	s.onNode[i].Add(1)
 	return s.stores[i].Reserve(ctx, r)
+}
+
+// Acquire takes one phase on the next node: the Phase it returns runs
+// every statement of that phase there.
+func (s *spread) Acquire(ctx context.Context, a idempotency.Acquisition) (idempotency.Phase[*sql.Tx], *idempotency.Record, error) {
+	i := s.node()
+	s.onNode[i].Add(1)
+	return s.stores[i].Acquire(ctx, a)
+}
+
+// Abandoned lists the abandoned keys as the next node has them.
+func (s *spread) Abandoned(ctx context.Context, q idempotency.AbandonedQuery) ([]idempotency.AbandonedKey, error) {
+	return s.stores[s.node()].Abandoned(ctx, q)
+}
+
+// Inspect reads the key on the next node: its probe for an open
+// transaction sees only that node's (see mysql.Store.Inspect).
+func (s *spread) Inspect(ctx context.Context, key idempotency.Key, body bool) (*idempotency.KeyInfo, error) {
+	return s.stores[s.node()].Inspect(ctx, key, body)
+}
+
+// Forget deletes the key on the next node, which refuses it only if a
+// transaction there (a local one, or an applier's) holds its row.
+func (s *spread) Forget(ctx context.Context, key idempotency.Key) (*idempotency.KeyInfo, error) {
+	return s.stores[s.node()].Forget(ctx, key)
+}
+
+// List reads one page on the next node.
+func (s *spread) List(ctx context.Context, q idempotency.ListQuery) (idempotency.KeyPage, error) {
+	return s.stores[s.node()].List(ctx, q)
+}
+
+// Stats counts the records on the next node.
+func (s *spread) Stats(ctx context.Context) (idempotency.Stats, error) {
+	return s.stores[s.node()].Stats(ctx)
 }
 
 func (s *spread) Purge(ctx context.Context, limit int) (int, error) {
