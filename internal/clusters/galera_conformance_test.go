@@ -29,9 +29,14 @@ const causalReads = "&wsrep_sync_wait=1"
 // nodes: a caller on another node does not see a key held by an open
 // transaction, does not wait for it, runs fn too, and one of the two
 // transactions is rolled back by certification (at COMMIT, or killed by the
-// applier at its next statement) and retried. Every other case runs with
-// its calls spread over the nodes; the cross-node behaviour is asserted by
-// TestGalera's own subtests (SameKeyAcrossNodes, CertificationFailureRetried).
+// applier at its next statement) and retried. A phase of an operation is
+// no different: Acquire's row lock (SELECT ... FOR UPDATE) and the lease it
+// writes are its node's alone until Save commits, so owners on several
+// nodes each obtain a Phase of one key, certification letting one commit,
+// and a Reserve or a Forget on another node does not see the phase's hold.
+// Every other case runs with its calls spread over the nodes; the
+// cross-node behaviour is asserted by TestGalera's own subtests
+// (SameKeyAcrossNodes, CertificationFailureRetried).
 var pinMultiWriter = map[string]string{
 	"ConcurrentSameKey":          "callers of one key wait for its holder and fn runs once",
 	"WinnerFailsWhileOthersWait": "callers of one key wait for its holder, whose fn fails",
@@ -60,21 +65,47 @@ var pinMultiWriter = map[string]string{
 	// fails certification at COMMIT (idempotency.ErrConflict). One node
 	// keeps the counts the case asserts exact.
 	"Purge": "Purge deletes exactly the expired keys",
+	// Acquire's uncommitted row (a new key) or lease (an unfinished one)
+	// is invisible to the other nodes.
+	"StepsNewKey":        "a Reserve must see the new key an open phase holds",
+	"StepsTakeOverIsCAS": "of owners racing for one key's lease, exactly one obtains a Phase",
+	"AdminForget":        "a Forget must see the key an open Reserve or phase holds",
 }
 
 // pinStreaming are the conformance cases that run on one node with
 // streaming replication, and why. A streaming transaction's row locks are
 // held on every node (by the applier there) until its COMMIT or ROLLBACK
 // has been applied there, a moment after it returned on the caller's node.
-// A call that does not wait (a Reserve with Wait == 0, a NoWait Guard) on
-// another node in that moment is refused at once (1205: ErrInProgress),
-// as it would be on one server while the key is still held. Calls that
-// wait (every other case) are not affected.
+// A call that does not wait (a Reserve or an Acquire with Wait == 0, a
+// NoWait Guard) on another node in that moment is refused at once (1205:
+// ErrInProgress, or ErrConflict from a Reserve that then finds no row), as
+// it would be on one server while the key is still held. Calls that wait
+// are not affected. Reads that take no lock (Abandoned, Inspect, List,
+// Stats) do not wait for the appliers either: this run has no causal reads
+// (wsrep_sync_wait), so in that moment they do not see the commit yet.
 var pinStreaming = map[string]string{
-	"RollbackWithCancelledContext": "a Reserve with no wait right after the key's rollback",
-	"CompleteWithCancelledContext": "a Reserve with no wait right after the key's commit",
-	"RecordBelongsToCaller":        "a Reserve with no wait right after the key's commit",
-	"NoWait":                       "a NoWait call right after the key's commit",
+	"RollbackWithCancelledContext":       "a Reserve with no wait right after the key's rollback",
+	"CompleteWithCancelledContext":       "a Reserve with no wait right after the key's commit",
+	"RecordBelongsToCaller":              "a Reserve with no wait right after the key's commit",
+	"NoWait":                             "a NoWait call right after the key's commit",
+	"StepsResumeOwnLease":                "an Acquire with no wait right after the key's Save",
+	"StepsReleaseCountsTries":            "an Acquire with no wait right after the key's Release or Rollback",
+	"StepsInvalidInput":                  "an Acquire with no wait right after the key's Save",
+	"StepsReserveTreatsUnfinishedAsHeld": "a Reserve with no wait right after the key's first commit",
+	"AdminForget":                        "a Reserve with no wait right after the key's Forget",
+	// A Reserve of a key that an open phase on another node holds may be
+	// aborted by the applier there (1213: ErrConflict, which Do retries)
+	// instead of refused (1205: ErrInProgress).
+	"StepsNewKey":    "a Reserve with no wait of a new key an open phase holds",
+	"StepsAbandoned": "Abandoned right after the keys' Release",
+	"AdminInspect":   "Inspect right after the key's Save",
+	"AdminList":      "List right after the keys' Save and Release",
+	"AdminStats":     "Stats right after the keys' commits",
+	// A failed run releases its key (tries + 1, lease ended) with an
+	// Acquire with no wait right after its own Save: refused there, the
+	// release is given up and the key stays leased, so the Completer's
+	// pass past the grace does not list it.
+	"OperationCompleter": "a failed run's release right after its Save",
 	// The appliers of the re-reserving transactions hold their row locks on
 	// the Purge's node too: a Purge there skips what they lock (it never
 	// waits for a held record), and CI saw it skip one key nobody touched.
