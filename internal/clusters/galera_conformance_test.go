@@ -91,6 +91,8 @@ var pinStreaming = map[string]string{
 	"StepsResumeOwnLease":                "an Acquire with no wait right after the key's Save",
 	"StepsReleaseCountsTries":            "an Acquire with no wait right after the key's Release or Rollback",
 	"StepsInvalidInput":                  "an Acquire with no wait right after the key's Save",
+	"StepsCompleteClearsProgress":        "an Acquire with no wait right after the key's Save",
+	"StepsLeaseEndsByStoreClock":         "an Acquire with no wait right after the key's Save",
 	"StepsReserveTreatsUnfinishedAsHeld": "a Reserve with no wait right after the key's first commit",
 	"AdminForget":                        "a Reserve with no wait right after the key's Forget",
 	// A Reserve of a key that an open phase on another node holds may be
