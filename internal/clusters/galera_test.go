@@ -63,6 +63,7 @@ func TestGalera(t *testing.T) {
 	})
 	t.Run("Latency", func(t *testing.T) { galeraLatency(t, g) })
 	t.Run("CertificationFailureRetried", func(t *testing.T) { galeraCertification(t, g) })
+	t.Run("Operations", func(t *testing.T) { galeraOperations(t, g) })
 	t.Run("NodeKilled", func(t *testing.T) { galeraNodeKilled(t, g) })
 }
 
