@@ -167,10 +167,7 @@ func TestRunForeignOnlyUnderLease(t *testing.T) {
 func TestCompleterPassesSkippedKeys(t *testing.T) {
 	ctx := context.Background()
 	s := memstore.New()
-	var mu sync.Mutex
-	now := time.Date(2030, 1, 1, 0, 0, 0, 0, time.UTC)
-	s.Clock = func() time.Time { mu.Lock(); defer mu.Unlock(); return now }
-	advance := func(d time.Duration) { mu.Lock(); now = now.Add(d); mu.Unlock() }
+	advance := testClock(s)
 	g := newGuard(t, s, nil)
 	mk := func(name string, fail *bool) *idempotency.Operation[*memstore.Tx] {
 		return &idempotency.Operation[*memstore.Tx]{
@@ -227,10 +224,7 @@ func TestCompleterPassesSkippedKeys(t *testing.T) {
 func TestRunStopsWhenForgotten(t *testing.T) {
 	ctx := context.Background()
 	s := memstore.New()
-	var mu sync.Mutex
-	now := time.Date(2030, 1, 1, 0, 0, 0, 0, time.UTC)
-	s.Clock = func() time.Time { mu.Lock(); defer mu.Unlock(); return now }
-	advance := func(d time.Duration) { mu.Lock(); now = now.Add(d); mu.Unlock() }
+	advance := testClock(s)
 	g := newGuard(t, s, nil)
 	key := idempotency.Key{ID: "k"}
 	var forgetErr error
@@ -267,10 +261,7 @@ func TestRunStopsWhenForgotten(t *testing.T) {
 func TestRunStopAfterTakeover(t *testing.T) {
 	ctx := context.Background()
 	s := memstore.New()
-	var mu sync.Mutex
-	now := time.Date(2030, 1, 1, 0, 0, 0, 0, time.UTC)
-	s.Clock = func() time.Time { mu.Lock(); defer mu.Unlock(); return now }
-	advance := func(d time.Duration) { mu.Lock(); now = now.Add(d); mu.Unlock() }
+	advance := testClock(s)
 	gA, gB := newGuard(t, s, nil), newGuard(t, s, nil) // two processes
 	key := idempotency.Key{ID: "k"}
 	var op *idempotency.Operation[*memstore.Tx]
@@ -336,6 +327,8 @@ func TestRunCancelledReleasesLease(t *testing.T) {
 	}
 }
 
+// testClock sets s's clock to a fixed instant and returns the function
+// that moves it forward.
 func testClock(s *memstore.Store) func(time.Duration) {
 	var mu sync.Mutex
 	now := time.Date(2030, 1, 1, 0, 0, 0, 0, time.UTC)

@@ -229,10 +229,7 @@ func TestRunFirstStepFailureFreesKey(t *testing.T) {
 func TestRunResumesAfterLeaseEnds(t *testing.T) {
 	ctx := context.Background()
 	s := memstore.New()
-	var mu sync.Mutex
-	now := time.Date(2030, 1, 1, 0, 0, 0, 0, time.UTC)
-	s.Clock = func() time.Time { mu.Lock(); defer mu.Unlock(); return now }
-	advance := func(d time.Duration) { mu.Lock(); now = now.Add(d); mu.Unlock() }
+	advance := testClock(s)
 	g := newGuard(t, s, &idempotency.Config{WaitTimeout: -1})
 	p := newProcessor()
 	var locals atomic.Int64
@@ -274,10 +271,7 @@ func TestRunResumesAfterLeaseEnds(t *testing.T) {
 func TestCompleter(t *testing.T) {
 	ctx := context.Background()
 	s := memstore.New()
-	var mu sync.Mutex
-	now := time.Date(2030, 1, 1, 0, 0, 0, 0, time.UTC)
-	s.Clock = func() time.Time { mu.Lock(); defer mu.Unlock(); return now }
-	advance := func(d time.Duration) { mu.Lock(); now = now.Add(d); mu.Unlock() }
+	advance := testClock(s)
 	var events []idempotency.Event
 	g := newGuard(t, s, &idempotency.Config{Observer: func(_ context.Context, ev idempotency.Event) { events = append(events, ev) }})
 	p := newProcessor()

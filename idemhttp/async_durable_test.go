@@ -69,12 +69,7 @@ func TestAsyncFirstStepFailsStaysAccepted(t *testing.T) {
 	if rep, err := c.Once(ctx); err != nil || rep.Finished != 1 {
 		t.Fatalf("Completer: %+v, %v; want 1 finished", rep, err)
 	}
-	if st := asyncCall(t, ctx, "GET", srv.URL+"/ops/k1", "acct", "", ""); st.status != http.StatusCreated || st.body != `{"label":1}` {
-		t.Fatalf("GET after the Completer: %+v; want the stored 201", st)
-	}
-	if n := s.Count("label"); n != 1 {
-		t.Fatalf("labels %d; want 1", n)
-	}
+	labelServed(t, ctx, srv.URL, s, "after the Completer")
 }
 
 // TestAsyncAcceptedOnlyOnceStored: when Wait passes while the first step
@@ -103,8 +98,15 @@ func TestAsyncAcceptedOnlyOnceStored(t *testing.T) {
 		info, err := s.Inspect(ctx, idempotency.Key{Scope: "acct", ID: "k1"}, false)
 		return err == nil && info.State == idempotency.KeyCompleted
 	})
-	if st := asyncCall(t, ctx, "GET", srv.URL+"/ops/k1", "acct", "", ""); st.status != http.StatusCreated || st.body != `{"label":1}` {
-		t.Fatalf("GET once the step ran: %+v; want the stored 201", st)
+	labelServed(t, ctx, srv.URL, s, "once the step ran")
+}
+
+// labelServed checks that the status resource of k1 serves labelOp's
+// stored answer and that the label was written once.
+func labelServed(t *testing.T, ctx context.Context, url string, s *memstore.Store, when string) {
+	t.Helper()
+	if st := asyncCall(t, ctx, "GET", url+"/ops/k1", "acct", "", ""); st.status != http.StatusCreated || st.body != `{"label":1}` {
+		t.Fatalf("GET %s: %+v; want the stored 201", when, st)
 	}
 	if n := s.Count("label"); n != 1 {
 		t.Fatalf("labels %d; want 1", n)
