@@ -152,6 +152,11 @@ type revStore struct {
 	gap time.Duration
 	// purgeGap is the same window in Purge, between scan and delete.
 	purgeGap time.Duration
+	// takeoverGap is the same window for the take-over of a lapsed lease:
+	// wider than gap with the takeoverNoCAS mistake, so that the callers
+	// that woke when the lease ran out all read it lapsed before any of
+	// them writes, even on a loaded host where they wake some ms apart.
+	takeoverGap time.Duration
 	// clock is the test clock (conformance.Options.Clock), or nil: the
 	// server's own clock (here the host's) judges expiry.
 	clock func() time.Time
@@ -186,7 +191,11 @@ func (s *revStore) Reserve(ctx context.Context, r idempotency.Reservation) (idem
 		case mod != 0 && !v.pending && v.rec.ExpiresAt.After(now):
 			return nil, &v.rec, nil
 		case mod == 0 || !v.pending || !wall.Before(v.leaseEnd):
-			time.Sleep(s.gap)
+			if mod != 0 && v.pending {
+				time.Sleep(max(s.gap, s.takeoverGap))
+			} else {
+				time.Sleep(s.gap)
+			}
 			nv := &revVal{pending: true, leaseEnd: time.Now().Add(s.lease),
 				rec: idempotency.Record{Key: r.Key, Fingerprint: r.Fingerprint, CreatedAt: now, ExpiresAt: idempotency.Expiry(now, r.TTL)}}
 			blind := (mod == 0 && s.bugs.blindReserve) || (mod != 0 && v.pending && s.bugs.takeoverNoCAS)
@@ -294,7 +303,11 @@ func revHarness(m mistakes) conformance.Harness[*revTx] {
 			}
 			srv := newRevServer()
 			client := func() *revStore {
-				return &revStore{srv: srv, lease: lease, bugs: m, gap: time.Millisecond, purgeGap: 50 * time.Millisecond, clock: opts.Clock}
+				rs := &revStore{srv: srv, lease: lease, bugs: m, gap: time.Millisecond, purgeGap: 50 * time.Millisecond, clock: opts.Clock}
+				if m.takeoverNoCAS {
+					rs.takeoverGap = 50 * time.Millisecond
+				}
+				return rs
 			}
 			return conformance.Fixture[*revTx]{
 				Store: client(),
