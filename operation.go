@@ -392,7 +392,9 @@ func (r *runner[Tx]) drive(ctx context.Context) (Response, error) {
 				}
 				return r.g.replay(ctx, r.key, rec) // Config.Codec
 			}
-			moved := !samePoint(ph.Progress(), r.saved)
+			// Whether another run moved the key on matters only to a
+			// pending Stop: compared before adopt takes the new state.
+			moved := stop != nil && !samePoint(ph.Progress(), r.saved)
 			if err := r.adopt(ph); err != nil {
 				_ = ph.Rollback(context.WithoutCancel(ctx))
 				return Response{}, err
