@@ -156,6 +156,7 @@ type Guard[Tx any] struct {
 //     reservation of such a retry waits for nothing past the bound.
 //  7. Any other store error is returned wrapping [ErrStore]: retrying with
 //     the same key is safe. When ctx ended, ctx's error is in the chain.
+//     A missing table or column gives [ErrSchema] instead: no retry helps.
 //
 // fn must do every write through tx, never through the pool the store was
 // built on: only writes through tx commit atomically with the key.
@@ -296,7 +297,7 @@ func storeError(ctx context.Context, err error) (_ error, own bool) {
 		return fe.err, true
 	case errors.Is(err, ErrMismatch), errors.Is(err, ErrInProgress),
 		errors.Is(err, ErrInvalidResponse), errors.Is(err, ErrInvalidConfig),
-		errors.Is(err, ErrCodec):
+		errors.Is(err, ErrCodec), errors.Is(err, ErrSchema): // ErrSchema: a retry does not help
 		return err, false
 	case ctx.Err() != nil && errors.Is(err, ctx.Err()):
 		return err, false

@@ -96,14 +96,16 @@ import (
 //     Rollback), following the rules above and the methods' documentation.
 //  3. Map the driver's errors in one function: [ErrConflict] for what a
 //     retry cures, [ErrInProgress] for a key held past the wait bound,
+//     [ErrSchema] for a missing table or column of the store's own,
 //     everything else wrapped as it is. Implement [ConflictClassifier] if
 //     fn's own statements can meet conflicts. Name a key in error text by
 //     the Key itself (fmt's %v prints "#" and [Key.Hash]), never by its
 //     Scope or ID: errors reach logs.
 //  4. If the store keeps its records in a schema of its own, implement
-//     [Migrator]. If it holds resources of its own (prepared statements),
-//     implement [io.Closer]: Close releases them, never the caller's pool,
-//     and a reservation already made still completes or rolls back.
+//     [Migrator] and [SchemaChecker]. If it holds resources of its own
+//     (prepared statements), implement [io.Closer]: Close releases them,
+//     never the caller's pool, and a reservation already made still
+//     completes or rolls back.
 //  5. Run conformance.Run in the store's tests, with honest
 //     conformance.Features and, if it can, a Fixture.Reopen that opens
 //     another instance on the same records; each case quotes the sentence
@@ -316,6 +318,19 @@ type Migrator interface {
 	// It is idempotent: running it again, or from several callers at once,
 	// changes nothing and returns nil.
 	Migrate(ctx context.Context) error
+}
+
+// SchemaChecker is an optional interface of a [KeyStore] that keeps its
+// records in a schema of its own ([Migrator]). CheckSchema reads the
+// database's catalog, writes nothing, and returns nil when the store's
+// keys table exists with every column this version's statements use (and,
+// with c.Quota, its quota table with its columns). Otherwise it returns an
+// error wrapping [ErrSchema] that names the missing table (or its missing
+// columns) and says to run Migrate or apply Schema. Any other failure (a
+// cut connection) is returned as it is. [Guard.CheckSchema] calls it; a
+// store without it passes that check.
+type SchemaChecker interface {
+	CheckSchema(ctx context.Context, c SchemaCheck) error
 }
 
 // Stepper is an optional interface of a [KeyStore]: the primitives of
@@ -549,6 +564,11 @@ type KeyInfo struct {
 	Operation string
 	Step      string
 	Failure   string
+	// Sealed reports that the stored answer, or the operation's input and
+	// step data, were sealed by a [Codec] ([Config.Codec]). [Guard.Inspect]
+	// opens a sealed body with the Guard's Codec; a Guard without one
+	// leaves Body nil.
+	Sealed bool
 }
 
 // ListQuery selects one page of [KeyLister.List].

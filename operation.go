@@ -227,6 +227,7 @@ func (op *Operation[Tx]) index(name string) (int, error) {
 //     does a run whose ctx ends, or whose store fails, between two steps
 //     after it committed one: it releases the key when the store answers.
 //  6. Store failures wrap [ErrStore]: retrying with the same key resumes.
+//     A missing table or column gives [ErrSchema] instead.
 //  7. A key deleted while its run goes on ([Guard.Forget]): the run stops
 //     with an error wrapping [ErrNotFound]; it never starts over.
 //
@@ -720,7 +721,7 @@ func (r *runner[Tx]) save(ctx context.Context, ph Phase[Tx], p progress) error {
 }
 
 func (r *runner[Tx]) storeErr(err error) error {
-	if errors.Is(err, ErrStore) {
+	if errors.Is(err, ErrStore) || errors.Is(err, ErrSchema) { // ErrSchema: a retry does not help
 		return err
 	}
 	return fmt.Errorf("%w: %w", ErrStore, err)

@@ -33,9 +33,19 @@ type Store struct {
 	ReserveErr func() error
 	// Conflict, when set, classifies fn's errors (see IsConflict).
 	Conflict func(error) bool
+	// SchemaErr, when set, is what CheckSchema returns (to test the
+	// core's start-up check); nil passes it.
+	SchemaErr func(idempotency.SchemaCheck) error
 	// Clock, when set, is the store's clock, read instead of time.Now (the
 	// clock of this process, which is the store's own): a test clock.
 	Clock func() time.Time
+	// StepLeases, when set, holds a Phase by its lease alone, as a store
+	// without transactions (etcd) does: see leases.go.
+	StepLeases bool
+	// StaleStepCommits is a deliberate mistake, for the conformance
+	// catalogue: a Phase whose lease was taken over still commits.
+	StaleStepCommits bool
+	leases           map[idempotency.Key]*stepHold // see leases.go
 }
 
 // now reads the store's clock, refusing a test clock's reading outside the
@@ -52,6 +62,17 @@ func (s *Store) now() (time.Time, error) {
 func (s *Store) IsConflict(err error) bool { return s.Conflict != nil && s.Conflict(err) }
 
 var _ idempotency.KeyStore[*Tx] = (*Store)(nil)
+
+var _ idempotency.SchemaChecker = (*Store)(nil)
+
+// CheckSchema implements [idempotency.SchemaChecker]: an in-memory store
+// has no schema, so it returns what s.SchemaErr returns, nil without one.
+func (s *Store) CheckSchema(_ context.Context, c idempotency.SchemaCheck) error {
+	if s.SchemaErr != nil {
+		return s.SchemaErr(c)
+	}
+	return nil
+}
 
 // New returns an empty store.
 func New() *Store {
@@ -108,6 +129,10 @@ func (s *Store) take(ctx context.Context, key idempotency.Key, wait time.Duratio
 			return &cp, now, nil
 		}
 		released, busy := s.held[key]
+		if busy && s.lapsed(key, now) {
+			s.takeOver(key)
+			busy = false
+		}
 		if err := claim(now, busy); err != nil {
 			s.mu.Unlock()
 			return nil, now, err
@@ -123,6 +148,7 @@ func (s *Store) take(ctx context.Context, key idempotency.Key, wait time.Duratio
 		}
 		select {
 		case <-released:
+		case <-s.leaseEnd(key, now):
 		case <-ctx.Done():
 			return nil, now, ctx.Err()
 		case <-deadline.C:
