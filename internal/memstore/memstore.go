@@ -39,13 +39,6 @@ type Store struct {
 	// Clock, when set, is the store's clock, read instead of time.Now (the
 	// clock of this process, which is the store's own): a test clock.
 	Clock func() time.Time
-	// StepLeases, when set, holds a Phase by its lease alone, as a store
-	// without transactions (etcd) does: see leases.go.
-	StepLeases bool
-	// StaleStepCommits is a deliberate mistake, for the conformance
-	// catalogue: a Phase whose lease was taken over still commits.
-	StaleStepCommits bool
-	leases           map[idempotency.Key]*stepHold // see leases.go
 }
 
 // now reads the store's clock, refusing a test clock's reading outside the
@@ -129,10 +122,6 @@ func (s *Store) take(ctx context.Context, key idempotency.Key, wait time.Duratio
 			return &cp, now, nil
 		}
 		released, busy := s.held[key]
-		if busy && s.lapsed(key, now) {
-			s.takeOver(key)
-			busy = false
-		}
 		if err := claim(now, busy); err != nil {
 			s.mu.Unlock()
 			return nil, now, err
@@ -148,7 +137,6 @@ func (s *Store) take(ctx context.Context, key idempotency.Key, wait time.Duratio
 		}
 		select {
 		case <-released:
-		case <-s.leaseEnd(key, now):
 		case <-ctx.Done():
 			return nil, now, ctx.Err()
 		case <-deadline.C:
