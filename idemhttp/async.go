@@ -5,7 +5,6 @@ import (
 	"errors"
 	"fmt"
 	"net/http"
-	"net/url"
 	"strconv"
 	"strings"
 	"time"
@@ -24,13 +23,29 @@ const DefaultAsyncWait = time.Second
 // AsyncConfig configures [Async] and [AsyncStatus].
 type AsyncConfig struct {
 	// Config is the key header, scope, fingerprint, limits and problems, as
-	// for [Middleware]. Its Scope is required: the status resource answers
-	// a key only to a caller of the key's scope.
+	// for [Middleware]. Required, with its Scope: the status resource
+	// answers a key only to a caller of the key's scope. Its TTL, if set,
+	// is the TTL of the operation's answer when [idempotency.Operation].TTL
+	// is zero. KeyOptional and Quota are refused: Async has no handler to
+	// run without a key, and does not count quotas.
 	Config *Config
-	// StatusPath is the path of the status resources: the status of the
-	// operation keyed id is at StatusPath + url.PathEscape(id), the
-	// Location of every 202. Required; it ends with "/".
+	// StatusPath is the path of the status resources: the status of an
+	// operation is at StatusPath + its status id, the Location of every
+	// 202. Required; it starts and ends with "/".
 	StatusPath string
+	// Secrets seal the key into its status id, so that the Location names
+	// the key without showing it (access logs, proxies and browser
+	// histories record URLs), and only a caller of the key's scope can use
+	// it: the id is the key's id encrypted and authenticated with
+	// AES-256-GCM under a key derived from the secret, bound to the scope.
+	// Required: each secret is at least [MinStatusSecretLen] random bytes
+	// (crypto/rand), kept with the service's other secrets. Every instance
+	// of the service that serves the same status resources has the same
+	// Secrets, or a 202 from one instance is a 404 on another (and after
+	// a restart, if the secret were made at start-up). The first secret
+	// seals; every one opens: to rotate, put a new secret first and keep
+	// the old one until the operations it named have expired.
+	Secrets [][]byte
 	// Wait is how long a request waits for its operation before it is
 	// answered 202 Accepted: an operation that finishes within it (or
 	// whose answer is stored already) is answered as [Middleware] answers.
@@ -41,17 +56,29 @@ type AsyncConfig struct {
 	RetryAfter time.Duration
 }
 
-// validate reports a config Async and AsyncStatus cannot serve.
-func (c *AsyncConfig) validate() error {
+// Validate reports whether [Async] and [AsyncStatus] would refuse c: an
+// error wrapping [idempotency.ErrInvalidConfig] (or [ErrNoScope]) that
+// names the field.
+func (c *AsyncConfig) Validate() error {
 	switch {
 	case c == nil:
 		return fmt.Errorf("%w: idemhttp: nil AsyncConfig", idempotency.ErrInvalidConfig)
+	case c.Config == nil || c.Config.Scope == nil:
+		return fmt.Errorf("idemhttp: AsyncConfig.Config: %w", ErrNoScope)
+	case c.Config.KeyOptional:
+		return fmt.Errorf("%w: idemhttp: AsyncConfig.Config.KeyOptional: Async runs its operation only under a key", idempotency.ErrInvalidConfig)
+	case c.Config.Quota != nil:
+		return fmt.Errorf("%w: idemhttp: AsyncConfig.Config.Quota: Async does not count quotas; put it on a Middleware", idempotency.ErrInvalidConfig)
 	case !strings.HasPrefix(c.StatusPath, "/") || !strings.HasSuffix(c.StatusPath, "/"):
 		return fmt.Errorf("%w: idemhttp: AsyncConfig.StatusPath %q must start and end with /", idempotency.ErrInvalidConfig, c.StatusPath)
 	case c.Wait < 0 || c.RetryAfter < 0:
 		return fmt.Errorf("%w: idemhttp: negative AsyncConfig.Wait or RetryAfter", idempotency.ErrInvalidConfig)
 	}
-	return nil
+	if err := c.Config.Validate(); err != nil {
+		return fmt.Errorf("idemhttp: AsyncConfig.Config: %w", err)
+	}
+	_, err := newStatusIDs(c.Secrets)
+	return err
 }
 
 // retryAfter is the Retry-After value, in seconds.
@@ -60,6 +87,45 @@ func (c *AsyncConfig) retryAfter() string {
 		return "1"
 	}
 	return strconv.FormatInt(int64((c.RetryAfter+time.Second-1)/time.Second), 10)
+}
+
+// StatusLocation returns the path of the status resource of key, as the
+// Location of [Async]'s 202 names it: for a service that hands it out
+// itself (in a listing of a client's operations, say). It fails as
+// [AsyncConfig.Validate] does.
+func (c *AsyncConfig) StatusLocation(key idempotency.Key) (string, error) {
+	if err := c.Validate(); err != nil {
+		return "", err
+	}
+	ids, err := newStatusIDs(c.Secrets)
+	if err != nil {
+		return "", err
+	}
+	return c.StatusPath + ids.seal(key), nil
+}
+
+// newAsyncHandler builds what Async and AsyncStatus share, refusing a
+// bad cfg or a nil g.
+func newAsyncHandler[Tx any](g *idempotency.Guard[Tx], cfg *AsyncConfig, who string) (*handler[Tx], *statusIDs, error) {
+	if err := cfg.Validate(); err != nil {
+		return nil, nil, err
+	}
+	if g == nil {
+		return nil, nil, fmt.Errorf("%w: idemhttp: %s was given a nil Guard", idempotency.ErrInvalidConfig, who)
+	}
+	c := newSettings(cfg.Config)
+	if c.ttl != 0 {
+		v, err := g.WithTTL(c.ttl)
+		if err != nil {
+			return nil, nil, fmt.Errorf("idemhttp: AsyncConfig.Config.TTL: %w", err)
+		}
+		g = v
+	}
+	ids, err := newStatusIDs(cfg.Secrets)
+	if err != nil {
+		return nil, nil, err
+	}
+	return &handler[Tx]{g: g, c: c, st: &mountState{}}, ids, nil
 }
 
 // Async returns a handler for requests whose operation may outlive them.
@@ -78,7 +144,11 @@ func (c *AsyncConfig) retryAfter() string {
 //     plain Run or Do elsewhere) after Wait and up to a second more: 409
 //     in progress, as [Middleware] answers: a 202 is only answered once the
 //     operation is stored;
-//   - the key used with another request: 422, as [Middleware].
+//   - the key used with another request: 422, as [Middleware], also while
+//     the operation of the first request runs (its fingerprint is in the
+//     store): at once if it ended, after Wait otherwise;
+//   - op's Validate refused the input: 400 (or the [Problem] it returned),
+//     nothing stored, as [Operation] answers.
 //
 // The request's body is the operation's input ([idempotency.State.Input]),
 // saved with the key. op runs as if [idempotency.Operation].Durable were
@@ -86,39 +156,34 @@ func (c *AsyncConfig) retryAfter() string {
 // once it has. Run a [idempotency.Completer] for op in the service: an
 // operation whose process died (in its first step or between two) is
 // finished by it (or by a retry), and the status resource then serves its
-// answer. Requests
-// are refused before anything is written as [Middleware] refuses them
-// (400, 413, a missing Scope). A nil g or op, or a bad cfg, answers 500.
-func Async[Tx any](g *idempotency.Guard[Tx], op *idempotency.Operation[Tx], cfg *AsyncConfig) http.Handler {
-	a := &asyncHandler[Tx]{op: op, cfg: cfg}
-	var c *Config
-	if cfg != nil {
-		c = cfg.Config
+// answer. Requests are refused before anything is written as [Middleware]
+// refuses them (400, 413).
+//
+// A bad configuration is refused here, with an error wrapping
+// [idempotency.ErrInvalidConfig] (or [ErrNoScope]): a nil g, an op that
+// [idempotency.NewCompleter] refuses (or a store that runs no operations),
+// a cfg that [AsyncConfig.Validate] refuses.
+func Async[Tx any](g *idempotency.Guard[Tx], op *idempotency.Operation[Tx], cfg *AsyncConfig) (http.Handler, error) {
+	h, ids, err := newAsyncHandler(g, cfg, "Async")
+	if err != nil {
+		return nil, err
 	}
-	a.h = &handler[Tx]{g: g, c: newSettings(c), st: &mountState{}}
-	a.invalid = cfg.validate()
-	if a.invalid == nil && op == nil {
-		a.invalid = errors.New("idemhttp: Async was given a nil Operation")
+	if _, err := idempotency.NewCompleter(h.g, nil, op); err != nil {
+		return nil, fmt.Errorf("idemhttp: Async: %w", err)
 	}
-	if op != nil {
-		// A 202 promises that the operation ends, by a retry or the
-		// Completer: it must be in the store from its start, even when its
-		// first step fails or its process dies in it.
-		durable := *op
-		durable.Durable = true
-		a.op = &durable
-	}
-	if a.invalid == nil && g == nil {
-		a.invalid = errors.New("idemhttp: Async was given a nil Guard")
-	}
-	return a
+	// A 202 promises that the operation ends, by a retry or the Completer:
+	// it must be in the store from its start, even when its first step
+	// fails or its process dies in it.
+	durable := *op
+	durable.Durable = true
+	return &asyncHandler[Tx]{h: h, op: &durable, cfg: cfg, ids: ids}, nil
 }
 
 type asyncHandler[Tx any] struct {
-	h       *handler[Tx]
-	op      *idempotency.Operation[Tx]
-	cfg     *AsyncConfig
-	invalid error
+	h   *handler[Tx]
+	op  *idempotency.Operation[Tx]
+	cfg *AsyncConfig
+	ids *statusIDs
 }
 
 // ran is what a detached run of the operation gave.
@@ -131,10 +196,6 @@ func (a *asyncHandler[Tx]) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	h := a.h
 	ev := &Event{Method: r.Method, Outcome: idempotency.HandlerError}
 	defer h.observe(r, ev)()
-	if a.invalid != nil && h.c.scope != nil && h.c.invalid == nil {
-		h.internal(w, r, ev, a.invalid)
-		return
-	}
 	key, body, fp, ok := h.admit(w, r, r.Header.Values(h.c.header), ev)
 	if !ok {
 		return
@@ -161,13 +222,15 @@ func (a *asyncHandler[Tx]) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		// (and at least a second, the time a first commit may take): then
 		// the key is held by another caller's run that has committed
 		// nothing yet, and the request is in progress, not accepted.
-		res, ended, stored := a.committed(r.Context(), key, fp, done, max(wait, time.Second))
+		res, ended, st := a.committed(r.Context(), key, fp, done, max(wait, time.Second))
 		switch {
 		case ended:
 			a.answer(w, r, ev, key, fp, res)
 		case r.Context().Err() != nil:
 			ev.Outcome, ev.Err = idempotency.Canceled, r.Context().Err() // the run goes on
-		case stored:
+		case st == storedOther:
+			h.fail(w, r, ev, fmt.Errorf("idemhttp: %w: the key's operation runs with another request", idempotency.ErrMismatch), time.Now())
+		case st == storedSame:
 			ev.Outcome, ev.Status = idempotency.InProgress, http.StatusAccepted
 			a.accepted(w, key)
 		default:
@@ -178,44 +241,76 @@ func (a *asyncHandler[Tx]) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	}
 }
 
-// committed waits, up to bound, until the store holds the operation of key
-// with fingerprint fp (Inspect names it: stored), or the run ended (its
-// result, ended), or ctx ended.
-func (a *asyncHandler[Tx]) committed(ctx context.Context, key idempotency.Key, fp string, done <-chan ran, bound time.Duration) (res ran, ended, stored bool) {
+// storedAs is what the store holds under a key, for the request of a
+// fingerprint.
+type storedAs int
+
+const (
+	storedNone  storedAs = iota // nothing committed (or the store failed)
+	storedSame                  // the request's operation, unfinished or held
+	storedOther                 // a record of another request
+)
+
+// committed waits, up to bound, until the store holds a record of key
+// (stored says whose), or the run ended (its result, ended), or ctx ended.
+func (a *asyncHandler[Tx]) committed(ctx context.Context, key idempotency.Key, fp string, done <-chan ran, bound time.Duration) (res ran, ended bool, st storedAs) {
 	deadline := time.NewTimer(bound)
 	defer deadline.Stop()
 	for pause := 5 * time.Millisecond; ; pause = min(2*pause, 100*time.Millisecond) {
 		select {
 		case res := <-done:
-			return res, true, false
+			return res, true, storedNone
 		default:
 		}
-		if a.stored(ctx, key, fp) {
-			return ran{}, false, true
+		if st := a.stored(ctx, key, fp); st != storedNone {
+			return ran{}, false, st
 		}
 		select {
 		case res := <-done:
-			return res, true, false
+			return res, true, storedNone
 		case <-ctx.Done():
-			return ran{}, false, false
+			return ran{}, false, storedNone
 		case <-deadline.C:
-			return ran{}, false, false
+			return ran{}, false, storedNone
 		case <-time.After(pause):
 		}
 	}
 }
 
-// stored reports whether the store holds an operation of key with
-// fingerprint fp, unfinished or held (not a new key in an uncommitted
-// first transaction).
-func (a *asyncHandler[Tx]) stored(ctx context.Context, key idempotency.Key, fp string) bool {
+// stored reports what the store holds under key: the operation of the
+// request of fingerprint fp (unfinished or held, not a new key in an
+// uncommitted first transaction), a record of another request (whose
+// fingerprint is final: the request is refused with 422 even while that
+// operation runs), or nothing.
+func (a *asyncHandler[Tx]) stored(ctx context.Context, key idempotency.Key, fp string) storedAs {
 	info, err := a.h.g.Inspect(ctx, key, false)
-	return err == nil && info.Operation != "" && info.Fingerprint == fp
+	switch {
+	case err != nil || info.Fingerprint == "":
+		return storedNone
+	case info.Fingerprint != fp:
+		return storedOther
+	case info.Operation != "":
+		return storedSame
+	}
+	return storedNone
 }
 
 // answer writes what a run that ended gave.
 func (a *asyncHandler[Tx]) answer(w http.ResponseWriter, r *http.Request, ev *Event, key idempotency.Key, fp string, res ran) {
 	h := a.h
+	if errors.Is(res.err, idempotency.ErrInProgress) && !errors.Is(res.err, idempotency.ErrStore) {
+		switch a.stored(r.Context(), key, fp) {
+		case storedSame:
+			// Stored and resumable: a retry or the Completer finishes it.
+			ev.Outcome, ev.Status, ev.Err = idempotency.InProgress, http.StatusAccepted, res.err
+			a.accepted(w, key)
+			return
+		case storedOther:
+			res.err = fmt.Errorf("%w (%w)", idempotency.ErrMismatch, res.err)
+		}
+		// A key held by a run that stored nothing yet: 409 in progress,
+		// as the middleware answers.
+	}
 	switch {
 	case res.err == nil:
 		ev.Outcome, ev.Status = idempotency.Executed, res.resp.Status
@@ -223,12 +318,8 @@ func (a *asyncHandler[Tx]) answer(w http.ResponseWriter, r *http.Request, ev *Ev
 			ev.Outcome = idempotency.Replayed
 		}
 		writeResponse(w, res.resp.Status, h.c.storedHeader(res.resp.Header), res.resp.Body, res.resp.Replayed, h.lifetime(res.resp.ExpiresAt))
-	case errors.Is(res.err, idempotency.ErrUnfinished),
-		errors.Is(res.err, idempotency.ErrInProgress) && !errors.Is(res.err, idempotency.ErrStore) && a.stored(r.Context(), key, fp):
-		// Stored and resumable: a retry or the Completer finishes it. A key
-		// held by a run that stored nothing yet, or by another request
-		// (another fingerprint), is answered as the middleware does: 409
-		// in progress.
+	case errors.Is(res.err, idempotency.ErrUnfinished):
+		// Stored and resumable: a retry or the Completer finishes it.
 		ev.Outcome, ev.Status, ev.Err = idempotency.InProgress, http.StatusAccepted, res.err
 		a.accepted(w, key)
 	default:
@@ -239,7 +330,7 @@ func (a *asyncHandler[Tx]) answer(w http.ResponseWriter, r *http.Request, ev *Ev
 // accepted answers 202 with the status resource of key.
 func (a *asyncHandler[Tx]) accepted(w http.ResponseWriter, key idempotency.Key) {
 	hd := w.Header()
-	hd.Set("Location", a.cfg.StatusPath+url.PathEscape(key.ID))
+	hd.Set("Location", a.cfg.StatusPath+a.ids.seal(key))
 	hd.Set("Retry-After", a.cfg.retryAfter())
 	if a.h.c.expose {
 		expose(hd, "Location", "Retry-After")
@@ -257,64 +348,43 @@ func writeStatusBody(w http.ResponseWriter, status int, state string) {
 }
 
 // AsyncStatus returns the handler of the status resources of [Async]: a
-// GET of cfg.StatusPath + id answers, for the key (the request's scope,
-// id):
+// GET of cfg.StatusPath + id, where id is the status id of a Location
+// [Async] answered, answers, for its key:
 //
 //   - 202 Accepted with Retry-After and {"status":"in_progress"} while the
 //     operation runs, or waits to be resumed (by a retry or the Completer);
 //   - the operation's stored answer, byte for byte (Idempotent-Replayed,
 //     the key's lifetime header), once it finished;
-//   - 404 [ProblemUnknownOperation] for a key of no operation of the
-//     caller's scope, or whose answer expired;
-//   - 400 [ProblemInvalidKey] for an id that is no valid key.
+//   - 404 [ProblemUnknownOperation] for an id that names no operation of
+//     the caller's scope: one no secret of cfg.Secrets opens in that scope
+//     (forged, another scope's), or of a key whose answer expired.
 //
-// It never runs anything: the store is only read.
-func AsyncStatus[Tx any](g *idempotency.Guard[Tx], cfg *AsyncConfig) http.Handler {
-	var c *Config
-	if cfg != nil {
-		c = cfg.Config
+// It never runs anything: the store is only read. A bad configuration is
+// refused here, as by [Async].
+func AsyncStatus[Tx any](g *idempotency.Guard[Tx], cfg *AsyncConfig) (http.Handler, error) {
+	h, ids, err := newAsyncHandler(g, cfg, "AsyncStatus")
+	if err != nil {
+		return nil, err
 	}
-	s := &statusHandler[Tx]{h: &handler[Tx]{g: g, c: newSettings(c), st: &mountState{}}, cfg: cfg}
-	s.invalid = cfg.validate()
-	if s.invalid == nil && g == nil {
-		s.invalid = errors.New("idemhttp: AsyncStatus was given a nil Guard")
-	}
-	return s
+	return &statusHandler[Tx]{h: h, cfg: cfg, ids: ids}, nil
 }
 
 type statusHandler[Tx any] struct {
-	h       *handler[Tx]
-	cfg     *AsyncConfig
-	invalid error
+	h   *handler[Tx]
+	cfg *AsyncConfig
+	ids *statusIDs
 }
 
 func (s *statusHandler[Tx]) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	h := s.h
 	ev := &Event{Method: r.Method, Outcome: idempotency.HandlerError}
 	defer h.observe(r, ev)()
-	switch {
-	case h.c.scope == nil:
-		h.refuseNoScope(w, r, ev)
-		return
-	case h.c.invalid != nil:
-		h.refuseInvalid(w, r, ev)
-		return
-	case s.invalid != nil:
-		h.internal(w, r, ev, s.invalid)
-		return
+	unknown := func(err error) {
+		h.reject(w, r, ev, &Problem{Type: ProblemUnknownOperation, Title: "No such operation", Status: http.StatusNotFound,
+			Detail: "No operation was started with this key in your scope, or its answer expired."}, err)
 	}
-	id, err := url.PathUnescape(strings.TrimPrefix(r.URL.EscapedPath(), s.cfg.StatusPath))
-	if err != nil || !strings.HasPrefix(r.URL.Path, s.cfg.StatusPath) {
-		h.invalidKey(w, r, ev, fmt.Errorf("%w: the path names no key", idempotency.ErrInvalidKey))
-		return
-	}
-	key := idempotency.Key{ID: id}
-	if err := key.Validate(); err != nil {
-		h.invalidKey(w, r, ev, err)
-		return
-	}
-	ev.Key.ID = id
-	if key.Scope, err = h.c.scope(r); err != nil {
+	scope, err := h.c.scope(r)
+	if err != nil {
 		if p, ok := errors.AsType[*Problem](err); ok {
 			h.reject(w, r, ev, p, err)
 			return
@@ -322,7 +392,17 @@ func (s *statusHandler[Tx]) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		h.internal(w, r, ev, fmt.Errorf("idemhttp: Config.Scope: %w", err))
 		return
 	}
-	ev.Key.Scope = key.Scope
+	ev.Key.Scope = scope
+	id, ok := "", strings.HasPrefix(r.URL.Path, s.cfg.StatusPath)
+	if ok {
+		id, ok = s.ids.open(scope, strings.TrimPrefix(r.URL.Path, s.cfg.StatusPath))
+	}
+	if !ok {
+		unknown(fmt.Errorf("%w: the path names no operation of the scope", idempotency.ErrNotFound))
+		return
+	}
+	key := idempotency.Key{Scope: scope, ID: id}
+	ev.Key.ID = id
 	resp, _, err := h.g.Answer(r.Context(), key)
 	switch {
 	case err == nil:
@@ -333,8 +413,7 @@ func (s *statusHandler[Tx]) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		w.Header().Set("Retry-After", s.cfg.retryAfter())
 		writeStatusBody(w, http.StatusAccepted, "in_progress")
 	case errors.Is(err, idempotency.ErrNotFound):
-		h.reject(w, r, ev, &Problem{Type: ProblemUnknownOperation, Title: "No such operation", Status: http.StatusNotFound,
-			Detail: "No operation was started with this key in your scope, or its answer expired."}, err)
+		unknown(err)
 	default:
 		h.fail(w, r, ev, err, time.Now())
 	}

@@ -54,10 +54,10 @@ func TestAsyncFirstStepFailsStaysAccepted(t *testing.T) {
 	op := labelOp(&fail, nil)
 	srv := asyncServer(t, g, op, time.Second)
 	first := asyncCall(t, ctx, "POST", srv.URL+"/ship", "acct", "k1", `{}`)
-	if first.status != http.StatusAccepted || first.header.Get("Location") != "/ops/k1" {
-		t.Fatalf("POST: %+v; want 202 with Location /ops/k1", first)
+	if first.status != http.StatusAccepted || first.header.Get("Location") != opsPath(t, "acct", "k1") {
+		t.Fatalf("POST: %+v; want 202 with the Location of k1", first)
 	}
-	if st := asyncCall(t, ctx, "GET", srv.URL+"/ops/k1", "acct", "", ""); st.status != http.StatusAccepted || st.body != `{"status":"in_progress"}` {
+	if st := asyncCall(t, ctx, "GET", srv.URL+opsPath(t, "acct", "k1"), "acct", "", ""); st.status != http.StatusAccepted || st.body != `{"status":"in_progress"}` {
 		t.Fatalf("GET after the failure: %+v; want 202 in_progress", st)
 	}
 	fail.Store(false)
@@ -105,7 +105,7 @@ func TestAsyncAcceptedOnlyOnceStored(t *testing.T) {
 // stored answer and that the label was written once.
 func labelServed(t *testing.T, ctx context.Context, url string, s *memstore.Store, when string) {
 	t.Helper()
-	if st := asyncCall(t, ctx, "GET", url+"/ops/k1", "acct", "", ""); st.status != http.StatusCreated || st.body != `{"label":1}` {
+	if st := asyncCall(t, ctx, "GET", url+opsPath(t, "acct", "k1"), "acct", "", ""); st.status != http.StatusCreated || st.body != `{"label":1}` {
 		t.Fatalf("GET %s: %+v; want the stored 201", when, st)
 	}
 	if n := s.Count("label"); n != 1 {

@@ -35,6 +35,7 @@ func runAsyncTests[Tx any](t *testing.T, b backend[Tx]) {
 		{"AcceptedThenStatus", testAsyncAccepted[Tx]},
 		{"DiedCompleterFinishes", testAsyncDied[Tx]},
 		{"Refusals", testAsyncRefusals[Tx]},
+		{"MismatchWhileRunning", testAsyncMismatchWhileRunning[Tx]},
 	} {
 		t.Run(c.name, func(t *testing.T) { c.fn(t, b(t)) })
 	}
@@ -68,17 +69,46 @@ func shipOp[Tx any](e env[Tx], gate func(ctx context.Context) error) *idempotenc
 	}
 }
 
+// asyncSecret is the status ids' secret of the tests' Async servers: the
+// same in every one, as in every instance of a service.
+var asyncSecret = bytes.Repeat([]byte("0123456789abcdef"), 2)
+
+// asyncConfig is the config of asyncServer, with the Wait wait.
+func asyncConfig(wait time.Duration) *idemhttp.AsyncConfig {
+	return &idemhttp.AsyncConfig{
+		Config:     &idemhttp.Config{Scope: func(r *http.Request) (string, error) { return r.Header.Get("X-Account"), nil }},
+		StatusPath: "/ops/",
+		Secrets:    [][]byte{asyncSecret},
+		Wait:       wait,
+	}
+}
+
+// opsPath is the status resource of the key (account, id) on asyncServer.
+func opsPath(t *testing.T, account, id string) string {
+	t.Helper()
+	loc, err := asyncConfig(0).StatusLocation(idempotency.Key{Scope: account, ID: id})
+	if err != nil {
+		t.Fatal(err)
+	}
+	return loc
+}
+
 // asyncServer serves op (POST /ship) and its status (GET /ops/) on g, the
 // scope taken from X-Account.
 func asyncServer[Tx any](t *testing.T, g *idempotency.Guard[Tx], op *idempotency.Operation[Tx], wait time.Duration) *httptest.Server {
-	cfg := &idemhttp.AsyncConfig{
-		Config:     &idemhttp.Config{Scope: func(r *http.Request) (string, error) { return r.Header.Get("X-Account"), nil }},
-		StatusPath: "/ops/",
-		Wait:       wait,
+	t.Helper()
+	cfg := asyncConfig(wait)
+	post, err := idemhttp.Async(g, op, cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	status, err := idemhttp.AsyncStatus(g, cfg)
+	if err != nil {
+		t.Fatal(err)
 	}
 	mux := http.NewServeMux()
-	mux.Handle("POST /ship", idemhttp.Async(g, op, cfg))
-	mux.Handle("GET /ops/", idemhttp.AsyncStatus(g, cfg))
+	mux.Handle("POST /ship", post)
+	mux.Handle("GET /ops/", status)
 	srv := httptest.NewServer(mux)
 	t.Cleanup(srv.Close)
 	return srv
@@ -124,7 +154,7 @@ func testAsyncWithinWait[Tx any](t *testing.T, e env[Tx]) {
 	if again.status != 201 || again.body != first.body || again.header.Get(idemhttp.HeaderReplayed) != "true" {
 		t.Fatalf("retry: %+v", again)
 	}
-	st := asyncCall(t, ctx, "GET", srv.URL+"/ops/k1", "acct", "", "")
+	st := asyncCall(t, ctx, "GET", srv.URL+opsPath(t, "acct", "k1"), "acct", "", "")
 	if st.status != 201 || st.body != first.body || st.header.Get(idemhttp.HeaderReplayed) != "true" || st.header.Get("Content-Type") != "application/json" {
 		t.Fatalf("status: %+v", st)
 	}
@@ -147,7 +177,10 @@ func testAsyncAccepted[Tx any](t *testing.T, e env[Tx]) {
 	g := e.newGuard(nil)
 	srv := asyncServer(t, g, shipOp(e, gate), time.Millisecond)
 	acc := asyncCall(t, ctx, "POST", srv.URL+"/ship", "acct", "slow/1", `{"n":2}`)
-	if acc.status != 202 || acc.header.Get("Location") != "/ops/slow%2F1" || acc.header.Get("Retry-After") != "1" || acc.body != `{"status":"in_progress"}` {
+	if loc := acc.header.Get("Location"); strings.Contains(loc, "slow") || !strings.HasPrefix(loc, "/ops/") {
+		t.Fatalf("Location %q shows the key", loc)
+	}
+	if acc.status != 202 || acc.header.Get("Location") != opsPath(t, "acct", "slow/1") || acc.header.Get("Retry-After") != "1" || acc.body != `{"status":"in_progress"}` {
 		t.Fatalf("POST: %+v; want 202 with the status resource", acc)
 	}
 	st := asyncCall(t, ctx, "GET", srv.URL+acc.header.Get("Location"), "acct", "", "")
@@ -199,7 +232,7 @@ func testAsyncDied[Tx any](t *testing.T, e env[Tx]) {
 	gB := e.newGuard(nil)
 	opB := shipOp(e, nil)
 	srvB := asyncServer(t, gB, opB, time.Millisecond)
-	if st := asyncCall(t, ctx, "GET", srvB.URL+"/ops/died", "acct", "", ""); st.status != 202 {
+	if st := asyncCall(t, ctx, "GET", srvB.URL+acc.header.Get("Location"), "acct", "", ""); st.status != 202 {
 		t.Fatalf("status from another process while the lease lives: %+v", st)
 	}
 	c, err := idempotency.NewCompleter(gB, &idempotency.CompleterConfig{Grace: time.Millisecond}, opB)
@@ -213,11 +246,11 @@ func testAsyncDied[Tx any](t *testing.T, e env[Tx]) {
 			t.Fatal(err)
 		}
 	}
-	st := asyncCall(t, ctx, "GET", srvB.URL+"/ops/died", "acct", "", "")
+	st := asyncCall(t, ctx, "GET", srvB.URL+acc.header.Get("Location"), "acct", "", "")
 	if st.status != 201 || st.body != `{"shipped":{"n":3}}` {
 		t.Fatalf("status after the Completer: %+v", st)
 	}
-	if st2 := asyncCall(t, ctx, "GET", srvA.URL+"/ops/died", "acct", "", ""); st2.status != 201 || st2.body != st.body {
+	if st2 := asyncCall(t, ctx, "GET", srvA.URL+acc.header.Get("Location"), "acct", "", ""); st2.status != 201 || st2.body != st.body {
 		t.Fatalf("status from the first process: %+v", st2)
 	}
 	wake() // the hung run goes on: its next phase finds the key completed
@@ -239,24 +272,89 @@ func testAsyncRefusals[Tx any](t *testing.T, e env[Tx]) {
 	if r := asyncCall(t, ctx, "POST", srv.URL+"/ship", "acct", "r1", `{"n":5}`); r.status != 422 {
 		t.Fatalf("same key, other body: %+v; want 422", r)
 	}
+	mine := opsPath(t, "acct", "r1")
+	forged := []byte(mine)
+	forged[len(forged)-1] ^= 1
 	for _, c := range []struct {
 		path, account string
-		status        int
-		problem       string
 	}{
-		{"/ops/nope", "acct", 404, idemhttp.ProblemUnknownOperation},
-		{"/ops/r1", "other-account", 404, idemhttp.ProblemUnknownOperation},
-		{"/ops/bad%00id", "acct", 400, idemhttp.ProblemInvalidKey},
+		{opsPath(t, "acct", "nope"), "acct"},                 // no such operation
+		{mine, "other-account"},                              // another scope's id
+		{opsPath(t, "other-account", "r1"), "other-account"}, // the key in another scope
+		{"/ops/r1", "acct"},                                  // the raw key names nothing
+		{string(forged), "acct"},                             // an id no secret opens
+		{"/ops/", "acct"},
 	} {
 		r := asyncCall(t, ctx, "GET", srv.URL+c.path, c.account, "", "")
-		if r.status != c.status || !strings.Contains(r.body, c.problem) {
-			t.Errorf("GET %s as %s: %+v; want %d %s", c.path, c.account, r, c.status, c.problem)
+		if r.status != 404 || !strings.Contains(r.body, idemhttp.ProblemUnknownOperation) {
+			t.Errorf("GET %s as %s: %+v; want 404 %s", c.path, c.account, r, idemhttp.ProblemUnknownOperation)
 		}
+	}
+	if r := asyncCall(t, ctx, "GET", srv.URL+mine, "acct", "", ""); r.status != 201 {
+		t.Errorf("GET %s as acct: %+v; want the stored 201", mine, r)
+	}
+	// Another instance of the service with another secret cannot open it.
+	cfg := asyncConfig(time.Second)
+	cfg.Secrets = [][]byte{bytes.Repeat([]byte("x"), 32)}
+	other, err := idemhttp.AsyncStatus(e.newGuard(nil), cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	rec := httptest.NewRecorder()
+	req := httptest.NewRequestWithContext(ctx, "GET", mine, nil)
+	req.Header.Set("X-Account", "acct")
+	if other.ServeHTTP(rec, req); rec.Code != 404 {
+		t.Errorf("GET with another secret: %d %s; want 404", rec.Code, rec.Body)
 	}
 	if r := asyncCall(t, ctx, "POST", srv.URL+"/ship", "acct", "", `{}`); r.status != 400 || !strings.Contains(r.body, idemhttp.ProblemMissingKey) {
 		t.Fatalf("no key: %+v", r)
 	}
 	if n := e.count(ctx, "r1"); n != 1 {
 		t.Fatalf("effects %d; want 1", n)
+	}
+}
+
+// testAsyncMismatchWhileRunning: the same key with another body while the
+// first request's operation runs is refused 422 (the stored record's
+// fingerprint is final), not 409 in progress, which a client retries until
+// the operation ends; the operation runs once, for the first request.
+func testAsyncMismatchWhileRunning[Tx any](t *testing.T, e env[Tx]) {
+	ctx := testkit.Context(t, 20*time.Second)
+	release := make(chan struct{})
+	gate := func(ctx context.Context) error {
+		select {
+		case <-release:
+			return nil
+		case <-ctx.Done():
+			return ctx.Err()
+		}
+	}
+	g := e.newGuard(nil)
+	srv := asyncServer(t, g, shipOp(e, gate), 20*time.Millisecond)
+	if acc := asyncCall(t, ctx, "POST", srv.URL+"/ship", "acct", "m1", `{"n":6}`); acc.status != 202 {
+		t.Fatalf("POST: %+v; want 202", acc)
+	}
+	other := asyncServer(t, e.newGuard(nil), shipOp(e, gate), 20*time.Millisecond) // another process
+	for _, url := range []string{srv.URL, other.URL} {
+		t0 := time.Now()
+		r := asyncCall(t, ctx, "POST", url+"/ship", "acct", "m1", `{"n":7}`)
+		if r.status != 422 || !strings.Contains(r.body, idemhttp.ProblemKeyReused) || time.Since(t0) > 900*time.Millisecond {
+			t.Fatalf("same key, other body, while the operation runs: %+v after %v; want 422 %s within Wait", r, time.Since(t0), idemhttp.ProblemKeyReused)
+		}
+	}
+	close(release)
+	var done asyncReply
+	for done.status == 0 || done.status == 202 {
+		time.Sleep(20 * time.Millisecond)
+		done = asyncCall(t, ctx, "GET", srv.URL+opsPath(t, "acct", "m1"), "acct", "", "")
+	}
+	if done.status != 201 || done.body != `{"shipped":{"n":6}}` {
+		t.Fatalf("status once finished: %+v", done)
+	}
+	if r := asyncCall(t, ctx, "POST", srv.URL+"/ship", "acct", "m1", `{"n":7}`); r.status != 422 {
+		t.Fatalf("same key, other body, once finished: %+v; want 422", r)
+	}
+	if n, d := e.count(ctx, "m1"), e.count(ctx, "m1-done"); n != 1 || d != 1 {
+		t.Fatalf("effects %d and %d; want 1 each", n, d)
 	}
 }

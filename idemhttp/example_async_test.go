@@ -22,6 +22,7 @@ func ExampleAsync() {
 	guard, db, cleanup := exampleGuard()
 	defer cleanup()
 	ready := make(chan struct{})
+	statusSecret := []byte("32 random bytes from a vault....") // the same in every instance
 
 	// readme:begin http-async
 	report := &idempotency.Operation[*sql.Tx]{
@@ -40,11 +41,20 @@ func ExampleAsync() {
 	cfg := &idemhttp.AsyncConfig{
 		Config:     &idemhttp.Config{Scope: accountScope},
 		StatusPath: "/operations/",
-		Wait:       50 * time.Millisecond, // answer 202 after this
+		Secrets:    [][]byte{statusSecret}, // seals the key into the Location
+		Wait:       50 * time.Millisecond,  // answer 202 after this
+	}
+	post, err := idemhttp.Async(guard, report, cfg)
+	if err != nil {
+		log.Fatal(err) // a bad configuration, refused at start-up
+	}
+	status, err := idemhttp.AsyncStatus(guard, cfg)
+	if err != nil {
+		log.Fatal(err)
 	}
 	mux := http.NewServeMux()
-	mux.Handle("POST /reports", idemhttp.Async(guard, report, cfg))
-	mux.Handle("GET /operations/", idemhttp.AsyncStatus(guard, cfg))
+	mux.Handle("POST /reports", post)
+	mux.Handle("GET /operations/", status)
 	// Run a Completer too: it finishes an operation whose process died.
 	completer, err := idempotency.NewCompleter(guard, nil, report)
 	if err != nil {
@@ -70,13 +80,16 @@ func ExampleAsync() {
 	show := func(resp *http.Response) {
 		defer resp.Body.Close()
 		body, _ := io.ReadAll(resp.Body)
-		fmt.Println(resp.StatusCode, resp.Header.Get("Location"), string(body))
+		fmt.Println(resp.StatusCode, string(body))
 	}
-	show(do("POST", "/reports"))
-	show(do("GET", "/operations/report-nov"))
+	accepted := do("POST", "/reports")
+	location := accepted.Header.Get("Location") // /operations/ and an opaque id
+	fmt.Println("the Location shows the key:", strings.Contains(location, "report-nov"))
+	show(accepted)
+	show(do("GET", location))
 	close(ready)
 	for {
-		resp := do("GET", "/operations/report-nov")
+		resp := do("GET", location)
 		if resp.StatusCode != http.StatusAccepted {
 			show(resp)
 			break
@@ -90,8 +103,9 @@ func ExampleAsync() {
 	}
 	fmt.Println("rows:", rows)
 	// Output:
-	// 202 /operations/report-nov {"status":"in_progress"}
-	// 202  {"status":"in_progress"}
-	// 201  {"report":"ready"}
+	// the Location shows the key: false
+	// 202 {"status":"in_progress"}
+	// 202 {"status":"in_progress"}
+	// 201 {"report":"ready"}
 	// rows: 1
 }
