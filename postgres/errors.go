@@ -31,6 +31,7 @@ const (
 	codeDuplicateStatement   = "42P05" // duplicate_prepared_statement
 	codeUniqueViolation      = "23505" // unique_violation
 	codeUndefinedColumn      = "42703" // undefined_column
+	codeUndefinedTable       = "42P01" // undefined_table
 	codeSerializationFailure = "40001" // serialization_failure
 	codeDeadlockDetected     = "40P01" // deadlock_detected
 	codeLockNotAvailable     = "55P03" // lock_not_available: lock_timeout
@@ -64,8 +65,10 @@ func poolerHint(err error) error {
 // [idempotency.ErrConflict]. A statement cut by the server's lock_timeout or
 // statement_timeout wraps [idempotency.ErrInProgress] when it was waiting
 // for a key another caller holds (waitingForKey), [idempotency.ErrConflict]
-// otherwise. Anything else (a cut connection included) is returned as it is,
-// and the core adds [idempotency.ErrStore].
+// otherwise. The store's table or quota table missing (undefined_table) or
+// lacking a column (undefined_column) wraps [idempotency.ErrSchema]. Anything
+// else (a cut connection included) is returned as it is, and the core adds
+// [idempotency.ErrStore].
 func (s *Store) mapError(ctx context.Context, err error, waitingForKey bool) error {
 	if err == nil {
 		return nil
@@ -92,8 +95,32 @@ func (s *Store) mapError(ctx context.Context, err error, waitingForKey bool) err
 		if pgErr.TableName == s.tableName && (pgErr.SchemaName == s.schemaName || s.schemaName == "") {
 			return fmt.Errorf("%w: %w", idempotency.ErrConflict, err)
 		}
+	case codeUndefinedTable, codeUndefinedColumn:
+		return s.schemaError(pgErr, err)
 	}
 	return err
+}
+
+// schemaError wraps err, the server's undefined_table or undefined_column,
+// with [idempotency.ErrSchema], naming the table (the keys table, or its
+// quota table when the server's message names that) and what to run. An
+// undefined_table that names neither is not the store's: it is returned
+// as it is.
+func (s *Store) schemaError(pgErr *pgconn.PgError, err error) error {
+	quota := quotaName(s.tableName)
+	table, ddl := s.table, "Schema"
+	// The server names a relation as the statement wrote it: "name" or
+	// "schema.name".
+	if strings.Contains(pgErr.Message, quota+`"`) {
+		table, ddl = strings.ReplaceAll(quotaTable(s.table), `"`, ""), "QuotaSchema"
+	} else if pgErr.Code == codeUndefinedTable && !strings.Contains(pgErr.Message, s.tableName+`"`) {
+		return err
+	}
+	what := "does not exist (in the connection's search_path)"
+	if pgErr.Code == codeUndefinedColumn {
+		what = "lacks a column this version needs"
+	}
+	return fmt.Errorf("%w: postgres: table %s %s: %s: %w", idempotency.ErrSchema, table, what, migrateHint(s.table, ddl), err)
 }
 
 // isUndefinedColumn reports whether err is the server's undefined_column: a
