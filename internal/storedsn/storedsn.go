@@ -7,11 +7,13 @@ import (
 	"context"
 	"fmt"
 	"net"
+	"regexp"
 	"strings"
 
 	"github.com/jackc/pgx/v5/pgxpool"
 	goredis "github.com/redis/go-redis/v9"
 
+	"github.com/go-idempotency/idempotency/internal/redact"
 	"github.com/go-idempotency/idempotency/mysql"
 )
 
@@ -48,18 +50,20 @@ const Accepted = `accepted -store values:
 // Error is the error of a -store value that is not one of the accepted
 // forms (or is one, but malformed). Its message lists the accepted forms.
 type Error struct {
-	Value  string // the -store value
+	Value  string // the -store value, secrets included: never print it
 	Reason string // what is wrong with it
 	Err    error  // the parser's error, if any
 }
 
 // Error says what is wrong with the value and lists the accepted forms.
+// The value's password (and any other secret it holds) is redacted, in
+// the value and in the parser's error alike.
 func (e *Error) Error() string {
 	msg := fmt.Sprintf("-store %q: %s", e.Value, e.Reason)
 	if e.Err != nil {
 		msg += ": " + e.Err.Error()
 	}
-	return msg + "\n" + Accepted
+	return redact.Text(msg, e.Value) + "\n" + Accepted
 }
 
 // Unwrap returns the parser's error.
@@ -121,7 +125,7 @@ func classifyStore(dsn string) (t Target, reason string, err error) {
 	case looksLikeMySQLNative(dsn):
 		t, err := mysqlTarget(dsn)
 		if err != nil {
-			return Target{}, "unusable MySQL DSN", err
+			return Target{}, "unusable MySQL DSN (the driver's form is USER:PASS@tcp(HOST:3306)/DB)", err
 		}
 		return t, "", nil
 	}
@@ -130,6 +134,11 @@ func classifyStore(dsn string) (t Target, reason string, err error) {
 		if strings.HasSuffix(lower, suf) && len(dsn) > len(suf) {
 			return sqliteTarget(dsn)
 		}
+	}
+	if strings.Contains(dsn, "@") {
+		return Target{}, "USER@HOST without a scheme names no store; write mysql://USER:PASS@HOST:3306/DB, " +
+			"postgres://USER:PASS@HOST:5432/DB or redis://USER:PASS@HOST:6379/0 " +
+			"(or the MySQL driver's form USER:PASS@tcp(HOST:3306)/DB)", nil
 	}
 	if host, port, err := net.SplitHostPort(dsn); err == nil && host != "" && port != "" {
 		return Target{}, "a bare host:port names no store; " + guessScheme(host, port), nil
@@ -176,16 +185,15 @@ func mysqlTarget(dsn string) (Target, error) {
 }
 
 // looksLikeMySQLNative reports whether dsn is in go-sql-driver/mysql's own
-// form, user[:pass]@net(addr)/db, rather than a file path.
+// form, user[:pass]@net(addr)/db, rather than a file path: an '@' then a
+// network name and '('. A DSN of that form with a mistake (a missing ')'
+// or "/db") is one too, for the driver to say what is wrong with it.
 func looksLikeMySQLNative(dsn string) bool {
-	at := strings.LastIndex(dsn, "@")
-	if at < 0 {
-		return false
-	}
-	rest := dsn[at+1:]
-	open := strings.Index(rest, "(")
-	return open > 0 && strings.Contains(rest[open:], ")/")
+	return mysqlNativeRE.MatchString(dsn)
 }
+
+// mysqlNativeRE matches the "@net(" of go-sql-driver/mysql's form.
+var mysqlNativeRE = regexp.MustCompile(`@[a-z][a-z0-9]*\(`)
 
 // QuietRedis stops go-redis from printing log lines of its own on the
 // process's stderr (its pool prints one for each dial that fails), which a

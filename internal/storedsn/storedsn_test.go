@@ -79,6 +79,13 @@ func TestStoreRefused(t *testing.T) {
 		{"root@tcp(127.0.0.1:3306)/", "unusable MySQL DSN"},
 		{"root@tcp(127.0.0.1:3306)/test?autocommit=0", "unusable MySQL DSN"},
 		{"redis://127.0.0.1:6379/notadb", "invalid Redis URL"},
+		// A MySQL DSN in the driver's form with a mistake is one, not a
+		// "bare host:port".
+		{"root@tcp(127.0.0.1:3306/test", "unusable MySQL DSN (the driver's form is USER:PASS@tcp(HOST:3306)/DB): " +
+			"idempotency: invalid config: mysql DSN: invalid DSN: network address not terminated (missing closing brace)"},
+		{"root:pw@tcp(127.0.0.1:3306", "unusable MySQL DSN"},
+		{"root@127.0.0.1:3306", "USER@HOST without a scheme names no store; write mysql://USER:PASS@HOST:3306/DB"},
+		{"root:pw@127.0.0.1:3306/test", "USER@HOST without a scheme"},
 	} {
 		_, err := Parse(tc.dsn)
 		var se *Error
@@ -138,5 +145,34 @@ func TestParse(t *testing.T) {
 	}
 	if got, err := Parse("redis://h:6380/2"); err != nil || got.Kind != "redis" || got.Redis.Addr != "h:6380" || got.Redis.DB != 2 {
 		t.Errorf("Parse(redis) = %+v, %v", got, err)
+	}
+}
+
+// TestErrorRedacts: the message of a refused value never holds its
+// password, whichever part of the message echoes it (the value, or the
+// parser's error that quotes it).
+func TestErrorRedacts(t *testing.T) {
+	t.Parallel()
+	const secret = "Planted-S3cret"
+	for _, dsn := range []string{
+		"postgres://u:" + secret + "@h:notaport/db",
+		"postgres://u:" + secret + "@h/db?sslmode=bogus",
+		"mysql://root:" + secret + "@[::1/test",
+		"mysql://root:" + secret + "@h:3306/",
+		"root:" + secret + "@tcp(127.0.0.1:3306/test",
+		"root:" + secret + "@127.0.0.1:3306/test",
+		"redis://u:" + secret + "@[::1/0",
+		"redis://u:" + secret + "@h:6379/notadb",
+		"ftp://u:" + secret + "@h/db",
+		"u:" + secret + "@h:6379",
+	} {
+		_, err := Parse(dsn)
+		if err == nil {
+			t.Errorf("Parse(%q) accepted", dsn)
+			continue
+		}
+		if strings.Contains(err.Error(), secret) || !strings.Contains(err.Error(), "xxxxx") {
+			t.Errorf("Parse(%q): the message does not redact the password:\n%s", dsn, err)
+		}
 	}
 }
