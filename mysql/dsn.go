@@ -12,6 +12,7 @@ import (
 	gomysql "github.com/go-sql-driver/mysql"
 
 	"github.com/go-idempotency/idempotency"
+	"github.com/go-idempotency/idempotency/internal/redact"
 )
 
 // Open parses dsn with [ParseDSN], opens a pool on it with the
@@ -93,11 +94,48 @@ func setsParam(dsn, param string) bool {
 // interpolateParams, multiStatements, charset and collation make no
 // difference to the store. See the package documentation for settings that
 // bound what it can do (readTimeout, maxAllowedPacket).
+//
+// An error never holds dsn's password.
 func ParseDSN(dsn string) (*gomysql.Config, error) {
+	cfg, err := parseDSN(dsn)
+	return cfg, redact.Error(err, dsn)
+}
+
+func parseDSN(dsn string) (*gomysql.Config, error) {
 	if strings.HasPrefix(dsn, urlScheme) {
 		return parseURL(dsn)
 	}
+	if scheme := otherScheme(dsn); scheme != "" {
+		return nil, fmt.Errorf("%w: mysql DSN: a %s:// URL is %s, not a MySQL DSN; write mysql://user:pass@host:3306/db or user:pass@tcp(host:3306)/db",
+			idempotency.ErrInvalidConfig, scheme, schemeStore(scheme))
+	}
 	return checkConfig(gomysql.ParseDSN(dsn))
+}
+
+// otherScheme returns the scheme of a URL that is not mysql://, or "".
+func otherScheme(dsn string) string {
+	scheme, _, ok := strings.Cut(dsn, "://")
+	if !ok || scheme == "" {
+		return ""
+	}
+	for i, c := range scheme {
+		letter := 'a' <= c && c <= 'z' || 'A' <= c && c <= 'Z'
+		if !letter && (i == 0 || !('0' <= c && c <= '9' || c == '+' || c == '-' || c == '.')) {
+			return ""
+		}
+	}
+	return scheme
+}
+
+// schemeStore names what a URL of scheme is, for otherScheme's error.
+func schemeStore(scheme string) string {
+	switch strings.ToLower(scheme) {
+	case "postgres", "postgresql":
+		return "a PostgreSQL URL (use the postgres package)"
+	case "redis", "rediss":
+		return "a Redis URL (use the redis package)"
+	}
+	return "another kind of URL"
 }
 
 // urlScheme starts a DSN in the URL form.
