@@ -135,6 +135,8 @@ func TestMapError(t *testing.T) {
 		{&gomysql.MySQLError{Number: 3572}, true, idempotency.ErrInProgress},
 		{&gomysql.MySQLError{Number: 3572}, false, idempotency.ErrConflict},
 		{&gomysql.MySQLError{Number: 1020}, false, idempotency.ErrConflict},
+		{&gomysql.MySQLError{Number: 1146}, true, idempotency.ErrSchema},
+		{&gomysql.MySQLError{Number: 1054}, false, idempotency.ErrSchema},
 		{&gomysql.MySQLError{Number: 1062}, true, errDuplicate},
 		{&gomysql.MySQLError{Number: 1644, SQLState: [5]byte{'4', '5', '0', '0', '0'}, Message: pendingGone}, false, errPendingGone},
 		{fmt.Errorf("wrapped: %w", &gomysql.MySQLError{Number: 1213}), false, idempotency.ErrConflict},
@@ -153,7 +155,7 @@ func TestMapError(t *testing.T) {
 			t.Errorf("mapError(%v, %v, prefix) = %v", c.err, c.waiting, prefixed)
 		}
 	}
-	for _, err := range []error{&gomysql.MySQLError{Number: 1146}, &gomysql.MySQLError{Number: 1644, Message: "a SIGNAL of fn's own"}} {
+	for _, err := range []error{&gomysql.MySQLError{Number: 1048}, &gomysql.MySQLError{Number: 1644, Message: "a SIGNAL of fn's own"}} {
 		if got := mapError(ctx, err, false, ""); got != err {
 			t.Errorf("mapError(%v) = %v, want it unmapped", err, got)
 		}

@@ -27,6 +27,7 @@ const (
 	erCheckRead       = 1020 // ER_CHECKREAD: MariaDB's innodb_snapshot_isolation
 	erLockNowait      = 3572 // ER_LOCK_NOWAIT: MySQL's NOWAIT
 	erSignal          = 1644 // ER_SIGNAL_EXCEPTION: a SIGNAL of the store's own
+	erNoSuchTable     = 1146 // ER_NO_SUCH_TABLE (and erBadFieldName, 1054: an unknown column)
 )
 
 // pendingGone is the message of the SIGNAL with which the store's folded
@@ -69,7 +70,11 @@ func (s *Store) IsConflict(err error) bool {
 //   - a lock wait timeout (or a NOWAIT refusal) with
 //     [idempotency.ErrInProgress] when waiting says that the statement
 //     waited for a key under the reservation's wait bound (another caller
-//     still holds the key), else with [idempotency.ErrConflict].
+//     still holds the key), else with [idempotency.ErrConflict];
+//   - a missing table (1146) or column (1054) with [idempotency.ErrSchema]
+//     and what to run: only the store's own statements come here, so the
+//     table is the keys table or its quota table, which the server's
+//     message names (a column's, the column).
 //
 // An error marked already is kept as it is. Once ctx is done it makes sure
 // ctx.Err() is in the chain (the driver may report a cancelled statement as
@@ -81,7 +86,8 @@ func mapError(ctx context.Context, err error, waiting bool, format string, args 
 	}
 	var me *gomysql.MySQLError
 	marked := errors.Is(err, errDuplicate) || errors.Is(err, errPendingGone) ||
-		errors.Is(err, idempotency.ErrConflict) || errors.Is(err, idempotency.ErrInProgress)
+		errors.Is(err, idempotency.ErrConflict) || errors.Is(err, idempotency.ErrInProgress) ||
+		errors.Is(err, idempotency.ErrSchema)
 	if !marked && errors.As(err, &me) {
 		switch {
 		case me.Number == erDupEntry:
@@ -92,6 +98,10 @@ func mapError(ctx context.Context, err error, waiting bool, format string, args 
 			err = fmt.Errorf("%w: %w", idempotency.ErrInProgress, err)
 		case isConflictCode(me.Number):
 			err = fmt.Errorf("%w: %w", idempotency.ErrConflict, err)
+		case me.Number == erNoSuchTable:
+			err = fmt.Errorf("%w: mysql: a table of the store does not exist in the DSN's database: %s: %w", idempotency.ErrSchema, migrateHint, err)
+		case me.Number == erBadFieldName:
+			err = fmt.Errorf("%w: mysql: the store's table lacks a column this version needs: %s: %w", idempotency.ErrSchema, migrateHint, err)
 		}
 	}
 	if cerr := ctx.Err(); cerr != nil && !errors.Is(err, cerr) {
@@ -102,3 +112,6 @@ func mapError(ctx context.Context, err error, waiting bool, format string, args 
 	}
 	return fmt.Errorf(format+": %w", append(args, err)...)
 }
+
+// migrateHint says how to create or upgrade the store's tables.
+const migrateHint = "run Store.Migrate, or apply mysql.Schema and mysql.QuotaSchema in your migrations (Guard.CheckSchema names what is missing)"
