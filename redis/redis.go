@@ -18,6 +18,7 @@ import (
 	goredis "github.com/redis/go-redis/v9"
 
 	"github.com/go-idempotency/idempotency"
+	"github.com/go-idempotency/idempotency/internal/redact"
 )
 
 // Defaults and limits of [Config].
@@ -135,12 +136,13 @@ func cleanupContext(ctx context.Context) (context.Context, context.CancelFunc) {
 // ParseURL reads from its query (pool_size, dial_timeout and the like).
 // Anything else is refused with an error wrapping
 // [idempotency.ErrInvalidConfig] before a connection is made. A failed ping closes the client and is
-// returned. For a Cluster or a Sentinel set-up, build the client with
-// go-redis itself. The caller closes the returned client.
+// returned. No error holds url's password. For a Cluster or a Sentinel
+// set-up, build the client with go-redis itself. The caller closes the
+// returned client.
 func Open(ctx context.Context, url string) (goredis.UniversalClient, error) {
 	opt, err := parseURL(url)
 	if err != nil {
-		return nil, err
+		return nil, redact.Error(err, url) // the URL parser quotes url whole
 	}
 	client := goredis.NewClient(opt)
 	if err := client.Ping(ctx).Err(); err != nil {
