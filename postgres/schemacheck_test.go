@@ -2,10 +2,12 @@ package postgres_test
 
 import (
 	"context"
+	"errors"
 	"testing"
 	"time"
 
 	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
 
 	"github.com/go-idempotency/idempotency"
 	"github.com/go-idempotency/idempotency/internal/testenv"
@@ -102,11 +104,20 @@ func TestSchemaMissing(t *testing.T) {
 		testkit.SchemaErr(t, "CheckSchema", err, f.table+"_quota", "QuotaSchema", "Migrate")
 		_, err = g.Admit(ctx, idempotency.Key{ID: "k"}, quota)
 		testkit.SchemaErr(t, "Admit", err, f.table+"_quota", "Migrate")
-		// Do does not need the quota table.
+		// Do does not need the quota table; fn's own missing table is
+		// fn's error.
 		if _, err := g.Do(ctx, idempotency.Key{ID: "k"}, "fp", func(pgx.Tx) (idempotency.Response, error) {
 			return idempotency.Response{Status: 201}, nil
 		}); err != nil {
 			t.Fatalf("Do without the quota table: %v", err)
+		}
+		_, err = g.Do(ctx, idempotency.Key{ID: "k2"}, "fp", func(tx pgx.Tx) (idempotency.Response, error) {
+			_, err := tx.Exec(ctx, "SELECT * FROM no_such_table_here")
+			return idempotency.Response{}, err
+		})
+		var pgErr *pgconn.PgError
+		if !errors.As(err, &pgErr) || pgErr.Code != "42P01" || errors.Is(err, idempotency.ErrSchema) || errors.Is(err, idempotency.ErrStore) {
+			t.Fatalf("fn's own missing table: got %v, want the 42P01 error itself", err)
 		}
 	})
 }

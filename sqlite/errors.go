@@ -56,8 +56,9 @@ func (s *Store) IsConflict(err error) bool { return isBusy(err) }
 // done the error carries ctx.Err(). (database/sql may report a transaction
 // it rolled back because ctx ended as sql.ErrTxDone alone.) Otherwise
 // SQLITE_BUSY and SQLITE_LOCKED are retryable conflicts
-// ([idempotency.ErrConflict]), and every other error is returned as it is.
-// Each gets op for context.
+// ([idempotency.ErrConflict]), a missing table or column of the store's
+// statements is [idempotency.ErrSchema] with what to run, and every other
+// error is returned as it is. Each gets op for context.
 func mapError(ctx context.Context, op string, err error) error {
 	if cerr := ctx.Err(); cerr != nil {
 		if errors.Is(err, cerr) {
@@ -68,5 +69,30 @@ func mapError(ctx context.Context, op string, err error) error {
 	if isBusy(err) {
 		return fmt.Errorf("sqlite: %s: %w: %w", op, idempotency.ErrConflict, err)
 	}
+	if what := schemaMissing(err); what != "" {
+		return fmt.Errorf("%w: sqlite: %s: %s: %s: %w", idempotency.ErrSchema, op, what, migrateHint, err)
+	}
 	return fmt.Errorf("sqlite: %s: %w", op, err)
+}
+
+// migrateHint says how to create or upgrade the store's tables.
+const migrateHint = "run Store.Migrate, or apply sqlite.Schema and sqlite.QuotaSchema in your migrations (Guard.CheckSchema names what is missing)"
+
+// schemaMissing says what SQLite's refusal err of a statement lacks: a
+// table of the store (its message names it), a column, or "" when err is
+// not such a refusal. Only the store's own statements reach mapError, so
+// the table is the keys table or its quota table.
+func schemaMissing(err error) string {
+	var se *sqlite.Error
+	if !errors.As(err, &se) || se.Code()&0xff != sqlite3.SQLITE_ERROR {
+		return ""
+	}
+	msg := se.Error()
+	switch {
+	case strings.Contains(msg, "no such table: "):
+		return "a table of the store does not exist in this database file"
+	case strings.Contains(msg, "no such column: "), strings.Contains(msg, " has no column named "):
+		return "the store's table lacks a column this version needs"
+	}
+	return ""
 }
