@@ -17,7 +17,30 @@ const MaxListLimit = 1000
 // [ErrNotFound]; an invalid key [ErrInvalidKey], before the store is
 // asked. The store must implement [KeyAdmin] (every store of this module
 // does); others give an error wrapping [errors.ErrUnsupported].
+//
+// A record sealed by a [Codec] has Sealed set. With body, a sealed answer
+// is opened with [Config.Codec] (an error wrapping [ErrCodec] if it cannot
+// be); a Guard without a Codec leaves Body nil: it never shows the sealed
+// bytes.
 func (g *Guard[Tx]) Inspect(ctx context.Context, key Key, body bool) (*KeyInfo, error) {
+	info, err := g.inspect(ctx, key, body)
+	if err != nil || !body || !info.Sealed || info.Body == nil {
+		return info, err
+	}
+	if g.cfg.Codec == nil {
+		info.Body = nil
+		return info, nil
+	}
+	resp, err := g.open(ctx, key, true, info.Status, info.Header, info.Body)
+	if err != nil {
+		return nil, &KeyError{Key: key, Err: err}
+	}
+	info.Status, info.Header, info.Body = resp.Status, resp.Header, resp.Body
+	return info, nil
+}
+
+// inspect is Inspect with the stored answer as it is stored.
+func (g *Guard[Tx]) inspect(ctx context.Context, key Key, body bool) (*KeyInfo, error) {
 	if err := key.Validate(); err != nil {
 		return nil, err
 	}
@@ -130,10 +153,14 @@ func (g *Guard[Tx]) inFlight(key Key) (*call, bool) {
 
 // decode fills the fields of info decoded from its progress.
 func (info *KeyInfo) decode() {
+	if info.Sealed = isSealed(info.Header); info.Sealed {
+		info.Header = unsealedHeader(info.Header)
+	}
 	if info.Progress == nil {
 		return
 	}
 	p, err := decodeProgress(info.Progress)
+	info.Sealed = info.Sealed || err == nil && p.sealed != nil
 	if err != nil {
 		info.Failure = err.Error()
 		return
@@ -153,7 +180,7 @@ func (info *KeyInfo) decode() {
 // key's scope may be given its answer. The store must implement
 // [KeyAdmin].
 func (g *Guard[Tx]) Answer(ctx context.Context, key Key) (Response, *KeyInfo, error) {
-	info, err := g.Inspect(ctx, key, true)
+	info, err := g.inspect(ctx, key, true)
 	if err != nil {
 		return Response{}, nil, err
 	}
@@ -164,11 +191,11 @@ func (g *Guard[Tx]) Answer(ctx context.Context, key Key) (Response, *KeyInfo, er
 	default:
 		return Response{}, nil, &KeyError{Key: key, Err: fmt.Errorf("%w: the key is %s", ErrNotFound, info.State)}
 	}
-	resp, err := g.replay(ctx, key, &Record{Key: key, Fingerprint: info.Fingerprint, Status: info.Status, Header: info.Header, Body: info.Body,
-		CreatedAt: info.CreatedAt, ExpiresAt: info.ExpiresAt})
+	resp, err := g.open(ctx, key, info.Sealed, info.Status, info.Header, info.Body)
+	info.Body = nil
 	if err != nil {
 		return Response{}, info, &KeyError{Key: key, Err: err}
 	}
-	info.Body = nil
+	resp.Replayed, resp.ExpiresAt = true, info.ExpiresAt
 	return resp, info, nil
 }

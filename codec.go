@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"net/http"
 )
 
 // ErrCodec: the [Config.Codec] could not seal an answer before it was
@@ -39,8 +40,55 @@ type Codec interface {
 	Open(ctx context.Context, key Key, stored Response) (Response, error)
 }
 
+// DataSealer is implemented by a [Codec] that also seals what an
+// unfinished [Operation] stores between its steps: the caller's input and
+// the steps' data ([State.Set]). A [Guard] whose Codec does not implement
+// it refuses to run operations ([Guard.Run] and the [Completer] fail with
+// [ErrInvalidConfig] before anything is written), so that an input such
+// as a card token is never stored in clear beside sealed answers.
+// sealed.Codec implements it.
+//
+// SealData and OpenData run on the calling goroutine, inside the store's
+// transaction, and must be safe for concurrent use. OpenData fails, rather
+// than guess, for data it cannot authenticate as sealed for key.
+type DataSealer interface {
+	SealData(ctx context.Context, key Key, data []byte) ([]byte, error)
+	OpenData(ctx context.Context, key Key, sealed []byte) ([]byte, error)
+}
+
+// sealedHeader is the header name under which a [Guard] with a Codec
+// marks every answer it stores sealed. It is not a valid HTTP header name
+// (a colon cannot start one), so no handler's answer carries it: fn's
+// answer with it is refused ([ErrInvalidResponse]). It lives in the
+// record's stored header, apart from the body, so that every reader, with
+// a Codec or without, tells a sealed record from a plain one before it
+// looks at the bytes, and a reader that cannot open it fails closed.
+const sealedHeader = ":sealed"
+
+// isSealed reports whether a stored header marks its record sealed.
+func isSealed(h http.Header) bool {
+	_, ok := h[sealedHeader]
+	return ok
+}
+
+// unsealedHeader is h without the mark of a sealed record.
+func unsealedHeader(h http.Header) http.Header {
+	if !isSealed(h) {
+		return h
+	}
+	h = h.Clone()
+	delete(h, sealedHeader)
+	if len(h) == 0 {
+		return nil
+	}
+	return h
+}
+
 // seal returns what is stored for resp: resp itself without a codec.
 func (g *Guard[Tx]) seal(ctx context.Context, key Key, resp Response) (Response, error) {
+	if _, ok := resp.Header[sealedHeader]; ok {
+		return Response{}, fmt.Errorf("%w: header name %q is reserved", ErrInvalidResponse, sealedHeader)
+	}
 	if g.cfg.Codec == nil {
 		return resp, nil
 	}
@@ -51,14 +99,39 @@ func (g *Guard[Tx]) seal(ctx context.Context, key Key, resp Response) (Response,
 	case out.Status < 100 || out.Status > 599:
 		return Response{}, fmt.Errorf("%w: seal: sealed status %d outside 100..599", ErrCodec, out.Status)
 	}
-	out.Replayed = false
+	h := make(http.Header, len(out.Header)+1)
+	for name, vs := range out.Header {
+		h[name] = vs
+	}
+	h[sealedHeader] = []string{"1"}
+	out.Header, out.Replayed = h, false
 	return out, nil
 }
 
 // replay returns the answer rec holds, opened by the codec, as a replay.
 func (g *Guard[Tx]) replay(ctx context.Context, key Key, rec *Record) (Response, error) {
-	resp := rec.Response()
+	out, err := g.open(ctx, key, isSealed(rec.Header), rec.Status, rec.Header, rec.Body)
+	if err != nil {
+		return Response{}, err
+	}
+	out.Replayed, out.ExpiresAt = true, rec.ExpiresAt
+	return out, nil
+}
+
+// open returns the answer stored as status, h and body, opened by the
+// codec. A record marked sealed needs a codec: without one it fails with
+// [ErrCodec] rather than serve the sealed bytes. A record not marked (a
+// plain one, or one sealed before records were marked) goes to the codec
+// as it is, which decides (sealed.Keyring.AcceptPlain).
+func (g *Guard[Tx]) open(ctx context.Context, key Key, sealed bool, status int, h http.Header, body []byte) (Response, error) {
+	if sealed {
+		h = unsealedHeader(h)
+	}
+	resp := Response{Status: status, Header: h, Body: body}
 	if g.cfg.Codec == nil {
+		if sealed {
+			return Response{}, fmt.Errorf("%w: open: the stored answer is sealed and this Guard has no Config.Codec", ErrCodec)
+		}
 		return resp, nil
 	}
 	out, err := g.cfg.Codec.Open(ctx, key, resp)
@@ -68,6 +141,66 @@ func (g *Guard[Tx]) replay(ctx context.Context, key Key, rec *Record) (Response,
 	if out.Status < 100 || out.Status > 599 {
 		return Response{}, fmt.Errorf("%w: open: status %d outside 100..599", ErrCodec, out.Status)
 	}
-	out.Replayed, out.ExpiresAt = true, rec.ExpiresAt
 	return out, nil
+}
+
+// dataSealer returns the Codec's [DataSealer]: nil without a Codec, an
+// error wrapping [ErrInvalidConfig] for a Codec that cannot seal data.
+func (g *Guard[Tx]) dataSealer() (DataSealer, error) {
+	if g.cfg.Codec == nil {
+		return nil, nil
+	}
+	ds, ok := g.cfg.Codec.(DataSealer)
+	if !ok {
+		return nil, fmt.Errorf("%w: Config.Codec %T cannot seal an operation's input and step data (it does not implement DataSealer), "+
+			"so operations would store them in clear; chain it with sealed.Codec, or run operations on a Guard without a Codec", ErrInvalidConfig, g.cfg.Codec)
+	}
+	return ds, nil
+}
+
+// encodeProgress returns what is stored for p: with a Codec, its input and
+// data sealed.
+func (g *Guard[Tx]) encodeProgress(ctx context.Context, key Key, p progress) ([]byte, error) {
+	ds, err := g.dataSealer()
+	if err != nil || ds == nil || p.sealed != nil {
+		if err != nil {
+			return nil, err
+		}
+		return p.encode()
+	}
+	inner, err := progress{Input: p.Input, Data: p.Data}.encode()
+	if err != nil {
+		return nil, err
+	}
+	sealed, err := ds.SealData(ctx, key, inner)
+	if err != nil {
+		return nil, fmt.Errorf("%w: seal the operation's input and data: %w", ErrCodec, err)
+	}
+	return progress{Op: p.Op, Step: p.Step, Failure: p.Failure, sealed: append([]byte{}, sealed...)}.encode()
+}
+
+// openProgress returns p with its input and data opened by the Codec, if
+// they are sealed. Progress stored in clear (by a Guard without a Codec)
+// is taken as it is; the next save seals it.
+func (g *Guard[Tx]) openProgress(ctx context.Context, key Key, p progress) (progress, error) {
+	if p.sealed == nil {
+		return p, nil
+	}
+	ds, err := g.dataSealer()
+	switch {
+	case err != nil:
+		return p, err
+	case ds == nil:
+		return p, fmt.Errorf("%w: open: the operation's input and data are sealed and this Guard has no Config.Codec", ErrCodec)
+	}
+	inner, err := ds.OpenData(ctx, key, p.sealed)
+	if err != nil {
+		return p, fmt.Errorf("%w: open the operation's input and data: %w", ErrCodec, err)
+	}
+	q, err := decodeProgress(inner)
+	if err != nil || q.sealed != nil {
+		return p, fmt.Errorf("%w: open the operation's input and data: %w", ErrCodec, errors.Join(err, errProgress))
+	}
+	p.Input, p.Data, p.sealed = q.Input, q.Data, nil
+	return p, nil
 }

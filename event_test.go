@@ -328,6 +328,27 @@ func (c *reverser) Open(_ context.Context, key idempotency.Key, stored idempoten
 	return idempotency.Response{Status: stored.Status, Header: h, Body: body}, nil
 }
 
+// SealData stores data reversed after the key's id.
+func (c *reverser) SealData(_ context.Context, key idempotency.Key, data []byte) ([]byte, error) {
+	if c.sealErr != nil {
+		return nil, c.sealErr
+	}
+	out := slices.Clone(data)
+	slices.Reverse(out)
+	return append([]byte(key.ID+"|"), out...), nil
+}
+
+// OpenData is the inverse of SealData, for the key it sealed for.
+func (c *reverser) OpenData(_ context.Context, key idempotency.Key, sealed []byte) ([]byte, error) {
+	data, ok := bytes.CutPrefix(sealed, []byte(key.ID+"|"))
+	if !ok {
+		return nil, errNotMine
+	}
+	data = slices.Clone(data)
+	slices.Reverse(data)
+	return data, nil
+}
+
 // TestCodec: the Guard stores what the codec seals, replays what it
 // opens, hands callers waiting in memory the plain answer, and fails
 // closed (ErrCodec, fn not run again) on a record the codec cannot open.
@@ -419,7 +440,8 @@ func TestCodecWaitersGetPlainAnswer(t *testing.T) {
 
 // TestCodecRun: an Operation's answer is sealed by the codec when its
 // Finish completes the key, and opened when Run replays it. (The stored
-// record is read with Inspect, which shows it as stored.)
+// record is read with the store's own Inspect, which shows it as stored,
+// marked sealed; the Guard's Inspect opens it.)
 func TestCodecRun(t *testing.T) {
 	ctx := testkit.Context(t, 20*time.Second)
 	s := memstore.New()
@@ -438,9 +460,12 @@ func TestCodecRun(t *testing.T) {
 	if err != nil || first.Replayed || string(first.Body) != "paid" {
 		t.Fatalf("first run: %+v, %v", first, err)
 	}
-	info, err := g.Inspect(ctx, key, true)
-	if err != nil || string(info.Body) != "diap" || info.Header.Get("Sealed-For") != "op" {
-		t.Fatalf("stored %+v (%v), want the sealed body %q", info, err, "diap")
+	info, err := s.Inspect(ctx, key, true)
+	if err != nil || string(info.Body) != "diap" || info.Header.Get("Sealed-For") != "op" || info.Header[":sealed"] == nil {
+		t.Fatalf("stored %+v (%v), want the sealed body %q, marked sealed", info, err, "diap")
+	}
+	if info, err = g.Inspect(ctx, key, true); err != nil || string(info.Body) != "paid" || !info.Sealed || len(info.Header) != 0 {
+		t.Fatalf("Guard.Inspect: %+v (%v), want the opened answer", info, err)
 	}
 	again, err := g.Run(ctx, key, "fp", nil, op)
 	if err != nil || !again.Replayed || string(again.Body) != "paid" || s.Count("run") != 1 {

@@ -117,7 +117,9 @@ func TestCanonicalNumberHugeExponentIsCheap(t *testing.T) {
 	if want := `[1e999999999,1e` + strings.Repeat("9", 1<<20-1) + `8]`; string(got) != want {
 		t.Fatalf("got %d bytes %.40q..., want %d bytes", len(got), got, len(want))
 	}
-	if d := time.Since(start); d > 4*time.Second { // math/big: over 5 s
+	// math/big takes over 5 s here on a quiet host, minutes under -race;
+	// the bound only has to tell linear from that on a loaded CI host.
+	if d := time.Since(start); d > 30*time.Second {
 		t.Fatalf("took %v", d)
 	}
 }

@@ -272,6 +272,9 @@ func (g *Guard[Tx]) runOp(ctx context.Context, key Key, fp string, input []byte,
 	if _, err := (progress{Op: op.Name, Input: input}).encode(); err != nil {
 		return Response{}, "", err
 	}
+	if _, err := g.dataSealer(); err != nil {
+		return Response{}, "", err
+	}
 	ss, ok := g.store.(Stepper[Tx])
 	if !ok {
 		return Response{}, "", fmt.Errorf("idempotency: the store %T does not run operations (no Stepper): %w", g.store, errors.ErrUnsupported)
@@ -396,7 +399,7 @@ func (r *runner[Tx]) drive(ctx context.Context) (Response, error) {
 			// Whether another run moved the key on matters only to a
 			// pending Stop: compared before adopt takes the new state.
 			moved := stop != nil && !samePoint(ph.Progress(), r.saved)
-			if err := r.adopt(ph); err != nil {
+			if err := r.adopt(ctx, ph); err != nil {
 				_ = ph.Rollback(context.WithoutCancel(ctx))
 				return Response{}, err
 			}
@@ -707,7 +710,7 @@ func failureText(step string, err error) string {
 
 // save commits ph with p as the key's progress.
 func (r *runner[Tx]) save(ctx context.Context, ph Phase[Tx], p progress) error {
-	b, err := p.encode()
+	b, err := r.g.encodeProgress(ctx, r.key, p) // Config.Codec
 	if err != nil {
 		_ = ph.Rollback(context.WithoutCancel(ctx))
 		return err
@@ -782,7 +785,7 @@ const (
 )
 
 // adopt takes the state of the key from ph: a new one, or the one saved.
-func (r *runner[Tx]) adopt(ph Phase[Tx]) error {
+func (r *runner[Tx]) adopt(ctx context.Context, ph Phase[Tx]) error {
 	raw := ph.Progress()
 	if raw == nil {
 		if r.resume {
@@ -818,6 +821,9 @@ func (r *runner[Tx]) adopt(ph Phase[Tx]) error {
 	}
 	if p.Op != r.op.Name {
 		return fmt.Errorf("%w: the key belongs to operation %q, not %q", ErrMismatch, p.Op, r.op.Name)
+	}
+	if p, err = r.g.openProgress(ctx, r.key, p); err != nil { // Config.Codec
+		return err
 	}
 	p.Failure = ""
 	r.st = &State{key: r.key, tries: ph.Tries(), p: p}

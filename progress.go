@@ -15,15 +15,32 @@ type progress struct {
 	Input   []byte
 	Data    map[string]string
 	Failure string
+	// sealed, when set, is Input and Data as a [DataSealer] sealed them
+	// (Input and Data are then unset): the progress of a Guard with a
+	// Codec, read back and not yet opened ([Guard.openProgress]).
+	sealed []byte
 }
 
-// progressMagic starts every encoded progress; "1" names the format:
+// progressMagic starts every encoded progress in clear; "1" names the
+// format:
 //
 //	"idp1" || field(op) || field(step) || field(input) || field(failure) ||
 //	uvarint(len(data)) || for each name in byte order: field(name) || field(value)
 //
-// with field(s) = uvarint(len(s)) || s.
-const progressMagic = "idp1"
+// with field(s) = uvarint(len(s)) || s. sealedMagic starts the progress of
+// a Guard with a Codec, whose input and step data are sealed:
+//
+//	"ids1" || field(op) || field(step) || field(failure) || field(sealed)
+//
+// where sealed is what [DataSealer.SealData] returned for the clear
+// encoding of a progress holding only the input and the data. The
+// operation, the step and the failure stay in clear, as a sealed answer's
+// status does: the [Completer] and operators read them without the keys.
+// The magic itself is how every reader tells that the row is sealed.
+const (
+	progressMagic = "idp1"
+	sealedMagic   = "ids1"
+)
 
 // errProgress: saved progress that cannot be decoded.
 var errProgress = errors.New("idempotency: saved progress is corrupt")
@@ -36,16 +53,23 @@ func (p progress) clone() progress {
 // encode returns p's bytes, or an error wrapping [ErrTooLarge] if they
 // exceed [MaxProgressLen].
 func (p progress) encode() ([]byte, error) {
-	b := []byte(progressMagic)
-	field := func(s string) {
+	field := func(b []byte, s string) []byte {
 		b = binary.AppendUvarint(b, uint64(len(s)))
-		b = append(b, s...)
+		return append(b, s...)
 	}
-	field(p.Op)
-	field(p.Step)
+	if p.sealed != nil {
+		b := []byte(sealedMagic)
+		for _, f := range [...]string{p.Op, p.Step, p.Failure, string(p.sealed)} {
+			b = field(b, f)
+		}
+		return checkProgressLen(b)
+	}
+	b := []byte(progressMagic)
+	b = field(b, p.Op)
+	b = field(b, p.Step)
 	b = binary.AppendUvarint(b, uint64(len(p.Input)))
 	b = append(b, p.Input...)
-	field(p.Failure)
+	b = field(b, p.Failure)
 	names := make([]string, 0, len(p.Data))
 	for k := range p.Data {
 		names = append(names, k)
@@ -53,20 +77,29 @@ func (p progress) encode() ([]byte, error) {
 	slices.Sort(names)
 	b = binary.AppendUvarint(b, uint64(len(names)))
 	for _, k := range names {
-		field(k)
-		field(p.Data[k])
+		b = field(b, k)
+		b = field(b, p.Data[k])
 	}
+	return checkProgressLen(b)
+}
+
+func checkProgressLen(b []byte) ([]byte, error) {
 	if len(b) > MaxProgressLen {
 		return nil, fmt.Errorf("%w: %d bytes, more than %d", ErrTooLarge, len(b), MaxProgressLen)
 	}
 	return b, nil
 }
 
-// decodeProgress parses what encode wrote.
+// decodeProgress parses what encode wrote. Sealed progress comes back
+// with its input and data still sealed.
 func decodeProgress(b []byte) (progress, error) {
 	var p progress
-	if len(b) < len(progressMagic) || string(b[:len(progressMagic)]) != progressMagic {
-		return p, fmt.Errorf("%w: no %q header", errProgress, progressMagic)
+	magic := ""
+	if len(b) >= len(progressMagic) {
+		magic = string(b[:len(progressMagic)])
+	}
+	if magic != progressMagic && magic != sealedMagic {
+		return p, fmt.Errorf("%w: no %q or %q header", errProgress, progressMagic, sealedMagic)
 	}
 	b = b[len(progressMagic):]
 	next := func() ([]byte, error) {
@@ -85,6 +118,14 @@ func decodeProgress(b []byte) (progress, error) {
 			return p, err
 		}
 		fields[i] = f
+	}
+	if magic == sealedMagic {
+		if len(b) != 0 {
+			return p, fmt.Errorf("%w: %d trailing bytes", errProgress, len(b))
+		}
+		p.Op, p.Step, p.Failure = string(fields[0]), string(fields[1]), string(fields[2])
+		p.sealed = append([]byte{}, fields[3]...) // never nil: it marks the progress sealed
+		return p, nil
 	}
 	p.Op, p.Step, p.Failure = string(fields[0]), string(fields[1]), string(fields[3])
 	if len(fields[2]) > 0 {

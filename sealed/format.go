@@ -32,6 +32,7 @@ const (
 	magic         = "\x00IS"
 	kindAEAD      = 'A' // AES-256-GCM, version 1
 	kindReference = 'R' // a resource id, version 1
+	kindData      = 'D' // an operation's input and step data, AES-256-GCM, version 1
 )
 
 // kindOf returns the kind of a stored body, 0 if it is not sealed.

@@ -30,13 +30,15 @@ import (
 	"github.com/go-idempotency/idempotency/sqlite"
 )
 
-func TestMain(m *testing.M) { testenv.Main(m, testenv.Postgres) }
+func TestMain(m *testing.M) { testenv.Main(m, testenv.Postgres, testenv.MySQL) }
 
 // backend is a key store with an orders table, and SQL to read its rows.
 type backend[Tx any] struct {
 	store idempotency.KeyStore[Tx]
 	// row reads the stored status, header and body of key id as raw bytes.
 	row func(ctx context.Context, id string) (status int, header, body []byte, err error)
+	// progress reads the stored progress of key id as raw bytes.
+	progress func(ctx context.Context, id string) ([]byte, error)
 	// insert writes an order through tx; setStatus and order read and
 	// change it outside any request.
 	insert    func(ctx context.Context, tx Tx, id, status string) error
@@ -65,6 +67,10 @@ func sqliteBackend(t *testing.T, ctx context.Context) backend[*sql.Tx] {
 		store: s,
 		row: func(ctx context.Context, id string) (status int, header, body []byte, err error) {
 			err = db.QueryRowContext(ctx, `SELECT status, COALESCE(header, x''), COALESCE(body, x'') FROM idempotency_keys WHERE id = ?`, id).Scan(&status, &header, &body)
+			return
+		},
+		progress: func(ctx context.Context, id string) (p []byte, err error) {
+			err = db.QueryRowContext(ctx, `SELECT COALESCE(progress, x'') FROM idempotency_keys WHERE id = ?`, id).Scan(&p)
 			return
 		},
 		insert: func(ctx context.Context, tx *sql.Tx, id, status string) error {
@@ -110,6 +116,10 @@ func postgresBackend(t *testing.T, ctx context.Context) backend[pgx.Tx] {
 		store: s,
 		row: func(ctx context.Context, id string) (status int, header, body []byte, err error) {
 			err = pool.QueryRow(ctx, `SELECT status, COALESCE(header, ''::bytea), COALESCE(body, ''::bytea) FROM `+table+` WHERE id = $1`, id).Scan(&status, &header, &body)
+			return
+		},
+		progress: func(ctx context.Context, id string) (p []byte, err error) {
+			err = pool.QueryRow(ctx, `SELECT COALESCE(progress, ''::bytea) FROM `+table+` WHERE id = $1`, id).Scan(&p)
 			return
 		},
 		insert: func(ctx context.Context, tx pgx.Tx, id, status string) error {

@@ -162,7 +162,10 @@ func parseReference(body []byte) (string, error) {
 
 // Chain returns a codec that seals with each of codecs in order and opens
 // in the reverse order: Chain(reference, aead) stores a reference whose
-// resource id and headers are encrypted. Nil codecs are skipped.
+// resource id and headers are encrypted. Nil codecs are skipped. It seals
+// an operation's input and step data ([idempotency.DataSealer]) with those
+// of codecs that can, in the same orders; with none that can, an
+// operation fails with [idempotency.ErrCodec] before anything is stored.
 func Chain(codecs ...idempotency.Codec) idempotency.Codec {
 	var cs chain
 	for _, c := range codecs {
@@ -195,4 +198,40 @@ func (cs chain) Open(ctx context.Context, key idempotency.Key, stored idempotenc
 		}
 	}
 	return stored, nil
+}
+
+// SealData seals data with each codec that can seal data, in order.
+func (cs chain) SealData(ctx context.Context, key idempotency.Key, data []byte) ([]byte, error) {
+	sealed := false
+	for _, c := range cs {
+		if ds, ok := c.(idempotency.DataSealer); ok {
+			var err error
+			if data, err = ds.SealData(ctx, key, data); err != nil {
+				return nil, err
+			}
+			sealed = true
+		}
+	}
+	if !sealed {
+		return nil, fmt.Errorf("sealed: no codec of the chain seals an operation's data (chain it with a Codec): %w", errors.ErrUnsupported)
+	}
+	return data, nil
+}
+
+// OpenData opens data with each codec that can, in the reverse order.
+func (cs chain) OpenData(ctx context.Context, key idempotency.Key, sealed []byte) ([]byte, error) {
+	opened := false
+	for i := len(cs) - 1; i >= 0; i-- {
+		if ds, ok := cs[i].(idempotency.DataSealer); ok {
+			var err error
+			if sealed, err = ds.OpenData(ctx, key, sealed); err != nil {
+				return nil, err
+			}
+			opened = true
+		}
+	}
+	if !opened {
+		return nil, fmt.Errorf("sealed: no codec of the chain opens an operation's data: %w", errors.ErrUnsupported)
+	}
+	return sealed, nil
 }

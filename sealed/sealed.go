@@ -101,12 +101,40 @@ func checkKeyID(id string) error {
 	return nil
 }
 
-// prefix is the part of a sealed body before the nonce.
-func prefix(id string) []byte {
+// prefix is the part of a sealed body of kind before the nonce.
+func prefix(kind byte, id string) []byte {
 	p := make([]byte, 0, len(magic)+2+len(id))
 	p = append(p, magic...)
-	p = append(p, kindAEAD, byte(len(id)))
+	p = append(p, kind, byte(len(id)))
 	return append(p, id...)
+}
+
+// seal encrypts plain with the current key under the prefix of kind,
+// authenticated with key and status.
+func (c *Codec) seal(kind byte, key idempotency.Key, status int, plain []byte) []byte {
+	aead := c.aeads[c.current]
+	p := prefix(kind, c.current)
+	out := make([]byte, len(p), len(p)+aead.NonceSize()+len(plain)+aead.Overhead())
+	copy(out, p)
+	return aead.Seal(out, nil, plain, additionalData(p, key, status))
+}
+
+// open decrypts what seal made of kind, with the key its id names.
+func (c *Codec) open(key idempotency.Key, status int, sealed []byte) ([]byte, error) {
+	id, ct, err := parseAEAD(sealed)
+	if err != nil {
+		return nil, err
+	}
+	aead, ok := c.aeads[id]
+	if !ok {
+		return nil, fmt.Errorf("%w: key id %q", ErrUnknownKey, id)
+	}
+	p := sealed[:len(sealed)-len(ct)]
+	plain, err := aead.Open(nil, nil, ct, additionalData(p, key, status))
+	if err != nil {
+		return nil, fmt.Errorf("%w: key id %q: %w", ErrCorrupt, id, err)
+	}
+	return plain, nil
 }
 
 // Seal encrypts resp's headers and body with the current key, bound to
@@ -115,14 +143,9 @@ func (c *Codec) Seal(_ context.Context, key idempotency.Key, resp idempotency.Re
 	if resp.Status < 100 || resp.Status > 599 {
 		return idempotency.Response{}, fmt.Errorf("sealed: status %d outside 100..599", resp.Status)
 	}
-	aead := c.aeads[c.current]
-	p := prefix(c.current)
 	plain := appendHeader(nil, resp.Header)
 	plain = append(plain, resp.Body...)
-	out := make([]byte, len(p), len(p)+aead.NonceSize()+len(plain)+aead.Overhead())
-	copy(out, p)
-	out = aead.Seal(out, nil, plain, additionalData(p, key, resp.Status))
-	return idempotency.Response{Status: resp.Status, Body: out}, nil
+	return idempotency.Response{Status: resp.Status, Body: c.seal(kindAEAD, key, resp.Status, plain)}, nil
 }
 
 // Open decrypts a record Seal stored for key, with the key its id names.
@@ -133,21 +156,12 @@ func (c *Codec) Open(_ context.Context, key idempotency.Key, stored idempotency.
 		}
 		return idempotency.Response{}, ErrNotSealed
 	}
-	id, ct, err := parseAEAD(stored.Body)
-	if err != nil {
-		return idempotency.Response{}, err
-	}
-	aead, ok := c.aeads[id]
-	if !ok {
-		return idempotency.Response{}, fmt.Errorf("%w: key id %q", ErrUnknownKey, id)
-	}
 	if stored.Status < 100 || stored.Status > 599 {
 		return idempotency.Response{}, fmt.Errorf("%w: status %d", ErrCorrupt, stored.Status)
 	}
-	p := stored.Body[:len(stored.Body)-len(ct)]
-	plain, err := aead.Open(nil, nil, ct, additionalData(p, key, stored.Status))
+	plain, err := c.open(key, stored.Status, stored.Body)
 	if err != nil {
-		return idempotency.Response{}, fmt.Errorf("%w: key id %q: %w", ErrCorrupt, id, err)
+		return idempotency.Response{}, err
 	}
 	r := &reader{b: plain}
 	h := r.header()
@@ -157,10 +171,29 @@ func (c *Codec) Open(_ context.Context, key idempotency.Key, stored idempotency.
 	return idempotency.Response{Status: stored.Status, Header: h, Body: plainBody(r.b)}, nil
 }
 
+// SealData encrypts an unfinished operation's input and step data with
+// the current key, bound to key ([idempotency.DataSealer]). The result is
+//
+//	"\x00ISD" | len(id) (1 byte) | id | nonce (12 bytes) | ciphertext | tag (16 bytes)
+//
+// authenticated, as an answer is, with the prefix up to the id and the
+// key's scope and id (the status slot is zero).
+func (c *Codec) SealData(_ context.Context, key idempotency.Key, data []byte) ([]byte, error) {
+	return c.seal(kindData, key, 0, data), nil
+}
+
+// OpenData decrypts what SealData sealed for key.
+func (c *Codec) OpenData(_ context.Context, key idempotency.Key, sealed []byte) ([]byte, error) {
+	if kindOf(sealed) != kindData {
+		return nil, ErrNotSealed
+	}
+	return c.open(key, 0, sealed)
+}
+
 // KeyID returns the id of the key that sealed a stored body, for tools
 // that find the records still sealed with a key about to be removed.
 func KeyID(body []byte) (string, error) {
-	if kindOf(body) != kindAEAD {
+	if k := kindOf(body); k != kindAEAD && k != kindData {
 		return "", ErrNotSealed
 	}
 	id, _, err := parseAEAD(body)
