@@ -25,7 +25,33 @@ import (
 // record and every lease. A store may offer a clock for tests in its
 // configuration: a func() time.Time it reads instead of its own, sent with
 // each statement. It is never for production, where every instance would
-// need the very same one.
+// need the very same one. A test clock drives what the store judges by its
+// clock: record expiries, CreatedAt, Purge and the leases of a [Stepper]'s
+// phases. It does not drive the hold of a reservation (a lease taken by
+// Reserve, as on Redis), which runs on the store's own time.
+//
+// A store with no clock it can read (etcd; the DynamoDB and Spanner
+// clients) keeps the same guarantee by other means. It judges a hold by a
+// duration the store itself counts down (an etcd lease, a TTL counted by
+// the server) or by a duration measured on one host's monotonic clock from
+// a revision that host read, never by comparing an instant one host wrote
+// (the holder's clock plus the lease) with another host's clock: hosts
+// whose clocks differ by more than a lease would take over a live hold, or
+// never take over a dead one. It judges a completed record's expiry the
+// same way; where it can only compare a written instant with the reader's
+// clock, it adds to the expiry it writes the largest disagreement between
+// hosts' clocks it tolerates, so that no host sees a record expire before
+// its TTL, and documents that bound. Such a store cannot take a test
+// clock; conformance checks its expiries on real time.
+//
+// Precision and rounding: a store keeps times to the millisecond (see the
+// rules below). A store whose expiry mechanism is coarser (an etcd lease
+// lasts whole seconds) rounds every TTL and lease up to a whole number of
+// its units, never down: a record is never absent before its TTL has
+// passed, and lasts at most one unit longer. A store whose leases cannot
+// be shorter than some bound (an etcd lease lasts at least about 1.5 times
+// the cluster's election timeout) lengthens a shorter lease to that bound,
+// and a waiter's one-second bound below becomes one second plus one unit.
 //
 // Rules every implementation follows:
 //
@@ -81,12 +107,28 @@ import (
 //   - A stale owner (one whose lease was taken over) changes nothing: its
 //     Rollback frees nothing and never the new owner's key, and its
 //     Complete returns an error wrapping [ErrLeaseLost].
+//   - A hold ends when its holder dies, with nothing else to end it: a
+//     reservation on a lease store carries a lease that the store counts
+//     down (on a transactional store, the hold dies with the holder's
+//     connection). A hold written with no end, that a waiter takes over
+//     only after watching it for a whole lease itself, keeps out for good
+//     the callers whose wait is shorter than the lease.
 //   - For a client that multiplexes every call over one connection (gRPC,
 //     HTTP/2, as etcd, DynamoDB or Spanner clients do), a connection in
 //     these rules means one call in flight: a Reserve and the Txn it
 //     returns have at most one request outstanding at a time, and a
 //     Reserve waiting for a held key holds no resource that the holder's
 //     Complete or Rollback, or callers of other keys, need to go through.
+//     A cap on a pool's connections (conformance.Options.MaxConns) is then
+//     a cap on the calls in flight.
+//   - A store whose requests or transactions are limited (etcd: 1.5 MiB a
+//     request and 128 operations a transaction by default; DynamoDB: 100
+//     items and 4 MB a transaction) documents its limits, and holds at
+//     least a 1 MiB body with its key. When fn's writes through Tx and the
+//     answer exceed them, Complete commits nothing, returns an error that
+//     does not wrap [ErrConflict] (a retry cannot cure it) and frees the
+//     key, as a failed Complete does: it never stores the answer without
+//     the writes, nor splits them over several transactions.
 //
 // Writing a backend, step by step:
 //
@@ -109,7 +151,18 @@ import (
 //  5. Run conformance.Run in the store's tests, with honest
 //     conformance.Features and, if it can, a Fixture.Reopen that opens
 //     another instance on the same records; each case quotes the sentence
-//     it checks.
+//     it checks. The suite checks every interface the store implements:
+//     KeyStore and Txn always, [Stepper], [KeyAdmin], [KeyLister],
+//     [QuotaCounter] and [Migrator] when the store has them (their cases
+//     are skipped, named, when it does not). Features declares what the
+//     store cannot do, and the suite then checks the rule documented for
+//     it instead: no test clock (NoClock: expiries on real time), a coarse
+//     expiry (ExpiryGranularity), leases no shorter than a bound
+//     (MinLease), a tolerated disagreement of hosts' clocks (ClockSkew).
+//     A store that reads the application host's clock anywhere sets
+//     Fixture.ReopenAt, so that the suite runs its instances on clocks an
+//     hour apart. docs/backends.md lists the cases, the leases and TTLs
+//     they use and the clocks they drive.
 //
 // Conformance of an implementation is checked by the conformance package.
 type KeyStore[Tx any] interface {
@@ -155,7 +208,11 @@ type KeyStore[Tx any] interface {
 	//
 	// A record re-reserved or completed after Purge chose it is not
 	// deleted. The delete re-checks each record it chose (its expiry, or
-	// the revision the scan saw) in the same atomic step. The count is of
+	// the revision the scan saw) in the same atomic step. Checking only
+	// that the record is not held is not enough: a key taken and completed
+	// again between the scan and the delete is not held either, and
+	// deleting it loses its answer, so that a retry runs fn again. Several
+	// Purges may run at once, on several instances. The count is of
 	// records deleted, not of records chosen, and never more than limit,
 	// however many expired records there are. A store that caps the
 	// operations of one transaction (etcd, DynamoDB) deletes in as many
@@ -359,6 +416,13 @@ type SchemaChecker interface {
 //     or ended at once, in one process or in several, exactly one obtains a
 //     Phase; the others get [ErrInProgress].
 //   - Leases are judged by the store's clock, as expiries are.
+//   - A phase commits only while it holds its key. A store that holds a
+//     phase by its lease alone (no transaction, as on etcd) lets another
+//     owner take the key once the lease ended by the store's clock, even
+//     while the phase is open. The stale phase's Save, Release and Complete
+//     then return an error wrapping [ErrLeaseLost] and commit nothing, and
+//     its Rollback frees nothing. A store that holds a phase in a
+//     transaction keeps the key until the phase ends, whatever its lease.
 //   - An Acquisition, a progress or a limit out of the bounds given
 //     below is refused with an error wrapping [ErrInvalidConfig] before
 //     anything is written.
@@ -480,6 +544,12 @@ type KeyAdmin interface {
 	// A store that holds a new key in an open transaction with no row
 	// visible to others (PostgreSQL) reports it [KeyHeld] if it can tell
 	// without waiting, else [ErrNotFound]: its documentation says which.
+	// For a key held by Reserve, ExpiresAt is the reservation's
+	// provisional expiry if the store keeps one (its clock at the
+	// reservation plus the TTL), zero otherwise, and LeaseEnds the end of
+	// the holder's lease on a lease store, zero otherwise; a held key
+	// with progress reports MaxExpiry and its lease's end, as an
+	// unfinished one does.
 	Inspect(ctx context.Context, key Key, body bool) (*KeyInfo, error)
 	// Forget deletes key's record and returns what it deleted (without
 	// the body). A key held (by a transaction of Reserve or Acquire, or by
@@ -597,7 +667,12 @@ type KeyPage struct {
 
 // Stats counts a store's records by state ([KeyLister.Stats]).
 type Stats struct {
-	Held, Completed, Unfinished, Expired int64
+	// Held counts what Inspect reports [KeyHeld] from committed state:
+	// the unfinished keys whose lease lives, and on a lease store the
+	// reservations whose lease lives. A key held only by an open
+	// transaction, with no committed row, need not be counted.
+	Held                           int64
+	Completed, Unfinished, Expired int64
 	// OldestUnfinished is the creation of the oldest unfinished or held
 	// operation, zero when there is none.
 	OldestUnfinished time.Time
@@ -688,6 +763,13 @@ func (q ListQuery) Validate() error {
 //     callers in one process or in several, no more than the limit are
 //     counted in a window. It holds no connection when it returns, and
 //     is never called while the caller holds one.
+//   - What counts is atomicity, not the number of statements: a store
+//     without conditional arithmetic in one statement (etcd, DynamoDB
+//     without an update expression) reads the counters with their
+//     revision and writes them with a compare-and-swap on it, retried
+//     when another admission wrote first. A read followed by an
+//     unconditional write is not enough: racing admissions overwrite each
+//     other and count more than the limit.
 //   - A key with a live completed record (by the store's clock) is not
 //     counted and never refused: its replay costs nothing.
 //   - Over a limit, nothing is counted.

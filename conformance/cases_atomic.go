@@ -25,8 +25,8 @@ func (s *suite[Tx]) completeInterrupted(t *testing.T) {
 	if s.h.Features.Leases {
 		// A key left pending by an interrupted owner is free once its lease
 		// runs out: the longest a retry may have to wait.
-		opts.Lease = 2 * time.Second
-		bound += opts.Lease
+		opts.Lease = s.h.Features.leaseOf(2 * time.Second)
+		bound += opts.Lease + s.h.Features.slack()
 	}
 	e := s.setup(t, opts)
 	spy := newSpy(e.f.Store)
@@ -200,7 +200,7 @@ func (s *suite[Tx]) leaseRunsOut(t *testing.T) {
 	if !s.h.Features.Leases {
 		t.Skip("Features.Leases is false: the store holds keys in a transaction, not by a lease")
 	}
-	const lease = 300 * time.Millisecond
+	lease := s.h.Features.leaseOf(300 * time.Millisecond)
 	e := s.setup(t, Options{Lease: lease})
 	ga := e.guard(nil)
 	gb := e.guard(&idempotency.Config{WaitTimeout: 20 * time.Second})

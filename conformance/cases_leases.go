@@ -43,7 +43,8 @@ func (s *suite[Tx]) needLeases(t *testing.T) {
 // Complete is refused.
 func (s *suite[Tx]) leaseTakeover(t *testing.T) {
 	s.needLeases(t)
-	e := s.setup(t, Options{Lease: takeoverLease})
+	lease, slack := s.h.Features.leaseOf(takeoverLease), s.h.Features.slack()
+	e := s.setup(t, Options{Lease: lease})
 	key := idempotency.Key{ID: uniq("lease")}
 	tagA, tagB := uniq("a"), uniq("b")
 	release := make(chan struct{})
@@ -56,7 +57,7 @@ func (s *suite[Tx]) leaseTakeover(t *testing.T) {
 	case <-e.ctx.Done():
 		t.Fatal("A never held the key")
 	}
-	gs := e.guards(leaseTakers, &idempotency.Config{WaitTimeout: leaseWait})
+	gs := e.guards(leaseTakers, &idempotency.Config{WaitTimeout: leaseWait + lease + slack})
 	var calls atomic.Int64
 	var ran atomic.Int64 // when the first taker's fn ran, in ns since start
 	rs := fire(t, leaseTakers, func(i int) (idempotency.Response, error) {
@@ -72,16 +73,16 @@ func (s *suite[Tx]) leaseTakeover(t *testing.T) {
 	took := time.Since(start)
 	close(release)
 	contract := fmt.Sprintf("%d callers on %d Guards over %d store instances, waiting when a %v lease ran out",
-		leaseTakers, len(gs), len(e.stores), takeoverLease)
+		leaseTakers, len(gs), len(e.stores), lease)
 	// The bounds first: a store whose waiters sleep through the end of the
 	// lease fails here, whatever its callers got at the end of their wait.
-	if took > takeoverLease+2*leaseWake {
+	if took > lease+slack+2*leaseWake {
 		t.Fatalf("%s: the callers returned %v after the holder took the key, want within %v: "+
-			"a waiter must wake when the lease runs out, not at the end of its wait", contract, took, takeoverLease+2*leaseWake)
+			"a waiter must wake when the lease runs out, not at the end of its wait", contract, took, lease+slack+2*leaseWake)
 	}
-	if d := time.Duration(ran.Load()); d > takeoverLease+leaseWake {
+	if d := time.Duration(ran.Load()); d > lease+slack+leaseWake {
 		t.Fatalf("%s: the key was taken %v after the holder took it, want within the lease plus %v (%v): "+
-			"a waiter must wake when the lease runs out, not at the end of its wait", contract, d, leaseWake, takeoverLease+leaseWake)
+			"a waiter must wake when the lease runs out, not at the end of its wait", contract, d, leaseWake+slack, lease+slack+leaseWake)
 	}
 	checkOneExecution(t, rs, contract)
 	e.count(tagB, 1, contract+" must give one effect")
@@ -109,12 +110,13 @@ func (e *env[Tx]) takeOver(key idempotency.Key, tagA, tagB string) (a, b idempot
 		e.t.Fatalf("A's effect: %v", err)
 	}
 	start := time.Now()
-	b, rec, err = e.reserveRetrying(sb, key, heldLease+5*time.Second)
+	lease, slack := e.feat.leaseOf(heldLease), e.feat.slack()
+	b, rec, err = e.reserveRetrying(sb, key, lease+slack+5*time.Second)
 	if err != nil || b == nil {
-		e.t.Fatalf("B: Reserve once A's %v lease ran out: %v, %+v, %v; want B to take the key", heldLease, b, rec, err)
+		e.t.Fatalf("B: Reserve once A's %v lease ran out: %v, %+v, %v; want B to take the key", lease, b, rec, err)
 	}
-	if d := time.Since(start); d > heldLease+leaseWake {
-		e.t.Fatalf("B waited %v for A's %v lease to run out, want at most %v", d, heldLease, heldLease+leaseWake)
+	if d := time.Since(start); d > lease+slack+leaseWake {
+		e.t.Fatalf("B waited %v for A's %v lease to run out, want at most %v", d, lease, lease+slack+leaseWake)
 	}
 	if err := e.f.Effect(e.ctx, b.Tx(), tagB); err != nil {
 		e.t.Fatalf("B's effect: %v", err)
@@ -126,7 +128,7 @@ func (e *env[Tx]) takeOver(key idempotency.Key, tagA, tagB string) (a, b idempot
 // must leave B's reservation alone: the key is still held.
 func (s *suite[Tx]) leaseStaleRollback(t *testing.T) {
 	s.needLeases(t)
-	e := s.setup(t, Options{Lease: heldLease})
+	e := s.setup(t, Options{Lease: s.h.Features.leaseOf(heldLease)})
 	key, tagA, tagB := idempotency.Key{ID: uniq("lease")}, uniq("a"), uniq("b")
 	a, b := e.takeOver(key, tagA, tagB)
 	_ = a.Rollback(e.ctx) // its error, if any, is A's business
@@ -152,7 +154,7 @@ func (s *suite[Tx]) leaseStaleRollback(t *testing.T) {
 // still completes.
 func (s *suite[Tx]) leaseStaleComplete(t *testing.T) {
 	s.needLeases(t)
-	e := s.setup(t, Options{Lease: heldLease})
+	e := s.setup(t, Options{Lease: s.h.Features.leaseOf(heldLease)})
 	key, tagA, tagB := idempotency.Key{ID: uniq("lease")}, uniq("a"), uniq("b")
 	a, b := e.takeOver(key, tagA, tagB)
 	err := a.Complete(e.ctx, created(tagA, 1))

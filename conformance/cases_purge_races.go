@@ -55,33 +55,55 @@ func countTrue(bs []bool) int {
 	return n
 }
 
+// Sizes of PurgeRecheck: purgeKeys expired keys, purgeAgain of them done
+// again by Callers callers while purgers Purges run on other instances. A
+// Purge that re-checks only that a record is not held (not that it is the
+// one it scanned) deletes a key completed again between its scan and its
+// delete: among this many keys and Purges, some always are.
+const (
+	purgeKeys  = 200
+	purgeAgain = 100
+	purgers    = 3
+)
+
 // purgeRecheck: expired keys are re-reserved and completed by Do on other
-// Guards while Purge runs. A record re-reserved or completed after Purge
-// chose it is not deleted: every key done again still replays its new
-// answer.
+// Guards while several Purges run. A record re-reserved or completed after
+// Purge chose it is not deleted: every key done again still replays its
+// new answer.
 func (s *suite[Tx]) purgeRecheck(t *testing.T) {
 	clk := newClock()
 	e := s.setupClock(t, Options{}, clk)
 	cfg := &idempotency.Config{TTL: time.Hour}
-	const n, again = 20, 10
+	const n, again = purgeKeys, purgeAgain
 	keys, back := e.expiredKeys(e.guard(cfg), clk, n, "old")
-	gs := e.guards(again, cfg)
+	gs := e.guards(Callers, cfg)
 	type purged struct {
 		n   int
 		err error
 	}
-	out := make(chan purged, 1)
-	pg := e.guard(cfg)
-	go func() {
-		n, err := pg.Purge(e.ctx)
-		out <- purged{n, err}
-	}()
-	time.Sleep(5 * time.Millisecond) // Purge has chosen its records
-	rs := fire(t, again, func(i int) (idempotency.Response, error) {
-		return gs[i].Do(e.ctx, keys[i], "fp", e.effectFn("again", new(atomic.Int64)))
+	out := make(chan purged, purgers)
+	for _, pg := range e.guards(purgers, cfg) {
+		go func() {
+			n, err := pg.Purge(e.ctx)
+			out <- purged{n, err}
+		}()
+	}
+	time.Sleep(5 * time.Millisecond) // the Purges have chosen their records
+	rs := make([]result, again)
+	fire(t, Callers, func(i int) (idempotency.Response, error) {
+		for j := i; j < again; j += Callers {
+			rs[j].resp, rs[j].err = gs[i].Do(e.ctx, keys[j], "fp", e.effectFn("again", new(atomic.Int64)))
+		}
+		return idempotency.Response{}, nil
 	})
 	var p purged
-	within(t, 30*time.Second, "Purge while expired keys are done again", func() { p = <-out })
+	within(t, 30*time.Second, "Purges while expired keys are done again", func() {
+		for range purgers {
+			q := <-out
+			p.n += q.n
+			p.err = cmp.Or(p.err, q.err)
+		}
+	})
 	if p.err != nil {
 		t.Fatalf("Purge: %v", p.err)
 	}
@@ -91,17 +113,18 @@ func (s *suite[Tx]) purgeRecheck(t *testing.T) {
 		}
 	}
 	for i, r := range rs {
-		e.replays(gs[i], keys[i], r.resp, fmt.Sprintf("expired key %d, re-reserved and completed while Purge ran (Purge deleted it after it was done again?)", i))
+		e.replays(gs[i%Callers], keys[i], r.resp, fmt.Sprintf("expired key %d, re-reserved and completed while %d Purges ran "+
+			"(a Purge deleted it after it was done again: its delete must re-check the expiry or revision it scanned, not only that the record is not held)", i, purgers))
 	}
 	e.count("again", again, "keys done again during Purge")
 	if s.h.Features.SelfExpiring {
 		return
 	}
 	if p.n < n-again || p.n > n {
-		t.Fatalf("Purge of %d expired keys, %d of them done again meanwhile: reported %d deleted, want %d to %d", n, again, p.n, n-again, n)
+		t.Fatalf("%d Purges of %d expired keys, %d of them done again meanwhile: reported %d deleted in all, want %d to %d", purgers, n, again, p.n, n-again, n)
 	}
 	if g := countTrue(e.gone(clk, back, keys[again:], "old")); g != n-again {
-		t.Fatalf("Purge deleted %d of the %d expired keys nobody touched, want all", g, n-again)
+		t.Fatalf("the Purges deleted %d of the %d expired keys nobody touched, want all", g, n-again)
 	}
 }
 
@@ -195,7 +218,7 @@ func (s *suite[Tx]) purgeCountsDeleted(t *testing.T) {
 func (s *suite[Tx]) failedCompleteFreesKey(t *testing.T) {
 	opts := Options{}
 	if s.h.Features.Leases {
-		opts.Lease = 30 * time.Second // far longer than the bound
+		opts.Lease = s.h.Features.leaseOf(30 * time.Second) // far longer than the bound
 	}
 	e := s.setup(t, opts)
 	stores := e.instances(2)

@@ -87,7 +87,8 @@ func reservation(key idempotency.Key, wait time.Duration) idempotency.Reservatio
 // notice a cut connection. On a leased one it is a lease.
 func (s *suite[Tx]) freeBound() (Options, time.Duration) {
 	if s.h.Features.Leases {
-		return Options{Lease: 2 * time.Second}, 7 * time.Second
+		lease := s.h.Features.leaseOf(2 * time.Second)
+		return Options{Lease: lease}, lease + s.h.Features.slack() + 5*time.Second
 	}
 	return Options{}, 5 * time.Second
 }

@@ -43,9 +43,10 @@ func (s *suite[Tx]) need(t *testing.T, iface string) {
 
 // unchecked says what is not checked on a store that lacks an interface.
 var unchecked = map[string]string{
-	"Stepper":   "multi-step operations are not checked",
-	"KeyAdmin":  "Inspect and Forget are not checked",
-	"KeyLister": "List and Stats are not checked",
+	"Stepper":      "multi-step operations are not checked",
+	"KeyAdmin":     "Inspect and Forget are not checked",
+	"KeyLister":    "List and Stats are not checked",
+	"QuotaCounter": "quota counters are not checked",
 }
 
 // lacking skips the case: the fixture's store does not implement iface.

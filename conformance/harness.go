@@ -71,6 +71,17 @@ type Fixture[Tx any] struct {
 	// in the database and not in one process's memory. Effect and Count
 	// work with the transactions of every instance.
 	Reopen func(ctx context.Context) (idempotency.KeyStore[Tx], error)
+	// ReopenAt, if not nil, opens another instance as Reopen does, on a
+	// host whose clock reads hostClock: wherever that instance reads the
+	// application host's clock (time.Now: to write a lease's end or a
+	// CreatedAt, to judge a hold, to time a wait), it reads hostClock
+	// instead. The store's own clock (the database server's) is not
+	// changed. The case HostClocksDiffer opens instances whose clocks are
+	// an hour apart ([Features].ClockSkew if set), as the contract allows,
+	// and requires them to agree on every hold and every record. A fixture
+	// whose store never reads the host's clock may leave it nil; the case
+	// is then skipped, naming this field.
+	ReopenAt func(ctx context.Context, hostClock func() time.Time) (idempotency.KeyStore[Tx], error)
 	// Bare, used only by [Benchmark], performs the same effect as Effect in
 	// a plain transaction of the same pool, with no idempotency: the
 	// baseline every benchmark is compared with. Nil skips the benchmarks.
@@ -90,8 +101,15 @@ type Options struct {
 	MaxConns int
 	// Lease, when > 0, asks for a store whose lease on a held key is this
 	// long. The lease runs out this long after it was taken, whatever fn
-	// does (no renewal), so that fn can outlive it. Only the cases that need it set
-	// it, and only when [Features].Leases is true.
+	// does (no renewal), so that fn can outlive it. Only the cases that
+	// need it set it, and only when [Features].Leases is true: 300 ms
+	// (LeaseRunsOut), 400 ms (LeaseTakeover, LeaseHolderDies), 1 s
+	// (LeaseStaleRollback, LeaseStaleComplete, HostClocksDiffer), 2 s
+	// (CompleteInterrupted, the rollback cases) and 30 s
+	// (FailedCompleteFreesKey), each at least [Features].MinLease. Leases
+	// run on the store's own clock, never on [Options].Clock: a test clock
+	// drives expiries and the leases of [idempotency.Stepper] phases, not
+	// the hold of a reservation.
 	Lease time.Duration
 	// Clock, when non-nil, is the test clock the fixture passes to its
 	// store. The store then reads it instead of its own clock wherever it
@@ -121,11 +139,38 @@ type Features struct {
 	// [Options].Lease. A store that holds keys in a database transaction
 	// leaves it false.
 	Leases bool
-	// NoClock is true when the fixture cannot honour [Options].Clock (its
-	// store judges expiry by its own clock only). The cases that drive
-	// time through a test clock are then skipped, naming this flag: such a
-	// store is not checked for TTL arithmetic, clock extremes or Purge.
+	// NoClock is true when the fixture cannot honour [Options].Clock: its
+	// store judges expiry by a clock or a mechanism it cannot be handed (a
+	// store with no clock it can read, such as etcd, whose leases the
+	// server counts down). The cases that drive time through a test clock
+	// are then skipped, naming this flag, and the real-clock cases check
+	// the same rules on the store's own clock: TTLExpiryStoreClock (a
+	// record replays until its TTL has passed, then counts as new, and
+	// Purge deletes it), StepsHoldRunsOutMidStep and the lease cases.
 	NoClock bool
+	// ExpiryGranularity, when > 0, is the precision of the store's own
+	// expiry mechanism when it cannot keep an instant to the millisecond
+	// (an etcd lease lasts whole seconds). The store rounds every TTL and
+	// lease it sets up to a multiple of it, never down: a record lasts at
+	// least its TTL and at most one ExpiryGranularity longer. The
+	// test-clock cases are then skipped as with NoClock;
+	// TTLExpiryStoreClock uses a TTL of one and a half granularities and
+	// requires a replay until the TTL has passed, and every lease bound of
+	// the suite is lengthened by one granularity.
+	ExpiryGranularity time.Duration
+	// MinLease, when > 0, is the shortest lease the store can hold (an
+	// etcd lease lasts at least about 1.5x the cluster's election timeout).
+	// Every lease the suite asks for ([Options].Lease, a Phase's
+	// [idempotency.Acquisition].Lease in StepsHoldRunsOutMidStep) is then
+	// at least MinLease, rounded up to ExpiryGranularity.
+	MinLease time.Duration
+	// ClockSkew, when > 0, is the largest disagreement between the clocks
+	// of two hosts that the store tolerates: a store with no clock it can
+	// read that judges expiry by comparing an instant written by one host
+	// with another host's clock. HostClocksDiffer then runs its instances
+	// ClockSkew apart instead of an hour. A store that judges every hold
+	// and expiry by the store's clock, or by durations, leaves it 0.
+	ClockSkew time.Duration
 	// MultiPrimary is true when the fixture's calls go to several primaries
 	// that certify transactions at commit (Galera, MySQL Group Replication
 	// in multi-primary mode). Callers of one free key on two nodes can both

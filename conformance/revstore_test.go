@@ -34,9 +34,14 @@ type revKV struct {
 // revVal is a key's value: a pending reservation under a lease, or a
 // completed record.
 type revVal struct {
-	pending  bool
+	pending bool
+	// leaseEnd is when the reservation's lease ends by the server's
+	// clock, set by the server (as etcd counts a lease down); zero: never.
 	leaseEnd time.Time
-	rec      idempotency.Record
+	// hostLeaseEnd is the holder's clock plus the lease, written by the
+	// client: read only with the hostLease mistake.
+	hostLeaseEnd time.Time
+	rec          idempotency.Record
 }
 
 func newRevServer() *revServer {
@@ -51,24 +56,33 @@ func (s *revServer) written() int64 {
 	return s.rev
 }
 
-// get returns key's value and mod revision (0: absent), and the watch
-// channel of this revision.
-func (s *revServer) get(key idempotency.Key) (revVal, int64, <-chan struct{}) {
+// forever is the lease left of a hold written with no lease.
+const forever = time.Duration(1<<63 - 1)
+
+// get returns key's value and mod revision (0: absent), the watch channel
+// of this revision, and what is left of a pending value's lease by the
+// server's clock (forever for one with no lease).
+func (s *revServer) get(key idempotency.Key) (revVal, int64, <-chan struct{}, time.Duration) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	kv := s.kvs[key]
 	if kv == nil {
-		return revVal{}, 0, s.wake
+		return revVal{}, 0, s.wake, 0
 	}
 	v := kv.val
 	v.rec.Header, v.rec.Body = v.rec.Header.Clone(), bytes.Clone(v.rec.Body)
-	return v, kv.mod, s.wake
+	left := forever
+	if !v.leaseEnd.IsZero() {
+		left = time.Until(v.leaseEnd)
+	}
+	return v, kv.mod, s.wake, left
 }
 
 // txn writes v to key (delete if v is nil) and applies effects, if key's
-// mod revision is still mod (0: absent), or always when blind. It returns
-// whether it wrote, and the new mod revision.
-func (s *revServer) txn(key idempotency.Key, mod int64, blind bool, v *revVal, effects []string) (bool, int64) {
+// mod revision is still mod (0: absent), or always when blind. A pending v
+// gets a lease of lease from now by the server's clock (none if 0). It
+// returns whether it wrote, and the new mod revision.
+func (s *revServer) txn(key idempotency.Key, mod int64, blind bool, v *revVal, effects []string, lease time.Duration) (bool, int64) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	cur := int64(0)
@@ -77,6 +91,9 @@ func (s *revServer) txn(key idempotency.Key, mod int64, blind bool, v *revVal, e
 	}
 	if !blind && cur != mod {
 		return false, cur
+	}
+	if v != nil && v.pending && lease > 0 {
+		v.leaseEnd = time.Now().Add(lease)
 	}
 	if v == nil {
 		if cur == 0 {
@@ -137,6 +154,11 @@ type mistakes struct {
 	purgeIgnoresLimit  bool // Purge deletes every expired key
 	purgeCountsChosen  bool // Purge reports the keys it chose, not those it deleted
 	failedHolds        bool // a failed Complete leaves the key held until its lease runs out
+	purgeHeldOnly      bool // Purge's delete checks only that the key is not held, not its revision
+	hostLease          bool // a hold is judged by the holder's clock plus the lease against the reader's clock
+	noLeaseOnHold      bool // a hold has no lease: a waiter takes it over once it watched it for a lease
+	noClockNoExpiry    bool // without a test clock, a completed record never expires
+	roundDown          bool // a coarse expiry is rounded down to the granularity, not up
 }
 
 // revStore is a client of a revServer: a KeyStore holding keys by lease,
@@ -157,9 +179,30 @@ type revStore struct {
 	// that woke when the lease ran out all read it lapsed before any of
 	// them writes, even on a loaded host where they wake some ms apart.
 	takeoverGap time.Duration
+	// deleteGap is the round trip of each of Purge's deletes.
+	deleteGap time.Duration
 	// clock is the test clock (conformance.Options.Clock), or nil: the
-	// server's own clock (here the host's) judges expiry.
+	// server's own clock (here the process's) judges expiry.
 	clock func() time.Time
+	// host is the clock of the host the client runs on
+	// (conformance.Fixture.ReopenAt); only the hostLease mistake reads it.
+	host func() time.Time
+	// granularity, when > 0, is the coarse unit of the server's expiries
+	// and leases (conformance.Features.ExpiryGranularity).
+	granularity time.Duration
+}
+
+// coarse rounds d to the store's granularity: up, or down with the
+// roundDown mistake (never below one unit).
+func (s *revStore) coarse(d time.Duration) time.Duration {
+	g := s.granularity
+	if g <= 0 || d%g == 0 {
+		return d
+	}
+	if s.bugs.roundDown && d > g {
+		return d - d%g
+	}
+	return d + g - d%g
 }
 
 // now is the clock that judges expiry: the test clock, range-checked, or
@@ -177,39 +220,53 @@ type revTx struct{ effects []string }
 
 func (s *revStore) Reserve(ctx context.Context, r idempotency.Reservation) (idempotency.Txn[*revTx], *idempotency.Record, error) {
 	deadline := time.Now().Add(r.Wait)
+	var watched int64 // the revision this caller watches (noLeaseOnHold)
+	var watchedSince time.Time
 	for {
 		if err := ctx.Err(); err != nil {
 			return nil, nil, err
 		}
-		v, mod, watch := s.srv.get(r.Key)
+		v, mod, watch, left := s.srv.get(r.Key)
 		now, err := s.now()
 		if err != nil {
 			return nil, nil, err
 		}
-		wall := time.Now() // leases run on real time
+		switch {
+		case s.bugs.hostLease:
+			left = v.hostLeaseEnd.Sub(s.host())
+		case s.bugs.noLeaseOnHold:
+			if mod != watched {
+				watched, watchedSince = mod, time.Now()
+			}
+			left = s.lease - time.Since(watchedSince)
+		}
 		switch {
 		case mod != 0 && !v.pending && v.rec.ExpiresAt.After(now):
 			return nil, &v.rec, nil
-		case mod == 0 || !v.pending || !wall.Before(v.leaseEnd):
+		case mod == 0 || !v.pending || left <= 0:
 			if mod != 0 && v.pending {
 				time.Sleep(max(s.gap, s.takeoverGap))
 			} else {
 				time.Sleep(s.gap)
 			}
-			nv := &revVal{pending: true, leaseEnd: time.Now().Add(s.lease),
+			nv := &revVal{pending: true, hostLeaseEnd: s.host().Add(s.lease),
 				rec: idempotency.Record{Key: r.Key, Fingerprint: r.Fingerprint, CreatedAt: now, ExpiresAt: idempotency.Expiry(now, r.TTL)}}
+			lease := s.coarse(s.lease)
+			if s.bugs.noLeaseOnHold {
+				lease = 0
+			}
 			blind := (mod == 0 && s.bugs.blindReserve) || (mod != 0 && v.pending && s.bugs.takeoverNoCAS)
-			if ok, rev := s.srv.txn(r.Key, mod, blind, nv, nil); ok {
+			if ok, rev := s.srv.txn(r.Key, mod, blind, nv, nil, lease); ok {
 				return &revTxn{s: s, key: r.Key, mod: rev, fp: r.Fingerprint, created: now, ttl: r.TTL, tx: &revTx{}}, nil, nil
 			}
 			continue // another client wrote first: read again
 		}
-		if !wall.Before(deadline) {
+		if !time.Now().Before(deadline) {
 			return nil, nil, fmt.Errorf("%w: rev store: key %v is held", idempotency.ErrInProgress, r.Key)
 		}
 		wait := time.Until(deadline)
 		if !s.bugs.waiterIgnoresLease {
-			wait = min(wait, time.Until(v.leaseEnd))
+			wait = min(wait, left)
 		}
 		timer := time.NewTimer(wait)
 		select {
@@ -239,7 +296,16 @@ func (s *revStore) Purge(ctx context.Context, limit int) (int, error) {
 		if err := ctx.Err(); err != nil {
 			return n, err
 		}
-		if ok, _ := s.srv.txn(c.key, c.mod, s.bugs.purgeNoRecheck, nil, nil); ok {
+		time.Sleep(s.deleteGap)
+		mod, blind := c.mod, s.bugs.purgeNoRecheck
+		if s.bugs.purgeHeldOnly { // compares only that the key is not held
+			v, cur, _, _ := s.srv.get(c.key)
+			if cur == 0 || v.pending {
+				continue
+			}
+			mod = cur
+		}
+		if ok, _ := s.srv.txn(c.key, mod, blind, nil, nil, 0); ok {
 			n++
 		}
 	}
@@ -268,13 +334,17 @@ func (t *revTxn) Complete(ctx context.Context, resp idempotency.Response) error 
 	}
 	if err != nil {
 		if !t.s.bugs.failedHolds {
-			t.s.srv.txn(t.key, t.mod, false, nil, nil) // free the key, if still ours
+			t.s.srv.txn(t.key, t.mod, false, nil, nil, 0) // free the key, if still ours
 		}
 		return err
 	}
+	expires := idempotency.Expiry(now, t.s.coarse(t.ttl))
+	if t.s.clock == nil && t.s.bugs.noClockNoExpiry {
+		expires = idempotency.MaxExpiry()
+	}
 	v := &revVal{rec: idempotency.Record{Key: t.key, Fingerprint: t.fp, Status: resp.Status, Header: resp.Header.Clone(),
-		Body: bytes.Clone(resp.Body), CreatedAt: t.created, ExpiresAt: idempotency.Expiry(now, t.ttl)}}
-	if ok, _ := t.s.srv.txn(t.key, t.mod, t.s.bugs.noOwnerCheck, v, t.tx.effects); ok {
+		Body: bytes.Clone(resp.Body), CreatedAt: t.created, ExpiresAt: expires}}
+	if ok, _ := t.s.srv.txn(t.key, t.mod, t.s.bugs.noOwnerCheck, v, t.tx.effects, 0); ok {
 		return nil
 	}
 	if t.s.bugs.lostAsPlain {
@@ -285,16 +355,22 @@ func (t *revTxn) Complete(ctx context.Context, resp idempotency.Response) error 
 
 func (t *revTxn) Rollback(context.Context) error {
 	if t.s.bugs.staleRollback {
-		t.s.srv.txn(t.key, 0, true, nil, nil)
+		t.s.srv.txn(t.key, 0, true, nil, nil, 0)
 		return nil
 	}
-	t.s.srv.txn(t.key, t.mod, false, nil, nil)
+	t.s.srv.txn(t.key, t.mod, false, nil, nil, 0)
 	return nil
 }
 
 // revHarness builds a fresh revServer per case; its stores (the fixture's
 // and Reopen's) are clients with mistakes m.
 func revHarness(m mistakes) conformance.Harness[*revTx] {
+	return revHarnessWith(m, conformance.Features{Leases: true})
+}
+
+// revHarnessWith is revHarness declaring f; a store declaring an
+// ExpiryGranularity expires records and leases in its units.
+func revHarnessWith(m mistakes, f conformance.Features) conformance.Harness[*revTx] {
 	return conformance.Harness[*revTx]{
 		NewFixture: func(t testing.TB, opts conformance.Options) conformance.Fixture[*revTx] {
 			lease := 30 * time.Second
@@ -302,17 +378,24 @@ func revHarness(m mistakes) conformance.Harness[*revTx] {
 				lease = opts.Lease
 			}
 			srv := newRevServer()
-			client := func() *revStore {
-				rs := &revStore{srv: srv, lease: lease, bugs: m, gap: time.Millisecond, purgeGap: 50 * time.Millisecond, clock: opts.Clock}
+			client := func(host func() time.Time) *revStore {
+				rs := &revStore{srv: srv, lease: lease, bugs: m, gap: time.Millisecond, purgeGap: 50 * time.Millisecond,
+					clock: opts.Clock, host: host, granularity: f.ExpiryGranularity}
 				if m.takeoverNoCAS {
 					rs.takeoverGap = 50 * time.Millisecond
+				}
+				if m.purgeHeldOnly { // a round trip per delete, as a real client has
+					rs.purgeGap, rs.deleteGap = 0, time.Millisecond
 				}
 				return rs
 			}
 			return conformance.Fixture[*revTx]{
-				Store: client(),
+				Store: client(time.Now),
 				Reopen: func(context.Context) (idempotency.KeyStore[*revTx], error) {
-					return client(), nil
+					return client(time.Now), nil
+				},
+				ReopenAt: func(_ context.Context, host func() time.Time) (idempotency.KeyStore[*revTx], error) {
+					return client(host), nil
 				},
 				Effect: func(_ context.Context, tx *revTx, tag string) error {
 					tx.effects = append(tx.effects, tag)
@@ -321,13 +404,19 @@ func revHarness(m mistakes) conformance.Harness[*revTx] {
 				Count: func(_ context.Context, tag string) (int, error) { return srv.count(tag), nil },
 			}
 		},
-		Features: conformance.Features{Leases: true},
+		Features: f,
 	}
 }
 
+// coarseFeatures are those of an etcd-like store whose leases last whole
+// seconds: it cannot take a test clock, and its leases last at least 1s.
+var coarseFeatures = conformance.Features{Leases: true, NoClock: true, ExpiryGranularity: time.Second, MinLease: time.Second}
+
 // TestRevStoreConformance: the etcd-like lease store without mistakes
-// passes the whole suite.
+// passes the whole suite, and so does its coarse variant, which rounds
+// every expiry and lease up to whole seconds.
 func TestRevStoreConformance(t *testing.T) {
 	t.Parallel() // with TestCatalogue
-	conformance.Run(t, revHarness(mistakes{}))
+	t.Run("precise", func(t *testing.T) { conformance.Run(t, revHarness(mistakes{})) })
+	t.Run("coarse", func(t *testing.T) { conformance.Run(t, revHarnessWith(mistakes{}, coarseFeatures)) })
 }

@@ -144,6 +144,34 @@ var (
 	ruleStatsFields = rule{"keystore.go",
 		"OldestUnfinished is the creation of the oldest unfinished or held operation, zero when there is none. Failing counts the unfinished keys with at least one failed try. BodyBytes sums the bodies of live completed records."}
 
+	// Clocks, coarse expiries, dead holders.
+	ruleStoreClock = rule{"keystore.go",
+		"Every expiry is judged by one clock that every instance of a service shares: the store's (the database server's or Redis's), never the application's."}
+	ruleHostsDisagree = rule{"keystore.go",
+		"A lease (Redis PX/PEXPIRE) is judged by the store too, so instances whose clocks disagree by hours still agree on every record and every lease."}
+	ruleNoClockHold = rule{"keystore.go",
+		"It judges a hold by a duration the store itself counts down (an etcd lease, a TTL counted by the server) or by a duration measured on one host's monotonic clock from a revision that host read, never by comparing an instant one host wrote (the holder's clock plus the lease) with another host's clock: hosts whose clocks differ by more than a lease would take over a live hold, or never take over a dead one."}
+	ruleRoundUp = rule{"keystore.go",
+		"A store whose expiry mechanism is coarser (an etcd lease lasts whole seconds) rounds every TTL and lease up to a whole number of its units, never down: a record is never absent before its TTL has passed, and lasts at most one unit longer."}
+	ruleHoldEnds = rule{"keystore.go",
+		"A hold ends when its holder dies, with nothing else to end it: a reservation on a lease store carries a lease that the store counts down (on a transactional store, the hold dies with the holder's connection)."}
+	rulePurgeNotHeldOnly = rule{"keystore.go",
+		"Checking only that the record is not held is not enough: a key taken and completed again between the scan and the delete is not held either, and deleting it loses its answer, so that a retry runs fn again."}
+	rulePhaseHolds = rule{"keystore.go",
+		"A phase commits only while it holds its key. A store that holds a phase by its lease alone (no transaction, as on etcd) lets another owner take the key once the lease ended by the store's clock, even while the phase is open. The stale phase's Save, Release and Complete then return an error wrapping [ErrLeaseLost] and commit nothing, and its Rollback frees nothing."}
+
+	// Quota counters ([idempotency.QuotaCounter]).
+	ruleQuotaAtomic = rule{"keystore.go",
+		"AdmitQuota is one atomic statement (one round trip): of several callers in one process or in several, no more than the limit are counted in a window."}
+	ruleQuotaCAS = rule{"keystore.go",
+		"A read followed by an unconditional write is not enough: racing admissions overwrite each other and count more than the limit."}
+	ruleQuotaReplay = rule{"keystore.go",
+		"A key with a live completed record (by the store's clock) is not counted and never refused: its replay costs nothing."}
+	ruleQuotaOver = rule{"keystore.go",
+		"Over a limit, nothing is counted."}
+	ruleQuotaEnd = rule{"keystore.go",
+		"EndQuota ends an admission that AdmitQuota counted: one less in flight, one less key if none was created, and e.Bytes more stored, all in the window the admission was counted in."}
+
 	ruleTTL = rule{"config.go",
 		"TTL is how long a completed key is remembered, counted by the store's clock from the moment its answer was committed (however long fn ran). After it the key counts as new."}
 	ruleMaxExpiry = rule{"config.go",
@@ -169,4 +197,6 @@ var allRules = []rule{
 	ruleAbandoned, ruleAbandonedNoLock, rulePhaseOver, ruleSave, ruleRelease, rulePhaseComplete, rulePhaseRollback,
 	ruleInspect, ruleInspectHeldNew, ruleStateHeld, ruleStateUnfinished, ruleStateExpired, ruleInfoTimes,
 	ruleForget, ruleForgetUnfinished, ruleList, ruleListNext, ruleListCursor, ruleStats, ruleStatsFields,
+	ruleStoreClock, ruleHostsDisagree, ruleNoClockHold, ruleRoundUp, ruleHoldEnds, rulePurgeNotHeldOnly, rulePhaseHolds,
+	ruleQuotaAtomic, ruleQuotaCAS, ruleQuotaReplay, ruleQuotaOver, ruleQuotaEnd,
 }

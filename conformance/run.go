@@ -97,10 +97,14 @@ func (s *suite[Tx]) cases() []testCase {
 		{"LeaseTakeover", []rule{ruleLeaseEnds, ruleTakeoverCAS, ruleLease}, s.leaseTakeover},
 		{"LeaseStaleRollback", []rule{ruleStaleOwner}, s.leaseStaleRollback},
 		{"LeaseStaleComplete", []rule{ruleStaleOwner, ruleLease}, s.leaseStaleComplete},
-		{"PurgeRecheck", []rule{rulePurgeRecheck}, s.purgeRecheck},
+		{"PurgeRecheck", []rule{rulePurgeRecheck, rulePurgeNotHeldOnly}, s.purgeRecheck},
 		{"PurgeLimit", []rule{rulePurgeCount, rulePurgeDeletes}, s.purgeLimit},
 		{"PurgeCountsDeleted", []rule{rulePurgeCount}, s.purgeCountsDeleted},
 		{"FailedCompleteFreesKey", []rule{ruleFailedComplete}, s.failedCompleteFreesKey},
+		// On the store's own clock, and on hosts whose clocks differ.
+		{"TTLExpiryStoreClock", []rule{ruleStoreClock, ruleExpiredAbsent, ruleRoundUp, rulePurgeDeletes}, s.ttlExpiryStoreClock},
+		{"HostClocksDiffer", []rule{ruleHostsDisagree, ruleNoClockHold}, s.hostClocksDiffer},
+		{"LeaseHolderDies", []rule{ruleHoldEnds, ruleLeaseEnds}, s.leaseHolderDies},
 		// Multi-step operations (idempotency.Stepper); skipped on a store
 		// that does not implement it.
 		{"StepsNewKey", []rule{ruleAcquirePhase, ruleStepOneTxn, ruleSave, rulePhaseRollback}, s.stepsNewKey},
@@ -115,12 +119,18 @@ func (s *suite[Tx]) cases() []testCase {
 		{"StepsAbandoned", []rule{ruleAbandoned, ruleAbandonedNoLock}, s.stepsAbandoned},
 		{"StepsPhaseOneConnection", []rule{ruleOneConn, rulePhaseOver}, s.stepsOneConnection},
 		{"StepsInvalidInput", []rule{ruleAcquireInput, ruleSave, ruleAbandonedLimit, rulePhaseOver}, s.stepsInvalidInput},
+		{"StepsHoldRunsOutMidStep", []rule{rulePhaseHolds, ruleStepClock}, s.stepsHoldRunsOut},
 		// Key administration (idempotency.KeyAdmin, idempotency.KeyLister);
 		// skipped on a store that does not implement it.
 		{"AdminInspect", []rule{ruleInspect, ruleInspectHeldNew, ruleStateHeld, ruleStateUnfinished, ruleStateExpired, ruleInfoTimes}, s.adminInspect},
 		{"AdminForget", []rule{ruleForget, ruleForgetUnfinished}, s.adminForget},
 		{"AdminList", []rule{ruleList, ruleListNext, ruleListCursor, ruleListLimit}, s.adminList},
 		{"AdminStats", []rule{ruleStats, ruleStatsFields}, s.adminStats},
+		// Quota counters (idempotency.QuotaCounter); skipped on a store
+		// that does not implement it.
+		{"QuotaAtomic", []rule{ruleQuotaAtomic, ruleQuotaCAS}, s.quotaAtomic},
+		{"QuotaReplayFree", []rule{ruleQuotaReplay}, s.quotaReplayFree},
+		{"QuotaRefusedNotCounted", []rule{ruleQuotaOver, ruleQuotaEnd}, s.quotaRefusedNotCounted},
 		// Operations end to end (Guard.Run over idempotency.Stepper).
 		{"OperationConcurrentSameKey", nil, s.operationConcurrentSameKey},
 		{"OperationResumes", nil, s.operationResumes},
@@ -153,6 +163,8 @@ type env[Tx any] struct {
 	stores []idempotency.KeyStore[Tx]
 	// lacks is the suite's: see suite.lacks.
 	lacks map[string]bool
+	// feat is the harness's Features.
+	feat Features
 }
 
 func (s *suite[Tx]) setup(t *testing.T, opts Options) *env[Tx] {
@@ -167,15 +179,15 @@ func (s *suite[Tx]) setup(t *testing.T, opts Options) *env[Tx] {
 	if f.Store == nil || f.Effect == nil || f.Count == nil {
 		t.Fatal("conformance: fixture must set Store, Effect and Count")
 	}
-	return &env[Tx]{t: t, ctx: ctx, f: f, lacks: s.lacks}
+	return &env[Tx]{t: t, ctx: ctx, f: f, lacks: s.lacks, feat: s.h.Features}
 }
 
 // setupClock is setup with a fixture whose store reads clk instead of its
 // own clock; it skips the case for a fixture that cannot take a test clock.
 func (s *suite[Tx]) setupClock(t *testing.T, opts Options, clk *clock) *env[Tx] {
 	t.Helper()
-	if s.h.Features.NoClock {
-		t.Skip("conformance: this case drives time through Options.Clock, which the fixture does not honour (Features.NoClock)")
+	if why := s.h.Features.testClockSkip(); why != "" {
+		t.Skip(why)
 	}
 	opts.Clock = clk.Now
 	return s.setup(t, opts)

@@ -39,6 +39,14 @@ type Store struct {
 	// Clock, when set, is the store's clock, read instead of time.Now (the
 	// clock of this process, which is the store's own): a test clock.
 	Clock func() time.Time
+	// StepLeases, when set, holds a Phase by its lease alone, as a store
+	// without transactions (etcd) does: see leases.go.
+	StepLeases bool
+	// StaleStepCommits is a deliberate mistake, for the conformance
+	// catalogue: a Phase whose lease was taken over still commits.
+	StaleStepCommits bool
+	leases           map[idempotency.Key]*stepHold // see leases.go
+	gen              uint64                        // the last stepHold's
 }
 
 // now reads the store's clock, refusing a test clock's reading outside the
@@ -122,6 +130,10 @@ func (s *Store) take(ctx context.Context, key idempotency.Key, wait time.Duratio
 			return &cp, now, nil
 		}
 		released, busy := s.held[key]
+		if busy && s.lapsed(key, now) {
+			s.takeOver(key)
+			busy = false
+		}
 		if err := claim(now, busy); err != nil {
 			s.mu.Unlock()
 			return nil, now, err
@@ -131,12 +143,14 @@ func (s *Store) take(ctx context.Context, key idempotency.Key, wait time.Duratio
 			s.mu.Unlock()
 			return nil, now, nil
 		}
+		lapse := s.leaseEnd(key, now)
 		s.mu.Unlock()
 		if wait == 0 {
 			return nil, now, fmt.Errorf("%w: memstore", idempotency.ErrInProgress)
 		}
 		select {
 		case <-released:
+		case <-lapse:
 		case <-ctx.Done():
 			return nil, now, ctx.Err()
 		case <-deadline.C:
@@ -184,6 +198,15 @@ func (t *txn) Complete(_ context.Context, resp idempotency.Response) error {
 	}
 	s.mu.Lock()
 	defer s.mu.Unlock()
+	t.commit(now, resp)
+	t.release()
+	return nil
+}
+
+// commit applies the effects and stores resp as the key's record; s.mu is
+// held.
+func (t *txn) commit(now time.Time, resp idempotency.Response) {
+	s := t.s
 	for _, e := range t.tx.effects {
 		s.counts[e]++
 	}
@@ -192,8 +215,6 @@ func (t *txn) Complete(_ context.Context, resp idempotency.Response) error {
 		Header: resp.Header.Clone(), Body: append([]byte{}, resp.Body...),
 		CreatedAt: t.created, ExpiresAt: idempotency.Expiry(now, t.r.TTL),
 	}
-	t.release()
-	return nil
 }
 
 func (t *txn) Rollback(context.Context) error {

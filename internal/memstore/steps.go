@@ -70,6 +70,7 @@ func (s *Store) Acquire(ctx context.Context, a idempotency.Acquisition) (idempot
 	if rec != nil || err != nil {
 		return nil, rec, err
 	}
+	p.gen = s.hold(a.Key, p.txn.created, a.Lease)
 	return p, nil, nil
 }
 
@@ -103,6 +104,7 @@ type phase struct {
 	progress []byte
 	tries    int
 	created  time.Time // of the unfinished row; zero for a new key
+	gen      uint64    // of its lease's hold (Store.StepLeases)
 }
 
 func (p *phase) Fingerprint() string { return p.fp }
@@ -125,6 +127,9 @@ func (p *phase) commit(progress []byte, release bool) error {
 	}
 	s.mu.Lock()
 	defer s.mu.Unlock()
+	if err := p.stale(); err != nil {
+		return err
+	}
 	for _, e := range p.tx.effects {
 		s.counts[e]++
 	}
@@ -137,7 +142,7 @@ func (p *phase) commit(progress []byte, release bool) error {
 	}
 	delete(s.records, p.r.Key) // an expired record the operation replaced
 	s.ops[p.r.Key] = row
-	p.release()
+	p.releasePhase()
 	return nil
 }
 
@@ -145,10 +150,21 @@ func (p *phase) Complete(ctx context.Context, resp idempotency.Response) error {
 	if !p.created.IsZero() {
 		p.txn.created = p.created
 	}
-	p.s.mu.Lock()
-	delete(p.s.ops, p.r.Key)
-	p.s.mu.Unlock()
-	return p.txn.Complete(ctx, resp)
+	s := p.s
+	now, err := s.now()
+	if err != nil {
+		_ = p.Rollback(context.Background())
+		return err
+	}
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if err := p.stale(); err != nil {
+		return err
+	}
+	delete(s.ops, p.r.Key)
+	p.txn.commit(now, resp)
+	p.releasePhase()
+	return nil
 }
 
 // Inspect implements [idempotency.KeyAdmin].
