@@ -90,6 +90,7 @@ func (s *suite[Tx]) cases() []testCase {
 		{"Purge", []rule{rulePurgeDeletes}, s.purge},
 		{"PurgeSkipsHeld", []rule{rulePurgeHeld}, s.purgeSkipsHeld},
 		{"MigrateTwice", []rule{ruleMigrate}, s.migrateTwice},
+		{"SchemaCheck", []rule{ruleSchemaCheck}, s.schemaCheck},
 		{"Observer", nil, s.observer},
 		{"NoGoroutineGrowth", nil, s.noGoroutineGrowth},
 		{"RacingReserves", []rule{ruleOneTxn, ruleTakeoverCAS}, s.racingReserves},

@@ -10,7 +10,9 @@ import (
 	"time"
 
 	"github.com/go-idempotency/idempotency"
+	"github.com/go-idempotency/idempotency/internal/redact"
 	"github.com/go-idempotency/idempotency/internal/storedsn"
+	"github.com/go-idempotency/idempotency/sealed"
 )
 
 // Exit statuses (see the package doc).
@@ -21,12 +23,16 @@ const (
 	exitStore    = 3
 )
 
-// usageError is a bad command line or a bad input: exit status 2.
-type usageError struct{ msg string }
+// usageError is a bad command line or a bad input: exit status 2. With
+// usage, the command's usage is printed after the message.
+type usageError struct {
+	msg   string
+	usage func(io.Writer)
+}
 
 func (e *usageError) Error() string { return e.msg }
 
-func usagef(format string, args ...any) error { return &usageError{fmt.Sprintf(format, args...)} }
+func usagef(format string, args ...any) error { return &usageError{msg: fmt.Sprintf(format, args...)} }
 
 // options are the parsed command line.
 type options struct {
@@ -37,22 +43,30 @@ type options struct {
 	json    bool
 	timeout time.Duration
 
-	key    idempotency.Key // inspect, forget
-	body   bool            // inspect
-	list   idempotency.ListQuery
-	dryRun bool // purge
-	batch  int  // purge
+	key     idempotency.Key // inspect, forget
+	body    bool            // inspect
+	keyring string          // inspect: the -keyring file
+	codec   *sealed.Codec   // execute: the Codec of keyring
+	list    idempotency.ListQuery
+	dryRun  bool // purge
+	batch   int  // purge
 }
 
 const usageText = `Usage: idemctl -store DSN [-table NAME | -prefix P] [-json] [-timeout D] COMMAND [flags] [ID]
 
 Commands:
-  inspect [-body] [-scope S] ID      what the store holds for one key
-  list [-scope S] [-limit N] [-after CURSOR]
+  inspect -scope S [-body [-keyring FILE]] ID
+                                     what the store holds for one key
+  list -scope S [-limit N] [-after CURSOR]
                                      one page of a scope's keys, unfinished and held ones first
-  forget [-scope S] ID               delete one key: the next request with it runs again
+  forget -scope S ID                 delete one key: the next request with it runs again
   purge [-dry-run] [-batch N]        delete the expired records (-dry-run: count them only)
   stats                              the store's records by state
+
+-scope is required by inspect, list and forget: a key lives in one scope
+(the account a service names with it); -scope '' is the empty scope.
+A sealed answer's body shows only with -keyring, the file of the keys
+that sealed it (one "ID HEX" line a key, 64 hex digits; "current ID").
 
 Exit status: 0 done, 1 no record or key held, 2 bad usage or input, 3 store error.
 `
@@ -65,42 +79,64 @@ type globals struct {
 }
 
 func (g *globals) register(fs *flag.FlagSet) {
-	fs.StringVar(&g.dsn, "store", g.dsn, storedsn.FlagHelp)
+	fs.Var((*dsnFlag)(&g.dsn), "store", storedsn.FlagHelp)
 	fs.StringVar(&g.table, "table", g.table, "keys table of a SQL store (default idempotency_keys)")
 	fs.StringVar(&g.prefix, "prefix", g.prefix, "key prefix of a Redis store (default idempotency:)")
 	fs.BoolVar(&g.json, "json", g.json, "print one JSON object")
 	fs.DurationVar(&g.timeout, "timeout", g.timeout, "time limit of the whole command")
 }
 
-// parseArgs parses the command line; every error is a *usageError or
-// flag.ErrHelp.
-func parseArgs(args []string, stderr io.Writer) (options, error) {
+// dsnFlag is the -store flag: its value (a usage text's "default", after
+// a mistyped flag) shows with its secrets redacted.
+type dsnFlag string
+
+func (d *dsnFlag) String() string     { return redact.DSN(string(*d)) }
+func (d *dsnFlag) Set(v string) error { *d = dsnFlag(v); return nil }
+
+// flagUsage returns what prints fs's usage: the command's text, then its
+// flags.
+func flagUsage(fs *flag.FlagSet, text string) func(io.Writer) {
+	return func(w io.Writer) {
+		fs.SetOutput(w)
+		defer fs.SetOutput(io.Discard)
+		fmt.Fprint(w, text)
+		fs.PrintDefaults()
+	}
+}
+
+// parseArgs parses the command line; every error is a *usageError, or a
+// *helpRequest for -h. The flag package prints nothing itself: the
+// message is printed once, by run.
+func parseArgs(args []string) (options, error) {
 	g := globals{timeout: 30 * time.Second}
 	top := flag.NewFlagSet("idemctl", flag.ContinueOnError)
-	top.SetOutput(stderr)
-	top.Usage = func() { fmt.Fprint(top.Output(), usageText+"\nGlobal flags:\n"); top.PrintDefaults() }
+	top.SetOutput(io.Discard)
+	top.Usage = func() {}
 	g.register(top)
+	topUsage := flagUsage(top, usageText+"\nGlobal flags:\n")
 	if err := top.Parse(args); err != nil {
-		return options{}, flagErr(err)
+		return options{}, flagErr(err, topUsage)
 	}
 	if top.NArg() == 0 {
-		top.Usage()
-		return options{}, usagef("no command")
+		return options{}, &usageError{"no command", topUsage}
 	}
 	o := options{cmd: top.Arg(0)}
 	fs := flag.NewFlagSet("idemctl "+o.cmd, flag.ContinueOnError)
-	fs.SetOutput(stderr)
+	fs.SetOutput(io.Discard)
+	fs.Usage = func() {}
 	g.register(fs)
+	fs.Lookup("store").DefValue = "" // a value given before the command is no default
 	var scope, after string
 	limit := 100
 	switch o.cmd {
 	case "inspect":
 		fs.BoolVar(&o.body, "body", false, "print the stored body too")
-		fs.StringVar(&scope, "scope", "", "the key's scope")
+		fs.StringVar(&o.keyring, "keyring", "", "with -body: the keyring `FILE` that opens a sealed body (see the package doc)")
+		fs.StringVar(&scope, "scope", "", "the key's scope (required; '' is the empty scope)")
 	case "forget":
-		fs.StringVar(&scope, "scope", "", "the key's scope")
+		fs.StringVar(&scope, "scope", "", "the key's scope (required; '' is the empty scope)")
 	case "list":
-		fs.StringVar(&scope, "scope", "", "the scope to list")
+		fs.StringVar(&scope, "scope", "", "the scope to list (required; '' is the empty scope)")
 		fs.IntVar(&limit, "limit", limit, fmt.Sprintf("keys on the page, 1 to %d", idempotency.MaxListLimit))
 		fs.StringVar(&after, "after", "", "the cursor a page printed, to list the next one")
 	case "purge":
@@ -108,18 +144,25 @@ func parseArgs(args []string, stderr io.Writer) (options, error) {
 		fs.IntVar(&o.batch, "batch", idempotency.DefaultPurgeBatch, "records deleted per transaction")
 	case "stats":
 	default:
-		top.Usage()
-		return options{}, usagef("unknown command %q", o.cmd)
+		return options{}, &usageError{fmt.Sprintf("unknown command %q", o.cmd), topUsage}
 	}
+	cmdUsage := flagUsage(fs, usageText+"\nFlags of "+o.cmd+" (and the global ones):\n")
 	pos, err := parseInterspersed(fs, top.Args()[1:])
 	if err != nil {
-		return options{}, flagErr(err)
+		return options{}, flagErr(err, cmdUsage)
 	}
-	if err := o.finish(g, pos, scope, after, limit); err != nil {
+	scopeGiven := false
+	fs.Visit(func(f *flag.Flag) { scopeGiven = scopeGiven || f.Name == "scope" })
+	if err := o.finish(g, pos, scope, scopeGiven, after, limit); err != nil {
 		return options{}, err
 	}
 	return o, nil
 }
+
+// helpRequest is -h: the usage is printed, and the exit status is 0.
+type helpRequest struct{ usage func(io.Writer) }
+
+func (*helpRequest) Error() string { return flag.ErrHelp.Error() }
 
 // parseInterspersed parses flags wherever they are among args (up to a
 // "--") and returns the positional arguments.
@@ -140,15 +183,16 @@ func parseInterspersed(fs *flag.FlagSet, args []string) ([]string, error) {
 	}
 }
 
-func flagErr(err error) error {
+// flagErr is the error of a flag the flag package refused.
+func flagErr(err error, usage func(io.Writer)) error {
 	if errors.Is(err, flag.ErrHelp) {
-		return err
+		return &helpRequest{usage}
 	}
-	return &usageError{err.Error()}
+	return &usageError{err.Error(), usage}
 }
 
 // finish checks the flags and arguments of o.cmd and fills o.
-func (o *options) finish(g globals, pos []string, scope, after string, limit int) error {
+func (o *options) finish(g globals, pos []string, scope string, scopeGiven bool, after string, limit int) error {
 	if g.timeout <= 0 {
 		return usagef("-timeout %v: want a positive duration", g.timeout)
 	}
@@ -157,7 +201,7 @@ func (o *options) finish(g globals, pos []string, scope, after string, limit int
 	}
 	t, err := storedsn.Parse(g.dsn)
 	if err != nil {
-		return &usageError{err.Error()}
+		return &usageError{msg: err.Error()} // redacted by storedsn
 	}
 	switch {
 	case t.Kind == storedsn.Redis && g.table != "":
@@ -176,15 +220,22 @@ func (o *options) finish(g globals, pos []string, scope, after string, limit int
 		}
 		return usagef("%s takes no arguments, got %q", o.cmd, pos)
 	}
+	if t.Kind == storedsn.Redis {
+		if reason := redisRefuses(o.cmd); reason != "" {
+			return usagef("%s", reason)
+		}
+	}
+	if (wantArgs == 1 || o.cmd == "list") && !scopeGiven {
+		return usagef("%s: -scope is required: a key lives in one scope (the account your service names with it); "+
+			"give -scope '' for the empty scope", o.cmd)
+	}
+	if o.keyring != "" && !o.body {
+		return usagef("-keyring opens a sealed body: give -body too")
+	}
 	if wantArgs == 1 {
 		o.key = idempotency.Key{Scope: scope, ID: pos[0]}
 		if err := o.key.Validate(); err != nil {
-			return &usageError{fmt.Sprintf("key %v: %v", o.key, err)}
-		}
-	}
-	if t.Kind == storedsn.Redis {
-		if reason := redisRefuses(o.cmd); reason != "" {
-			return &usageError{reason}
+			return usagef("key %v: %v", o.key, err)
 		}
 	}
 	switch o.cmd {
@@ -270,22 +321,48 @@ func exitCode(err error) int {
 	return exitStore
 }
 
-// run is the whole command; it returns the exit status.
+// run is the whole command; it returns the exit status. Everything it
+// prints on stderr has the secrets of every -store value of args redacted.
 func run(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 	storedsn.QuietRedis() // its errors reach stderr through ours
-	o, err := parseArgs(args, stderr)
-	if errors.Is(err, flag.ErrHelp) {
+	errw := redact.Writer(stderr, storeValues(args)...)
+	defer func() { _ = errw.Flush() }()
+	o, err := parseArgs(args)
+	if h, ok := errors.AsType[*helpRequest](err); ok {
+		h.usage(errw)
 		return exitOK
 	}
 	if err != nil {
-		fmt.Fprintf(stderr, "idemctl: %v\n", err)
+		fmt.Fprintf(errw, "idemctl: %v\n", err)
+		if ue, ok := errors.AsType[*usageError](err); ok && ue.usage != nil {
+			fmt.Fprintln(errw)
+			ue.usage(errw)
+		}
 		return exitUsage
 	}
 	ctx, cancel := context.WithTimeout(ctx, o.timeout)
 	defer cancel()
 	if err := execute(ctx, o, stdout); err != nil {
-		fmt.Fprintf(stderr, "idemctl: %s: %v\n", o.cmd, err)
+		fmt.Fprintf(errw, "idemctl: %s: %v\n", o.cmd, err)
 		return exitCode(err)
 	}
 	return exitOK
+}
+
+// storeValues returns the values of the -store flags of args, whatever
+// their position and spelling (-store V, --store V, -store=V).
+func storeValues(args []string) []string {
+	var vs []string
+	for i, a := range args {
+		name, value, hasValue := strings.Cut(strings.TrimLeft(a, "-"), "=")
+		if !strings.HasPrefix(a, "-") || name != "store" {
+			continue
+		}
+		if hasValue {
+			vs = append(vs, value)
+		} else if i+1 < len(args) {
+			vs = append(vs, args[i+1])
+		}
+	}
+	return vs
 }

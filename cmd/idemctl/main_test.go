@@ -474,18 +474,23 @@ func TestBadInput(t *testing.T) {
 		{nil, "no command"},
 		{[]string{"-store", rd, "frobnicate"}, `unknown command "frobnicate"`},
 		{[]string{"inspect", "x"}, "-store is required"},
-		{[]string{"-store", "127.0.0.1:6379", "inspect", "x"}, "a bare host:port names no store"},
+		{[]string{"-store", "127.0.0.1:6379", "inspect", "-scope", "", "x"}, "a bare host:port names no store"},
 		{[]string{"-store", rd, "inspect"}, "inspect takes one key ID, got 0 arguments"},
 		{[]string{"-store", rd, "inspect", "a", "b"}, "inspect takes one key ID, got 2 arguments"},
-		{[]string{"-store", rd, "inspect", ""}, "id is empty"},
-		{[]string{"-store", rd, "forget", "a\tb"}, "not printable ASCII"},
-		{[]string{"-store", rd, "forget", strings.Repeat("x", idempotency.MaxIDLen+1)}, "longer than"},
+		{[]string{"-store", rd, "inspect", "-scope", "", ""}, "id is empty"},
+		{[]string{"-store", rd, "forget", "-scope", "", "a\tb"}, "not printable ASCII"},
+		{[]string{"-store", rd, "forget", "-scope=", strings.Repeat("x", idempotency.MaxIDLen+1)}, "longer than"},
 		{[]string{"-store", rd, "inspect", "-scope", "a\x00b", "x"}, "NUL"},
 		{[]string{"-store", rd, "-table", "t", "inspect", "x"}, "-table is for the SQL stores"},
 		{[]string{"-store", db, "-prefix", "p:", "inspect", "x"}, "-prefix is for Redis"},
-		{[]string{"-store", db, "list", "-limit", "0"}, "-limit 0: want 1 to 1000"},
-		{[]string{"-store", db, "list", "-limit", "1001"}, "-limit 1001"},
-		{[]string{"-store", db, "list", "-after", "x"}, "want the cursor a page printed"},
+		{[]string{"-store", db, "list", "-scope", "s", "-limit", "0"}, "-limit 0: want 1 to 1000"},
+		{[]string{"-store", db, "list", "-scope", "s", "-limit", "1001"}, "-limit 1001"},
+		{[]string{"-store", db, "list", "-scope", "s", "-after", "x"}, "want the cursor a page printed"},
+		// -scope is required where a key is named; -scope '' is the empty scope.
+		{[]string{"-store", rd, "inspect", "x"}, "inspect: -scope is required: a key lives in one scope (the account your service names with it); give -scope '' for the empty scope"},
+		{[]string{"-store", rd, "forget", "x"}, "forget: -scope is required"},
+		{[]string{"-store", db, "list"}, "list: -scope is required"},
+		{[]string{"-store", db, "inspect", "-scope", "s", "-keyring", "k", "x"}, "-keyring opens a sealed body: give -body too"},
 		{[]string{"-store", db, "purge", "-batch", "0"}, "-batch 0"},
 		{[]string{"-store", db, "stats", "extra"}, "stats takes no arguments"},
 		{[]string{"-store", db, "-timeout", "0s", "stats"}, "-timeout 0s"},
@@ -504,7 +509,7 @@ func TestBadInput(t *testing.T) {
 		t.Errorf("files created: %v", left)
 	}
 	// A store that cannot be reached is a store error.
-	if code, _, errs := runCmd(t, ctx, "-store", rd, "inspect", "x"); code != 3 || !strings.Contains(errs, "redis: 127.0.0.1:1") {
+	if code, _, errs := runCmd(t, ctx, "-store", rd, "inspect", "-scope", "", "x"); code != 3 || !strings.Contains(errs, "redis: 127.0.0.1:1") {
 		t.Errorf("unreachable Redis: exit %d, %q; want 3", code, errs)
 	}
 }
@@ -573,7 +578,7 @@ func TestHumanOutput(t *testing.T) {
 		print func(*bytes.Buffer)
 		want  string
 	}{
-		"inspect unfinished": {func(b *bytes.Buffer) { printInfo(b, &unfinished) }, "" +
+		"inspect unfinished": {func(b *bytes.Buffer) { printInfo(b, &unfinished, false) }, "" +
 			"key:         " + unfinished.Key.String() + "\n" +
 			"state:       unfinished\n" +
 			"operation:   payment\n" +
@@ -584,7 +589,7 @@ func TestHumanOutput(t *testing.T) {
 			"created:     2026-03-01T12:00:00.250Z\n" +
 			"expires:     never\n" +
 			"lease ends:  2026-03-01T12:01:00.250Z\n"},
-		"inspect -body": {func(b *bytes.Buffer) { printInfo(b, &done) }, "" +
+		"inspect -body": {func(b *bytes.Buffer) { printInfo(b, &done, true) }, "" +
 			"key:         " + done.Key.String() + "\n" +
 			"state:       completed\n" +
 			"fingerprint: fp2\n" +

@@ -3,6 +3,7 @@ package main
 import (
 	"context"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"io"
 	"maps"
@@ -16,6 +17,13 @@ import (
 
 // execute runs the parsed command o and prints its result to stdout.
 func execute(ctx context.Context, o options, stdout io.Writer) error {
+	if o.keyring != "" {
+		c, err := loadKeyring(o.keyring)
+		if err != nil {
+			return err
+		}
+		o.codec = c
+	}
 	a, closeConns, err := open(ctx, o)
 	if err != nil {
 		return err
@@ -25,16 +33,19 @@ func execute(ctx context.Context, o options, stdout io.Writer) error {
 	case "inspect":
 		info, err := a.Inspect(ctx, o.key, o.body)
 		if err != nil {
+			if o.codec != nil && errors.Is(err, idempotency.ErrCodec) {
+				return fmt.Errorf("%w (the -keyring given cannot open this record: it needs the key it was sealed with)", err)
+			}
 			return err
 		}
-		return emit(stdout, o.json, keyJSON(info, true), func(w io.Writer) { printInfo(w, info) })
+		return emit(stdout, o.json, keyJSON(info, o.body), func(w io.Writer) { printInfo(w, info, o.body) })
 	case "forget":
 		info, err := a.Forget(ctx, o.key)
 		if err != nil {
 			return err
 		}
 		return emit(stdout, o.json, forgetJSON{Forgotten: keyJSON(info, true), Next: nextRuns}, func(w io.Writer) {
-			printInfo(w, info)
+			printInfo(w, info, false)
 			fmt.Fprintf(w, "forgotten: %s\n", nextRuns)
 		})
 	case "list":
@@ -100,8 +111,8 @@ func timeText(t time.Time) string {
 	return t.UTC().Format("2006-01-02T15:04:05.000Z")
 }
 
-// printInfo prints one key, one field a line.
-func printInfo(w io.Writer, info *idempotency.KeyInfo) {
+// printInfo prints one key, one field a line; withBody: inspect -body.
+func printInfo(w io.Writer, info *idempotency.KeyInfo, withBody bool) {
 	tw := tabwriter.NewWriter(w, 0, 0, 1, ' ', 0)
 	line := func(name, value string) { fmt.Fprintf(tw, "%s:\t%s\n", name, value) }
 	line("key", info.Key.String())
@@ -127,11 +138,20 @@ func printInfo(w io.Writer, info *idempotency.KeyInfo) {
 	if !info.LeaseEnds.IsZero() {
 		line("lease ends", timeText(info.LeaseEnds))
 	}
+	if info.Sealed {
+		line("sealed", "yes")
+	}
 	_ = tw.Flush()
-	if info.Body != nil {
+	switch {
+	case info.Body != nil:
 		fmt.Fprintf(w, "body:\n%s\n", info.Body)
+	case withBody && info.Sealed && info.BodyLen > 0:
+		fmt.Fprintf(w, "body: %s\n", sealedBody)
 	}
 }
+
+// sealedBody is what inspect -body prints for a sealed body it cannot open.
+const sealedBody = "sealed (give -keyring to open it)"
 
 func orDash(s string) string {
 	if s == "" {
@@ -189,18 +209,25 @@ type keyInfoJSON struct {
 	Header      map[string][]string `json:"header,omitempty"`
 	BodyLen     int                 `json:"body_len"`
 	Body        []byte              `json:"body,omitempty"`
-	Created     *time.Time          `json:"created,omitempty"`
-	Expires     *time.Time          `json:"expires,omitempty"`
-	LeaseEnds   *time.Time          `json:"lease_ends,omitempty"`
+	Sealed      bool                `json:"sealed,omitempty"`
+	// BodySealed is inspect -body's note for a sealed body it could not
+	// open (no -keyring).
+	BodySealed string     `json:"body_sealed,omitempty"`
+	Created    *time.Time `json:"created,omitempty"`
+	Expires    *time.Time `json:"expires,omitempty"`
+	LeaseEnds  *time.Time `json:"lease_ends,omitempty"`
 }
 
 func keyJSON(info *idempotency.KeyInfo, withBody bool) keyInfoJSON {
 	j := keyInfoJSON{Scope: info.Key.Scope, ID: info.Key.ID, KeyHash: info.Key.Hash(), State: info.State.String(),
 		Operation: info.Operation, Step: info.Step, Tries: info.Tries, Failure: info.Failure, Fingerprint: info.Fingerprint,
 		Status: info.Status, Header: info.Header, BodyLen: info.BodyLen, Created: timeJSON(info.CreatedAt),
-		Expires: timeJSON(info.ExpiresAt), LeaseEnds: timeJSON(info.LeaseEnds)}
+		Expires: timeJSON(info.ExpiresAt), LeaseEnds: timeJSON(info.LeaseEnds), Sealed: info.Sealed}
 	if withBody {
 		j.Body = info.Body
+		if info.Sealed && info.Body == nil && info.BodyLen > 0 {
+			j.BodySealed = sealedBody
+		}
 	}
 	return j
 }

@@ -27,9 +27,14 @@ type admin interface {
 	Purge(ctx context.Context) (int, error)
 }
 
-// guardConfig is the Guard idemctl runs on a store.
+// guardConfig is the Guard idemctl runs on a store: with the Codec of
+// -keyring, it opens a sealed body.
 func guardConfig(o options) *idempotency.Config {
-	return &idempotency.Config{PurgeBatch: o.batch}
+	cfg := &idempotency.Config{PurgeBatch: o.batch}
+	if o.codec != nil {
+		cfg.Codec = o.codec
+	}
+	return cfg
 }
 
 // open connects to the store o names and returns a Guard on it, and what
