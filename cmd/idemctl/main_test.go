@@ -23,7 +23,13 @@ import (
 
 // TestMain says, before the tests start, which server backends will not
 // run here and the variable that enables each.
-func TestMain(m *testing.M) { testenv.Main(m, testenv.Postgres, testenv.MySQL, testenv.Redis) }
+// With asMainEnv=1 the test binary is idemctl itself (see runProcess).
+func TestMain(m *testing.M) {
+	if os.Getenv(asMainEnv) == "1" {
+		main()
+	}
+	testenv.Main(m, testenv.Postgres, testenv.MySQL, testenv.Redis)
+}
 
 // runCmd runs idemctl in-process and returns its exit status and output.
 func runCmd(t *testing.T, ctx context.Context, args ...string) (int, string, string) {
