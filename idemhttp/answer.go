@@ -186,6 +186,12 @@ func (h *handler[Tx]) fail(w http.ResponseWriter, r *http.Request, ev *Event, er
 	case errors.Is(err, idempotency.ErrInvalidResponse), errors.Is(err, idempotency.ErrInvalidKey), errors.Is(err, idempotency.ErrInvalidFingerprint):
 		ev.Outcome = idempotency.Internal
 		h.problem(w, r, ev, &Problem{Type: ProblemInternal, Title: "Idempotency middleware failed", Status: http.StatusInternalServerError})
+	case errors.Is(err, idempotency.ErrSchema):
+		// The store's table is missing or out of date: no retry cures it,
+		// so no 503 and no Retry-After. OnError has the table's name.
+		ev.Outcome = idempotency.Internal
+		h.problem(w, r, ev, &Problem{Type: ProblemInternal, Title: "Idempotency middleware failed", Status: http.StatusInternalServerError,
+			Detail: "The idempotency store is not set up for this service (its schema is missing or out of date); nothing was applied."})
 	default:
 		// idempotency.ErrStore (connection cut, timeout, busy database,
 		// conflicts past the retries) and any other store error: fail closed.

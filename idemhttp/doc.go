@@ -96,7 +96,8 @@
 //	500     ProblemNoResponse        the handler wrote nothing; its writes were rolled back
 //	500     ProblemInternal          misconfiguration (no Scope: every guarded request; nil guard, failing Scope, invalid
 //	                                 scope, invalid status, the handler wrote around the middleware: then every later
-//	                                 request, before the handler runs)
+//	                                 request, before the handler runs; the store's table missing or out of date:
+//	                                 idempotency.ErrSchema, no Retry-After)
 //	503     ProblemStoreUnavailable  the key store failed (idempotency.ErrStore: cut connection, timeout, database
 //	                                 busy with another writer); the handler did not run or was rolled back (sent with Retry-After)
 //

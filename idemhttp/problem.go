@@ -54,7 +54,10 @@ const (
 	// [ErrNoScope]; nil guard; Scope failed or returned an invalid scope;
 	// the handler wrote an invalid status; or it is mounted so that the handler writes around
 	// it: [ErrWriterBypassed], then [ErrBypassRefused] for every later
-	// request). The handler's writes, if any, were rolled back.
+	// request), or the store's table is missing or out of date
+	// ([idempotency.ErrSchema]: sent without Retry-After, since no retry
+	// helps until the table is migrated). The handler's writes, if any,
+	// were rolled back.
 	ProblemInternal = problemBase + "ProblemInternal"
 	// ProblemStoreUnavailable (503): the key store failed
 	// ([idempotency.ErrStore]: connection cut, timeout, a database busy
