@@ -100,8 +100,12 @@ type server struct {
 
 // TxFrom returns the transaction [UnaryServerInterceptor] opened for the
 // call whose context is ctx. ok is false outside a guarded call (a method
-// not guarded, an optional key left out) or when Tx is not the guard's
-// transaction type.
+// not guarded, an optional key left out): check it, and do not act
+// without the transaction. A Tx other than the guard's transaction type
+// is a programming error: TxFrom panics with a *[idempotency.TxTypeError]
+// naming both types, before the handler's first write (gRPC does not
+// recover a handler's panic: install a recovery interceptor outside this
+// one to answer Internal instead).
 func TxFrom[Tx any](ctx context.Context) (tx Tx, ok bool) {
 	return idempotency.TxFrom[Tx](ctx)
 }

@@ -171,7 +171,12 @@ func ExampleMiddleware_handler() {
 
 	// readme:begin http-nethttp
 	pay := http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		tx, _ := idemhttp.TxFrom[*sql.Tx](r.Context()) // the transaction that holds the key
+		tx, ok := idemhttp.TxFrom[*sql.Tx](r.Context()) // the transaction that holds the key
+		if !ok {
+			// not a guarded request: never act without the transaction
+			http.Error(w, "not guarded", http.StatusInternalServerError)
+			return
+		}
 		if _, err := tx.ExecContext(r.Context(), `INSERT INTO payments (amount) VALUES (1999)`); err != nil {
 			http.Error(w, "payment failed", http.StatusInternalServerError) // 5xx: rolled back, not stored
 			return

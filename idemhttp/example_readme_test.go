@@ -55,7 +55,12 @@ func newMux(ctx context.Context, pool *pgxpool.Pool) (*http.ServeMux, error) {
 }
 
 func createPayment(w http.ResponseWriter, r *http.Request) {
-	tx, _ := idemhttp.TxFrom[pgx.Tx](r.Context()) // *sql.Tx with the sqlite store
+	tx, ok := idemhttp.TxFrom[pgx.Tx](r.Context()) // *sql.Tx with the sqlite store
+	if !ok {
+		// not a guarded request: never act without the transaction
+		http.Error(w, "not guarded", http.StatusInternalServerError)
+		return
+	}
 	var p struct {
 		OrderID int64 `json:"orderId"`
 		Amount  int64 `json:"amount"`

@@ -55,7 +55,11 @@ func ExampleMiddleware() {
 	})
 	mux := http.NewServeMux()
 	mux.Handle("POST /orders", mw(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		tx, _ := idemhttp.TxFrom[*sql.Tx](r.Context())
+		tx, ok := idemhttp.TxFrom[*sql.Tx](r.Context())
+		if !ok { // not a guarded request: never act without the transaction
+			http.Error(w, "not guarded", http.StatusInternalServerError)
+			return
+		}
 		var id int64
 		if err := tx.QueryRowContext(r.Context(), `INSERT INTO orders (item) VALUES ('book') RETURNING id`).Scan(&id); err != nil {
 			http.Error(w, "failed", http.StatusInternalServerError) // rolled back, not stored

@@ -102,8 +102,11 @@ type handler[Tx any] struct {
 
 // TxFrom returns the transaction [Middleware] opened for the request whose
 // context is ctx. ok is false outside a guarded request: another method,
-// or an optional key left out. It is also false when Tx is not the guard's
-// transaction type.
+// or an optional key left out; check it, and answer without acting.
+// A Tx other than the guard's transaction type (TxFrom[*sql.Tx] under a
+// pgx Guard) is a programming error: TxFrom panics with a
+// *[idempotency.TxTypeError] naming both types, before the handler's
+// first write; the middleware rolls back and re-raises it.
 // It reads what [idempotency.WithTx] stored, as [idempotency.TxFrom] does.
 func TxFrom[Tx any](ctx context.Context) (tx Tx, ok bool) {
 	return idempotency.TxFrom[Tx](ctx)

@@ -92,7 +92,11 @@ func Example() {
 	r.Route("/payments", func(r chi.Router) {
 		r.Use(idemhttp.Middleware(guard, &idemhttp.Config{Scope: accountScope})) // guards POST and PATCH; GET passes through
 		r.Post("/", func(w http.ResponseWriter, r *http.Request) {
-			tx, _ := idemhttp.TxFrom[*sql.Tx](r.Context())
+			tx, ok := idemhttp.TxFrom[*sql.Tx](r.Context())
+			if !ok { // not a guarded request: never act without the transaction
+				http.Error(w, "not guarded", http.StatusInternalServerError)
+				return
+			}
 			var id int64
 			if err := tx.QueryRowContext(r.Context(), `INSERT INTO payments (amount) VALUES (1999) RETURNING id`).Scan(&id); err != nil {
 				http.Error(w, "payment failed", http.StatusInternalServerError) // rolled back

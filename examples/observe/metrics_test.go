@@ -93,7 +93,11 @@ func TestSevenMetrics(t *testing.T) {
 			slowStarted.Do(func() { close(started) })
 			<-release
 		case "/rollback": // a buggy handler: its commit will fail
-			tx, _ := idemhttp.TxFrom[*sql.Tx](r.Context())
+			tx, ok := idemhttp.TxFrom[*sql.Tx](r.Context())
+			if !ok {
+				http.Error(w, "not guarded", http.StatusInternalServerError)
+				return
+			}
 			_ = tx.Rollback()
 		}
 		w.WriteHeader(http.StatusCreated)

@@ -91,7 +91,10 @@ func ExampleMiddleware() {
 	e := echo.New()
 	e.Use(middleware.Recover())
 	e.POST("/payments", func(c echo.Context) error {
-		tx, _ := idemecho.TxFrom[*sql.Tx](c)
+		tx, ok := idemecho.TxFrom[*sql.Tx](c)
+		if !ok { // not a guarded request: never act without the transaction
+			return echo.NewHTTPError(http.StatusInternalServerError, "not guarded")
+		}
 		var in struct {
 			Amount int `json:"amount"`
 		}

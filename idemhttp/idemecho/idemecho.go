@@ -17,7 +17,10 @@
 //	e.POST("/payments", createPayment, idemecho.Middleware(guard, cfg))
 //
 //	func createPayment(c echo.Context) error {
-//		tx, _ := idemecho.TxFrom[*sql.Tx](c)
+//		tx, ok := idemecho.TxFrom[*sql.Tx](c)
+//		if !ok { // not guarded: the middleware is not mounted on this route
+//			...
+//		}
 //		...
 //		return c.JSON(http.StatusCreated, payment)
 //	}
@@ -67,7 +70,8 @@ func Middleware[Tx any](g *idempotency.Guard[Tx], cfg *idemhttp.Config) echo.Mid
 }
 
 // TxFrom returns the transaction the middleware opened for c's request;
-// see [idemhttp.TxFrom].
+// see [idemhttp.TxFrom]: check ok, and call it with the Guard's Tx (another
+// type panics with a *[idempotency.TxTypeError] naming both).
 func TxFrom[Tx any](c echo.Context) (Tx, bool) {
 	return idemhttp.TxFrom[Tx](c.Request().Context())
 }

@@ -91,7 +91,11 @@ func ExampleMiddleware() {
 	app := fiber.New(fiber.Config{DisableStartupMessage: true})
 	app.Use(recover.New())
 	app.Post("/payments", idemfiber.Middleware(guard, &idemhttp.Config{Scope: accountScope}), func(c *fiber.Ctx) error {
-		tx, _ := idemfiber.TxFrom[*sql.Tx](c) // also in c.UserContext()
+		tx, ok := idemfiber.TxFrom[*sql.Tx](c) // also in c.UserContext()
+		if !ok {
+			// not a guarded request: never act without the transaction
+			return fiber.NewError(fiber.StatusInternalServerError, "not guarded")
+		}
 		var in struct {
 			Amount int `json:"amount"`
 		}

@@ -16,7 +16,10 @@
 //	app.Post("/payments", idemfiber.Middleware(guard, cfg), createPayment)
 //
 //	func createPayment(c *fiber.Ctx) error {
-//		tx, _ := idemfiber.TxFrom[*sql.Tx](c)
+//		tx, ok := idemfiber.TxFrom[*sql.Tx](c)
+//		if !ok { // not guarded: the middleware is not mounted on this route
+//			...
+//		}
 //		...
 //		return c.Status(fiber.StatusCreated).JSON(payment)
 //	}
@@ -173,7 +176,8 @@ func (w *writer) Write(p []byte) (int, error) {
 }
 
 // TxFrom returns the transaction the middleware opened for c's request
-// (in c.UserContext()); see [idemhttp.TxFrom].
+// (in c.UserContext()); see [idemhttp.TxFrom]: check ok, and call it with
+// the Guard's Tx (another type panics with a *[idempotency.TxTypeError]).
 func TxFrom[Tx any](c *fiber.Ctx) (Tx, bool) {
 	return idemhttp.TxFrom[Tx](c.UserContext())
 }

@@ -91,7 +91,11 @@ func ExampleMiddleware() {
 	r := gin.New()
 	r.Use(gin.Recovery())
 	r.POST("/payments", idemgin.Middleware(guard, &idemhttp.Config{Scope: accountScope}), func(c *gin.Context) {
-		tx, _ := idemgin.TxFrom[*sql.Tx](c)
+		tx, ok := idemgin.TxFrom[*sql.Tx](c)
+		if !ok { // not a guarded request: never act without the transaction
+			c.AbortWithStatus(http.StatusInternalServerError)
+			return
+		}
 		var in struct {
 			Amount int `json:"amount" binding:"required"`
 		}

@@ -25,7 +25,10 @@
 //	r.POST("/payments", idemgin.Middleware(guard, cfg), createPayment)
 //
 //	func createPayment(c *gin.Context) {
-//		tx, _ := idemgin.TxFrom[*sql.Tx](c)
+//		tx, ok := idemgin.TxFrom[*sql.Tx](c)
+//		if !ok { // not guarded: the middleware is not mounted on this route
+//			...
+//		}
 //		...
 //		c.JSON(http.StatusCreated, payment)
 //	}
@@ -86,7 +89,8 @@ func Middleware[Tx any](g *idempotency.Guard[Tx], cfg *idemhttp.Config) gin.Hand
 }
 
 // TxFrom returns the transaction the middleware opened for c's request;
-// see [idemhttp.TxFrom].
+// see [idemhttp.TxFrom]: check ok, and call it with the Guard's Tx (another
+// type panics with a *[idempotency.TxTypeError] naming both).
 func TxFrom[Tx any](c *gin.Context) (Tx, bool) {
 	return idemhttp.TxFrom[Tx](c.Request.Context())
 }
