@@ -56,7 +56,8 @@
 //	Aborted              a call with the same key is still running; ErrorInfo reason IDEMPOTENCY_KEY_IN_PROGRESS,
 //	                     RetryInfo (1s) and the trailer grpc-retry-pushback-ms, honoured by grpc's retry policy
 //	Unavailable          the key store failed; nothing was committed; retry with the same key
-//	Internal             misconfiguration: nil guard, an invalid scope, a reply that is not a proto message
+//	Internal             misconfiguration: nil guard, an invalid scope, a reply that is not a proto message, the
+//	                     store's table missing or out of date (idempotency.ErrSchema: no retry helps until it is migrated)
 //	(the handler's)      the handler's own error, rolled back
 //
 // FailedPrecondition is the closest code for a reused key. The request is

@@ -319,7 +319,8 @@ func fail(ctx context.Context, c *server, method string, err error) error {
 	case ctx.Err() != nil && (errors.Is(err, context.Canceled) || errors.Is(err, context.DeadlineExceeded)):
 		return status.FromContextError(err).Err()
 	case errors.Is(err, errNotProto), errors.Is(err, idempotency.ErrInvalidResponse),
-		errors.Is(err, idempotency.ErrInvalidKey), errors.Is(err, idempotency.ErrInvalidFingerprint):
+		errors.Is(err, idempotency.ErrInvalidKey), errors.Is(err, idempotency.ErrInvalidFingerprint),
+		errors.Is(err, idempotency.ErrSchema): // a missing table: Internal, which no retry policy retries
 		return internal(ctx, c, method, err)
 	}
 	if c.onError != nil {
