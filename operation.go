@@ -57,6 +57,14 @@ type Operation[Tx any] struct {
 	// until it ends. Make it longer than the slowest Foreign step. Defaults
 	// to [DefaultLease].
 	Lease time.Duration
+	// Validate, if set, checks the input of [Guard.Run] before the key is
+	// taken: an error returns from Run as an *[InputError] (it matches
+	// [ErrInvalidInput]) with nothing stored, so the corrected request
+	// with the same key runs. (A step's [Stop] with a 400 is stored, and
+	// the corrected retry, another fingerprint, gets [ErrMismatch].) It
+	// runs on every call of Run, not when the [Completer] resumes a key:
+	// keep it accepting what it accepted before.
+	Validate func(ctx context.Context, input []byte) error
 }
 
 // DefaultLease is the [Operation.Lease] used when it is zero.
@@ -235,6 +243,9 @@ func (op *Operation[Tx]) index(name string) (int, error) {
 // error wrapping [errors.ErrUnsupported]. op is checked first: a bad one
 // gives [ErrInvalidConfig] and nothing is written.
 func (g *Guard[Tx]) Run(ctx context.Context, key Key, fingerprint string, input []byte, op *Operation[Tx]) (Response, error) {
+	if err := op.checkInput(ctx, input); err != nil {
+		return Response{}, err // before the key is taken: nothing stored
+	}
 	start := time.Now()
 	resp, step, err := g.runOp(ctx, key, fingerprint, input, op, false)
 	if g.cfg.Observer != nil {
