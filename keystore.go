@@ -769,7 +769,9 @@ func (q ListQuery) Validate() error {
 //     revision and writes them with a compare-and-swap on it, retried
 //     when another admission wrote first. A read followed by an
 //     unconditional write is not enough: racing admissions overwrite each
-//     other and count more than the limit.
+//     other and count more than the limit. An admission that meets a
+//     conflict it cannot settle (a serialization failure) counts nothing
+//     and returns an error wrapping [ErrConflict]; the caller may retry.
 //   - A key with a live completed record (by the store's clock) is not
 //     counted and never refused: its replay costs nothing.
 //   - Over a limit, nothing is counted.

@@ -25,7 +25,24 @@
 //     refused;
 //   - checks TTLs counted from completion, clock and TTL extremes,
 //     byte-exact headers, record ownership, in-memory waiting and the
-//     bound on waits in the store.
+//     bound on waits in the store;
+//   - checks expiry on the store's own clock too (TTLExpiryStoreClock), so
+//     that a store that expires records only under a test clock fails,
+//     and a store that cannot take a test clock ([Features].NoClock,
+//     [Features].ExpiryGranularity) is still checked;
+//   - checks every optional interface the store implements:
+//     [idempotency.Stepper] (including a phase whose lease runs out while
+//     it is open), [idempotency.KeyAdmin], [idempotency.KeyLister],
+//     [idempotency.QuotaCounter] (atomic admissions, free replays, refusals
+//     that count nothing) and [idempotency.Migrator]; the cases of an
+//     interface the store lacks are skipped, naming it;
+//   - runs instances of the store on hosts whose clocks are an hour apart
+//     when the fixture sets [Fixture].ReopenAt, and lets a holder die with
+//     its lease held (LeaseHolderDies).
+//
+// docs/backends.md lists every case, the leases and TTLs it uses and the
+// clocks it drives; [Features] says what a store may declare it cannot do,
+// and which rule the suite then checks instead.
 //
 // A store that reserves the key in one transaction and commits the effect
 // in another fails the suite.
@@ -97,7 +114,10 @@ type Fixture[Tx any] struct {
 type Options struct {
 	// MaxConns, when > 0, caps the store's connection pool at that many
 	// connections (the suite uses 2 to prove that no call asks for a
-	// second connection while holding one).
+	// second connection while holding one). For a client that multiplexes
+	// every call over one connection (gRPC, HTTP/2), it caps the calls in
+	// flight: the fixture admits at most MaxConns requests outstanding at
+	// once, for example with a semaphore around the client.
 	MaxConns int
 	// Lease, when > 0, asks for a store whose lease on a held key is this
 	// long. The lease runs out this long after it was taken, whatever fn
