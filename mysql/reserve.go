@@ -29,7 +29,37 @@ import (
 // innodb_lock_wait_timeout=N FOR INSERT ...); MySQL needs the session's
 // innodb_lock_wait_timeout set and restored around it (see the package
 // documentation).
+//
+// A first try (r.Wait == 0) of a caller that waits (not r.NoWait, its
+// deadline ahead) that meets a conflict reports the key as possibly held
+// (see mayBeHeld), so that the caller makes its waiting try.
 func (s *Store) Reserve(ctx context.Context, r idempotency.Reservation) (idempotency.Txn[*sql.Tx], *idempotency.Record, error) {
+	t, rec, err := s.reserve(ctx, r)
+	return t, rec, mayBeHeld(ctx, r, err)
+}
+
+// mayBeHeld reports err, a conflict ([idempotency.ErrConflict]) met by the
+// first try of a caller that waits (r.Wait == 0, not r.NoWait, r.Deadline
+// ahead), as [idempotency.ErrInProgress]: the key may be held, and the
+// caller then makes its waiting try, which waits for the holder (bounded
+// by r.Deadline) or finds the key free. On a Galera cluster with streaming
+// replication a key another node has just reserved gives such conflicts
+// for a moment: the reservation's row reaches this node certified but not
+// yet applied, and a no-wait INSERT here fails certification (1213), or is
+// refused by the applier's locks while the probe that follows finds none
+// (1205). Retried without waiting, ten of those in a row ended the call
+// with ErrStore long before the holder answered. Any other error, and
+// every error of a NoWait caller, of a waiting try or past the deadline,
+// is returned as it is.
+func mayBeHeld(ctx context.Context, r idempotency.Reservation, err error) error {
+	if err == nil || r.Wait != 0 || r.NoWait || ctx.Err() != nil || !time.Now().Before(r.Deadline) ||
+		!errors.Is(err, idempotency.ErrConflict) || errors.Is(err, idempotency.ErrInProgress) {
+		return err
+	}
+	return fmt.Errorf("%w: mysql: key %v (no wait) may be held: %v", idempotency.ErrInProgress, r.Key, err)
+}
+
+func (s *Store) reserve(ctx context.Context, r idempotency.Reservation) (idempotency.Txn[*sql.Tx], *idempotency.Record, error) {
 	if r.TTL <= 0 {
 		return nil, nil, fmt.Errorf("%w: mysql: key %v: reservation TTL %v", idempotency.ErrInvalidConfig, r.Key, r.TTL)
 	}

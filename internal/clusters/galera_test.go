@@ -61,6 +61,8 @@ func TestGalera(t *testing.T) {
 		t.Run("Default", func(t *testing.T) { galeraSameKey(t, g, "") })
 		t.Run("Streaming", func(t *testing.T) { galeraSameKey(t, g, streaming) })
 	})
+	t.Run("StreamingFirstTry", func(t *testing.T) { galeraFirstTry(t, g) })
+	t.Run("StreamingWaits", func(t *testing.T) { galeraStreamingWaits(t, g) })
 	t.Run("Latency", func(t *testing.T) { galeraLatency(t, g) })
 	t.Run("CertificationFailureRetried", func(t *testing.T) { galeraCertification(t, g) })
 	t.Run("Operations", func(t *testing.T) { galeraOperations(t, g) })
