@@ -79,8 +79,25 @@ func TestWaitReplicasWithoutReplica(t *testing.T) {
 	if d := time.Since(start); d < 50*time.Millisecond {
 		t.Fatalf("refused after %v, before ReplicaTimeout", d)
 	}
-	resp, err := g.Do(ctx, key, "fp", fn)
+	// A replay is not answered before a replica has the record either:
+	// refused on the lone server, through either path of the reservation
+	// (the first look at a key, and a caller's after it saw the key).
+	for i := range 2 {
+		if _, err := g.Do(ctx, key, "fp", fn); !errors.Is(err, redis.ErrNotReplicated) || runs != 1 {
+			t.Fatalf("replay %d, no replica, WaitReplicas 1: got %v, fn ran %d times; want ErrNotReplicated, fn run once", i+1, err, runs)
+		}
+	}
+	// Without WaitReplicas the same server replays the applied completion.
+	plain, err := redis.New(client, &redis.Config{Prefix: prefix})
+	if err != nil {
+		t.Fatal(err)
+	}
+	pg, err := idempotency.New(plain, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	resp, err := pg.Do(ctx, key, "fp", fn)
 	if err != nil || !resp.Replayed || string(resp.Body) != "done" || runs != 1 {
-		t.Fatalf("retry on the same server: %+v, %v, fn ran %d times; want the applied completion replayed, fn run once", resp, err, runs)
+		t.Fatalf("retry on the same server without WaitReplicas: %+v, %v, fn ran %d times; want the applied completion replayed, fn run once", resp, err, runs)
 	}
 }

@@ -112,8 +112,12 @@ func (s *Store) reserveArgs(r idempotency.Reservation, token, dead string) ([]an
 	if err != nil {
 		return nil, err
 	}
+	mark := "" // see reserveLua; Cluster and Ring mark with confirmLua
+	if s.repl.replicas > 0 && s.single != nil {
+		mark = "1"
+	}
 	return []any{token, r.Key.Scope, r.Key.ID, r.Fingerprint,
-		now, r.TTL.Milliseconds(), s.lease.Milliseconds(), dead}, nil
+		now, r.TTL.Milliseconds(), s.lease.Milliseconds(), dead, mark}, nil
 }
 
 // try runs the reservation script once under token, taking the key over
@@ -123,6 +127,9 @@ func (s *Store) reserveArgs(r idempotency.Reservation, token, dead string) ([]an
 func (s *Store) try(ctx context.Context, k keys, r idempotency.Reservation, token, dead string) (tryResult, error) {
 	if s.single != nil && r.Wait == 0 && dead == "" && !s.seen.has(k.id) {
 		return s.tryWatched(ctx, k, r, token)
+	}
+	if s.single != nil && s.repl.replicas > 0 {
+		return s.tryReplicated(ctx, k, r, token, dead)
 	}
 	args, err := s.reserveArgs(r, token, dead)
 	if err != nil {
@@ -136,7 +143,12 @@ func (s *Store) try(ctx context.Context, k keys, r idempotency.Reservation, toke
 		}
 		return tryResult{}, mapError("reserve", err)
 	}
-	return s.parseReserve(k, r, vals, sent)
+	out, err := s.parseReserve(k, r, vals, sent)
+	if err == nil && out.rec != nil {
+		// replicas.go: not answered before the replicas have the record.
+		err = s.confirmReplicated(ctx, k, r.Key)
+	}
+	return out, err
 }
 
 // parseReserve reads the reply of the reservation script, sent at sent.

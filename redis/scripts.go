@@ -49,7 +49,12 @@ const maxExpiryMs = "9223372036854"
 //   - TTL ms: the provisional expiry is the clock plus it;
 //   - lease ms;
 //   - a token of this Store whose reservation is over ("" if none). A
-//     record pending under it is taken over.
+//     record pending under it is taken over;
+//   - "1" when the caller will WAIT for replicas before it answers a
+//     completed record ([Config.WaitReplicas]), else "". The script then
+//     writes the record's state again (the same value) when it returns it
+//     completed: a write of the caller's own, after the completion in the
+//     replication stream, which WAIT on the same connection can count.
 //
 // A record in state "abandoned" (see abandonLua) is free, except to
 // its own token. Returns {"reserved"}, {"abandoned"} (the caller already
@@ -63,6 +68,9 @@ if r[1] == 'abandoned' then
   end
 elseif r[1] == 'completed' then
   if tonumber(r[8]) > now then
+    if ARGV[9] == '1' then
+      redis.call('HSET', KEYS[1], 'state', 'completed')
+    end
     return {'completed', r[3], r[4], r[5], r[6], r[7], r[8], r[9], r[10], string.format('%.0f', now)}
   end
 elseif r[1] == 'pending' then

@@ -144,6 +144,11 @@ func (s *Store) tryWatched(ctx context.Context, k keys, r idempotency.Reservatio
 		out.conn = cn
 		return out, nil
 	}
+	if err == nil && out.rec != nil {
+		// replicas.go: the script wrote after reading the completed
+		// record; a replay waits for that write on this connection.
+		err = s.repl.replayReplicated(ctx, cn.tx, r.Key)
+	}
 	s.unwatch(ctx, cn)
 	return out, err
 }

@@ -189,3 +189,66 @@ func (r *RedisSet) Failover() {
 	}
 	r.AwaitFailover()
 }
+
+// Flip asks the Sentinel for a graceful failover from whichever server is
+// the primary now to the other, and waits until the other is the primary,
+// the Sentinel names it, and the old primary replicates from it, in sync
+// and known to the Sentinel as a good replica: the next Flip can then go
+// back. It returns the new primary's address. Unlike Failover it can be
+// called again and again (the first one promotes the replica).
+func (r *RedisSet) Flip() string {
+	r.t.Helper()
+	s := goredis.NewSentinelClient(&goredis.Options{Addr: r.SentinelAddr()})
+	defer s.Close()
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	addr, err := s.GetMasterAddrByName(ctx, SentinelMaster).Result()
+	cancel()
+	if err != nil || len(addr) != 2 {
+		r.t.Fatalf("the Sentinel's primary: %v %v", addr, err)
+	}
+	from, to := r.PrimaryAddr(), r.ReplicaAddr()
+	if addr[1] == strconv.Itoa(r.replicaPort) {
+		from, to = to, from
+	}
+	// The Sentinel refuses while its last failover is still being wrapped
+	// up, or while it does not yet count the replica as good.
+	waitFor(r.t, 60*time.Second, "the Sentinel to accept SENTINEL FAILOVER", func(ctx context.Context) error {
+		return s.Failover(ctx, SentinelMaster).Err()
+	}, r.primary, r.replica, r.sentinel)
+	waitFor(r.t, 60*time.Second, "the failover from "+from+" to "+to, func(ctx context.Context) error {
+		addr, err := s.GetMasterAddrByName(ctx, SentinelMaster).Result()
+		if err != nil {
+			return err
+		}
+		if len(addr) != 2 || "127.0.0.1:"+addr[1] != to {
+			return fmt.Errorf("sentinel names %v as the primary", addr)
+		}
+		info, err := infoOf(ctx, to)
+		if err != nil {
+			return err
+		}
+		if !strings.Contains(info, "role:master") {
+			return fmt.Errorf("%s is not a primary yet", to)
+		}
+		old, err := infoOf(ctx, from)
+		if err != nil {
+			return err
+		}
+		if !strings.Contains(old, "role:slave") || !strings.Contains(old, "master_link_status:up") ||
+			!strings.Contains(old, "master_port:"+strings.TrimPrefix(to, "127.0.0.1:")) {
+			return fmt.Errorf("%s does not replicate from %s yet", from, to)
+		}
+		reps, err := s.Replicas(ctx, SentinelMaster).Result()
+		if err != nil {
+			return err
+		}
+		for _, rep := range reps {
+			if "127.0.0.1:"+rep["port"] == from && !strings.Contains(rep["flags"], "down") &&
+				!strings.Contains(rep["flags"], "disconnected") && rep["master-link-status"] == "ok" {
+				return nil
+			}
+		}
+		return fmt.Errorf("the Sentinel does not count %s as a good replica yet: %v", from, reps)
+	}, r.primary, r.replica, r.sentinel)
+	return to
+}
