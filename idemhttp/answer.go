@@ -143,6 +143,9 @@ func (h *handler[Tx]) fail(w http.ResponseWriter, r *http.Request, ev *Event, er
 	case errors.Is(err, ErrBypassRefused):
 		h.refuseBypassed(w, r, ev)
 		return
+	case errors.Is(err, idempotency.ErrInvalidInput): // Operation.Validate: nothing stored
+		h.invalidInput(w, r, ev, err)
+		return
 	case errors.Is(err, idempotency.ErrMismatch):
 		ev.Outcome = idempotency.Mismatch
 		h.problem(w, r, ev, &Problem{Type: ProblemKeyReused, Title: h.c.header + " is already used", Status: http.StatusUnprocessableEntity,
@@ -183,7 +186,12 @@ func (h *handler[Tx]) fail(w http.ResponseWriter, r *http.Request, ev *Event, er
 		ev.Outcome = idempotency.HandlerError
 		h.problem(w, r, ev, &Problem{Type: ProblemResponseTooLarge, Title: "Response too large to store", Status: http.StatusInternalServerError,
 			Detail: "The response was larger than the idempotency store accepts; the operation was rolled back."})
-	case errors.Is(err, idempotency.ErrInvalidResponse), errors.Is(err, idempotency.ErrInvalidKey), errors.Is(err, idempotency.ErrInvalidFingerprint):
+	case errors.Is(err, idempotency.ErrUnfinished): // an operation's step failed: a retry resumes it
+		ev.Outcome = idempotency.Unfinished
+		h.problem(w, r, ev, &Problem{Type: ProblemUnfinished, Title: "The operation did not finish", Status: http.StatusServiceUnavailable,
+			Detail: unfinishedDetail, Header: retryAfterHeader()})
+	case errors.Is(err, idempotency.ErrInvalidResponse), errors.Is(err, idempotency.ErrInvalidKey), errors.Is(err, idempotency.ErrInvalidFingerprint),
+		errors.Is(err, idempotency.ErrInvalidConfig):
 		ev.Outcome = idempotency.Internal
 		h.problem(w, r, ev, &Problem{Type: ProblemInternal, Title: "Idempotency middleware failed", Status: http.StatusInternalServerError})
 	case errors.Is(err, idempotency.ErrSchema):
