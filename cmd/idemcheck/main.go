@@ -45,6 +45,7 @@ import (
 	"syscall"
 	"time"
 
+	"github.com/go-idempotency/idempotency/internal/redact"
 	"github.com/go-idempotency/idempotency/internal/storedsn"
 )
 
@@ -75,20 +76,28 @@ type options struct {
 	timeout time.Duration
 }
 
-func parseArgs(args []string, stderr io.Writer) (options, error) {
+// parseArgs parses the command line. The flag package prints nothing
+// itself: a refused flag's error is printed once, by run, then usage.
+func parseArgs(args []string, usage io.Writer) (options, error) {
 	fs := flag.NewFlagSet("idemcheck", flag.ContinueOnError)
-	fs.SetOutput(stderr)
+	fs.SetOutput(io.Discard)
+	fs.Usage = func() {}
 	dsn := fs.String("store", "", storedsn.FlagHelp+" (default: a temporary SQLite database)")
 	n := fs.Int("n", 20, "number of simultaneous callers, 1 to 1000")
 	timeout := fs.Duration("timeout", 60*time.Second, "overall time limit")
-	fs.Usage = func() {
-		fmt.Fprintf(fs.Output(), "Usage: idemcheck [-store DSN] [-n N] [-timeout D]\n\n"+
+	printUsage := func() {
+		fs.SetOutput(usage)
+		fmt.Fprintf(usage, "Usage: idemcheck [-store DSN] [-n N] [-timeout D]\n\n"+
 			"Runs N simultaneous requests with one idempotency key, naively and with this library,\n"+
 			"then the same key with another amount, and prints what each version produced.\n\n")
 		fs.PrintDefaults()
 	}
 	if err := fs.Parse(args); err != nil {
-		return options{}, err
+		if errors.Is(err, flag.ErrHelp) {
+			printUsage()
+			return options{}, err
+		}
+		return options{}, &flagError{err: err, usage: printUsage}
 	}
 	if fs.NArg() > 0 {
 		return options{}, fmt.Errorf("unexpected argument %q", fs.Arg(0))
@@ -110,15 +119,33 @@ func parseArgs(args []string, stderr io.Writer) (options, error) {
 	return opts, nil
 }
 
-// run is the whole command; it returns the exit status.
+// flagError is a flag the flag package refused: its message, then the
+// usage.
+type flagError struct {
+	err   error
+	usage func()
+}
+
+func (e *flagError) Error() string { return e.err.Error() }
+func (e *flagError) Unwrap() error { return e.err }
+
+// run is the whole command; it returns the exit status. Everything it
+// prints has the secrets of the -store value redacted.
 func run(ctx context.Context, args []string, stdout, stderr io.Writer) (code int) {
 	storedsn.QuietRedis() // its errors reach stderr through ours
+	outw, errw := redact.Writer(stdout, storedsn.FlagValues(args)...), redact.Writer(stderr, storedsn.FlagValues(args)...)
+	defer func() { _, _ = outw.Flush(), errw.Flush() }()
+	stdout, stderr = outw, errw
 	opts, err := parseArgs(args, stderr)
 	if errors.Is(err, flag.ErrHelp) {
 		return 0
 	}
 	if err != nil {
 		fmt.Fprintf(stderr, "idemcheck: %v\n", err)
+		if fe, ok := errors.AsType[*flagError](err); ok {
+			fmt.Fprintln(stderr)
+			fe.usage()
+		}
 		return 2
 	}
 	ctx, cancel := context.WithTimeout(ctx, opts.timeout)

@@ -1,6 +1,7 @@
 package main
 
 import (
+	"os"
 	"testing"
 
 	"github.com/go-idempotency/idempotency/internal/testenv"
@@ -8,4 +9,10 @@ import (
 
 // TestMain says, before the tests start, which server backends will not
 // run here and the variable that enables each.
-func TestMain(m *testing.M) { testenv.Main(m, testenv.Postgres, testenv.MySQL, testenv.Redis) }
+// With asMainEnv=1 the test binary is idemcheck itself.
+func TestMain(m *testing.M) {
+	if os.Getenv(asMainEnv) == "1" {
+		main()
+	}
+	testenv.Main(m, testenv.Postgres, testenv.MySQL, testenv.Redis)
+}

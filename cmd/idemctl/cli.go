@@ -325,7 +325,7 @@ func exitCode(err error) int {
 // prints on stderr has the secrets of every -store value of args redacted.
 func run(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 	storedsn.QuietRedis() // its errors reach stderr through ours
-	errw := redact.Writer(stderr, storeValues(args)...)
+	errw := redact.Writer(stderr, storedsn.FlagValues(args)...)
 	defer func() { _ = errw.Flush() }()
 	o, err := parseArgs(args)
 	if h, ok := errors.AsType[*helpRequest](err); ok {
@@ -347,22 +347,4 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 		return exitCode(err)
 	}
 	return exitOK
-}
-
-// storeValues returns the values of the -store flags of args, whatever
-// their position and spelling (-store V, --store V, -store=V).
-func storeValues(args []string) []string {
-	var vs []string
-	for i, a := range args {
-		name, value, hasValue := strings.Cut(strings.TrimLeft(a, "-"), "=")
-		if !strings.HasPrefix(a, "-") || name != "store" {
-			continue
-		}
-		if hasValue {
-			vs = append(vs, value)
-		} else if i+1 < len(args) {
-			vs = append(vs, args[i+1])
-		}
-	}
-	return vs
 }

@@ -15,7 +15,8 @@
 //
 // inspect, list and forget require -scope: a key lives in one scope (the
 // account a service names with it), and a key looked up in the wrong one
-// has no record. -scope '' names the empty scope.
+// has no record. An empty -scope (-scope= or -scope "") names the empty
+// scope.
 //
 // The global flags may also follow the command. -store takes the forms
 // idemcheck takes: postgres://..., mysql://... or user@tcp(host:port)/db,

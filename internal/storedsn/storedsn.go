@@ -195,6 +195,25 @@ func looksLikeMySQLNative(dsn string) bool {
 // mysqlNativeRE matches the "@net(" of go-sql-driver/mysql's form.
 var mysqlNativeRE = regexp.MustCompile(`@[a-z][a-z0-9]*\(`)
 
+// FlagValues returns the values of the -store flags of a command line,
+// whatever their position and spelling (-store V, --store V, -store=V):
+// the DSNs whose secrets the command redacts from all it prints.
+func FlagValues(args []string) []string {
+	var vs []string
+	for i, a := range args {
+		name, value, hasValue := strings.Cut(strings.TrimLeft(a, "-"), "=")
+		if !strings.HasPrefix(a, "-") || name != "store" {
+			continue
+		}
+		if hasValue {
+			vs = append(vs, value)
+		} else if i+1 < len(args) {
+			vs = append(vs, args[i+1])
+		}
+	}
+	return vs
+}
+
 // QuietRedis stops go-redis from printing log lines of its own on the
 // process's stderr (its pool prints one for each dial that fails), which a
 // command's user would read next to, and before, the command's own error
