@@ -33,6 +33,8 @@ import (
 	"runtime"
 	"strings"
 	"time"
+
+	"github.com/go-idempotency/idempotency/internal/redact"
 )
 
 func main() {
@@ -76,7 +78,33 @@ type config struct {
 	verbose   bool
 }
 
+// run is the whole command; it returns the exit status. Everything it
+// prints, the benchmarks' own output included, has the secrets of the
+// servers' DSNs (the IDEMPOTENCY_* variables the benchmarks read)
+// redacted.
 func run(ctx context.Context, args []string, stdin io.Reader, stdout, stderr io.Writer, t tool) int {
+	dsns := serverDSNs(os.Environ())
+	outw, errw := redact.Writer(stdout, dsns...), redact.Writer(stderr, dsns...)
+	code := runCommand(ctx, args, stdin, outw, errw, t)
+	if err := errors.Join(outw.Flush(), errw.Flush()); err != nil && code == 0 {
+		code = 1
+	}
+	return code
+}
+
+// serverDSNs returns the values of the IDEMPOTENCY_* variables of env:
+// the servers' DSNs and addresses the benchmarks connect with.
+func serverDSNs(env []string) []string {
+	var dsns []string
+	for _, kv := range env {
+		if name, value, ok := strings.Cut(kv, "="); ok && strings.HasPrefix(name, "IDEMPOTENCY_") && value != "" {
+			dsns = append(dsns, value)
+		}
+	}
+	return dsns
+}
+
+func runCommand(ctx context.Context, args []string, stdin io.Reader, stdout, stderr io.Writer, t tool) int {
 	fs := flag.NewFlagSet("idembench", flag.ContinueOnError)
 	fs.SetOutput(stderr)
 	pkgs := fs.String("pkgs", "./sqlite ./postgres ./mysql ./redis", "space-separated packages to benchmark")
