@@ -4,6 +4,7 @@ import (
 	"crypto/rand"
 	"encoding/hex"
 	"fmt"
+	"net/http"
 	"strings"
 
 	"github.com/go-idempotency/idempotency"
@@ -102,22 +103,37 @@ func MinKeyLength(n int) func(id string) error {
 
 // UUIDKey is a [Config].ValidateKey that accepts only UUIDs (8-4-4-4-12
 // hexadecimal digits, any version, either case), the key form the draft
-// suggests.
+// suggests. It refuses anything else with a *[Problem] (400
+// [ProblemInvalidKey]) whose detail says what is wrong and that a UUID is
+// wanted, so that the answer asks for a UUID only.
 func UUIDKey(id string) error {
+	if reason := notUUID(id); reason != "" {
+		return &Problem{Type: ProblemInvalidKey, Title: "The idempotency key is not a UUID", Status: http.StatusBadRequest,
+			Detail: "The key " + reason + "; send a UUID: 36 characters, 8-4-4-4-12 hexadecimal digits, such as 8e03978e-40d5-43e8-bc93-6894a57f9324."}
+	}
+	return nil
+}
+
+// notUUID says why id is not a UUID, or "".
+func notUUID(id string) string {
 	if len(id) != 36 {
-		return fmt.Errorf("the key is not a UUID (%d bytes, want 36)", len(id))
+		unit := "bytes"
+		if len(id) == 1 {
+			unit = "byte"
+		}
+		return fmt.Sprintf("is %d %s, not the 36 of a UUID", len(id), unit)
 	}
 	for i := 0; i < len(id); i++ {
 		c := id[i]
 		switch {
 		case i == 8 || i == 13 || i == 18 || i == 23:
 			if c != '-' {
-				return fmt.Errorf("the key is not a UUID: byte %d is %q, want '-'", i, c)
+				return fmt.Sprintf("has %q at byte %d, where a UUID has '-'", c, i)
 			}
 		case '0' <= c && c <= '9', 'a' <= c && c <= 'f', 'A' <= c && c <= 'F':
 		default:
-			return fmt.Errorf("the key is not a UUID: byte %d is %q, not a hex digit", i, c)
+			return fmt.Sprintf("has %q at byte %d, not a hexadecimal digit", c, i)
 		}
 	}
-	return nil
+	return ""
 }
