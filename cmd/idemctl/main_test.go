@@ -61,6 +61,8 @@ type seeder interface {
 	// unfinished leaves key unfinished: an operation whose Foreign step
 	// fails.
 	unfinished(ctx context.Context, key idempotency.Key) error
+	// completeSealed stores a completed record for key sealed by codec.
+	completeSealed(ctx context.Context, key idempotency.Key, body string, codec idempotency.Codec) error
 	runs() int64
 	isAdmin() bool
 	isLister() bool
@@ -97,6 +99,17 @@ func (g *guards[Tx]) complete(ctx context.Context, key idempotency.Key, body str
 		return idempotency.Response{Status: http.StatusCreated, Header: http.Header{"Content-Type": {"text/plain"}}, Body: []byte(body)}, nil
 	})
 	return err == nil && !resp.Replayed, err
+}
+
+func (g *guards[Tx]) completeSealed(ctx context.Context, key idempotency.Key, body string, codec idempotency.Codec) error {
+	gd, err := idempotency.New(g.store, &idempotency.Config{TTL: liveTTL, Codec: codec})
+	if err != nil {
+		return err
+	}
+	_, err = gd.Do(ctx, key, "fp-"+key.ID, func(Tx) (idempotency.Response, error) {
+		return idempotency.Response{Status: http.StatusCreated, Header: http.Header{"Content-Type": {"text/plain"}}, Body: []byte(body)}, nil
+	})
+	return err
 }
 
 func (g *guards[Tx]) hold(ctx context.Context, key idempotency.Key) (func() error, error) {
