@@ -28,6 +28,7 @@ const (
 	erLockNowait      = 3572 // ER_LOCK_NOWAIT: MySQL's NOWAIT
 	erSignal          = 1644 // ER_SIGNAL_EXCEPTION: a SIGNAL of the store's own
 	erNoSuchTable     = 1146 // ER_NO_SUCH_TABLE (and erBadFieldName, 1054: an unknown column)
+	erNoDB            = 1046 // ER_NO_DB_ERROR: a DSN that names no database
 )
 
 // pendingGone is the message of the SIGNAL with which the store's folded
@@ -71,7 +72,8 @@ func (s *Store) IsConflict(err error) bool {
 //     [idempotency.ErrInProgress] when waiting says that the statement
 //     waited for a key under the reservation's wait bound (another caller
 //     still holds the key), else with [idempotency.ErrConflict];
-//   - a missing table (1146) or column (1054) with [idempotency.ErrSchema]
+//   - a missing table (1146, or no database: 1046) or column (1054) with
+//     [idempotency.ErrSchema]
 //     and what to run: only the store's own statements come here, so the
 //     table is the keys table or its quota table, which the server's
 //     message names (a column's, the column).
@@ -98,7 +100,7 @@ func mapError(ctx context.Context, err error, waiting bool, format string, args 
 			err = fmt.Errorf("%w: %w", idempotency.ErrInProgress, err)
 		case isConflictCode(me.Number):
 			err = fmt.Errorf("%w: %w", idempotency.ErrConflict, err)
-		case me.Number == erNoSuchTable:
+		case me.Number == erNoSuchTable || me.Number == erNoDB:
 			err = fmt.Errorf("%w: mysql: a table of the store does not exist in the DSN's database: %s: %w", idempotency.ErrSchema, migrateHint, err)
 		case me.Number == erBadFieldName:
 			err = fmt.Errorf("%w: mysql: the store's table lacks a column this version needs: %s: %w", idempotency.ErrSchema, migrateHint, err)

@@ -2,10 +2,12 @@ package mysql
 
 import (
 	"context"
-	"database/sql"
+	"errors"
 	"fmt"
 	"slices"
 	"strings"
+
+	gomysql "github.com/go-sql-driver/mysql"
 
 	"github.com/go-idempotency/idempotency"
 )
@@ -25,19 +27,12 @@ func keyColumns() []string {
 	return cols
 }
 
-// columnsSQL lists the columns of the table ? in the connection's
-// database, as the store's statements resolve it: one row with a NULL
-// column when the table does not exist.
-const columnsSQL = `SELECT COALESCE(DATABASE(), ''), LOWER(c.COLUMN_NAME)
-FROM (SELECT 1 AS one) d LEFT JOIN information_schema.COLUMNS c
-ON c.TABLE_SCHEMA = DATABASE() AND c.TABLE_NAME = ?`
-
-// CheckSchema implements [idempotency.SchemaChecker]: it reads
-// information_schema for the keys table of the DSN's database and its
-// columns, and with c.Quota for the quota table. A table or a column that
-// is missing gives an error wrapping [idempotency.ErrSchema] naming the
-// table and what is missing: run [Store.Migrate], or apply [Schema] (and
-// [QuotaSchema]).
+// CheckSchema implements [idempotency.SchemaChecker]: it reads the columns
+// of the keys table of the DSN's database (an empty SELECT), and with
+// c.Quota those of the quota table. A table or a column that is missing,
+// or a DSN without a database, gives an error wrapping
+// [idempotency.ErrSchema] naming the table and what is missing: run
+// [Store.Migrate], or apply [Schema] (and [QuotaSchema]).
 func (s *Store) CheckSchema(ctx context.Context, c idempotency.SchemaCheck) error {
 	if err := s.checkColumns(ctx, s.table, keyColumns(), "Schema"); err != nil {
 		return err
@@ -49,43 +44,38 @@ func (s *Store) CheckSchema(ctx context.Context, c idempotency.SchemaCheck) erro
 }
 
 // checkColumns checks that table has the columns want; ddl names the
-// function whose DDL creates it.
+// function whose DDL creates it. It reads the columns of an empty result
+// of the table, not information_schema (whose temporary tables a busy
+// MariaDB may fail to clean up, failing the check for no reason of the
+// schema's).
 func (s *Store) checkColumns(ctx context.Context, table string, want []string, ddl string) error {
-	rows, err := s.db.QueryContext(ctx, columnsSQL, table)
+	hint := fmt.Sprintf("run Store.Migrate, or apply mysql.%s(%q) in your migrations", ddl, s.table)
+	rows, err := s.db.QueryContext(ctx, "SELECT * FROM `"+table+"` LIMIT 0")
+	var me *gomysql.MySQLError
+	switch {
+	case errors.As(err, &me) && me.Number == erNoSuchTable && ctx.Err() == nil:
+		return fmt.Errorf("%w: mysql: table %s does not exist in the DSN's database (%s): %s", idempotency.ErrSchema, table, me.Message, hint)
+	case errors.As(err, &me) && me.Number == erNoDB && ctx.Err() == nil:
+		return fmt.Errorf("%w: mysql: table %s: the DSN names no database (%s): %s", idempotency.ErrSchema, table, me.Message, hint)
+	case err != nil:
+		return mapError(ctx, err, false, "mysql: check the schema of %s", table)
+	}
+	cols, err := rows.Columns()
+	if cerr := rows.Close(); err == nil {
+		err = cerr
+	}
 	if err != nil {
 		return mapError(ctx, err, false, "mysql: check the schema of %s", table)
 	}
-	defer func() { _ = rows.Close() }()
-	var db string
-	var have []string
-	for rows.Next() {
-		var col sql.NullString
-		if err := rows.Scan(&db, &col); err != nil {
-			return mapError(ctx, err, false, "mysql: check the schema of %s", table)
-		}
-		if col.Valid {
-			have = append(have, col.String)
-		}
-	}
-	if err := rows.Err(); err != nil {
-		return mapError(ctx, err, false, "mysql: check the schema of %s", table)
-	}
-	hint := fmt.Sprintf("run Store.Migrate, or apply mysql.%s(%q) in your migrations", ddl, s.table)
-	if len(have) == 0 {
-		if db == "" {
-			return fmt.Errorf("%w: mysql: table %s does not exist: the DSN names no database: %s", idempotency.ErrSchema, table, hint)
-		}
-		return fmt.Errorf("%w: mysql: table %s does not exist in database %s: %s", idempotency.ErrSchema, table, db, hint)
-	}
 	var missing []string
 	for _, col := range want {
-		if !slices.Contains(have, col) {
+		if !slices.ContainsFunc(cols, func(c string) bool { return strings.EqualFold(c, col) }) {
 			missing = append(missing, col)
 		}
 	}
 	if len(missing) > 0 {
-		return fmt.Errorf("%w: mysql: table %s of database %s lacks the column(s) %s of this version: %s",
-			idempotency.ErrSchema, table, db, strings.Join(missing, ", "), hint)
+		return fmt.Errorf("%w: mysql: table %s lacks the column(s) %s of this version: %s",
+			idempotency.ErrSchema, table, strings.Join(missing, ", "), hint)
 	}
 	return nil
 }

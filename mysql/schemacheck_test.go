@@ -44,6 +44,18 @@ func TestSchemaMissing(t *testing.T) {
 		testkit.SchemaErr(t, "Admit", err, table+"_quota", "Migrate")
 	})
 
+	t.Run("NoDatabase", func(t *testing.T) {
+		// Open refuses such a DSN; a pool of the caller's own may have none.
+		cfg := testConfig(t, nil)
+		cfg.DBName = ""
+		nodb := openDB(t, cfg, 2)
+		s, err := New(nodb, nil)
+		if err != nil {
+			t.Fatal(err)
+		}
+		testkit.SchemaBroken(t, ctx, guard(s), DefaultTable, false, "No database selected")
+	})
+
 	t.Run("ColumnMissing", func(t *testing.T) {
 		f := newFixture(t, db, nil)
 		if _, err := db.ExecContext(ctx, "ALTER TABLE `"+f.table+"` DROP COLUMN fingerprint"); err != nil {
