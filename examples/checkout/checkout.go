@@ -15,6 +15,7 @@ import (
 
 	"github.com/go-idempotency/idempotency"
 	"github.com/go-idempotency/idempotency/examples/checkout/internal/processor"
+	"github.com/go-idempotency/idempotency/idemhttp"
 	"github.com/go-idempotency/idempotency/outbox"
 )
 
@@ -55,15 +56,18 @@ type service[Tx any] struct {
 	client  *http.Client // for the processor
 	pause   *pauser
 	op      *idempotency.Operation[Tx]
+	http    http.Handler // idemhttp.Operation of op
 }
 
-// newService builds the service and its operation.
-func newService[Tx any](g *idempotency.Guard[Tx], tx func(Tx) db, names tables, cfg config, pause *pauser) *service[Tx] {
+// newService builds the service, its operation and its HTTP handler; it
+// refuses a store that runs no operations.
+func newService[Tx any](g *idempotency.Guard[Tx], tx func(Tx) db, names tables, cfg config, pause *pauser) (*service[Tx], error) {
 	s := &service[Tx]{g: g, tx: tx, names: names, pause: pause,
 		charges: strings.TrimSuffix(cfg.processor, "/") + "/charges",
 		client:  &http.Client{Timeout: cfg.chargeTimeout}}
 	s.op = &idempotency.Operation[Tx]{
-		Name: "checkout",
+		Name:     "checkout",
+		Validate: validate, // before the key is taken: a bad body stores nothing
 		Steps: []idempotency.Step[Tx]{
 			{Name: "order", Local: s.insertOrder},
 			{Name: "charge", Foreign: s.charge},
@@ -72,7 +76,32 @@ func newService[Tx any](g *idempotency.Guard[Tx], tx func(Tx) db, names tables, 
 		Finish: s.finish,
 		Lease:  cfg.lease,
 	}
-	return s
+	h, err := idemhttp.Operation(g, s.op, &idemhttp.Config{
+		// The demo has no authentication: a real service returns the
+		// authenticated account, so that two accounts' keys never meet.
+		Scope:          func(*http.Request) (string, error) { return scope, nil },
+		MaxRequestBody: 1 << 16,
+		// The body is JSON whatever its Content-Type says: its key order
+		// and spacing do not matter.
+		Fingerprint: func(_ *http.Request, body []byte) (string, error) { return idempotency.FingerprintJSON(body) },
+	})
+	if err != nil {
+		return nil, err
+	}
+	s.http = h
+	return s, nil
+}
+
+// validate is the operation's Validate: the body is an order, with a
+// positive amount and an e-mail address, and nothing else.
+func validate(_ context.Context, input []byte) error {
+	var in order
+	dec := json.NewDecoder(bytes.NewReader(input))
+	dec.DisallowUnknownFields()
+	if err := dec.Decode(&in); err != nil || in.Amount <= 0 || !strings.Contains(in.Email, "@") {
+		return errors.New(`send {"amount": <positive cents>, "email": "<address>"}`)
+	}
+	return nil
 }
 
 // insertOrder is the Local step "order": the order row, pending.
@@ -206,81 +235,44 @@ func randomHex(n int) string {
 }
 
 // HeaderReplayed is set to "true" on a stored answer sent again.
-const HeaderReplayed = "Idempotent-Replayed"
+const HeaderReplayed = idemhttp.HeaderReplayed
 
-// ServeHTTP serves POST /checkout.
+// ServeHTTP serves POST /checkout with idemhttp.Operation: it validates
+// the body (400, nothing stored), runs the operation under the request's
+// key and answers its result (201, or a stored 402), or a problem the
+// client may retry with the same key (409 in progress, 503 a step failed
+// or the store did) unless the request itself is wrong (422 the key was
+// used with another body).
 func (s *service[Tx]) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	if r.Method != http.MethodPost || r.URL.Path != "/checkout" {
 		http.NotFound(w, r)
 		return
 	}
 	key := idempotency.Key{Scope: scope, ID: strings.Trim(r.Header.Get("Idempotency-Key"), `"`)}
-	if err := key.Validate(); err != nil {
-		problem(w, http.StatusBadRequest, "send an Idempotency-Key header: "+err.Error())
-		return
-	}
-	raw, err := io.ReadAll(io.LimitReader(r.Body, 1<<16))
-	if err != nil {
-		problem(w, http.StatusBadRequest, "unreadable body")
-		return
-	}
-	var in order
-	dec := json.NewDecoder(bytes.NewReader(raw))
-	dec.DisallowUnknownFields()
-	if err := dec.Decode(&in); err != nil || in.Amount <= 0 || !strings.Contains(in.Email, "@") {
-		problem(w, http.StatusBadRequest, `send {"amount": <positive cents>, "email": "<address>"}`)
-		return
-	}
-	fp, err := idempotency.FingerprintJSON(raw)
-	if err != nil {
-		problem(w, http.StatusBadRequest, err.Error())
-		return
-	}
-	saved, _ := json.Marshal(in)
-	resp, err := s.g.Run(r.Context(), key, fp, saved, s.op)
-	if err != nil {
-		s.fail(w, err)
-		return
-	}
-	if !resp.Replayed {
+	s.http.ServeHTTP(&finished{ResponseWriter: w, pause: s.pause, key: key}, r)
+}
+
+// finished holds an answer the run just committed (not a replay, not a
+// problem) at the pause point "after:finish", before the client gets it.
+type finished struct {
+	http.ResponseWriter
+	pause *pauser
+	key   idempotency.Key
+}
+
+// WriteHeader pauses before a fresh 201 or 402 is sent.
+func (f *finished) WriteHeader(status int) {
+	if (status == http.StatusCreated || status == http.StatusPaymentRequired) && f.Header().Get(HeaderReplayed) == "" {
 		// The answer is committed; the client has not got it yet.
-		if err := s.pause.at("after:finish", key); err != nil {
-			return
+		if err := f.pause.at("after:finish", f.key); err != nil {
+			panic(http.ErrAbortHandler) // shutting down: the client gets no answer
 		}
 	}
-	for k, v := range resp.Header {
-		w.Header()[k] = v
-	}
-	if resp.Replayed {
-		w.Header().Set(HeaderReplayed, "true")
-	}
-	w.WriteHeader(resp.Status)
-	_, _ = w.Write(resp.Body)
+	f.ResponseWriter.WriteHeader(status)
 }
 
-// fail answers a run that gave no answer: the client may retry with the
-// same key (409, 503) unless the request itself is wrong (422).
-func (s *service[Tx]) fail(w http.ResponseWriter, err error) {
-	switch {
-	case errors.Is(err, idempotency.ErrMismatch):
-		problem(w, http.StatusUnprocessableEntity, "this Idempotency-Key was used with another request")
-	case errors.Is(err, idempotency.ErrInProgress):
-		w.Header().Set("Retry-After", "1")
-		problem(w, http.StatusConflict, "a request with this Idempotency-Key is in progress; retry later")
-	case errors.Is(err, idempotency.ErrUnfinished), errors.Is(err, idempotency.ErrStore), errors.Is(err, context.DeadlineExceeded):
-		w.Header().Set("Retry-After", "1")
-		problem(w, http.StatusServiceUnavailable, "the checkout did not finish; retry with the same Idempotency-Key: "+err.Error())
-	default:
-		problem(w, http.StatusInternalServerError, err.Error())
-	}
-}
-
-func problem(w http.ResponseWriter, status int, detail string) {
-	body, _ := json.Marshal(map[string]string{"error": detail})
-	w.Header().Set("Content-Type", "application/json")
-	w.WriteHeader(status)
-	_, _ = w.Write(body)
-}
+// Unwrap lets http.ResponseController reach the writer underneath.
+func (f *finished) Unwrap() http.ResponseWriter { return f.ResponseWriter }
 
 // complete runs c every interval until ctx ends, logging what each pass
 // that found keys did.

@@ -137,6 +137,10 @@ func TestCheckoutBadRequest(t *testing.T) {
 	if err != nil || st != (idempotency.Stats{}) || f.proc.Requests() != 0 {
 		t.Errorf("stats %+v (%v), %d processor requests; want nothing", st, err, f.proc.Requests())
 	}
+	// Nothing was stored: the corrected body with the same key runs.
+	if a := post(ctx, url, "k", 5); a.status != http.StatusCreated {
+		t.Errorf("the corrected body with the key: got %v, want 201", a)
+	}
 }
 
 // The stores the service refuses, and bad hooks and flags.

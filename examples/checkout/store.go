@@ -87,10 +87,10 @@ func build[Tx any](store idempotency.KeyStore[Tx], adapt func(Tx) db, names tabl
 	if err != nil {
 		return nil, err
 	}
-	s := newService(g, adapt, names, cfg, pause)
-	// The Completer is checked here, before the service listens: a store
-	// without operations (no Stepper) is refused at start.
-	if _, err := idempotency.NewCompleter(g, nil, s.op); err != nil {
+	// A store without operations (no Stepper) is refused here, before
+	// the service listens.
+	s, err := newService(g, adapt, names, cfg, pause)
+	if err != nil {
 		return nil, err
 	}
 	return &app{
