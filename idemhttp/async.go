@@ -285,8 +285,8 @@ func (a *asyncHandler[Tx]) committed(ctx context.Context, key idempotency.Key, f
 func (a *asyncHandler[Tx]) stored(ctx context.Context, key idempotency.Key, fp string) storedAs {
 	info, err := a.h.g.Inspect(ctx, key, false)
 	switch {
-	case err != nil || info.Fingerprint == "":
-		return storedNone
+	case err != nil || info.Fingerprint == "" || info.State == idempotency.KeyExpired:
+		return storedNone // an expired record counts as absent: a run replaces it
 	case info.Fingerprint != fp:
 		return storedOther
 	case info.Operation != "":
