@@ -151,7 +151,13 @@
 // of the row, outside any transaction (SELECT ... FOR UPDATE NOWAIT). Only
 // a row held elsewhere is reported as [idempotency.ErrInProgress]. A
 // refusal by a lock near the key is a conflict that [idempotency.Guard.Do]
-// retries after a short backoff.
+// retries after a short backoff when the caller does not wait (a negative
+// WaitTimeout). For a caller that waits, any conflict of the first try (a
+// lock near the key, a deadlock; on Galera, a certification failure of a
+// key another node has just reserved) is reported as
+// [idempotency.ErrInProgress], the key possibly held: the caller then
+// makes its waiting try, which waits for the holder within its bound or
+// finds the key free.
 //
 // On MySQL the row is first probed with SELECT ... FOR UPDATE NOWAIT,
 // outside any transaction, and a held key is reported at once. Only when

@@ -96,7 +96,15 @@
 // Replication in Redis is asynchronous. A failover (Sentinel, Cluster) can
 // lose the latest writes. So a key completed just before it can come back
 // as new, and a lost reservation lets a second caller in. Configure
-// persistence and failover with that in mind.
+// persistence and failover with that in mind. [Config].WaitReplicas makes
+// every answer wait until that many replicas have the record: a
+// completion's (WAIT after its EXEC) and a replay's too. The reservation
+// script that reads a completed record then also writes its state again
+// (the same value), a write of the caller's own that the replication
+// stream carries after the completion, and WAIT on that connection counts
+// the replicas that have it (on Cluster and Ring a short script does it
+// after the read, on the slot's master). Fewer give [ErrNotReplicated]
+// instead of the answer. Without WaitReplicas replays cost what they did.
 //
 // Redis applies every command of a MULTI/EXEC even when one of them fails at
 // run time (for example INCR on a value that is not a number). The record is

@@ -48,8 +48,12 @@ type Config struct {
 	// WaitReplicas, when > 0, makes a completion wait until that many
 	// replicas acknowledged it. The wait is Redis WAIT, on the connection
 	// that ran its EXEC. Fewer within ReplicaTimeout make Do fail with
-	// [ErrNotReplicated] instead of answering. Defaults to 0: answer once the primary applied
-	// it (a failover can then lose an acknowledged completion).
+	// [ErrNotReplicated] instead of answering. A replay waits the same
+	// way: a completed record is answered only once that many replicas
+	// have it (one more round trip; see the package doc), else Do fails
+	// with ErrNotReplicated. Defaults to 0: answer once the primary
+	// applied it (a failover can then lose an acknowledged completion, or
+	// a replay of it).
 	WaitReplicas int
 	// ReplicaTimeout bounds that wait: at least 1ms. Defaults to
 	// [DefaultReplicaTimeout].

@@ -22,6 +22,8 @@ const DefaultReplicaTimeout = time.Second
 // queued are there, and a retry on that primary replays them. But the
 // answer was not given, because a failover before the replicas catch up
 // would lose them and a retry on the promoted replica would run fn again.
+// A replay is refused with it too when the completed record it read is not
+// yet on enough replicas (see [Config].WaitReplicas).
 var ErrNotReplicated = errors.New("redis: completion not acknowledged by enough replicas")
 
 // replication is what [Config.WaitReplicas] and [Config.ReplicaTimeout]
