@@ -36,6 +36,11 @@ func (s *suite[Tx]) needLeases(t *testing.T) {
 	}
 }
 
+// takeoverRounds bounds the rounds of LeaseTakeover: a round in which a
+// taker reached its Guard after half the lease (a loaded machine) does not
+// show that waiters wake when the lease runs out, and is done again.
+const takeoverRounds = 4
+
 // leaseTakeover: A holds the key and outlives its lease; callers on other
 // Guards (and store instances) already wait for it when it runs out.
 // Exactly one of them takes the key, within leaseWake of the lease's end
@@ -45,54 +50,67 @@ func (s *suite[Tx]) leaseTakeover(t *testing.T) {
 	s.needLeases(t)
 	lease, slack := s.h.Features.leaseOf(takeoverLease), s.h.Features.slack()
 	e := s.setup(t, Options{Lease: lease})
-	key := idempotency.Key{ID: uniq("lease")}
-	tagA, tagB := uniq("a"), uniq("b")
-	release := make(chan struct{})
-	start := time.Now() // A's lease starts after this
-	held, aDone := e.slowHolder(e.guard(nil), key, tagA, release)
-	select {
-	case <-held:
-	case r := <-aDone:
-		t.Fatalf("A ended before holding the key: %+v, %v", r.resp, r.err)
-	case <-e.ctx.Done():
-		t.Fatal("A never held the key")
-	}
 	gs := e.guards(leaseTakers, &idempotency.Config{WaitTimeout: leaseWait + lease + slack})
-	var calls atomic.Int64
-	var ran atomic.Int64 // when the first taker's fn ran, in ns since start
-	rs := fire(t, leaseTakers, func(i int) (idempotency.Response, error) {
-		return gs[i].Do(e.ctx, key, "fp", func(tx Tx) (idempotency.Response, error) {
-			n := calls.Add(1)
-			ran.CompareAndSwap(0, int64(time.Since(start)))
-			if err := e.f.Effect(e.ctx, tx, tagB); err != nil {
-				return idempotency.Response{}, err
+	for round := 1; ; round++ {
+		key := idempotency.Key{ID: uniq("lease")}
+		tagA, tagB := uniq("a"), uniq("b")
+		release := make(chan struct{})
+		start := time.Now() // A's lease starts after this
+		held, aDone := e.slowHolder(e.guard(nil), key, tagA, release)
+		select {
+		case <-held:
+		case r := <-aDone:
+			t.Fatalf("A ended before holding the key: %+v, %v", r.resp, r.err)
+		case <-e.ctx.Done():
+			t.Fatal("A never held the key")
+		}
+		var calls, late atomic.Int64
+		var ran atomic.Int64 // when the first taker's fn ran, in ns since start
+		rs := fire(t, leaseTakers, func(i int) (idempotency.Response, error) {
+			if time.Since(start) > lease/2 {
+				late.Add(1)
 			}
-			return created(tagB, n), nil
+			return gs[i].Do(e.ctx, key, "fp", func(tx Tx) (idempotency.Response, error) {
+				n := calls.Add(1)
+				ran.CompareAndSwap(0, int64(time.Since(start)))
+				if err := e.f.Effect(e.ctx, tx, tagB); err != nil {
+					return idempotency.Response{}, err
+				}
+				return created(tagB, n), nil
+			})
 		})
-	})
-	took := time.Since(start)
-	close(release)
-	contract := fmt.Sprintf("%d callers on %d Guards over %d store instances, waiting when a %v lease ran out",
-		leaseTakers, len(gs), len(e.stores), lease)
-	// The bounds first: a store whose waiters sleep through the end of the
-	// lease fails here, whatever its callers got at the end of their wait.
-	if took > lease+slack+2*leaseWake {
-		t.Fatalf("%s: the callers returned %v after the holder took the key, want within %v: "+
-			"a waiter must wake when the lease runs out, not at the end of its wait", contract, took, lease+slack+2*leaseWake)
+		took := time.Since(start)
+		close(release)
+		if n := late.Load(); n > 0 && round < takeoverRounds {
+			within(t, 20*time.Second, "A's Complete", func() { <-aDone })
+			t.Logf("round %d: %d of the %d takers reached their Guard more than half the %v lease after A took the key (a loaded machine): again on a new key",
+				round, n, leaseTakers, lease)
+			continue
+		}
+		contract := fmt.Sprintf("%d callers on %d Guards over %d store instances, waiting when a %v lease ran out",
+			leaseTakers, len(gs), len(e.stores), lease)
+		// The bounds first: a store whose waiters sleep through the end of
+		// the lease fails here, whatever its callers got at the end of
+		// their wait.
+		if took > lease+slack+2*leaseWake {
+			t.Fatalf("%s: the callers returned %v after the holder took the key, want within %v: "+
+				"a waiter must wake when the lease runs out, not at the end of its wait", contract, took, lease+slack+2*leaseWake)
+		}
+		if d := time.Duration(ran.Load()); d > lease+slack+leaseWake {
+			t.Fatalf("%s: the key was taken %v after the holder took it, want within the lease plus %v (%v): "+
+				"a waiter must wake when the lease runs out, not at the end of its wait", contract, d, leaseWake+slack, lease+slack+leaseWake)
+		}
+		checkOneExecution(t, rs, contract)
+		e.count(tagB, 1, contract+" must give one effect")
+		var a result
+		within(t, 20*time.Second, "A's Complete after its lease was taken over", func() { a = <-aDone })
+		if !errors.Is(a.err, idempotency.ErrLeaseLost) {
+			t.Fatalf("A completed after its lease was taken over: got %+v, %v; want an error wrapping ErrLeaseLost", a.resp, a.err)
+		}
+		e.count(tagA, 0, "the stale owner's effect must not apply")
+		e.replays(e.guard(nil), key, rs[0].resp, "the key after the takeover")
+		return
 	}
-	if d := time.Duration(ran.Load()); d > lease+slack+leaseWake {
-		t.Fatalf("%s: the key was taken %v after the holder took it, want within the lease plus %v (%v): "+
-			"a waiter must wake when the lease runs out, not at the end of its wait", contract, d, leaseWake+slack, lease+slack+leaseWake)
-	}
-	checkOneExecution(t, rs, contract)
-	e.count(tagB, 1, contract+" must give one effect")
-	var a result
-	within(t, 20*time.Second, "A's Complete after its lease was taken over", func() { a = <-aDone })
-	if !errors.Is(a.err, idempotency.ErrLeaseLost) {
-		t.Fatalf("A completed after its lease was taken over: got %+v, %v; want an error wrapping ErrLeaseLost", a.resp, a.err)
-	}
-	e.count(tagA, 0, "the stale owner's effect must not apply")
-	e.replays(e.guard(nil), key, rs[0].resp, "the key after the takeover")
 }
 
 // takeOver reserves key as A on the first store instance, lets A's lease

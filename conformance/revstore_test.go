@@ -234,11 +234,15 @@ func (s *revStore) Reserve(ctx context.Context, r idempotency.Reservation) (idem
 		switch {
 		case s.bugs.hostLease:
 			left = v.hostLeaseEnd.Sub(s.host())
-		case s.bugs.noLeaseOnHold:
+		case s.bugs.noLeaseOnHold && v.pending:
+			// Only a caller that waits a whole lease ever takes over.
 			if mod != watched {
 				watched, watchedSince = mod, time.Now()
 			}
-			left = s.lease - time.Since(watchedSince)
+			left = forever
+			if r.Wait >= s.lease {
+				left = s.lease - time.Since(watchedSince)
+			}
 		}
 		switch {
 		case mod != 0 && !v.pending && v.rec.ExpiresAt.After(now):
