@@ -43,7 +43,7 @@ func TestSchemaMissing(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		schemaAnswers500[*sql.Tx](t, s, nil, "never_migrated")
+		schemaAnswers500[*sql.Tx](t, s, nil, "never_migrated", nil)
 		q, err := sqlite.New(db, &sqlite.Config{Table: "no_quota"})
 		if err != nil {
 			t.Fatal(err)
@@ -54,7 +54,30 @@ func TestSchemaMissing(t *testing.T) {
 		if _, err := db.ExecContext(ctx, `DROP TABLE "no_quota_quota"`); err != nil {
 			t.Fatal(err)
 		}
-		schemaAnswers500[*sql.Tx](t, q, &idempotency.Quota{Window: time.Minute, MaxKeys: 10}, "no_quota_quota")
+		schemaAnswers500[*sql.Tx](t, q, &idempotency.Quota{Window: time.Minute, MaxKeys: 10}, "no_quota_quota", nil)
+	})
+	t.Run("Operation", func(t *testing.T) {
+		// Operation runs Guard.Run, whose Acquire meets the missing table.
+		ctx := testkit.Context(t, 20*time.Second)
+		db, err := sqlite.Open(ctx, filepath.Join(t.TempDir(), "schema.db"))
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { _ = db.Close() })
+		s, err := sqlite.New(db, &sqlite.Config{Table: "never_migrated"})
+		if err != nil {
+			t.Fatal(err)
+		}
+		schemaAnswers500[*sql.Tx](t, s, nil, "never_migrated", func(g *idempotency.Guard[*sql.Tx], cfg *idemhttp.Config) http.Handler {
+			op := &idempotency.Operation[*sql.Tx]{Name: "op", Finish: func(context.Context, *sql.Tx, *idempotency.State) (idempotency.Response, error) {
+				return idempotency.Response{Status: 201}, nil
+			}}
+			h, err := idemhttp.Operation(g, op, cfg)
+			if err != nil {
+				t.Fatal(err)
+			}
+			return h
+		})
 	})
 	t.Run("Postgres", func(t *testing.T) {
 		table := testkit.Name("idem_never_")
@@ -68,13 +91,16 @@ func TestSchemaMissing(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		schemaAnswers500[pgx.Tx](t, s, nil, table)
+		schemaAnswers500[pgx.Tx](t, s, nil, table, nil)
 	})
 }
 
 // schemaAnswers500 posts to a handler guarded on s, whose table (or quota
-// table, with q) named table is missing, and checks the answer.
-func schemaAnswers500[Tx any](t *testing.T, s idempotency.KeyStore[Tx], q *idempotency.Quota, table string) {
+// table, with q) named table is missing, and checks the answer. The
+// handler is Middleware's, or what handler builds (the guard's handler
+// then counts no calls).
+func schemaAnswers500[Tx any](t *testing.T, s idempotency.KeyStore[Tx], q *idempotency.Quota, table string,
+	handler func(*idempotency.Guard[Tx], *idemhttp.Config) http.Handler) {
 	t.Helper()
 	g, err := idempotency.New(s, nil)
 	if err != nil {
@@ -86,7 +112,7 @@ func schemaAnswers500[Tx any](t *testing.T, s idempotency.KeyStore[Tx], q *idemp
 		events []idemhttp.Event
 		calls  int
 	)
-	mw := idemhttp.Middleware(g, &idemhttp.Config{
+	cfg := &idemhttp.Config{
 		Scope: idemhttp.SharedScope,
 		Quota: q,
 		OnError: func(_ *http.Request, err error) {
@@ -99,13 +125,17 @@ func schemaAnswers500[Tx any](t *testing.T, s idempotency.KeyStore[Tx], q *idemp
 			defer mu.Unlock()
 			events = append(events, ev)
 		},
-	})
-	srv := httptest.NewServer(mw(http.HandlerFunc(func(w http.ResponseWriter, _ *http.Request) {
+	}
+	h := idemhttp.Middleware(g, cfg)(http.HandlerFunc(func(w http.ResponseWriter, _ *http.Request) {
 		mu.Lock()
 		calls++
 		mu.Unlock()
 		w.WriteHeader(http.StatusCreated)
-	})))
+	}))
+	if handler != nil {
+		h = handler(g, cfg)
+	}
+	srv := httptest.NewServer(h)
 	t.Cleanup(srv.Close)
 	req, err := http.NewRequestWithContext(testkit.Context(t, 20*time.Second), http.MethodPost, srv.URL, strings.NewReader(`{}`))
 	if err != nil {
