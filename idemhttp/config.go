@@ -242,9 +242,8 @@ type Config struct {
 	// InProgress, if set, may answer a request whose key another request
 	// holds, before the middleware answers InProgressStatus: for instance
 	// from the resource the first request is creating, looked up by the
-	// key (the seed's "look up the related resource"). It returns true
-	// when it wrote the answer, false (having written nothing) to leave it
-	// to the middleware. The handler did not run and nothing was stored.
+	// key. It returns true when it wrote the answer, false (having
+	// written nothing) to leave it to the middleware. The handler did not run and nothing was stored.
 	InProgress func(w http.ResponseWriter, r *http.Request, key idempotency.Key) bool
 
 	// KeySchema describes, for [OpenAPI], the keys ValidateKey accepts. Nil

@@ -22,7 +22,7 @@ func TestMetricEventsPostgres(t *testing.T) {
 	testMetricEvents(t, postgresEnv(t))
 }
 
-// testMetricEvents: over real HTTP, the Event fields behind the seed's
+// testMetricEvents: over real HTTP, the Event fields behind the seven
 // metrics: a waiter's wait, the age of a record replayed from the store,
 // and the purge's batches with their deleted counts.
 func testMetricEvents[Tx any](t *testing.T, e env[Tx]) {
