@@ -200,12 +200,16 @@ func (r *RedisSet) Flip() string {
 	r.t.Helper()
 	s := goredis.NewSentinelClient(&goredis.Options{Addr: r.SentinelAddr()})
 	defer s.Close()
-	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
-	addr, err := s.GetMasterAddrByName(ctx, SentinelMaster).Result()
-	cancel()
-	if err != nil || len(addr) != 2 {
-		r.t.Fatalf("the Sentinel's primary: %v %v", addr, err)
-	}
+	var addr []string
+	// A loaded machine can stall the Sentinel for seconds (it then enters
+	// TILT mode): ask again rather than fail.
+	waitFor(r.t, 60*time.Second, "the Sentinel to name the primary", func(ctx context.Context) error {
+		var err error
+		if addr, err = s.GetMasterAddrByName(ctx, SentinelMaster).Result(); err == nil && len(addr) != 2 {
+			err = fmt.Errorf("sentinel names %v as the primary", addr)
+		}
+		return err
+	}, r.primary, r.replica, r.sentinel)
 	from, to := r.PrimaryAddr(), r.ReplicaAddr()
 	if addr[1] == strconv.Itoa(r.replicaPort) {
 		from, to = to, from
@@ -215,7 +219,7 @@ func (r *RedisSet) Flip() string {
 	waitFor(r.t, 60*time.Second, "the Sentinel to accept SENTINEL FAILOVER", func(ctx context.Context) error {
 		return s.Failover(ctx, SentinelMaster).Err()
 	}, r.primary, r.replica, r.sentinel)
-	waitFor(r.t, 60*time.Second, "the failover from "+from+" to "+to, func(ctx context.Context) error {
+	waitFor(r.t, 90*time.Second, "the failover from "+from+" to "+to, func(ctx context.Context) error {
 		addr, err := s.GetMasterAddrByName(ctx, SentinelMaster).Result()
 		if err != nil {
 			return err
