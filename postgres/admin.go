@@ -162,7 +162,7 @@ func (s *Store) Inspect(ctx context.Context, key idempotency.Key, body bool) (*i
 		exists, held bool
 	)
 	dest := append(append([]any{&exists}, r.dest()...), &held)
-	err = s.pool.QueryRow(ctx, s.sql.inspect, execMode, key.Scope, key.ID, now, body, hi, lo).Scan(dest...)
+	err = s.q.queryRow(ctx, s.sql.inspect, execMode, key.Scope, key.ID, now, body, hi, lo).Scan(dest...)
 	switch {
 	case err != nil:
 		return nil, s.mapError(ctx, fmt.Errorf("postgres: inspect key %v: %w", key, err), false)
@@ -184,16 +184,16 @@ func (s *Store) Forget(ctx context.Context, key idempotency.Key) (*idempotency.K
 	if err != nil {
 		return nil, err
 	}
-	conn, err := s.pool.Acquire(ctx)
+	conn, err := s.connect(ctx)
 	if err != nil {
-		return nil, s.mapError(ctx, fmt.Errorf("postgres: acquire: %w", err), false)
+		return nil, err
 	}
-	defer abandon(ctx, conn)
+	defer conn.abandon(ctx)
 	b := &pgx.Batch{}
-	b.Queue("begin isolation level read committed")
+	b.Queue(beginReadCommitted)
 	b.Queue(s.sql.tryLock, lockID(s.quoted, key))
 	b.Queue(s.sql.forgetRead, key.Scope, key.ID, now)
-	br := s.send(ctx, conn.Conn(), b)
+	br := conn.send(ctx, b)
 	var (
 		lk    lockResult
 		r     infoRow
@@ -204,7 +204,7 @@ func (s *Store) Forget(ctx context.Context, key idempotency.Key) (*idempotency.K
 		lk, err = scanLock(br, false)
 	}
 	if err == nil {
-		noteBackend(conn.Conn(), lk.pid)
+		conn.noteBackend(lk.pid)
 		if err = br.QueryRow().Scan(r.dest()...); errors.Is(err, pgx.ErrNoRows) {
 			found, err = false, nil
 		}
@@ -231,7 +231,7 @@ func (s *Store) Forget(ctx context.Context, key idempotency.Key) (*idempotency.K
 	b = &pgx.Batch{}
 	b.Queue(s.sql.forget, key.Scope, key.ID)
 	b.Queue("commit")
-	br = s.send(ctx, conn.Conn(), b)
+	br = conn.send(ctx, b)
 	deleted, err := br.Exec()
 	if err == nil {
 		_, err = br.Exec()
@@ -265,7 +265,7 @@ func (s *Store) List(ctx context.Context, q idempotency.ListQuery) (idempotency.
 	if q.After != nil {
 		afterFirst, afterID = q.After.Unfinished, q.After.ID
 	}
-	rows, err := s.pool.Query(ctx, s.sql.list, execMode, q.Scope, now, afterFirst, afterID, int64(q.Limit)+1)
+	rows, err := s.q.query(ctx, s.sql.list, execMode, q.Scope, now, afterFirst, afterID, int64(q.Limit)+1)
 	if err != nil {
 		return idempotency.KeyPage{}, s.mapError(ctx, fmt.Errorf("postgres: list keys: %w", err), false)
 	}
@@ -309,7 +309,7 @@ func (s *Store) Stats(ctx context.Context) (idempotency.Stats, error) {
 		st     idempotency.Stats
 		oldest *time.Time
 	)
-	err = s.pool.QueryRow(ctx, s.sql.stats, execMode, now).Scan(&st.Held, &st.Unfinished, &st.Completed, &st.Expired, &st.Failing, &oldest, &st.BodyBytes)
+	err = s.q.queryRow(ctx, s.sql.stats, execMode, now).Scan(&st.Held, &st.Unfinished, &st.Completed, &st.Expired, &st.Failing, &oldest, &st.BodyBytes)
 	if err != nil {
 		return idempotency.Stats{}, s.mapError(ctx, fmt.Errorf("postgres: stats: %w", err), false)
 	}

@@ -2,10 +2,12 @@ package postgres
 
 import (
 	"context"
+	"database/sql"
 	"errors"
 	"fmt"
 	"strings"
 
+	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgconn"
 
 	"github.com/go-idempotency/idempotency"
@@ -42,16 +44,15 @@ const (
 // failure (40001) or a deadlock (40P01) met by one of fn's own statements
 // makes [idempotency.Guard.Do] roll back and run the attempt again.
 func (s *Store) IsConflict(err error) bool {
-	var pgErr *pgconn.PgError
-	return errors.As(err, &pgErr) && (pgErr.Code == codeSerializationFailure || pgErr.Code == codeDeadlockDetected)
+	pgErr, ok := serverError(err)
+	return ok && (pgErr.Code == codeSerializationFailure || pgErr.Code == codeDeadlockDetected)
 }
 
 // poolerHint adds [ErrStatementCacheBehindPooler] to the chain of err if it
 // says a statement of pgx's cache (named stmtcache_...) is missing or
 // already there.
 func poolerHint(err error) error {
-	var pgErr *pgconn.PgError
-	if errors.As(err, &pgErr) && (pgErr.Code == codeInvalidStatementName || pgErr.Code == codeDuplicateStatement) &&
+	if pgErr, ok := serverError(err); ok && (pgErr.Code == codeInvalidStatementName || pgErr.Code == codeDuplicateStatement) &&
 		strings.Contains(pgErr.Message, `"stmtcache_`) && !errors.Is(err, ErrStatementCacheBehindPooler) {
 		return fmt.Errorf("%w: %w", ErrStatementCacheBehindPooler, err)
 	}
@@ -79,8 +80,8 @@ func (s *Store) mapError(ctx context.Context, err error, waitingForKey bool) err
 		}
 		return fmt.Errorf("%w (%w)", cerr, err)
 	}
-	var pgErr *pgconn.PgError
-	if !errors.As(err, &pgErr) {
+	pgErr, ok := serverError(err)
+	if !ok {
 		return err
 	}
 	switch pgErr.Code {
@@ -127,6 +128,53 @@ func (s *Store) schemaError(pgErr *pgconn.PgError, err error) error {
 // statement that needs the columns of multi-step operations met a table of
 // v0.1.0 that was not migrated.
 func isUndefinedColumn(err error) bool {
+	pgErr, ok := serverError(err)
+	return ok && pgErr.Code == codeUndefinedColumn
+}
+
+// pqError is what lib/pq's *pq.Error offers, named here so that the core
+// module does not depend on lib/pq: the error's fields by their protocol
+// codes ('C' the SQLSTATE, 'M' the message, 's' the schema, 't' the
+// table).
+type pqError interface {
+	error
+	Get(k byte) string
+}
+
+// serverError returns the server's error in err's chain, from pgx (its own
+// front end and its stdlib driver) or from lib/pq, as a *pgconn.PgError
+// with the fields the store reads. It is the one place where the store
+// learns a SQLSTATE: every mapping in this file goes through it.
+func serverError(err error) (*pgconn.PgError, bool) {
 	var pgErr *pgconn.PgError
-	return errors.As(err, &pgErr) && pgErr.Code == codeUndefinedColumn
+	if errors.As(err, &pgErr) {
+		return pgErr, true
+	}
+	var pq pqError
+	if errors.As(err, &pq) && pq.Get('C') != "" {
+		return &pgconn.PgError{Code: pq.Get('C'), Message: pq.Get('M'), SchemaName: pq.Get('s'), TableName: pq.Get('t')}, true
+	}
+	return nil, false
+}
+
+// codeInFailedTransaction is in_failed_sql_transaction: a statement sent in
+// a transaction that an earlier statement aborted.
+const codeInFailedTransaction = "25P02"
+
+// finishError maps an error of the batch that ends a reservation or phase
+// (the key's row and COMMIT). The pgx front end learns before sending it
+// whether fn aborted or ended the transaction (see link.ending); the
+// database/sql one learns it from this error: the server's
+// in_failed_sql_transaction, or [sql.ErrTxDone] for a transaction fn
+// committed or rolled back through its *sql.Tx.
+func (s *Store) finishError(ctx context.Context, err error) error {
+	if ctx.Err() == nil {
+		if pgErr, ok := serverError(err); ok && pgErr.Code == codeInFailedTransaction {
+			return fmt.Errorf("a statement of fn failed, the transaction is aborted: %w (%w)", pgx.ErrTxCommitRollback, err)
+		}
+		if errors.Is(err, sql.ErrTxDone) {
+			return fmt.Errorf("the transaction was ended inside fn: %w (%w)", pgx.ErrTxClosed, err)
+		}
+	}
+	return s.mapError(ctx, err, false)
 }

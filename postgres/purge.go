@@ -19,10 +19,10 @@ func (s *Store) Purge(ctx context.Context, limit int) (int, error) {
 	if err != nil {
 		return 0, err
 	}
-	tag, err := s.pool.Exec(ctx, s.sql.purge, execMode, now, limit)
+	tag, err := s.q.exec(ctx, s.sql.purge, execMode, now, limit)
 	if isUndefinedColumn(err) && ctx.Err() == nil {
 		// A table of v0.1.0, not migrated yet: no row of it has progress.
-		tag, err = s.pool.Exec(ctx, s.sql.purgeV1, execMode, now, limit)
+		tag, err = s.q.exec(ctx, s.sql.purgeV1, execMode, now, limit)
 	}
 	if err != nil {
 		return 0, s.mapError(ctx, fmt.Errorf("postgres: purge: %w", err), false)

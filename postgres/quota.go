@@ -72,7 +72,7 @@ func (s *Store) migrateQuota(ctx context.Context) error {
 	h := fnv.New64a()
 	h.Write([]byte("idempotency/postgres " + s.quoted))
 	ddl := fmt.Sprintf("SELECT pg_advisory_xact_lock(%d);\n%s", int64(h.Sum64()), quotaSchemaSQL(quotaTable(s.table)))
-	if _, err := s.pool.Exec(ctx, ddl); err != nil {
+	if _, err := s.q.exec(ctx, ddl); err != nil {
 		return fmt.Errorf("postgres: migrate the quota table of %s: %w", s.table, err)
 	}
 	return nil
@@ -109,7 +109,7 @@ func (s *Store) AdmitQuota(ctx context.Context, q idempotency.QuotaCheck) (idemp
 	maxKeys, maxInFlight, maxBytes := q.Quota.Limits()
 	var start, checked int64
 	var verdict int
-	err = s.pool.QueryRow(ctx, s.admitQuotaSQL(), q.Key.Scope, q.Key.ID, q.Quota.Window.Milliseconds(),
+	err = s.q.queryRow(ctx, s.admitQuotaSQL(), q.Key.Scope, q.Key.ID, q.Quota.Window.Milliseconds(),
 		maxKeys, maxInFlight, maxBytes, now).Scan(&start, &checked, &verdict)
 	switch {
 	case errors.Is(err, pgx.ErrNoRows):
@@ -131,7 +131,7 @@ func (s *Store) EndQuota(ctx context.Context, e idempotency.QuotaEnd) error {
 	if e.Created {
 		uncount = 0
 	}
-	_, err := s.pool.Exec(ctx, `UPDATE `+quotaTable(s.table)+`
+	_, err := s.q.exec(ctx, `UPDATE `+quotaTable(s.table)+`
 SET n_in_flight = greatest(n_in_flight - 1, 0), n_keys = greatest(n_keys - $4::int8, 0), n_bytes = n_bytes + $5::int8
 WHERE scope = $1::text AND span = $2::int8 AND window_start = $3::int8`,
 		e.Scope, e.Window.Milliseconds(), e.WindowStart.UnixMilli(), uncount, e.Bytes)
@@ -150,7 +150,7 @@ func (s *Store) PurgeQuota(ctx context.Context, limit int) (int, error) {
 		return 0, err
 	}
 	t := quotaTable(s.table)
-	tag, err := s.pool.Exec(ctx, `DELETE FROM `+t+` WHERE ctid IN (SELECT ctid FROM `+t+`, `+nowFrom(1)+`
+	tag, err := s.q.exec(ctx, `DELETE FROM `+t+` WHERE ctid IN (SELECT ctid FROM `+t+`, `+nowFrom(1)+`
 WHERE window_start + span <= floor(extract(epoch FROM n.now) * 1000)::int8 LIMIT $2::int8 FOR UPDATE SKIP LOCKED)`, now, limit)
 	if err != nil {
 		return 0, fmt.Errorf("postgres: purge quota: %w", s.mapError(ctx, err, false))

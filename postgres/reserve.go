@@ -27,22 +27,27 @@ import (
 // [Config.Lookup] says: by default while most recent first tries were
 // replays.
 func (s *Store) Reserve(ctx context.Context, r idempotency.Reservation) (idempotency.Txn[pgx.Tx], *idempotency.Record, error) {
+	t, rec, err := s.reserve(ctx, r)
+	if t == nil {
+		return nil, rec, err
+	}
+	return pgxTxn{t}, nil, nil
+}
+
+// reserve is Reserve on either front end.
+func (s *Store) reserve(ctx context.Context, r idempotency.Reservation) (*txn, *idempotency.Record, error) {
 	now, err := s.now()
 	if err != nil {
 		return nil, nil, err
 	}
-	conn, err := s.pool.Acquire(ctx)
+	conn, err := s.connect(ctx)
 	if err != nil {
-		return nil, nil, s.mapError(ctx, fmt.Errorf("postgres: acquire: %w", err), false)
+		return nil, nil, err
 	}
 	if s.lookingFirst() {
-		args := []any{execMode, r.Key.Scope, r.Key.ID, now}
-		if direct(conn.Conn()) {
-			args = args[1:] // the pool's own exec mode is safe
-		}
-		k, err := scanKey(conn.QueryRow(ctx, s.sql.lookup, args...), r.Key)
+		k, err := scanKey(conn.queryRow(ctx, s.sql.lookup, r.Key.Scope, r.Key.ID, now), r.Key)
 		if err != nil || k.rec != nil || k.held {
-			abandon(ctx, conn)
+			conn.abandon(ctx)
 			switch {
 			case err != nil:
 				return nil, nil, s.mapError(ctx, fmt.Errorf("postgres: look up key %v: %w", r.Key, err), false)
@@ -55,7 +60,7 @@ func (s *Store) Reserve(ctx context.Context, r idempotency.Reservation) (idempot
 	}
 	t, rec, err := s.begin(ctx, conn, r, now)
 	if t == nil {
-		abandon(ctx, conn)
+		conn.abandon(ctx)
 		if rec != nil {
 			s.firstTries.Add(r.Wait, true)
 		}
@@ -68,34 +73,34 @@ func (s *Store) Reserve(ctx context.Context, r idempotency.Reservation) (idempot
 // lockAndRead sends BEGIN, the key's advisory lock and one read of the
 // key's row (query, with the key's scope and id and the clock now) in one
 // round trip, and scans that row with scan. It returns the lock's result
-// and the transaction the batch began; what names the call in errors. A
+// (the link's began makes the transaction the batch began fn's); what names the call in errors. A
 // transaction that reports REPEATABLE READ or SERIALIZABLE switches the
 // store to row mode for good. The caller releases conn on an error.
-func (s *Store) lockAndRead(ctx context.Context, conn *pgxpool.Conn, r idempotency.Reservation, now any, query, what string, scan func(pgx.Row) error) (lockResult, pgx.Tx, error) {
+func (s *Store) lockAndRead(ctx context.Context, conn link, r idempotency.Reservation, now any, query, what string, scan func(pgx.Row) error) (lockResult, error) {
 	b := &pgx.Batch{}
 	b.BeginTx(s.txOptions)
 	s.queueLock(ctx, b, r)
 	b.Queue(query, r.Key.Scope, r.Key.ID, now)
-	br := s.send(ctx, conn.Conn(), b)
+	br := conn.send(ctx, b)
 	var lk lockResult
 	_, err := br.Exec() // BEGIN
 	if err == nil {
 		lk, err = scanLock(br, r.Wait > 0)
 	}
 	if err == nil {
-		noteBackend(conn.Conn(), lk.pid)
+		conn.noteBackend(lk.pid)
 		err = scan(br.QueryRow())
 	}
 	if cerr := br.Close(); err == nil {
 		err = cerr
 	}
 	if err != nil {
-		return lk, nil, s.mapError(ctx, fmt.Errorf("postgres: %s key %v (wait bound %v): %w", what, r.Key, r.Wait, err), r.Wait > 0)
+		return lk, s.mapError(ctx, fmt.Errorf("postgres: %s key %v (wait bound %v): %w", what, r.Key, r.Wait, err), r.Wait > 0)
 	}
 	if !lk.readCommitted() {
 		s.rowMode.Store(true)
 	}
-	return lk, br.Tx(), nil
+	return lk, nil
 }
 
 // begin sends BEGIN, the key's advisory lock and the look-up in one round
@@ -107,12 +112,12 @@ func (s *Store) lockAndRead(ctx context.Context, conn *pgxpool.Conn, r idempoten
 // transaction, from a snapshot possibly older than the lock. So the first
 // transaction that reports such a level switches the store to beginRow
 // for good.
-func (s *Store) begin(ctx context.Context, conn *pgxpool.Conn, r idempotency.Reservation, now any) (*txn, *idempotency.Record, error) {
+func (s *Store) begin(ctx context.Context, conn link, r idempotency.Reservation, now any) (*txn, *idempotency.Record, error) {
 	if s.rowMode.Load() {
 		return s.beginRow(ctx, conn, r, now)
 	}
 	var k keyRow
-	lk, ptx, err := s.lockAndRead(ctx, conn, r, now, s.sql.lookup, "reserve", func(row pgx.Row) (err error) {
+	lk, err := s.lockAndRead(ctx, conn, r, now, s.sql.lookup, "reserve", func(row pgx.Row) (err error) {
 		k, err = scanKey(row, r.Key)
 		return err
 	})
@@ -127,12 +132,13 @@ func (s *Store) begin(ctx context.Context, conn *pgxpool.Conn, r idempotency.Res
 		// operation's: held, never taken over.
 		return nil, nil, fmt.Errorf("postgres: key %v: %w", r.Key, idempotency.ErrInProgress)
 	case !lk.readCommitted():
-		if _, err := conn.Exec(ctx, "rollback"); err != nil {
+		if err := conn.rollbackNow(ctx); err != nil {
 			return nil, nil, s.mapError(ctx, fmt.Errorf("postgres: reserve key %v: %w", r.Key, err), false)
 		}
 		return s.beginRow(ctx, conn, r, now)
 	}
-	return &txn{s: s, conn: conn, tx: &tx{inner: ptx}, key: r.Key, fp: r.Fingerprint, now: now, ttl: r.TTL, expired: k.expired}, nil, nil
+	conn.began()
+	return &txn{s: s, l: conn, key: r.Key, fp: r.Fingerprint, now: now, ttl: r.TTL, expired: k.expired}, nil, nil
 }
 
 // beginRow reserves the key with its advisory lock and a pending row, for
@@ -145,14 +151,14 @@ func (s *Store) begin(ctx context.Context, conn *pgxpool.Conn, r idempotency.Res
 // way, one more round trip ends the transaction and reads it. A live
 // completed row is returned. An expired one is taken over, in one more
 // round trip. The caller releases conn unless a reservation is returned.
-func (s *Store) beginRow(ctx context.Context, conn *pgxpool.Conn, r idempotency.Reservation, now any) (*txn, *idempotency.Record, error) {
+func (s *Store) beginRow(ctx context.Context, conn link, r idempotency.Reservation, now any) (*txn, *idempotency.Record, error) {
 	stmt := s.sql.insertPending
 	for range 2 {
 		b := &pgx.Batch{}
 		b.BeginTx(s.txOptions)
 		s.queueLock(ctx, b, r)
 		b.Queue(stmt, r.Key.Scope, r.Key.ID, r.Fingerprint, now, r.TTL, lockTimeout(ctx, r.Wait))
-		br := s.send(ctx, conn.Conn(), b)
+		br := conn.send(ctx, b)
 		var (
 			lk  lockResult
 			row pgtype.TID
@@ -162,7 +168,7 @@ func (s *Store) beginRow(ctx context.Context, conn *pgxpool.Conn, r idempotency.
 			lk, err = scanLock(br, r.Wait > 0)
 		}
 		if err == nil {
-			noteBackend(conn.Conn(), lk.pid)
+			conn.noteBackend(lk.pid)
 			if err = br.QueryRow().Scan(&row, nil); errors.Is(err, pgx.ErrNoRows) {
 				err = nil
 			}
@@ -180,7 +186,8 @@ func (s *Store) beginRow(ctx context.Context, conn *pgxpool.Conn, r idempotency.
 			held := r.Wait > 0 || !lk.locked
 			return nil, nil, s.mapError(ctx, fmt.Errorf("postgres: reserve key %v (wait bound %v): %w", r.Key, r.Wait, err), held)
 		case lk.locked && row.Valid:
-			return &txn{s: s, conn: conn, tx: &tx{inner: br.Tx()}, key: r.Key, fp: r.Fingerprint, now: now, ttl: r.TTL, row: row}, nil, nil
+			conn.began()
+			return &txn{s: s, l: conn, key: r.Key, fp: r.Fingerprint, now: now, ttl: r.TTL, row: row}, nil, nil
 		case row.Valid: // inserted without the lock: its holder has not written yet
 			return nil, nil, fmt.Errorf("postgres: key %v: %w", r.Key, idempotency.ErrInProgress)
 		}
@@ -190,7 +197,7 @@ func (s *Store) beginRow(ctx context.Context, conn *pgxpool.Conn, r idempotency.
 		b = &pgx.Batch{}
 		b.Queue("rollback")
 		b.Queue(s.sql.lookup, r.Key.Scope, r.Key.ID, now)
-		br = s.send(ctx, conn.Conn(), b)
+		br = conn.send(ctx, b)
 		_, err = br.Exec()
 		if err == nil {
 			k, err = scanKey(br.QueryRow(), r.Key)
@@ -235,7 +242,7 @@ func (lk lockResult) readCommitted() bool {
 }
 
 // scanLock reads the result of the statement queueLock queued.
-func scanLock(br storeResults, waited bool) (lockResult, error) {
+func scanLock(br results, waited bool) (lockResult, error) {
 	var (
 		lk  lockResult
 		pid int32

@@ -55,7 +55,7 @@ func (s *Store) Schema() string { return s.schema }
 // It is idempotent and safe to run from several processes at once: they take
 // turns on an advisory lock.
 func (s *Store) Migrate(ctx context.Context) error {
-	if _, err := s.pool.Exec(ctx, s.sql.migrate); err != nil {
+	if _, err := s.q.exec(ctx, s.sql.migrate); err != nil {
 		return fmt.Errorf("postgres: migrate %s: %w", s.table, err)
 	}
 	return s.migrateQuota(ctx)

@@ -47,7 +47,7 @@ func (s *Store) CheckSchema(ctx context.Context, c idempotency.SchemaCheck) erro
 // checkColumns checks that the table quoted (named name in messages) has
 // the columns want; ddl names the function whose DDL creates it.
 func (s *Store) checkColumns(ctx context.Context, quoted, name string, want []string, ddl string) error {
-	rows, err := s.pool.Query(ctx, columnsSQL, execMode, quoted)
+	rows, err := s.q.query(ctx, columnsSQL, execMode, quoted)
 	if err != nil {
 		return s.mapError(ctx, fmt.Errorf("postgres: check the schema of %s: %w", name, err), false)
 	}

@@ -7,7 +7,6 @@ import (
 	"time"
 
 	"github.com/jackc/pgx/v5"
-	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/go-idempotency/idempotency"
 )
@@ -103,6 +102,15 @@ func checkProgress(progress []byte) error {
 // not migrated yet ([Store.Migrate]) it fails with the server's
 // undefined_column error.
 func (s *Store) Acquire(ctx context.Context, a idempotency.Acquisition) (idempotency.Phase[pgx.Tx], *idempotency.Record, error) {
+	p, rec, err := s.acquirePhase(ctx, a)
+	if p == nil {
+		return nil, rec, err
+	}
+	return pgxPhase{p}, nil, nil
+}
+
+// acquirePhase is Acquire on either front end.
+func (s *Store) acquirePhase(ctx context.Context, a idempotency.Acquisition) (*phase, *idempotency.Record, error) {
 	if err := checkAcquisition(a); err != nil {
 		return nil, nil, err
 	}
@@ -110,13 +118,13 @@ func (s *Store) Acquire(ctx context.Context, a idempotency.Acquisition) (idempot
 	if err != nil {
 		return nil, nil, err
 	}
-	conn, err := s.pool.Acquire(ctx)
+	conn, err := s.connect(ctx)
 	if err != nil {
-		return nil, nil, s.mapError(ctx, fmt.Errorf("postgres: acquire: %w", err), false)
+		return nil, nil, err
 	}
 	p, rec, err := s.acquire(ctx, conn, a, now)
 	if p == nil {
-		abandon(ctx, conn)
+		conn.abandon(ctx)
 		return nil, rec, err
 	}
 	return p, nil, nil
@@ -139,9 +147,9 @@ type opRow struct {
 
 // acquire is Acquire on conn; the caller releases conn unless a phase is
 // returned.
-func (s *Store) acquire(ctx context.Context, conn *pgxpool.Conn, a idempotency.Acquisition, now any) (*phase, *idempotency.Record, error) {
+func (s *Store) acquire(ctx context.Context, conn link, a idempotency.Acquisition, now any) (*phase, *idempotency.Record, error) {
 	var row opRow
-	lk, ptx, err := s.lockAndRead(ctx, conn, a.Reservation, now, s.sql.acquire, "acquire", func(r pgx.Row) (err error) {
+	lk, err := s.lockAndRead(ctx, conn, a.Reservation, now, s.sql.acquire, "acquire", func(r pgx.Row) (err error) {
 		row, err = scanOpRow(r, a.Key)
 		return err
 	})
@@ -164,7 +172,7 @@ func (s *Store) acquire(ctx context.Context, conn *pgxpool.Conn, a idempotency.A
 	if row.exists && !lk.readCommitted() {
 		b := &pgx.Batch{}
 		b.Queue(s.sql.lockRow, a.Key.Scope, a.Key.ID)
-		br := s.send(ctx, conn.Conn(), b)
+		br := conn.send(ctx, b)
 		_, err := br.Exec()
 		if cerr := br.Close(); err == nil {
 			err = cerr
@@ -173,8 +181,9 @@ func (s *Store) acquire(ctx context.Context, conn *pgxpool.Conn, a idempotency.A
 			return nil, nil, s.mapError(ctx, fmt.Errorf("postgres: acquire key %v: lock its row: %w", a.Key, err), false)
 		}
 	}
+	conn.began()
 	p := &phase{
-		txn: txn{s: s, conn: conn, tx: &tx{inner: ptx}, key: a.Key, fp: a.Fingerprint, now: now, ttl: a.TTL, expired: row.expired},
+		txn: txn{s: s, l: conn, key: a.Key, fp: a.Fingerprint, now: now, ttl: a.TTL, expired: row.expired},
 		a:   a,
 	}
 	if unfinished {
@@ -188,7 +197,7 @@ func (s *Store) acquire(ctx context.Context, conn *pgxpool.Conn, a idempotency.A
 		// on a new snapshot), never into a second phase.
 		b := &pgx.Batch{}
 		b.Queue(s.sql.claimNew, a.Key.Scope, a.Key.ID, a.Fingerprint, now)
-		br := s.send(ctx, conn.Conn(), b)
+		br := conn.send(ctx, b)
 		tag, err := br.Exec()
 		if cerr := br.Close(); err == nil {
 			err = cerr
@@ -256,7 +265,7 @@ type phase struct {
 	existing bool // the key has an unfinished row
 }
 
-var _ idempotency.Phase[pgx.Tx] = (*phase)(nil)
+var _ idempotency.Phase[pgx.Tx] = pgxPhase{}
 
 // Fingerprint is the operation's, or the Acquisition's for a new key.
 func (p *phase) Fingerprint() string { return p.fp }
@@ -327,7 +336,7 @@ func (s *Store) Abandoned(ctx context.Context, q idempotency.AbandonedQuery) ([]
 	if err != nil {
 		return nil, err
 	}
-	rows, err := s.pool.Query(ctx, s.sql.abandoned, execMode, now, q.Grace.Microseconds(), int64(q.MaxTries), int64(q.Limit))
+	rows, err := s.q.query(ctx, s.sql.abandoned, execMode, now, q.Grace.Microseconds(), int64(q.MaxTries), int64(q.Limit))
 	if err != nil {
 		return nil, s.mapError(ctx, fmt.Errorf("postgres: abandoned keys: %w", err), false)
 	}

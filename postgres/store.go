@@ -1,6 +1,7 @@
 package postgres
 
 import (
+	"database/sql"
 	"fmt"
 	"strings"
 	"sync/atomic"
@@ -59,18 +60,24 @@ type Config struct {
 // Store is an [idempotency.KeyStore] on a PostgreSQL table. It is safe for
 // concurrent use; build it with [New].
 type Store struct {
-	pool       *pgxpool.Pool
-	table      string // as configured, validated
-	quoted     string // table, quoted for SQL
-	tableName  string // the table's name without its schema
-	schemaName string // the table's schema, "" if not qualified
-	txOptions  pgx.TxOptions
-	lookup     idempotency.LookupPolicy
-	clock      func() time.Time // Config.Clock: nil for the server's
-	commitSQL  string
-	schema     string
-	sql        statements
-	tracer     pgx.QueryTracer // the pool's, for the batches of sendBatch
+	pool *pgxpool.Pool // the pgx front end's, nil for a DBStore's
+	db   *sql.DB       // a DBStore's, nil for the pgx front end's
+	q    querier       // either front end's single statements
+	// beginSQL is the BEGIN of Batch.BeginTx with txOptions, which a
+	// DBStore's link runs as a BeginTx of sqlTxOptions.
+	beginSQL     string
+	sqlTxOptions *sql.TxOptions
+	table        string // as configured, validated
+	quoted       string // table, quoted for SQL
+	tableName    string // the table's name without its schema
+	schemaName   string // the table's schema, "" if not qualified
+	txOptions    pgx.TxOptions
+	lookup       idempotency.LookupPolicy
+	clock        func() time.Time // Config.Clock: nil for the server's
+	commitSQL    string
+	schema       string
+	sql          statements
+	tracer       pgx.QueryTracer // the pool's, for the batches of sendBatch
 	// rowMode: reserve with a pending row too (see beginRow), because the
 	// transactions are REPEATABLE READ or SERIALIZABLE.
 	rowMode atomic.Bool
@@ -97,6 +104,17 @@ func New(pool *pgxpool.Pool, cfg *Config) (*Store, error) {
 	if pool == nil {
 		return nil, fmt.Errorf("%w: postgres: nil pool", idempotency.ErrInvalidConfig)
 	}
+	s, err := newStore(cfg)
+	if err != nil {
+		return nil, err
+	}
+	s.pool, s.q, s.tracer = pool, pgxQuerier{pool}, pool.Config().ConnConfig.Tracer
+	return s, nil
+}
+
+// newStore validates cfg and builds the store of either front end, which
+// then sets its own connections.
+func newStore(cfg *Config) (*Store, error) {
 	var c Config
 	if cfg != nil {
 		c = *cfg
@@ -115,7 +133,6 @@ func New(pool *pgxpool.Pool, cfg *Config) (*Store, error) {
 		return nil, fmt.Errorf("%w: postgres: TxOptions.AccessMode read only: the key is written in that transaction", idempotency.ErrInvalidConfig)
 	}
 	s := &Store{
-		pool:      pool,
 		table:     c.Table,
 		quoted:    q,
 		tableName: c.Table,
@@ -125,8 +142,10 @@ func New(pool *pgxpool.Pool, cfg *Config) (*Store, error) {
 		commitSQL: "commit",
 		schema:    schemaSQL(c.Table, q),
 		sql:       newStatements(c.Table, q),
-		tracer:    pool.Config().ConnConfig.Tracer,
 	}
+	b := &pgx.Batch{}
+	b.BeginTx(c.TxOptions)
+	s.beginSQL = b.QueuedQueries[0].SQL
 	if i := strings.IndexByte(c.Table, '.'); i >= 0 {
 		s.schemaName, s.tableName = c.Table[:i], c.Table[i+1:]
 	}

@@ -2,25 +2,23 @@ package postgres
 
 import (
 	"context"
-	"errors"
 	"fmt"
 	"time"
 
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/jackc/pgx/v5/pgtype"
-	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/go-idempotency/idempotency"
 )
 
-// txn is a key held in an open transaction on one acquired connection: by
-// the key's advisory lock, and under REPEATABLE READ and SERIALIZABLE by a
-// pending row too.
+// txn is a key held in an open transaction on one link: by the key's
+// advisory lock, and under REPEATABLE READ and SERIALIZABLE by a pending
+// row too. Each front end wraps it with the Tx its fn receives (pgxTxn,
+// sqlTxn).
 type txn struct {
 	s       *Store
-	conn    *pgxpool.Conn
-	tx      *tx
+	l       link
 	key     idempotency.Key
 	fp      string
 	now     any           // the reservation's test clock reading, nil for the server's clock
@@ -29,8 +27,6 @@ type txn struct {
 	row     pgtype.TID    // the pending row, if reserveRow wrote one
 	done    bool
 }
-
-func (t *txn) Tx() pgx.Tx { return t.tx }
 
 // Complete writes the completed key row (or completes the pending one) and
 // commits, in one round trip.
@@ -58,17 +54,9 @@ func (t *txn) finish(ctx context.Context, what string, queue func(b *pgx.Batch, 
 		return fmt.Errorf("postgres: key %v: %w", t.key, pgx.ErrTxClosed)
 	}
 	t.done = true
-	defer abandon(ctx, t.conn)
-	if t.tx.closed {
-		return fmt.Errorf("postgres: key %v: fn rolled the transaction back: %w", t.key, pgx.ErrTxClosed)
-	}
-	t.tx.closed = true
-	switch t.conn.Conn().PgConn().TxStatus() {
-	case 'T':
-	case 'E':
-		return fmt.Errorf("postgres: key %v: a statement of fn failed, the transaction is aborted: %w", t.key, pgx.ErrTxCommitRollback)
-	default:
-		return fmt.Errorf("postgres: key %v: the transaction was ended inside fn: %w", t.key, pgx.ErrTxClosed)
+	defer t.l.abandon(ctx)
+	if err := t.l.ending(t.key); err != nil {
+		return err
 	}
 	now, err := t.s.now()
 	if err != nil {
@@ -77,7 +65,7 @@ func (t *txn) finish(ctx context.Context, what string, queue func(b *pgx.Batch, 
 	b := &pgx.Batch{}
 	queue(b, now)
 	b.Queue(t.s.commitSQL)
-	br := t.s.send(ctx, t.conn.Conn(), b)
+	br := t.l.send(ctx, b)
 	var written, committed pgconn.CommandTag
 	for range b.Len() - 1 {
 		if written, err = br.Exec(); err != nil {
@@ -93,7 +81,7 @@ func (t *txn) finish(ctx context.Context, what string, queue func(b *pgx.Batch, 
 	switch {
 	case err != nil:
 		// An error before COMMIT skipped it: abandon rolls back.
-		return t.s.mapError(ctx, fmt.Errorf("postgres: %s key %v: %w", what, t.key, err), false)
+		return t.s.finishError(ctx, fmt.Errorf("postgres: %s key %v: %w", what, t.key, err))
 	case committed.String() == "ROLLBACK":
 		return fmt.Errorf("postgres: %s key %v: %w", what, t.key, pgx.ErrTxCommitRollback)
 	case written.RowsAffected() != 1:
@@ -109,18 +97,5 @@ func (t *txn) Rollback(ctx context.Context) error {
 		return nil
 	}
 	t.done = true
-	t.tx.closed = true
-	defer release(t.conn)
-	pg := t.conn.Conn().PgConn()
-	if pg.IsClosed() || pg.TxStatus() == 'I' {
-		return nil
-	}
-	rctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), rollbackTimeout)
-	defer cancel()
-	// The driver's Rollback closes the connection if it fails, so the pool
-	// never gets it back in a transaction.
-	if err := t.tx.inner.Rollback(rctx); err != nil && !errors.Is(err, pgx.ErrTxClosed) {
-		return fmt.Errorf("postgres: rollback key %v: %w", t.key, err)
-	}
-	return nil
+	return t.l.rollback(ctx, t.key)
 }

@@ -1,0 +1,152 @@
+// Package dbtest runs the shared store suites on the database/sql front end
+// of the postgres store ([postgres.DBStore]) for any database/sql driver:
+// the postgres package's tests use it with pgx's stdlib driver, the nested
+// module postgres/pqtest with lib/pq (kept out of the core module).
+package dbtest
+
+import (
+	"cmp"
+	"context"
+	"database/sql"
+	"fmt"
+	"net/url"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/go-idempotency/idempotency"
+	"github.com/go-idempotency/idempotency/conformance"
+	"github.com/go-idempotency/idempotency/internal/testkit"
+	"github.com/go-idempotency/idempotency/internal/testkit/pgkit"
+	"github.com/go-idempotency/idempotency/postgres"
+)
+
+// Open opens driver's *sql.DB on dsn with at most maxConns connections (8
+// when 0), closed at cleanup; before that, cleanup fails the test if a
+// connection is still in use.
+func Open(t testing.TB, driver, dsn string, maxConns int) *sql.DB {
+	t.Helper()
+	db, err := sql.Open(driver, dsn)
+	if err != nil {
+		t.Fatalf("sql.Open(%q): %v", driver, err)
+	}
+	db.SetMaxOpenConns(cmp.Or(maxConns, 8))
+	db.SetMaxIdleConns(cmp.Or(maxConns, 8))
+	t.Cleanup(func() { _ = db.Close() })
+	testkit.CheckReleased(t, "database/sql connections", func() int { return db.Stats().InUse })
+	return db
+}
+
+// Fixture is a migrated DBStore on a fresh table, plus an effects table,
+// both dropped at cleanup.
+type Fixture struct {
+	DB      *sql.DB
+	Store   *postgres.DBStore
+	Table   string
+	Effects string
+}
+
+// NewFixture migrates a DBStore with cfg on db (a fresh table unless
+// cfg.Table is set) and creates its effects table; dsn is the server's, for
+// the cleanup.
+func NewFixture(t testing.TB, db *sql.DB, dsn string, cfg postgres.Config) *Fixture {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	if cfg.Table == "" {
+		cfg.Table = testkit.Name("idem_")
+	}
+	f := &Fixture{DB: db, Table: cfg.Table, Effects: cfg.Table + "_effects"}
+	pgkit.DropAtCleanup(t, dsn, "TABLE", f.Table, f.Effects, f.Table+"_quota")
+	store, err := postgres.NewDB(db, &cfg)
+	if err != nil {
+		t.Fatalf("NewDB: %v", err)
+	}
+	if err := store.Migrate(ctx); err != nil {
+		t.Fatalf("Migrate: %v", err)
+	}
+	if _, err := db.ExecContext(ctx, "CREATE TABLE "+f.Effects+" (tag TEXT)"); err != nil {
+		t.Fatalf("create effects table: %v", err)
+	}
+	f.Store = store
+	return f
+}
+
+// Effect inserts one effect row tagged tag in fn's transaction.
+func (f *Fixture) Effect(ctx context.Context, tx *sql.Tx, tag string) error {
+	_, err := tx.ExecContext(ctx, "INSERT INTO "+f.Effects+" (tag) VALUES ($1)", tag)
+	return err
+}
+
+// Count counts the effect rows tagged tag.
+func (f *Fixture) Count(ctx context.Context, tag string) (int, error) {
+	var n int
+	err := f.DB.QueryRowContext(ctx, "SELECT count(*) FROM "+f.Effects+" WHERE tag = $1", tag).Scan(&n)
+	return n, err
+}
+
+// Bare is the benchmarks' baseline: the effect in a plain transaction.
+func (f *Fixture) Bare(ctx context.Context, tag string) error {
+	tx, err := f.DB.BeginTx(ctx, nil)
+	if err != nil {
+		return err
+	}
+	if err := f.Effect(ctx, tx, tag); err != nil {
+		_ = tx.Rollback()
+		return err
+	}
+	return tx.Commit()
+}
+
+// Fill writes n completed keys in scope "fill", expiring at expiresAt, then
+// ANALYZEs the table.
+func (f *Fixture) Fill(ctx context.Context, n int, expiresAt time.Time) error {
+	_, err := f.DB.ExecContext(ctx, `INSERT INTO `+f.Table+` (scope, id, fingerprint, state, status, header, body, created_at, expires_at)
+		SELECT 'fill', 'fill-' || g, 'fp', 'completed', 201, '{"Content-Type":["application/json"]}', '{"filled":true}',
+			$1::timestamptz - interval '24 hours', $1::timestamptz
+		FROM generate_series(1, $2::int) g`, expiresAt, n)
+	if err != nil {
+		return fmt.Errorf("fill %d keys: %w", n, err)
+	}
+	if _, err := f.DB.ExecContext(ctx, `ANALYZE `+f.Table); err != nil {
+		return fmt.Errorf("analyze after fill: %w", err)
+	}
+	return nil
+}
+
+// Harness is the conformance harness of a DBStore with cfg on driver's
+// connections to dsn.
+func Harness(driver, dsn string, cfg postgres.Config) conformance.Harness[*sql.Tx] {
+	return conformance.Harness[*sql.Tx]{
+		NewFixture: func(t testing.TB, opts conformance.Options) conformance.Fixture[*sql.Tx] {
+			c := cfg
+			c.Clock = opts.Clock
+			f := NewFixture(t, Open(t, driver, dsn, opts.MaxConns), dsn, c)
+			// Another store on the same table, with connections of its own:
+			// another process of the service.
+			reopen := func(context.Context) (idempotency.KeyStore[*sql.Tx], error) {
+				c := c
+				c.Table = f.Table
+				return postgres.NewDB(Open(t, driver, dsn, cmp.Or(opts.MaxConns, 4)), &c)
+			}
+			return conformance.Fixture[*sql.Tx]{Store: f.Store, Effect: f.Effect, Count: f.Count, Bare: f.Bare, Fill: f.Fill, Reopen: reopen}
+		},
+	}
+}
+
+// WithParams returns the URL dsn with the query parameters params added
+// (key=value pairs), for driver or session settings.
+func WithParams(t testing.TB, dsn string, params ...string) string {
+	t.Helper()
+	u, err := url.Parse(dsn)
+	if err != nil {
+		t.Fatalf("parse DSN: %v", err)
+	}
+	q := u.Query()
+	for _, p := range params {
+		k, v, _ := strings.Cut(p, "=")
+		q.Set(k, v)
+	}
+	u.RawQuery = strings.ReplaceAll(q.Encode(), "+", "%20")
+	return u.String()
+}
