@@ -104,6 +104,16 @@
 // With [Config].ProblemDocs set, every problem carries
 // Link: <ProblemDocs>; rel="describedby".
 //
+// # Operations
+//
+// [Operation] serves an [idempotency.Operation] of several steps within
+// the request: the operation's Validate refuses a bad body (400, nothing
+// stored, so the corrected body runs with the same key), and a step's
+// transient failure is 503 [ProblemUnfinished]. [Async] answers 202
+// Accepted when the operation outlives [AsyncConfig].Wait, with a Location
+// whose id seals the key under [AsyncConfig].Secrets; [AsyncStatus] serves
+// it. They refuse a bad configuration when they are built.
+//
 // # Key lifetime
 //
 // The first answer stored with a key and every replay carry
