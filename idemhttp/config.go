@@ -55,11 +55,19 @@ func DefaultReplayHeaders() []string {
 //     malformed field, a resource it creates first) and resends with the
 //     same key.
 //
-// This is Stripe's rule: a result is saved only once the operation began
-// executing. It is never saved for a request that failed validation or
-// conflicted with another one. Storing a 400 would replay the same 400 for
-// the key's whole TTL, even after the client corrected the request. (A
-// corrected body is a new fingerprint, and would get 422 instead.)
+// The policy: store an outcome, never a failure to produce one. A stored
+// answer commits in one transaction with the handler's writes, so it
+// stands for what they did. A 5xx rolls those writes back with the key:
+// nothing happened that a replay could stand for, and a retry with the
+// same key runs the operation, once. (Stripe stores and replays its 5xx,
+// because effects of its own, such as a card network's, may have happened
+// and cannot be rolled back. Effects outside the transaction are the
+// handler's to make idempotent here: [idempotency.Key.Derive] for calls
+// to other services, or an [idempotency.Operation]'s steps.) Like Stripe,
+// it saves nothing for a request that failed validation or conflicted
+// with another one: storing a 400 would replay it for the key's whole
+// TTL, even after the client corrected the request. (A corrected body is
+// a new fingerprint, and would get 422 instead.)
 func DefaultStore(status int) bool {
 	switch {
 	case status < 200 || status >= 500:
@@ -187,6 +195,12 @@ type Config struct {
 	// such as WWW-Authenticate.
 	RenderProblem func(w http.ResponseWriter, r *http.Request, p *Problem)
 
+	// EchoKey sends the request's key header back, as the client sent it,
+	// on every answer once the header parses as a key: the handler's
+	// answers, replays and problems alike, as Stripe's API does. Defaults
+	// to false. With ExposeHeaders the field is exposed to browsers too.
+	EchoKey bool
+
 	// OnError, if set, is called with the cause of every 500 and 503 the
 	// middleware answers itself (store failures included), for logging. It
 	// is not called when the client went away (its request context was
@@ -278,6 +292,7 @@ type settings struct {
 	replay    map[string]bool
 	store     func(int) bool
 	render    func(http.ResponseWriter, *http.Request, *Problem)
+	echo      bool
 	onError   func(*http.Request, error)
 	observer  func(context.Context, Event)
 	ttl       time.Duration
@@ -306,6 +321,7 @@ func newSettings(o *Config) *settings {
 		replay:   map[string]bool{},
 		store:    o.Store,
 		render:   o.RenderProblem,
+		echo:     o.EchoKey,
 		onError:  o.OnError,
 		observer: o.Observer,
 		ttl:      o.TTL,

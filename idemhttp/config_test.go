@@ -70,7 +70,7 @@ func testNoResponse[Tx any](t *testing.T, e env[Tx]) {
 }
 
 // testStorePolicy: the default stores neither validation failures nor
-// conflicts (Stripe's rule); Config.Store changes it.
+// conflicts (DefaultStore); Config.Store changes it.
 func testStorePolicy[Tx any](t *testing.T, e env[Tx]) {
 	for _, code := range []int{400, 401, 403, 404, 409, 422} {
 		s := startServer(t, e, nil, nil, func(n int64, w http.ResponseWriter, r *http.Request) {

@@ -7,11 +7,11 @@
 //
 // [Middleware] reads the Idempotency-Key header on POST and PATCH requests
 // (configurable). It fingerprints the request: method, route and body, JSON
-// bodies canonicalized. Then it runs the handler inside
-// [idempotency.Guard.Do]. The handler takes the store's open transaction
-// from the request context with [TxFrom], and does its writes through it.
-// So the writes, the key and the stored response commit together or not at
-// all:
+// and form (application/x-www-form-urlencoded) bodies canonicalized. Then
+// it runs the handler inside [idempotency.Guard.Do]. The handler takes the
+// store's open transaction from the request context with [TxFrom], and does
+// its writes through it. So the writes, the key and the stored response
+// commit together or not at all:
 //
 //	mw := idemhttp.Middleware(guard, &idemhttp.Config{
 //		// The authenticated account, set by the authentication middleware.
@@ -32,9 +32,14 @@
 //     retry runs the handler again. The response still goes to the client as
 //     written. These are every 5xx; 408, 409, 425, 429; and the
 //     request-validation and access failures 400, 401, 403, 404, 405, 413,
-//     415, 422, 431. This is Stripe's rule: nothing is saved for a request
-//     that failed validation or conflicted with another. Storing a 400 would
-//     replay it for the key's whole TTL after the client fixed its request.
+//     415, 422, 431. Only an outcome is stored, one that commits with the
+//     operation's writes. A 5xx rolls back with them, so there is nothing
+//     for a replay to stand for, and a retry runs the operation once
+//     (Stripe, whose effects may not roll back, stores and replays its
+//     5xx; this package does not). A request that failed validation or
+//     conflicted with another is not saved, as at Stripe: storing a 400
+//     would replay it for the key's whole TTL after the client fixed its
+//     request.
 //   - A handler that wrote nothing at all (no WriteHeader, no Write) is
 //     rolled back and answered 500 [ProblemNoResponse]. An answer the
 //     handler did not write is never stored ([ErrNoResponse]). This is what
@@ -87,7 +92,7 @@
 //	status  type                     when
 //	400     ProblemMissingKey        no Idempotency-Key on a method that requires one
 //	400     ProblemInvalidKey        the key is not a valid sf-string / not 1..255 printable ASCII, or appears twice
-//	400     ProblemInvalidBody       a JSON content type with a body that is not one valid JSON value, or an unreadable body
+//	400     ProblemInvalidBody       a JSON content type with a body that is not one valid JSON value, a form body net/url refuses, or an unreadable body
 //	409     ProblemInProgress        a request with the same key is still running (sent with Retry-After and
 //	                                 Idempotency-Key-Expires); 425 with Config.InProgressStatus
 //	413     ProblemRequestTooLarge   the request body exceeds Config.MaxRequestBody

@@ -12,7 +12,8 @@ import (
 )
 
 // fingerprint hashes method, route, media type and body (canonical JSON for
-// JSON media types, minus the ignored fields), then the configured header
+// JSON media types, minus the ignored fields; the canonical form of an
+// application/x-www-form-urlencoded body), then the configured header
 // fields; or whatever Config.Fingerprint returns.
 func (h *handler[Tx]) fingerprint(r *http.Request, body []byte) (string, error) {
 	if h.c.fpFunc != nil {
@@ -36,6 +37,12 @@ func (h *handler[Tx]) fingerprint(r *http.Request, body []byte) (string, error) 
 			if canon, err = dropFields(canon, h.c.ignore); err != nil {
 				return "", err
 			}
+		}
+		body = canon
+	} else if len(body) > 0 && media == formMedia {
+		canon, err := idempotency.CanonicalForm(body)
+		if err != nil {
+			return "", err
 		}
 		body = canon
 	}
@@ -70,6 +77,9 @@ func dropFields(canon []byte, paths [][]string) ([]byte, error) {
 	}
 	return idempotency.CanonicalJSON(out)
 }
+
+// formMedia is the media type whose bodies are fingerprinted as forms.
+const formMedia = "application/x-www-form-urlencoded"
 
 func isJSON(media string) bool {
 	return media == "application/json" || strings.HasSuffix(media, "+json")

@@ -63,7 +63,9 @@ var (
 // of the operation through it. The fingerprint is the method, the route
 // ([Config].Route), the media type and the body, plus
 // [Config].FingerprintHeaders. The body counts as canonical JSON for
-// application/json and +json types, and as its bytes otherwise. An empty
+// application/json and +json types ([idempotency.CanonicalJSON]), as its
+// canonical form for application/x-www-form-urlencoded
+// ([idempotency.CanonicalForm]), and as its bytes otherwise. An empty
 // body is never parsed.
 //
 // cfg.Scope is required: it says whose key space a request's key is in.
@@ -191,6 +193,9 @@ func (h *handler[Tx]) admit(w http.ResponseWriter, r *http.Request, values []str
 	if err == nil {
 		err = idempotency.Key{ID: id}.Validate()
 	}
+	if err == nil && h.c.echo {
+		h.echoKey(w, values[0])
+	}
 	if err == nil && h.c.validate != nil {
 		if err = h.c.validate(id); err != nil && !errors.Is(err, idempotency.ErrInvalidKey) {
 			err = fmt.Errorf("%w: %w", idempotency.ErrInvalidKey, err)
@@ -227,7 +232,11 @@ func (h *handler[Tx]) admit(w http.ResponseWriter, r *http.Request, values []str
 	if err != nil {
 		p, ok := errors.AsType[*Problem](err)
 		if !ok {
-			p = &Problem{Type: ProblemInvalidBody, Title: "Request body is not valid JSON", Status: http.StatusBadRequest, Detail: err.Error()}
+			title := "Request body is not valid JSON"
+			if errors.Is(err, idempotency.ErrInvalidForm) {
+				title = "Request body is not a valid form"
+			}
+			p = &Problem{Type: ProblemInvalidBody, Title: title, Status: http.StatusBadRequest, Detail: err.Error()}
 		}
 		h.reject(w, r, ev, p, err)
 		return key, nil, "", false
