@@ -283,7 +283,12 @@ func (a *asyncHandler[Tx]) committed(ctx context.Context, key idempotency.Key, f
 // fingerprint is final: the request is refused with 422 even while that
 // operation runs), or nothing.
 func (a *asyncHandler[Tx]) stored(ctx context.Context, key idempotency.Key, fp string) storedAs {
-	info, err := a.h.g.Inspect(ctx, key, false)
+	return storedFor(ctx, a.h.g, key, fp)
+}
+
+// storedFor is [asyncHandler.stored] on g.
+func storedFor[Tx any](ctx context.Context, g *idempotency.Guard[Tx], key idempotency.Key, fp string) storedAs {
+	info, err := g.Inspect(ctx, key, false)
 	switch {
 	case err != nil || info.Fingerprint == "" || info.State == idempotency.KeyExpired:
 		return storedNone // an expired record counts as absent: a run replaces it

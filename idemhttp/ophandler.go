@@ -34,9 +34,11 @@ const unfinishedDetail = "The operation stopped after a transient failure; its c
 //   - the operation finished (now, or earlier: a replay): its answer, byte
 //     for byte, as [Middleware] answers (Idempotent-Replayed on a replay,
 //     the key's lifetime header). A [idempotency.Stop] is an answer;
-//   - the key used with another request: 422 [ProblemKeyReused];
+//   - the key used with another request: 422 [ProblemKeyReused], also
+//     while the first request's operation runs (after the Guard's
+//     [idempotency.Config].WaitTimeout, its stored fingerprint read);
 //   - the key held by another request that is running: 409 (or 425)
-//     [ProblemInProgress] with Retry-After, after [idempotency.Config].WaitTimeout;
+//     [ProblemInProgress] with Retry-After, after the WaitTimeout;
 //   - a step's transient failure: 503 [ProblemUnfinished] with Retry-After:
 //     a retry with the same key (or the Completer) resumes the operation;
 //   - the store failed or is busy: 503 [ProblemStoreUnavailable]; its
@@ -93,6 +95,12 @@ func (o *opHandler[Tx]) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	arrived := time.Now()
 	resp, err := h.g.Run(r.Context(), key, fp, body, o.op)
 	if err != nil {
+		if errors.Is(err, idempotency.ErrInProgress) && !errors.Is(err, idempotency.ErrStore) &&
+			storedFor(r.Context(), h.g, key, fp) == storedOther {
+			// The key's operation runs for another request: its stored
+			// fingerprint makes the refusal final, not a retry's matter.
+			err = fmt.Errorf("%w (%w)", idempotency.ErrMismatch, err)
+		}
 		h.fail(w, r, ev, err, arrived)
 		return
 	}

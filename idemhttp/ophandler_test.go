@@ -36,6 +36,7 @@ func runOperationTests[Tx any](t *testing.T, b backend[Tx]) {
 		{"Statuses", testOperationStatuses[Tx]},
 		{"ValidateStoresNothing", testOperationValidate[Tx]},
 		{"AsyncValidateStoresNothing", testAsyncValidate[Tx]},
+		{"MismatchWhileRunning", testOperationMismatchWhileRunning[Tx]},
 	} {
 		t.Run(c.name, func(t *testing.T) { c.fn(t, b(t)) })
 	}
@@ -234,5 +235,45 @@ func TestOperationRefusesBadConfig(t *testing.T) {
 	}
 	if _, err := idemhttp.Operation(g, op, &idemhttp.Config{Scope: scope}); err != nil {
 		t.Fatalf("a good config: %v", err)
+	}
+}
+
+// testOperationMismatchWhileRunning: the same key with another body while
+// the first request's operation runs (committed, its lease live) is 422,
+// in this process and in another, not 409 in progress, which a client
+// retries until the operation ends.
+func testOperationMismatchWhileRunning[Tx any](t *testing.T, e env[Tx]) {
+	ctx := testkit.Context(t, 20*time.Second)
+	release := make(chan struct{})
+	gate := func(ctx context.Context) error {
+		select {
+		case <-release:
+			return nil
+		case <-ctx.Done():
+			return ctx.Err()
+		}
+	}
+	quick := &idempotency.Config{WaitTimeout: 200 * time.Millisecond}
+	op := shipOp(e, gate)
+	op.Lease = time.Minute // the first run holds the key throughout
+	srv := opServer(t, e.newGuard(quick), op)
+	other := opServer(t, e.newGuard(quick), op)
+	first := make(chan asyncReply, 1)
+	go func() { first <- asyncCall(t, ctx, "POST", srv.URL+"/ship", "acct", "m1", `{"n":1}`) }()
+	testkit.WaitUntil(t, 5*time.Second, "the first step committed", func() bool { return e.count(ctx, "m1") == 1 })
+	for _, url := range []string{srv.URL, other.URL} {
+		if r := asyncCall(t, ctx, "POST", url+"/ship", "acct", "m1", `{"n":2}`); r.status != 422 || !strings.Contains(r.body, idemhttp.ProblemKeyReused) {
+			t.Errorf("same key, other body, while the operation runs: %+v; want 422", r)
+		}
+	}
+	if r := asyncCall(t, ctx, "POST", other.URL+"/ship", "acct", "m1", `{"n":1}`); r.status != 409 || !strings.Contains(r.body, idemhttp.ProblemInProgress) {
+		t.Errorf("same key, same body, while the operation runs: %+v; want 409 in progress", r)
+	}
+	close(release)
+	if r := <-first; r.status != 201 || r.body != `{"shipped":{"n":1}}` {
+		t.Fatalf("the first request: %+v", r)
+	}
+	if n, d := e.count(ctx, "m1"), e.count(ctx, "m1-done"); n != 1 || d != 1 {
+		t.Fatalf("effects %d and %d; want 1 each", n, d)
 	}
 }
