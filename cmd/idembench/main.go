@@ -60,11 +60,12 @@ type binary struct {
 	path string
 }
 
-// The default -bench patterns: BenchmarkStore and the plain SQL of BenchmarkPlainSQL,
-// the cases that have a target, or all of them.
+// The default -bench patterns: BenchmarkStore, PostgreSQL's
+// BenchmarkDBStore (its store on database/sql) and the plain SQL of
+// BenchmarkPlainSQL, the cases that have a target, or all of them.
 const (
-	defaultBench  = "^(BenchmarkStore|BenchmarkPlainSQL)$/^(Bare|NewKey|Replay|SameKey20|SameKey20Bare)$"
-	parallelBench = "^(BenchmarkStore|BenchmarkPlainSQL)$"
+	defaultBench  = "^(BenchmarkStore|BenchmarkDBStore|BenchmarkPlainSQL)$/^(Bare|NewKey|Replay|SameKey20|SameKey20Bare)$"
+	parallelBench = "^(BenchmarkStore|BenchmarkDBStore|BenchmarkPlainSQL)$"
 )
 
 // config is the command line.

@@ -193,7 +193,7 @@ func TestRoundsInterleaved(t *testing.T) {
 	if code != 0 {
 		t.Fatalf("exit %d: %s", code, errb.String())
 	}
-	args := "-test.run ^$ -test.bench ^(BenchmarkStore|BenchmarkPlainSQL)$/^(Bare|NewKey|Replay|SameKey20|SameKey20Bare)$ -test.benchmem -test.benchtime 7x -test.count 1 -test.timeout 30m"
+	args := "-test.run ^$ -test.bench ^(BenchmarkStore|BenchmarkDBStore|BenchmarkPlainSQL)$/^(Bare|NewKey|Replay|SameKey20|SameKey20Bare)$ -test.benchmem -test.benchtime 7x -test.count 1 -test.timeout 30m"
 	want := []string{"a " + args, "b " + args, "a " + args, "b " + args, "a " + args, "b " + args}
 	if !slices.Equal(ft.calls, want) {
 		t.Fatalf("runs:\n%s\nwant (round by round, every package in each):\n%s", strings.Join(ft.calls, "\n"), strings.Join(want, "\n"))

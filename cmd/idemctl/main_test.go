@@ -190,7 +190,7 @@ func at(t time.Time) *time.Time { return &t }
 
 // forEachStore runs f for every store of the module.
 func forEachStore(t *testing.T, f func(t *testing.T, ctx context.Context, sc storeCase)) {
-	for _, name := range []string{"sqlite", "postgres", "mysql", "redis"} {
+	for _, name := range []string{"sqlite", "postgres", "postgres+sql", "mysql", "redis"} {
 		t.Run(name, func(t *testing.T) {
 			t.Parallel()
 			ctx := testkit.Context(t, 60*time.Second)

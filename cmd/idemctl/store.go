@@ -8,6 +8,7 @@ import (
 	"os"
 
 	"github.com/jackc/pgx/v5/pgxpool"
+	"github.com/jackc/pgx/v5/stdlib"
 	goredis "github.com/redis/go-redis/v9"
 
 	"github.com/go-idempotency/idempotency"
@@ -43,6 +44,9 @@ func open(ctx context.Context, o options) (admin, func(), error) {
 	t := o.store
 	switch t.Kind {
 	case storedsn.Postgres:
+		if t.DatabaseSQL {
+			return openPostgresSQL(ctx, t.Postgres, o)
+		}
 		return openPostgres(ctx, t.Postgres, o)
 	case storedsn.MySQL:
 		db, err := mysql.Open(ctx, t.MySQL)
@@ -85,6 +89,17 @@ func openPostgres(ctx context.Context, cfg *pgxpool.Config, o options) (admin, f
 	}
 	s, err := postgres.New(pool, &postgres.Config{Table: o.table})
 	return guard(s, err, o, pool.Close)
+}
+
+// openPostgresSQL is openPostgres for a postgres+sql:// value: the store on
+// database/sql (postgres.NewDB), with pgx's stdlib driver.
+func openPostgresSQL(ctx context.Context, cfg *pgxpool.Config, o options) (admin, func(), error) {
+	db := stdlib.OpenDB(*cfg.ConnConfig)
+	if err := db.PingContext(ctx); err != nil {
+		return nil, nil, errors.Join(fmt.Errorf("postgres: %w", err), db.Close())
+	}
+	s, err := postgres.NewDB(db, &postgres.Config{Table: o.table})
+	return guard(s, err, o, func() { _ = db.Close() })
 }
 
 // guard builds the Guard on store s (made with err), closing the

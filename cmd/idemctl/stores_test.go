@@ -3,6 +3,7 @@ package main
 import (
 	"context"
 	"path/filepath"
+	"strings"
 	"testing"
 	"time"
 
@@ -45,7 +46,7 @@ func newStoreCase(t *testing.T, ctx context.Context, name string) storeCase {
 			t.Fatal(err)
 		}
 		return storeCase{name: name, args: []string{"-store", "sqlite:" + path, "-table", table}, seed: newGuards(t, s), held: []string{"notfound"}}
-	case "postgres":
+	case "postgres", "postgres+sql": // idemctl reads through the store on pgx or on database/sql
 		dsn := testenv.PostgresDSN(t)
 		pool, err := postgres.Open(ctx, dsn)
 		if err != nil {
@@ -63,7 +64,11 @@ func newStoreCase(t *testing.T, ctx context.Context, name string) storeCase {
 		if err := s.Migrate(ctx); err != nil {
 			t.Fatal(err)
 		}
-		return storeCase{name: name, args: []string{"-store", dsn, "-table", table}, seed: newGuards(t, s), held: []string{"held"}}
+		arg := dsn
+		if name == "postgres+sql" {
+			arg = strings.Replace(dsn, "://", "+sql://", 1)
+		}
+		return storeCase{name: name, args: []string{"-store", arg, "-table", table}, seed: newGuards(t, s), held: []string{"held"}}
 	case "mysql":
 		dsn := testenv.MySQLDSN(t)
 		db, err := mysql.Open(ctx, dsn)

@@ -31,12 +31,15 @@ type Target struct {
 	Kind     string           // SQLite, Postgres, MySQL or Redis
 	Path     string           // SQLite file path
 	Postgres *pgxpool.Config  // PostgreSQL
+	// DatabaseSQL: the PostgreSQL store on database/sql (postgres.NewDB,
+	// with pgx's stdlib driver), for a postgres+sql:// value.
+	DatabaseSQL bool
 	MySQL    string           // MySQL DSN in either form, checked by mysql.ParseDSN
 	Redis    *goredis.Options // Redis
 }
 
 // FlagHelp is the help of a -store flag.
-const FlagHelp = "store `DSN`: postgres://..., mysql://user:pass@host:port/db, user@tcp(host:port)/db, redis://host:port/db, sqlite:PATH, file:PATH or a path ending in .db, .sqlite or .sqlite3"
+const FlagHelp = "store `DSN`: postgres://... (postgres+sql://... for the store on database/sql), mysql://user:pass@host:port/db, user@tcp(host:port)/db, redis://host:port/db, sqlite:PATH, file:PATH or a path ending in .db, .sqlite or .sqlite3"
 
 // Accepted lists the -store forms, for a command's help and for the error
 // that refuses anything else.
@@ -44,6 +47,7 @@ const Accepted = `accepted -store values:
   PATH.db, PATH.sqlite, PATH.sqlite3   SQLite file
   sqlite:PATH, file:PATH               SQLite file of any name
   postgres://user@host:5432/db         PostgreSQL (also postgresql://; e.g. ?sslmode=disable)
+  postgres+sql://user@host:5432/db     PostgreSQL, the store on database/sql (postgres.NewDB)
   mysql://user:pass@host:3306/db       MySQL/MariaDB (also user:pass@tcp(host:3306)/db)
   redis://host:6379/0                  Redis (also rediss:// for TLS)`
 
@@ -92,12 +96,16 @@ func classifyStore(dsn string) (t Target, reason string, err error) {
 	}
 	scheme, _, hasScheme := strings.Cut(dsn, "://")
 	switch {
-	case hasScheme && (scheme == "postgres" || scheme == "postgresql"):
+	case hasScheme && (scheme == "postgres" || scheme == "postgresql" || scheme == "postgres+sql" || scheme == "postgresql+sql"):
+		viaSQL := strings.HasSuffix(scheme, "+sql")
+		if viaSQL {
+			dsn = strings.TrimSuffix(scheme, "+sql") + dsn[len(scheme):]
+		}
 		cfg, err := pgxpool.ParseConfig(dsn)
 		if err != nil {
 			return Target{}, "invalid PostgreSQL URL", err
 		}
-		return Target{Kind: Postgres, Postgres: cfg}, "", nil
+		return Target{Kind: Postgres, Postgres: cfg, DatabaseSQL: viaSQL}, "", nil
 	case hasScheme && scheme == "mysql":
 		t, err := mysqlTarget(dsn)
 		if err != nil {

@@ -143,6 +143,12 @@ func TestParse(t *testing.T) {
 			t.Errorf("Parse(%q) = %q, %v; want postgres", dsn, got.Kind, err)
 		}
 	}
+	for dsn, viaSQL := range map[string]bool{"postgres://u@h/db": false, "postgres+sql://u:p@h:5433/db?sslmode=disable": true, "postgresql+sql://u@h/db": true} {
+		got, err := Parse(dsn)
+		if err != nil || got.Kind != "postgres" || got.DatabaseSQL != viaSQL || got.Postgres.ConnConfig.Host != "h" {
+			t.Errorf("Parse(%q) = %q DatabaseSQL %v, %v; want postgres, %v", dsn, got.Kind, got.DatabaseSQL, err, viaSQL)
+		}
+	}
 	if got, err := Parse("redis://h:6380/2"); err != nil || got.Kind != "redis" || got.Redis.Addr != "h:6380" || got.Redis.DB != 2 {
 		t.Errorf("Parse(redis) = %+v, %v", got, err)
 	}
