@@ -217,7 +217,7 @@ func open(ctx context.Context, t storedsn.Target, naiveConns int) (*backend, err
 	case storedsn.SQLite:
 		return openSQLite(ctx, t.Path, naiveConns)
 	case storedsn.Postgres:
-		return openPostgres(ctx, t.Postgres, naiveConns)
+		return openPostgres(ctx, t.Postgres, naiveConns, t.DatabaseSQL)
 	case storedsn.MySQL:
 		return openMySQL(ctx, t.MySQL, naiveConns)
 	case storedsn.Redis:

@@ -136,10 +136,16 @@ func TestPostgres(t *testing.T) {
 		return n
 	}
 	before := countTables()
-	code, stdout, _ := runCmd(t, "-store", dsn)
-	checkLibraryRow(t, "postgres", 20, code, stdout)
-	if after := countTables(); after != before {
-		t.Errorf("idemcheck tables: %d before the run, %d after, want them dropped", before, after)
+	for _, name := range []string{"postgres", "postgres+sql"} { // the store on pgx, then on database/sql
+		store := dsn
+		if name == "postgres+sql" {
+			store = strings.Replace(dsn, "://", "+sql://", 1)
+		}
+		code, stdout, _ := runCmd(t, "-store", store)
+		checkLibraryRow(t, name, 20, code, stdout)
+		if after := countTables(); after != before {
+			t.Errorf("%s: idemcheck tables: %d before the run, %d after, want them dropped", name, before, after)
+		}
 	}
 }
 

@@ -2,18 +2,24 @@ package main
 
 import (
 	"context"
+	"database/sql"
 	"errors"
 	"fmt"
 	"strconv"
 
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
+	"github.com/jackc/pgx/v5/stdlib"
 
 	"github.com/go-idempotency/idempotency/postgres"
 )
 
 // openPostgres wires the PostgreSQL store, in tables unique to this run.
-func openPostgres(ctx context.Context, cfg *pgxpool.Config, naiveConns int) (b *backend, err error) {
+//
+// With viaSQL (a postgres+sql:// value) the library version runs on the
+// store on database/sql (postgres.NewDB, pgx's stdlib driver), its fn on
+// the *sql.Tx; the naive version and the tables are the same.
+func openPostgres(ctx context.Context, cfg *pgxpool.Config, naiveConns int, viaSQL bool) (b *backend, err error) {
 	pool, err := openPool(ctx, cfg, poolSize)
 	if err != nil {
 		return nil, err
@@ -96,16 +102,39 @@ CREATE TABLE `+naiveKeys+` (idem_key TEXT NOT NULL, status INT NOT NULL, body TE
 			return out, err
 		}
 	}
+	library := func(ctx context.Context, n int) (outcome, error) {
+		return runLibrary[pgx.Tx](ctx, store, pay, n, paymentIDs("library"))
+	}
+	name := "postgres"
+	if viaSQL {
+		db := stdlib.OpenDB(*cfg.ConnConfig)
+		closePools := closeAll
+		closeAll = func(ctx context.Context) error { return errors.Join(closePools(ctx), db.Close()) }
+		sqlStore, err := postgres.NewDB(db, &postgres.Config{Table: keys})
+		if err != nil {
+			return nil, err
+		}
+		if err := sizeSQL(ctx, db, poolSize, `SELECT 1`); err != nil {
+			return nil, fmt.Errorf("postgres: %w", err)
+		}
+		paySQL := func(ctx context.Context, tx *sql.Tx, orderID, amount int) (string, error) {
+			var id int64
+			err := tx.QueryRowContext(ctx, insert, "library", orderID, amount).Scan(&id)
+			return strconv.FormatInt(id, 10), err
+		}
+		library = func(ctx context.Context, n int) (outcome, error) {
+			return runLibrary[*sql.Tx](ctx, sqlStore, paySQL, n, paymentIDs("library"))
+		}
+		name = "postgres+sql"
+	}
 	return &backend{
-		name:  "postgres",
+		name:  name,
 		where: fmt.Sprintf("PostgreSQL %s:%d/%s", cfg.ConnConfig.Host, cfg.ConnConfig.Port, cfg.ConnConfig.Database),
 		naive: func(ctx context.Context, n int) (outcome, error) {
 			return runNaive(ctx, naive, n, paymentIDs("naive"))
 		},
-		library: func(ctx context.Context, n int) (outcome, error) {
-			return runLibrary[pgx.Tx](ctx, store, pay, n, paymentIDs("library"))
-		},
-		close: closeAll,
+		library: library,
+		close:   closeAll,
 	}, nil
 }
 
