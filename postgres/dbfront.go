@@ -3,6 +3,7 @@ package postgres
 import (
 	"context"
 	"database/sql"
+	"database/sql/driver"
 	"errors"
 	"fmt"
 	"strconv"
@@ -63,12 +64,13 @@ func (l *sqlLink) ending(key idempotency.Key) error {
 	return nil
 }
 
-// rollback ignores an error of a driver that gave the connection up (the
-// transaction's context ended: database/sql rolled back already, or pgx's
-// stdlib closed the connection, which ends the server's transaction too).
+// rollback ignores the error of a driver that gave the connection up after
+// the transaction's context ended (pgx's stdlib closes it; lib/pq reports
+// driver.ErrBadConn and database/sql closes it): closing the connection
+// ends the server's transaction too, and frees the key.
 func (l *sqlLink) rollback(_ context.Context, key idempotency.Key) error {
 	err := l.rollbackNow(nil)
-	if errors.Is(err, context.Canceled) || errors.Is(err, context.DeadlineExceeded) {
+	if errors.Is(err, context.Canceled) || errors.Is(err, context.DeadlineExceeded) || errors.Is(err, driver.ErrBadConn) {
 		return nil
 	}
 	if err != nil && !errors.Is(err, sql.ErrTxDone) {

@@ -1,7 +1,9 @@
 package postgres_test
 
 import (
+	"fmt"
 	"testing"
+	"time"
 
 	"github.com/jackc/pgx/v5"
 	_ "github.com/jackc/pgx/v5/stdlib" // the "pgx" database/sql driver
@@ -10,7 +12,7 @@ import (
 	"github.com/go-idempotency/idempotency/conformance"
 	"github.com/go-idempotency/idempotency/internal/testenv"
 	"github.com/go-idempotency/idempotency/postgres"
-	"github.com/go-idempotency/idempotency/postgres/internal/dbtest"
+	"github.com/go-idempotency/idempotency/internal/pgdbtest"
 )
 
 // TestDBConformance runs the shared suite on the database/sql front end with
@@ -18,15 +20,52 @@ import (
 func TestDBConformance(t *testing.T) {
 	dsn := testenv.PostgresDSN(t)
 	t.Run("ReadCommitted", func(t *testing.T) {
-		conformance.Run(t, dbtest.Harness("pgx", dsn, postgres.Config{}))
+		conformance.Run(t, pgdbtest.Harness("pgx", dsn, postgres.Config{}))
 	})
 	t.Run("TxOptionsSerializable", func(t *testing.T) {
-		conformance.Run(t, dbtest.Harness("pgx", dsn, postgres.Config{TxOptions: pgx.TxOptions{IsoLevel: pgx.Serializable}}))
+		conformance.Run(t, pgdbtest.Harness("pgx", dsn, postgres.Config{TxOptions: pgx.TxOptions{IsoLevel: pgx.Serializable}}))
 	})
 	t.Run("RepeatableRead", func(t *testing.T) {
-		conformance.Run(t, dbtest.Harness("pgx", dbtest.WithParams(t, dsn, "default_transaction_isolation=repeatable read"), postgres.Config{}))
+		conformance.Run(t, pgdbtest.Harness("pgx", pgdbtest.WithParams(t, dsn, "default_transaction_isolation=repeatable read"), postgres.Config{}))
 	})
 	t.Run("LookupAlways", func(t *testing.T) {
-		conformance.Run(t, dbtest.Harness("pgx", dsn, postgres.Config{Lookup: idempotency.LookupAlways}))
+		conformance.Run(t, pgdbtest.Harness("pgx", dsn, postgres.Config{Lookup: idempotency.LookupAlways}))
 	})
+}
+
+// TestDBFaults runs the fault-injection suite on the database/sql front end
+// with pgx's stdlib driver, warm and cold, as TestFaults does on the pgx
+// front end.
+func TestDBFaults(t *testing.T) {
+	dsn := testenv.PostgresDSN(t)
+	conformance.RunFaultsWarmAndCold(t, pgdbtest.FaultHarness(t, "pgx", dsn, faultIdleTimeout))
+}
+
+// TestDBPgBouncer runs the shared suite and the fault suite on the
+// database/sql front end with pgx's stdlib driver through a PgBouncer in
+// transaction mode, as TestPgBouncerConformance and TestPgBouncerFaults do
+// on the pgx front end. The DSN names the exec mode docs/deployments.md
+// names: through database/sql the store's statements use the driver's.
+func TestDBPgBouncer(t *testing.T) {
+	dsn := startPgBouncer(t, bouncerOptions{poolSize: 10, lifetime: 1,
+		connectQuery: fmt.Sprintf("SET idle_in_transaction_session_timeout = %d", faultIdleTimeout.Milliseconds())})
+	dsn += "&default_query_exec_mode=exec"
+	t.Run("ReadCommitted", func(t *testing.T) {
+		conformance.Run(t, pgdbtest.Harness("pgx", dsn, postgres.Config{}))
+	})
+	t.Run("Serializable", func(t *testing.T) {
+		conformance.Run(t, pgdbtest.Harness("pgx", dsn, postgres.Config{TxOptions: pgx.TxOptions{IsoLevel: pgx.Serializable}}))
+	})
+	t.Run("Faults", func(t *testing.T) {
+		h := pgdbtest.FaultHarness(t, "pgx", dsn, 0) // PgBouncer's connect_query sets the idle timeout
+		h.PartitionBound = faultIdleTimeout + 1500*time.Millisecond
+		conformance.RunFaultsWarmAndCold(t, h)
+	})
+}
+
+// BenchmarkDBStore is BenchmarkStore on the database/sql front end with
+// pgx's stdlib driver: its Bare is a plain *sql.Tx of the same *sql.DB. See
+// cmd/idembench, which measures both.
+func BenchmarkDBStore(b *testing.B) {
+	conformance.Benchmark(b, pgdbtest.Harness("pgx", testenv.PostgresDSN(b), postgres.Config{}))
 }

@@ -156,6 +156,7 @@ func (s *Store) acquire(ctx context.Context, conn link, a idempotency.Acquisitio
 	if err != nil {
 		return nil, nil, err
 	}
+	conn.began() // the transaction of lockAndRead's batch, before any other is sent
 	unfinished := row.progress != nil
 	switch {
 	case row.rec != nil:
@@ -181,7 +182,6 @@ func (s *Store) acquire(ctx context.Context, conn link, a idempotency.Acquisitio
 			return nil, nil, s.mapError(ctx, fmt.Errorf("postgres: acquire key %v: lock its row: %w", a.Key, err), false)
 		}
 	}
-	conn.began()
 	p := &phase{
 		txn: txn{s: s, l: conn, key: a.Key, fp: a.Fingerprint, now: now, ttl: a.TTL, expired: row.expired},
 		a:   a,

@@ -1,8 +1,8 @@
-// Package dbtest runs the shared store suites on the database/sql front end
+// Package pgdbtest runs the shared store suites on the database/sql front end
 // of the postgres store ([postgres.DBStore]) for any database/sql driver:
 // the postgres package's tests use it with pgx's stdlib driver, the nested
-// module postgres/pqtest with lib/pq (kept out of the core module).
-package dbtest
+// module internal/pqtest with lib/pq (kept out of the core module).
+package pgdbtest
 
 import (
 	"cmp"
@@ -10,6 +10,7 @@ import (
 	"database/sql"
 	"fmt"
 	"net/url"
+	"strconv"
 	"strings"
 	"testing"
 	"time"
@@ -149,4 +150,54 @@ func WithParams(t testing.TB, dsn string, params ...string) string {
 	}
 	u.RawQuery = strings.ReplaceAll(q.Encode(), "+", "%20")
 	return u.String()
+}
+
+// FaultHarness is the fault suite's harness of a DBStore on driver's
+// connections to dsn (a URL) through the suite's proxies, whose sessions
+// end an idle transaction after idle (none if 0: then the suite runs no
+// partition, which the server would hold for as long as TCP keepalives
+// take).
+func FaultHarness(t testing.TB, driver, dsn string, idle time.Duration) conformance.FaultHarness[*sql.Tx] {
+	t.Helper()
+	u, err := url.Parse(dsn)
+	if err != nil {
+		t.Fatalf("parse DSN: %v", err)
+	}
+	h := conformance.FaultHarness[*sql.Tx]{
+		Upstream: u.Host,
+		NewFixture: func(t testing.TB, addr, ns string) conformance.Fixture[*sql.Tx] {
+			v := *u
+			v.Host = addr
+			params := []string{"connect_timeout=2"}
+			if idle > 0 {
+				params = append(params, "idle_in_transaction_session_timeout="+strconv.Itoa(int(idle.Milliseconds())))
+			}
+			db := Open(t, driver, WithParams(t, v.String(), params...), 4)
+			table := "faults_" + ns
+			f := &Fixture{DB: db, Table: table, Effects: table + "_fx"}
+			store, err := postgres.NewDB(db, &postgres.Config{Table: table})
+			if err != nil {
+				t.Fatal(err)
+			}
+			f.Store = store
+			if addr == u.Host { // the fixture on the server itself creates and drops the tables
+				ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+				defer cancel()
+				pgkit.DropAtCleanup(t, dsn, "TABLE", f.Table, f.Effects, f.Table+"_quota")
+				if err := store.Migrate(ctx); err != nil {
+					t.Fatal(err)
+				}
+				if _, err := db.ExecContext(ctx, `CREATE TABLE IF NOT EXISTS `+f.Effects+` (n BIGSERIAL PRIMARY KEY, tag TEXT NOT NULL)`); err != nil {
+					t.Fatal(err)
+				}
+			}
+			return conformance.Fixture[*sql.Tx]{Store: store, Effect: f.Effect, Count: f.Count}
+		},
+		CallTimeout: time.Second,
+		Bound:       3 * time.Second,
+	}
+	if idle > 0 {
+		h.PartitionBound = idle + 1500*time.Millisecond
+	}
+	return h
 }

@@ -1,0 +1,48 @@
+// Package pqtest runs the database/sql front end of the postgres store
+// (postgres.DBStore) on lib/pq. It is a module of its own so that lib/pq
+// stays out of the core module's go.mod.
+package pqtest
+
+import (
+	"testing"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+	_ "github.com/lib/pq" // the "postgres" database/sql driver
+
+	"github.com/go-idempotency/idempotency"
+	"github.com/go-idempotency/idempotency/conformance"
+	"github.com/go-idempotency/idempotency/internal/testenv"
+	"github.com/go-idempotency/idempotency/postgres"
+	"github.com/go-idempotency/idempotency/internal/pgdbtest"
+)
+
+// TestMain says, before the tests start, which server backends will not
+// run here and the variable that enables each.
+func TestMain(m *testing.M) { testenv.Main(m, testenv.Postgres) }
+
+// TestConformance runs the shared suite on a DBStore over lib/pq, under
+// each isolation level.
+func TestConformance(t *testing.T) {
+	dsn := testenv.PostgresDSN(t)
+	t.Run("ReadCommitted", func(t *testing.T) {
+		conformance.Run(t, pgdbtest.Harness("postgres", dsn, postgres.Config{}))
+	})
+	t.Run("TxOptionsSerializable", func(t *testing.T) {
+		conformance.Run(t, pgdbtest.Harness("postgres", dsn, postgres.Config{TxOptions: pgx.TxOptions{IsoLevel: pgx.Serializable}}))
+	})
+	t.Run("LookupAlways", func(t *testing.T) {
+		conformance.Run(t, pgdbtest.Harness("postgres", dsn, postgres.Config{Lookup: idempotency.LookupAlways}))
+	})
+}
+
+// faultIdleTimeout is the idle_in_transaction_session_timeout of the fault
+// fixtures' sessions, as in the postgres package's TestFaults.
+const faultIdleTimeout = 1500 * time.Millisecond
+
+// TestFaults runs the fault-injection suite on a DBStore over lib/pq, warm
+// and cold.
+func TestFaults(t *testing.T) {
+	dsn := testenv.PostgresDSN(t)
+	conformance.RunFaultsWarmAndCold(t, pgdbtest.FaultHarness(t, "postgres", dsn, faultIdleTimeout))
+}
