@@ -5,13 +5,16 @@
 // three.
 //
 // It runs on the stores that give fn a *sql.Tx, the transaction type bun
-// (database/sql) can use. These are SQLite (the library's sqlite store,
-// modernc.org/sqlite, with bun's sqlitedialect) and MySQL or MariaDB (the
-// mysql store, with mysqldialect). The postgres store gives a pgx.Tx; see the sqlc
-// example for PostgreSQL.
+// (database/sql) can use: SQLite (the library's sqlite store,
+// modernc.org/sqlite, with bun's sqlitedialect), MySQL or MariaDB (the
+// mysql store, with mysqldialect) and PostgreSQL (the postgres store on
+// database/sql, postgres.NewDB, with pgx's stdlib driver and pgdialect).
+// Only the store's construction differs: placeOrder is the same on all
+// three.
 //
 //	go run . -store app.db
 //	go run . -store 'mysql:root@tcp(127.0.0.1:3306)/test'
+//	go run . -store 'postgres://postgres@127.0.0.1:5432/test?sslmode=disable'
 package main
 
 import (
@@ -24,13 +27,16 @@ import (
 	"net/http"
 	"strings"
 
+	_ "github.com/jackc/pgx/v5/stdlib" // the "pgx" database/sql driver
 	"github.com/uptrace/bun"
 	"github.com/uptrace/bun/dialect/mysqldialect"
+	"github.com/uptrace/bun/dialect/pgdialect"
 	"github.com/uptrace/bun/dialect/sqlitedialect"
 	"github.com/uptrace/bun/schema"
 
 	"github.com/go-idempotency/idempotency"
 	"github.com/go-idempotency/idempotency/mysql"
+	"github.com/go-idempotency/idempotency/postgres"
 	"github.com/go-idempotency/idempotency/sqlite"
 )
 
@@ -67,7 +73,7 @@ func placeOrder(ctx context.Context, g *idempotency.Guard[*sql.Tx], bdb *bun.DB,
 // readme:end orm-bun
 
 func main() {
-	store := flag.String("store", "app.db", "SQLite file, or mysql:DSN")
+	store := flag.String("store", "app.db", "SQLite file, mysql:DSN or a postgres:// URL")
 	flag.Parse()
 	ctx := context.Background()
 	a, err := setup(ctx, *store, "orders", "idempotency_keys")
@@ -93,7 +99,7 @@ type app struct {
 	close func()
 }
 
-// setup opens store ("mysql:" and a DSN, or a SQLite file), bun on it, the
+// setup opens store ("mysql:" and a DSN, a postgres:// URL, or a SQLite file), bun on it, the
 // orders table and the keys table.
 func setup(ctx context.Context, store, ordersTable, keysTable string) (*app, error) {
 	var (
@@ -109,6 +115,20 @@ func setup(ctx context.Context, store, ordersTable, keysTable string) (*app, err
 		}
 		dialect = mysqldialect.New()
 		s, err := mysql.New(db, &mysql.Config{Table: keysTable})
+		if err == nil {
+			err = s.Migrate(ctx)
+		}
+		if err != nil {
+			db.Close()
+			return nil, err
+		}
+		ks = s
+	} else if strings.HasPrefix(store, "postgres://") || strings.HasPrefix(store, "postgresql://") {
+		if db, err = sql.Open("pgx", store); err != nil {
+			return nil, err
+		}
+		dialect = pgdialect.New()
+		s, err := postgres.NewDB(db, &postgres.Config{Table: keysTable})
 		if err == nil {
 			err = s.Migrate(ctx)
 		}

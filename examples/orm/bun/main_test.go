@@ -24,6 +24,10 @@ func TestMySQL(t *testing.T) {
 	testRollback(t, "mysql:"+dsn)
 }
 
+func TestPostgres(t *testing.T) {
+	testRollback(t, testenv.PostgresDSN(t))
+}
+
 func counts(t *testing.T, a *app, orders, keys string) (nOrders, nKeys int) {
 	t.Helper()
 	ctx := t.Context()
@@ -51,7 +55,7 @@ func testRollback(t *testing.T, store string) {
 		defer a.close()
 		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 		defer cancel()
-		for _, tb := range []string{orders, keys} {
+		for _, tb := range []string{orders, keys, keys + "_quota"} { // the postgres store's Migrate makes a quota table
 			if _, err := a.bun.ExecContext(ctx, "DROP TABLE IF EXISTS ?", bun.Ident(tb)); err != nil {
 				t.Errorf("drop %s: %v", tb, err)
 			}
@@ -100,4 +104,4 @@ func testRollback(t *testing.T, store string) {
 
 // TestMain says, before the tests start, which server backends will not run
 // here and the variable that enables each.
-func TestMain(m *testing.M) { testenv.Main(m, testenv.MySQL) }
+func TestMain(m *testing.M) { testenv.Main(m, testenv.MySQL, testenv.Postgres) }
