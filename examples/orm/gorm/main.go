@@ -4,11 +4,13 @@
 // key and the stored response commit together, and an error from fn rolls
 // back all three.
 //
-// It runs on MySQL or MariaDB. GORM (database/sql) can use a *sql.Tx, and
-// the library's stores that give fn one are mysql and sqlite. The postgres
-// store gives a pgx.Tx (see the sqlc example for PostgreSQL).
+// It runs on MySQL or MariaDB (the mysql store) and on PostgreSQL (the
+// postgres store on database/sql, postgres.NewDB, with pgx's stdlib
+// driver, which GORM's postgres driver uses too): GORM (database/sql) can
+// use the *sql.Tx both give fn. Only setup differs; placeOrder is the same.
 //
 //	go run . -dsn 'root@tcp(127.0.0.1:3306)/test'
+//	go run . -dsn 'postgres://postgres@127.0.0.1:5432/test?sslmode=disable'
 package main
 
 import (
@@ -19,12 +21,18 @@ import (
 	"fmt"
 	"log"
 	"net/http"
+	"strings"
 
+	"github.com/jackc/pgx/v5"
+
+	"github.com/jackc/pgx/v5/stdlib"
 	gormmysql "gorm.io/driver/mysql"
+	gormpostgres "gorm.io/driver/postgres"
 	"gorm.io/gorm"
 
 	"github.com/go-idempotency/idempotency"
 	"github.com/go-idempotency/idempotency/mysql"
+	"github.com/go-idempotency/idempotency/postgres"
 )
 
 // Order is one order row.
@@ -66,7 +74,7 @@ func placeOrder(ctx context.Context, g *idempotency.Guard[*sql.Tx], gdb *gorm.DB
 // readme:end orm-gorm
 
 func main() {
-	dsn := flag.String("dsn", "root@tcp(127.0.0.1:3306)/test", "MySQL / MariaDB DSN")
+	dsn := flag.String("dsn", "root@tcp(127.0.0.1:3306)/test", "MySQL / MariaDB DSN, or a postgres:// URL")
 	flag.Parse()
 	ctx := context.Background()
 	g, gdb, db, err := setup(ctx, *dsn, "orders", "idempotency_keys")
@@ -84,23 +92,47 @@ func main() {
 	}
 }
 
-// setup opens the pool, GORM on it, the orders table and the keys table.
+// keyStore is what setup needs of a store.
+type keyStore interface {
+	idempotency.KeyStore[*sql.Tx]
+	Migrate(ctx context.Context) error
+}
+
+// setup opens the pool (MySQL, or PostgreSQL for a postgres:// URL), GORM
+// on it, the orders table and the keys table.
 func setup(ctx context.Context, dsn, ordersTable, keysTable string) (*idempotency.Guard[*sql.Tx], *gorm.DB, *sql.DB, error) {
-	db, err := mysql.Open(ctx, dsn)
+	var (
+		db      *sql.DB
+		dialect gorm.Dialector
+		store   keyStore
+		err     error
+	)
+	if strings.HasPrefix(dsn, "postgres://") || strings.HasPrefix(dsn, "postgresql://") {
+		cfg, perr := pgx.ParseConfig(dsn)
+		if perr != nil {
+			return nil, nil, nil, perr
+		}
+		db = stdlib.OpenDB(*cfg)
+		dialect = gormpostgres.New(gormpostgres.Config{Conn: db})
+		store, err = postgres.NewDB(db, &postgres.Config{Table: keysTable})
+	} else {
+		if db, err = mysql.Open(ctx, dsn); err != nil {
+			return nil, nil, nil, err
+		}
+		dialect = gormmysql.New(gormmysql.Config{Conn: db})
+		store, err = mysql.New(db, &mysql.Config{Table: keysTable})
+	}
 	if err != nil {
+		db.Close()
 		return nil, nil, nil, err
 	}
 	g, gdb, err := func() (*idempotency.Guard[*sql.Tx], *gorm.DB, error) {
-		gdb, err := gorm.Open(gormmysql.New(gormmysql.Config{Conn: db}), &gorm.Config{})
+		gdb, err := gorm.Open(dialect, &gorm.Config{})
 		if err != nil {
 			return nil, nil, err
 		}
 		if err := gdb.WithContext(ctx).Table(ordersTable).AutoMigrate(&Order{}); err != nil {
 			return nil, nil, fmt.Errorf("migrate %s: %w", ordersTable, err)
-		}
-		store, err := mysql.New(db, &mysql.Config{Table: keysTable})
-		if err != nil {
-			return nil, nil, err
 		}
 		if err := store.Migrate(ctx); err != nil {
 			return nil, nil, err

@@ -2,33 +2,42 @@ package main
 
 import (
 	"context"
-	"database/sql"
 	"errors"
 	"fmt"
 	"os"
 	"testing"
 	"time"
 
+	"gorm.io/gorm"
+
 	"github.com/go-idempotency/idempotency"
 	"github.com/go-idempotency/idempotency/internal/testenv"
 )
 
-func counts(t *testing.T, db *sql.DB, orders, keys string, key idempotency.Key) (nOrders, nKeys int) {
+// counts counts through GORM, which quotes the names as each database
+// wants.
+func counts(t *testing.T, gdb *gorm.DB, orders, keys string, key idempotency.Key) (nOrders, nKeys int) {
 	t.Helper()
 	ctx := t.Context()
-	if err := db.QueryRowContext(ctx, "SELECT count(*) FROM `"+orders+"` WHERE customer = ?", key.Scope).Scan(&nOrders); err != nil {
+	var o, k int64
+	if err := gdb.WithContext(ctx).Table(orders).Where("customer = ?", key.Scope).Count(&o).Error; err != nil {
 		t.Fatal(err)
 	}
-	if err := db.QueryRowContext(ctx, "SELECT count(*) FROM `"+keys+"`").Scan(&nKeys); err != nil {
+	if err := gdb.WithContext(ctx).Table(keys).Count(&k).Error; err != nil {
 		t.Fatal(err)
 	}
-	return nOrders, nKeys
+	return int(o), int(k)
 }
 
 // An error in fn after GORM's insert leaves neither the order nor the key;
-// the retry with the same key then runs and commits both, once.
+// the retry with the same key then runs and commits both, once: on MySQL
+// and on PostgreSQL.
 func TestRollbackLeavesNeitherRowNorKey(t *testing.T) {
-	dsn := testenv.MySQLDSN(t)
+	t.Run("MySQL", func(t *testing.T) { testRollback(t, testenv.MySQLDSN(t)) })
+	t.Run("PostgreSQL", func(t *testing.T) { testRollback(t, testenv.PostgresDSN(t)) })
+}
+
+func testRollback(t *testing.T, dsn string) {
 	ctx, cancel := context.WithTimeout(t.Context(), 60*time.Second)
 	defer cancel()
 	sfx := fmt.Sprintf("%d_%d", time.Now().UnixNano(), os.Getpid())
@@ -41,8 +50,8 @@ func TestRollbackLeavesNeitherRowNorKey(t *testing.T) {
 		defer db.Close()
 		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 		defer cancel()
-		for _, tb := range []string{orders, keys} {
-			if _, err := db.ExecContext(ctx, "DROP TABLE IF EXISTS `"+tb+"`"); err != nil {
+		for _, tb := range []string{orders, keys, keys + "_quota"} { // the postgres store's Migrate makes a quota table
+			if err := gdb.WithContext(ctx).Migrator().DropTable(tb); err != nil {
 				t.Errorf("drop %s: %v", tb, err)
 			}
 		}
@@ -61,7 +70,7 @@ func TestRollbackLeavesNeitherRowNorKey(t *testing.T) {
 	if inserted.ID == 0 {
 		t.Fatal("fn did not insert through GORM")
 	}
-	if o, k := counts(t, db, orders, keys, key); o != 0 || k != 0 {
+	if o, k := counts(t, gdb, orders, keys, key); o != 0 || k != 0 {
 		t.Fatalf("after the rollback: %d orders, %d keys; want 0 and 0", o, k)
 	}
 
@@ -76,7 +85,7 @@ func TestRollbackLeavesNeitherRowNorKey(t *testing.T) {
 	if err != nil || !again.Replayed || string(again.Body) != string(first.Body) {
 		t.Fatalf("replay: %+v, %v; want %q replayed", again, err, first.Body)
 	}
-	if o, k := counts(t, db, orders, keys, key); o != 1 || k != 1 {
+	if o, k := counts(t, gdb, orders, keys, key); o != 1 || k != 1 {
 		t.Fatalf("after the commit: %d orders, %d keys; want 1 and 1", o, k)
 	}
 	// The row GORM wrote is the one the response names.
@@ -91,4 +100,4 @@ func TestRollbackLeavesNeitherRowNorKey(t *testing.T) {
 
 // TestMain says, before the tests start, which server backends will not run
 // here and the variable that enables each.
-func TestMain(m *testing.M) { testenv.Main(m, testenv.MySQL) }
+func TestMain(m *testing.M) { testenv.Main(m, testenv.MySQL, testenv.Postgres) }
