@@ -11,6 +11,7 @@ import (
 
 	"github.com/go-idempotency/idempotency"
 	"github.com/go-idempotency/idempotency/idemhttp"
+	"github.com/go-idempotency/idempotency/internal/testkit"
 )
 
 // TestClientFormats: what clients that did not come from this repository
@@ -38,6 +39,7 @@ func runClientFormats[Tx any](t *testing.T, b backend[Tx]) {
 		fn   func(*testing.T, env[Tx])
 	}{
 		{"FormBodies", testFormBodies[Tx]},
+		{"FormStoredAsBytes", testFormStoredAsBytes[Tx]},
 		{"StripeErrors", testStripeErrors[Tx]},
 		{"EchoKey", testEchoKey[Tx]},
 	} {
@@ -84,6 +86,27 @@ func testFormBodies[Tx any](t *testing.T, e env[Tx]) {
 	s.wantCalls(t, 2)
 	s.wantEffects(t, "/form", 1)
 	s.wantEffects(t, "/bad-form", 0)
+}
+
+// testFormStoredAsBytes: a form request stored before CanonicalForm (its
+// fingerprint taken on the body's bytes), retried with the same bytes,
+// gets its answer; with other bytes it is refused as it was then.
+func testFormStoredAsBytes[Tx any](t *testing.T, e env[Tx]) {
+	s := startServer(t, e, nil, nil, created)
+	ctx := testkit.Context(t, 20*time.Second)
+	raw := "currency=usd&amount=100&name=Jane+Doe"
+	old := idempotency.Fingerprint([]byte(http.MethodPost), []byte("/things"), []byte(formType), []byte(raw))
+	stored := idempotency.Response{Status: http.StatusCreated, Header: http.Header{"Content-Type": {"application/json"}}, Body: []byte(`{"id":"then"}`)}
+	if _, err := e.newGuard(nil).Do(ctx, idempotency.Key{ID: "then"}, old, func(Tx) (idempotency.Response, error) { return stored, nil }); err != nil {
+		t.Fatal(err)
+	}
+	res := s.send(t, http.MethodPost, "/things", formType, raw, "then")
+	if res.status != http.StatusCreated || string(res.body) != `{"id":"then"}` || res.header.Get(idemhttp.HeaderReplayed) != "true" {
+		t.Errorf("the same bytes: %d %s %v; want the stored answer, replayed", res.status, res.body, res.header)
+	}
+	wantProblem(t, s.send(t, http.MethodPost, "/things", formType, "amount=100&currency=usd&name=Jane+Doe", "then"), 422, idemhttp.ProblemKeyReused)
+	wantProblem(t, s.send(t, http.MethodPost, "/things", formType, "currency=usd&amount=101&name=Jane+Doe", "then"), 422, idemhttp.ProblemKeyReused)
+	s.wantCalls(t, 0)
 }
 
 // stripeBody decodes a WriteStripeError body strictly.

@@ -46,11 +46,42 @@ func (h *handler[Tx]) fingerprint(r *http.Request, body []byte) (string, error) 
 		}
 		body = canon
 	}
+	return h.hash(r, media, body), nil
+}
+
+// hash is the fingerprint of r with media type media and body (canonical
+// or not): method, route, media type, body, then the configured header
+// fields.
+func (h *handler[Tx]) hash(r *http.Request, media string, body []byte) string {
 	parts := [][]byte{[]byte(r.Method), []byte(h.c.route(r)), []byte(media), body}
 	for _, name := range h.c.fpHeaders {
 		parts = append(parts, []byte(name), []byte(strings.Join(r.Header.Values(name), "\n")))
 	}
-	return idempotency.Fingerprint(parts...), nil
+	return idempotency.Fingerprint(parts...)
+}
+
+// byteForm answers a form request that met a record of another
+// fingerprint (err, with resp and gev, is that answer) by trying the key
+// again with the fingerprint of the body's bytes. That is what versions
+// before CanonicalForm stored for a form body: a retry with the same bytes
+// of a request stored then is the same request, and gets its answer
+// instead of 422. Same bytes are the same parameters, so this never
+// replays another request's answer. It costs one more round trip, only to
+// a form body that is not in canonical form and met another fingerprint.
+// The try is not counted by [Config].Quota: it replays, or refuses, a key
+// the first try already counted.
+func (h *handler[Tx]) byteForm(r *http.Request, key idempotency.Key, body []byte, fp string,
+	fn func(Tx) (idempotency.Response, error), resp idempotency.Response, gev idempotency.Event, err error,
+) (idempotency.Response, idempotency.Event, error) {
+	media, _, perr := mime.ParseMediaType(r.Header.Get("Content-Type"))
+	if h.c.fpFunc != nil || perr != nil || media != formMedia || len(body) == 0 {
+		return resp, gev, err
+	}
+	old := h.hash(r, media, body)
+	if old == fp {
+		return resp, gev, err
+	}
+	return h.g.DoEvent(r.Context(), key, old, fn)
 }
 
 // dropFields removes the dot-separated paths from a canonical JSON value and

@@ -254,8 +254,8 @@ func (h *handler[Tx]) serve(w http.ResponseWriter, r *http.Request, values []str
 	var partial *bypassError // the handler wrote to both writers
 	outer := probeOuter(w)
 	runs := 0
-	arrived := time.Now()                                                          // before the key's holder, if any, could answer
-	resp, gev, err := h.do(r, key, fp, func(tx Tx) (idempotency.Response, error) { // quota.go
+	arrived := time.Now() // before the key's holder, if any, could answer
+	fn := func(tx Tx) (idempotency.Response, error) {
 		// fn runs again after a retryable store conflict: every run gets a
 		// fresh writer and a fresh body.
 		if runs++; runs == 1 && h.st.bypassed.Load() {
@@ -294,7 +294,11 @@ func (h *handler[Tx]) serve(w http.ResponseWriter, r *http.Request, values []str
 			return idempotency.Response{}, &handlerFailure{c: cw}
 		}
 		return idempotency.Response{Status: cw.status, Header: h.c.storedHeader(cw.sent), Body: cw.body.Bytes()}, nil
-	})
+	}
+	resp, gev, err := h.do(r, key, fp, fn) // quota.go
+	if errors.Is(err, idempotency.ErrMismatch) {
+		resp, gev, err = h.byteForm(r, key, body, fp, fn, resp, gev, err) // fingerprint.go
+	}
 	ev.Waited, ev.RecordAge, ev.AfterFn = gev.Waited, gev.RecordAge, gev.AfterFn
 	if be, ok := errors.AsType[*bypassError](err); ok {
 		h.answerBypass(w, r, ev, outer, be)
