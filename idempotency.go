@@ -345,6 +345,11 @@ func (g *Guard[Tx]) attempt(ctx context.Context, c *call, key Key, fp string, de
 	}
 	if wait := time.Until(deadline); errors.Is(err, ErrInProgress) && !g.noWait && wait > 0 {
 		if !g.takeWaiter() {
+			if errors.Is(err, ErrConflict) {
+				// A conflict that may be the key's (the store reports
+				// both): with no waiter slot, retried as a conflict.
+				return Response{}, err
+			}
 			return Response{}, fmt.Errorf("%w: the key is held elsewhere and %d calls already wait in the store (Config.MaxWaiters)",
 				ErrInProgress, g.cfg.MaxWaiters)
 		}

@@ -48,15 +48,17 @@ func (s *Store) Reserve(ctx context.Context, r idempotency.Reservation) (idempot
 // yet applied, and a no-wait INSERT here fails certification (1213), or is
 // refused by the applier's locks while the probe that follows finds none
 // (1205). Retried without waiting, ten of those in a row ended the call
-// with ErrStore long before the holder answered. Any other error, and
-// every error of a NoWait caller, of a waiting try or past the deadline,
-// is returned as it is.
+// with ErrStore long before the holder answered. The conflict stays in the
+// chain: a caller with no waiter slot left ([idempotency.Config].MaxWaiters)
+// retries it as a conflict, as before, rather than give up with
+// ErrInProgress. Any other error, and every error of a NoWait caller, of a
+// waiting try or past the deadline, is returned as it is.
 func mayBeHeld(ctx context.Context, r idempotency.Reservation, err error) error {
 	if err == nil || r.Wait != 0 || r.NoWait || ctx.Err() != nil || !time.Now().Before(r.Deadline) ||
 		!errors.Is(err, idempotency.ErrConflict) || errors.Is(err, idempotency.ErrInProgress) {
 		return err
 	}
-	return fmt.Errorf("%w: mysql: key %v (no wait) may be held: %v", idempotency.ErrInProgress, r.Key, err)
+	return fmt.Errorf("%w: mysql: key %v (no wait) may be held: %w", idempotency.ErrInProgress, r.Key, err)
 }
 
 func (s *Store) reserve(ctx context.Context, r idempotency.Reservation) (idempotency.Txn[*sql.Tx], *idempotency.Record, error) {
