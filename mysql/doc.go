@@ -155,9 +155,11 @@
 // WaitTimeout). For a caller that waits, any conflict of the first try (a
 // lock near the key, a deadlock; on Galera, a certification failure of a
 // key another node has just reserved) is reported as
-// [idempotency.ErrInProgress], the key possibly held: the caller then
-// makes its waiting try, which waits for the holder within its bound or
-// finds the key free.
+// [idempotency.ErrInProgress], the key possibly held, with the conflict
+// kept in the chain: the caller then makes its waiting try, which waits
+// for the holder within its bound or finds the key free, or, with no
+// waiter slot left ([idempotency.Config].MaxWaiters), retries it as a
+// conflict.
 //
 // On MySQL the row is first probed with SELECT ... FOR UPDATE NOWAIT,
 // outside any transaction, and a held key is reported at once. Only when
