@@ -1,5 +1,9 @@
 // Package postgres is the PostgreSQL [idempotency.KeyStore], on pgx/v5 and
-// a *pgxpool.Pool. The transaction handle fn receives is a [pgx.Tx].
+// a *pgxpool.Pool ([New], [Store]: fn receives a [pgx.Tx]) or on
+// database/sql ([NewDB], [DBStore]: fn receives a *sql.Tx, with pgx's
+// stdlib driver or lib/pq). Both are one implementation: the same table,
+// statements, locks and guarantees; they differ in round trips only (see
+// "On database/sql" below).
 //
 // A completed key is a row of one table (see [Schema]; [Store.Migrate]
 // creates it) under a primary key on (scope, id). The row is written in the
@@ -133,6 +137,31 @@
 // default_query_exec_mode=exec to the DSN. A statement of fn that lost a
 // prepared statement of pgx's cache there fails with
 // [ErrStatementCacheBehindPooler] in its chain.
+//
+// # On database/sql
+//
+// [DBStore] sends the statements [Store] sends, in the same order, but
+// database/sql has no pipeline: each statement is a round trip of its
+// own, and BEGIN is one too (it is [sql.DB.BeginTx]). And fn can commit a
+// *sql.Tx, which a [pgx.Tx] of [Store] refuses: so a DBStore always
+// reserves a key with its advisory lock and a pending row, as [Store] does
+// under REPEATABLE READ and SERIALIZABLE, and a transaction fn committed
+// leaves the key held until the reservation's provisional expiry, never
+// free for a second run. Counted with pgx's stdlib driver, a one-statement
+// effect included: a new key costs 6 round trips (BEGIN, lock, pending
+// row, effect, completion, COMMIT) where [Store] needs 3; a replay 5
+// (BEGIN, lock, pending row, ROLLBACK, look-up) where [Store] needs 2, or
+// 1 on both once the plain look-up is sent first (see Round trips above;
+// a new key then costs 7). lib/pq sends each statement with parameters in
+// two round trips (it prepares it first) unless the DSN says
+// binary_parameters=yes. docs/performance.md has the measured figures.
+//
+// Errors of pgx's stdlib driver (*pgconn.PgError) and of lib/pq (*pq.Error,
+// read through its Get method, so this module does not depend on lib/pq)
+// are mapped to the root sentinels alike. Behind a transaction pooler, the
+// store's statements travel as the driver sends them: lib/pq's are unnamed;
+// with pgx's stdlib driver add default_query_exec_mode=exec to the DSN, as
+// for fn's statements.
 //
 // # Multi-step operations
 //

@@ -3,6 +3,7 @@ package clusters
 import (
 	"context"
 	"crypto/rand"
+	"database/sql"
 	"fmt"
 	"sync"
 	"testing"
@@ -10,16 +11,20 @@ import (
 
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
+	"github.com/jackc/pgx/v5/stdlib"
 
 	"github.com/go-idempotency/idempotency"
 	"github.com/go-idempotency/idempotency/postgres"
 )
 
 // pgService is one service instance on a PostgreSQL server: its pool, its
-// Store and Guard, and the effect fn its calls run.
+// Store and Guard, and the effect fn its calls run. With viaSQL the Guard's
+// store is the one on database/sql (postgres.NewDB, pgx's stdlib driver),
+// its fn on the *sql.Tx; the pool only counts the effects.
 type pgService struct {
 	pool  *pgxpool.Pool
 	guard *idempotency.Guard[pgx.Tx]
+	sql   *idempotency.Guard[*sql.Tx] // with viaSQL, instead of guard
 }
 
 const pgEffects = "ha_effects"
@@ -44,7 +49,7 @@ func pgPool(t testing.TB, ctx context.Context, dsn string, maxConns int32, conne
 	return pool
 }
 
-func newPGService(t testing.TB, dsn string, migrate bool) *pgService {
+func newPGService(t testing.TB, dsn string, migrate, viaSQL bool) *pgService {
 	t.Helper()
 	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
 	defer cancel()
@@ -52,6 +57,29 @@ func newPGService(t testing.TB, dsn string, migrate bool) *pgService {
 	store, err := postgres.New(pool, &postgres.Config{Table: "ha_keys"})
 	if err != nil {
 		t.Fatal(err)
+	}
+	cfg := &idempotency.Config{WaitTimeout: 5 * time.Second}
+	if viaSQL {
+		db := stdlib.OpenDB(*pool.Config().ConnConfig)
+		db.SetMaxOpenConns(12)
+		t.Cleanup(func() { _ = db.Close() })
+		dbStore, err := postgres.NewDB(db, &postgres.Config{Table: "ha_keys"})
+		if err != nil {
+			t.Fatal(err)
+		}
+		if migrate {
+			if err := dbStore.Migrate(ctx); err != nil {
+				t.Fatal(err)
+			}
+			if _, err := pool.Exec(ctx, `CREATE TABLE `+pgEffects+` (n BIGSERIAL PRIMARY KEY, key_id TEXT NOT NULL, execution TEXT NOT NULL)`); err != nil {
+				t.Fatal(err)
+			}
+		}
+		g, err := idempotency.New(dbStore, cfg)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return &pgService{pool: pool, sql: g}
 	}
 	if migrate {
 		if err := store.Migrate(ctx); err != nil {
@@ -61,7 +89,7 @@ func newPGService(t testing.TB, dsn string, migrate bool) *pgService {
 			t.Fatal(err)
 		}
 	}
-	g, err := idempotency.New(store, &idempotency.Config{WaitTimeout: 5 * time.Second})
+	g, err := idempotency.New(store, cfg)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -71,12 +99,25 @@ func newPGService(t testing.TB, dsn string, migrate bool) *pgService {
 // do runs one payment-like call: one effect row written through tx, an
 // answer naming this execution.
 func (s *pgService) do(ctx context.Context, key idempotency.Key) (idempotency.Response, error) {
+	const insert = `INSERT INTO ` + pgEffects + ` (key_id, execution) VALUES ($1, $2)`
+	answer := func(exec string) idempotency.Response {
+		return idempotency.Response{Status: 201, Body: fmt.Appendf(nil, `{"key":%q,"execution":%q}`, key.ID, exec)}
+	}
+	if s.sql != nil {
+		return s.sql.Do(ctx, key, "fp", func(tx *sql.Tx) (idempotency.Response, error) {
+			exec := rand.Text()[:12]
+			if _, err := tx.ExecContext(ctx, insert, key.ID, exec); err != nil {
+				return idempotency.Response{}, err
+			}
+			return answer(exec), nil
+		})
+	}
 	return s.guard.Do(ctx, key, "fp", func(tx pgx.Tx) (idempotency.Response, error) {
 		exec := rand.Text()[:12]
-		if _, err := tx.Exec(ctx, `INSERT INTO `+pgEffects+` (key_id, execution) VALUES ($1, $2)`, key.ID, exec); err != nil {
+		if _, err := tx.Exec(ctx, insert, key.ID, exec); err != nil {
 			return idempotency.Response{}, err
 		}
-		return idempotency.Response{Status: 201, Body: fmt.Appendf(nil, `{"key":%q,"execution":%q}`, key.ID, exec)}, nil
+		return answer(exec), nil
 	})
 }
 
@@ -116,25 +157,31 @@ func (s *pgService) checkOneEffectEach(t testing.TB, calls []*call) {
 // standby and retries every call with the same key there. Natural: the
 // kill lands while 8 callers run at full speed. Lagging: the replication
 // link is stalled first, so that the commits acknowledged afterwards exist
-// only on the primary.
+// only on the primary. DatabaseSQL runs each on the store on database/sql.
 func TestPostgresFailover(t *testing.T) {
-	for _, c := range []struct {
-		name      string
-		sync, lag bool
-	}{
-		{"Sync/Natural", true, false},
-		{"Sync/LaggingStandby", true, true},
-		{"Async/Natural", false, false},
-		{"Async/LaggingStandby", false, true},
-	} {
-		t.Run(c.name, func(t *testing.T) { pgFailover(t, c.sync, c.lag) })
+	for _, viaSQL := range []bool{false, true} {
+		for _, c := range []struct {
+			name      string
+			sync, lag bool
+		}{
+			{"Sync/Natural", true, false},
+			{"Sync/LaggingStandby", true, true},
+			{"Async/Natural", false, false},
+			{"Async/LaggingStandby", false, true},
+		} {
+			name := c.name
+			if viaSQL {
+				name = "DatabaseSQL/" + name
+			}
+			t.Run(name, func(t *testing.T) { pgFailover(t, c.sync, c.lag, viaSQL) })
+		}
 	}
 }
 
-func pgFailover(t *testing.T, syncRep, lag bool) {
+func pgFailover(t *testing.T, syncRep, lag, viaSQL bool) {
 	const workers, killAfter = 8, 300
 	pair := StartPostgres(t, syncRep)
-	primary := newPGService(t, pair.PrimaryDSN("test"), true)
+	primary := newPGService(t, pair.PrimaryDSN("test"), true, viaSQL)
 
 	ctx, cancel := context.WithTimeout(context.Background(), 90*time.Second)
 	defer cancel()
@@ -159,7 +206,7 @@ func pgFailover(t *testing.T, syncRep, lag bool) {
 	stalledAcks := l.acks.Load() - acksBeforeStall
 	pair.Promote()
 
-	standby := newPGService(t, pair.StandbyDSN("test"), false)
+	standby := newPGService(t, pair.StandbyDSN("test"), false, viaSQL)
 	s := retryAll(t, calls, func(k idempotency.Key) (idempotency.Response, error) { return standby.do(ctx, k) })
 	t.Logf("sync=%v lag=%v: %v", syncRep, lag, s)
 	standby.checkOneEffectEach(t, calls)
