@@ -372,7 +372,11 @@ func testReferenceHTTP[Tx any](t *testing.T, open func(*testing.T, context.Conte
 		t.Fatal(err)
 	}
 	s := serve(t, ctx, g, http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		tx, _ := idemhttp.TxFrom[Tx](r.Context())
+		tx, ok := idemhttp.TxFrom[Tx](r.Context())
+		if !ok {
+			http.Error(w, "no tx", http.StatusInternalServerError)
+			return
+		}
 		id := fmt.Sprintf("ord-%d", calls.Add(1))
 		if err := b.insert(r.Context(), tx, id, "pending"); err != nil {
 			http.Error(w, err.Error(), http.StatusInternalServerError)

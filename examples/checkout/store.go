@@ -14,6 +14,7 @@ import (
 
 	"github.com/go-idempotency/idempotency"
 	"github.com/go-idempotency/idempotency/mysql"
+	"github.com/go-idempotency/idempotency/internal/redact"
 	"github.com/go-idempotency/idempotency/outbox"
 	"github.com/go-idempotency/idempotency/postgres"
 	"github.com/go-idempotency/idempotency/sqlite"
@@ -73,7 +74,7 @@ func open(ctx context.Context, dsn string, names tables, cfg config, pause *paus
 			return openSQLite(ctx, dsn, names, cfg, pause)
 		}
 	}
-	return nil, fmt.Errorf("-store %q: not a recognised store\n%s", dsn, storeHelp)
+	return nil, fmt.Errorf("-store %q: not a recognised store\n%s", redact.DSN(dsn), storeHelp)
 }
 
 // build makes the app of the generic parts: the Guard, the service and
