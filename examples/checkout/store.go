@@ -13,8 +13,8 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/go-idempotency/idempotency"
-	"github.com/go-idempotency/idempotency/mysql"
 	"github.com/go-idempotency/idempotency/internal/redact"
+	"github.com/go-idempotency/idempotency/mysql"
 	"github.com/go-idempotency/idempotency/outbox"
 	"github.com/go-idempotency/idempotency/postgres"
 	"github.com/go-idempotency/idempotency/sqlite"
