@@ -10,9 +10,9 @@ import (
 
 	"github.com/go-idempotency/idempotency"
 	"github.com/go-idempotency/idempotency/conformance"
+	"github.com/go-idempotency/idempotency/internal/pgdbtest"
 	"github.com/go-idempotency/idempotency/internal/testenv"
 	"github.com/go-idempotency/idempotency/postgres"
-	"github.com/go-idempotency/idempotency/internal/pgdbtest"
 )
 
 // TestDBConformance runs the shared suite on the database/sql front end with
@@ -47,7 +47,7 @@ func TestDBFaults(t *testing.T) {
 // on the pgx front end. The DSN names the exec mode docs/deployments.md
 // names: through database/sql the store's statements use the driver's.
 func TestDBPgBouncer(t *testing.T) {
-	dsn := startPgBouncer(t, bouncerOptions{poolSize: 10, lifetime: 1}) + "&default_query_exec_mode=exec"
+	dsn := startPgBouncer(t, bouncerOptions{PoolSize: 10, Lifetime: 1}) + "&default_query_exec_mode=exec"
 	t.Run("ReadCommitted", func(t *testing.T) {
 		conformance.Run(t, pgdbtest.Harness("pgx", dsn, postgres.Config{}))
 	})
@@ -57,8 +57,8 @@ func TestDBPgBouncer(t *testing.T) {
 	t.Run("Faults", func(t *testing.T) {
 		// A PgBouncer of its own, whose server connections end a stalled
 		// transaction (its connect_query), as in TestPgBouncerFaults.
-		dsn := startPgBouncer(t, bouncerOptions{poolSize: 10, lifetime: 1,
-			connectQuery: fmt.Sprintf("SET idle_in_transaction_session_timeout = %d", faultIdleTimeout.Milliseconds())})
+		dsn := startPgBouncer(t, bouncerOptions{PoolSize: 10, Lifetime: 1,
+			ConnectQuery: fmt.Sprintf("SET idle_in_transaction_session_timeout = %d", faultIdleTimeout.Milliseconds())})
 		dsn += "&default_query_exec_mode=exec"
 		h := pgdbtest.FaultHarness(t, "pgx", dsn, 0) // PgBouncer's connect_query sets the idle timeout
 		h.PartitionBound = faultIdleTimeout + 1500*time.Millisecond

@@ -5,15 +5,8 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"net"
-	"os"
-	"os/exec"
-	"os/user"
-	"path/filepath"
-	"strconv"
 	"strings"
 	"sync"
-	"syscall"
 	"testing"
 	"time"
 
@@ -23,192 +16,21 @@ import (
 
 	"github.com/go-idempotency/idempotency"
 	"github.com/go-idempotency/idempotency/conformance"
+	"github.com/go-idempotency/idempotency/internal/pgdbtest"
 	"github.com/go-idempotency/idempotency/internal/testenv"
 	"github.com/go-idempotency/idempotency/internal/testkit"
 	"github.com/go-idempotency/idempotency/postgres"
 )
 
-// pgbouncerBin is where Debian's pgbouncer package installs the binary.
-const pgbouncerBin = "/usr/sbin/pgbouncer"
+// bouncerOptions configure a private PgBouncer: see pgdbtest.BouncerOptions.
+type bouncerOptions = pgdbtest.BouncerOptions
 
-// bouncerOptions configure a private PgBouncer.
-type bouncerOptions struct {
-	// poolSize is default_pool_size: server connections per database and
-	// user (4 when 0).
-	poolSize int
-	// lifetime is server_lifetime and server_idle_timeout in whole seconds
-	// (1 when 0): server connections are closed and replaced that often.
-	lifetime int
-	// connectQuery, if set, runs on every new server connection.
-	connectQuery string
-}
-
-// startPgBouncer starts a private PgBouncer in transaction pooling mode on a
-// free loopback port, in front of the server of IDEMPOTENCY_POSTGRES_DSN, and
-// returns the DSN of that DSN's database through it. Its configuration, log
-// and files live in a temporary directory; it is stopped by its PID at
-// cleanup. A missing binary skips the test, or fails it under
-// IDEMPOTENCY_REQUIRE_ALL=1 (.ci/run installs Debian's pgbouncer package).
+// startPgBouncer starts a private PgBouncer in transaction pooling mode in
+// front of the test server: see pgdbtest.StartPgBouncer, which the lib/pq
+// tests (internal/pqtest) share.
 func startPgBouncer(t testing.TB, o bouncerOptions) string {
 	t.Helper()
-	dsn := testenv.PostgresDSN(t)
-	if _, err := os.Stat(pgbouncerBin); err != nil {
-		if testenv.RequireAll() {
-			t.Fatalf("%s: %v; IDEMPOTENCY_REQUIRE_ALL=1 requires PgBouncer (apt-get install -y pgbouncer)", pgbouncerBin, err)
-		}
-		t.Skipf("%s: %v (apt-get install -y pgbouncer)", pgbouncerBin, err)
-	}
-	up, err := pgxpool.ParseConfig(dsn)
-	if err != nil {
-		t.Fatalf("parse DSN: %v", err)
-	}
-	if o.poolSize <= 0 {
-		o.poolSize = 4
-	}
-	if o.lifetime <= 0 {
-		o.lifetime = 1
-	}
-	// Not t.TempDir: its parent is private to this user, whom PgBouncer
-	// may not be (see below).
-	dir, err := os.MkdirTemp("", "pgbouncer-")
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { os.RemoveAll(dir) })
-	var args []string
-	if os.Geteuid() == 0 {
-		// PgBouncer refuses to run as root: it switches to the postgres
-		// user, which must be able to write its log in dir.
-		u, err := user.Lookup("postgres")
-		if err != nil {
-			t.Fatalf("pgbouncer cannot run as root and there is no postgres user: %v", err)
-		}
-		uid, _ := strconv.Atoi(u.Uid)
-		gid, _ := strconv.Atoi(u.Gid)
-		if err := os.Chown(dir, uid, gid); err != nil {
-			t.Fatal(err)
-		}
-		args = append(args, "-u", "postgres")
-	}
-	db := up.ConnConfig.Database
-	userName := up.ConnConfig.User
-	users := filepath.Join(dir, "users.txt")
-	if err := os.WriteFile(users, []byte(fmt.Sprintf("%q \"\"\n", userName)), 0o644); err != nil {
-		t.Fatal(err)
-	}
-	target := fmt.Sprintf("host=%s port=%d dbname=%s", up.ConnConfig.Host, up.ConnConfig.Port, db)
-	if o.connectQuery != "" {
-		target += " connect_query='" + strings.ReplaceAll(o.connectQuery, "'", "''") + "'"
-	}
-	logfile := filepath.Join(dir, "pgbouncer.log")
-	for attempt := 0; ; attempt++ {
-		port := freePort(t)
-		ini := fmt.Sprintf(`[databases]
-%s = %s
-
-[pgbouncer]
-listen_addr = 127.0.0.1
-listen_port = %d
-unix_socket_dir =
-auth_type = trust
-auth_file = %s
-logfile = %s
-pool_mode = transaction
-default_pool_size = %d
-max_client_conn = 500
-server_lifetime = %d
-server_idle_timeout = %d
-server_reset_query =
-ignore_startup_parameters = extra_float_digits
-`, db, target, port, users, logfile, o.poolSize, o.lifetime, o.lifetime)
-		cfgFile := filepath.Join(dir, "pgbouncer.ini")
-		if err := os.WriteFile(cfgFile, []byte(ini), 0o644); err != nil {
-			t.Fatal(err)
-		}
-		var out syncBuffer
-		cmd := exec.Command(pgbouncerBin, append(args, cfgFile)...)
-		cmd.Stdout, cmd.Stderr = &out, &out
-		if err := cmd.Start(); err != nil {
-			t.Fatalf("start pgbouncer: %v", err)
-		}
-		exited := make(chan struct{})
-		go func() { _ = cmd.Wait(); close(exited) }()
-		addr := net.JoinHostPort("127.0.0.1", strconv.Itoa(port))
-		if waitListening(addr, exited, 10*time.Second) {
-			pid := cmd.Process.Pid
-			t.Cleanup(func() { stopByPID(t, pid, exited) })
-			return fmt.Sprintf("postgres://%s@%s/%s?sslmode=disable", userName, addr, db)
-		}
-		_ = cmd.Process.Kill()
-		<-exited
-		logged, _ := os.ReadFile(logfile)
-		if attempt == 2 {
-			t.Fatalf("pgbouncer did not listen on %s:\n%s\n%s", addr, out.String(), logged)
-		}
-	}
-}
-
-// stopByPID ends the PgBouncer of pid (SIGTERM, then SIGKILL after 5s).
-func stopByPID(t testing.TB, pid int, exited <-chan struct{}) {
-	p, err := os.FindProcess(pid)
-	if err != nil {
-		return
-	}
-	_ = p.Signal(syscall.SIGTERM)
-	select {
-	case <-exited:
-	case <-time.After(5 * time.Second):
-		t.Errorf("pgbouncer %d ignored SIGTERM for 5s: killed", pid)
-		_ = p.Kill()
-		<-exited
-	}
-}
-
-// freePort returns a loopback TCP port that was free a moment ago.
-func freePort(t testing.TB) int {
-	t.Helper()
-	l, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer l.Close()
-	return l.Addr().(*net.TCPAddr).Port
-}
-
-// waitListening reports whether addr accepts connections within d, before
-// the process signals exited.
-func waitListening(addr string, exited <-chan struct{}, d time.Duration) bool {
-	for deadline := time.Now().Add(d); time.Now().Before(deadline); {
-		select {
-		case <-exited:
-			return false
-		default:
-		}
-		if c, err := net.DialTimeout("tcp", addr, 200*time.Millisecond); err == nil {
-			c.Close()
-			return true
-		}
-		time.Sleep(20 * time.Millisecond)
-	}
-	return false
-}
-
-// syncBuffer is a bytes.Buffer safe for the two writers of a process.
-type syncBuffer struct {
-	mu sync.Mutex
-	b  bytes.Buffer
-}
-
-func (s *syncBuffer) Write(p []byte) (int, error) {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.Write(p)
-}
-
-func (s *syncBuffer) String() string {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.String()
+	return pgdbtest.StartPgBouncer(t, o)
 }
 
 // bouncerPool returns a pool on dsn (a PgBouncer's) built as the README
@@ -239,7 +61,7 @@ func bouncerPool(t testing.TB, dsn string, maxConns int) *pgxpool.Pool {
 // Every call must succeed, each key's effect run once, and every caller of
 // a key get the same bytes.
 func TestPgBouncerReplicas(t *testing.T) {
-	dsn := startPgBouncer(t, bouncerOptions{poolSize: 4, lifetime: 1})
+	dsn := startPgBouncer(t, bouncerOptions{PoolSize: 4, Lifetime: 1})
 	ctx := testkit.Context(t, 60*time.Second)
 	pools := []*pgxpool.Pool{bouncerPool(t, dsn, 0), bouncerPool(t, dsn, 0)}
 	// The table is made, and effects counted, on the server itself.
@@ -314,7 +136,7 @@ func TestPgBouncerReplicas(t *testing.T) {
 // behind: the timeouts it bounds are the server's defaults, no advisory
 // lock is held and no statement is prepared.
 func TestPgBouncerNoLeak(t *testing.T) {
-	dsn := startPgBouncer(t, bouncerOptions{poolSize: 2, lifetime: 60})
+	dsn := startPgBouncer(t, bouncerOptions{PoolSize: 2, Lifetime: 60})
 	ctx := testkit.Context(t, 60*time.Second)
 	f := newFixture(t, newPool(t, 2), postgres.Config{})
 	pools := []*pgxpool.Pool{bouncerPool(t, dsn, 2), bouncerPool(t, dsn, 2)}
@@ -511,7 +333,7 @@ func showSettings(t testing.TB, ctx context.Context, dsn string, names []string)
 // (the fixtures') in the exec mode docs/deployments.md names for them, and
 // in the store's row mode (SERIALIZABLE) too.
 func TestPgBouncerConformance(t *testing.T) {
-	dsn := startPgBouncer(t, bouncerOptions{poolSize: 10, lifetime: 1})
+	dsn := startPgBouncer(t, bouncerOptions{PoolSize: 10, Lifetime: 1})
 	t.Run("ReadCommitted", func(t *testing.T) {
 		conformance.Run(t, harness(postgres.Config{}, viaBouncer(t, dsn, pgx.QueryExecModeExec)))
 	})
@@ -545,8 +367,8 @@ func viaBouncer(t testing.TB, dsn string, mode pgx.QueryExecMode) func(*pgxpool.
 // parameter), which ends the stalled transaction. fn's statements run in
 // the exec mode docs/deployments.md names for them.
 func TestPgBouncerFaults(t *testing.T) {
-	dsn := startPgBouncer(t, bouncerOptions{poolSize: 10, lifetime: 1,
-		connectQuery: fmt.Sprintf("SET idle_in_transaction_session_timeout = %d", faultIdleTimeout.Milliseconds())})
+	dsn := startPgBouncer(t, bouncerOptions{PoolSize: 10, Lifetime: 1,
+		ConnectQuery: fmt.Sprintf("SET idle_in_transaction_session_timeout = %d", faultIdleTimeout.Milliseconds())})
 	dsn += "&default_query_exec_mode=exec"
 	upstream := faultUpstream(t, dsn)
 	conformance.RunFaultsWarmAndCold(t, conformance.FaultHarness[pgx.Tx]{
@@ -565,7 +387,7 @@ func TestPgBouncerFaults(t *testing.T) {
 // to change. With one server connection, a second client's first use of a
 // statement the first client's cache prepared there is refused (42P05).
 func TestPgBouncerStatementCacheHint(t *testing.T) {
-	dsn := startPgBouncer(t, bouncerOptions{poolSize: 1, lifetime: 60})
+	dsn := startPgBouncer(t, bouncerOptions{PoolSize: 1, Lifetime: 60})
 	ctx := testkit.Context(t, 30*time.Second)
 	f := newFixture(t, newPool(t, 2), postgres.Config{})
 	var errs []error

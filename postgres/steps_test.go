@@ -810,7 +810,7 @@ func TestMigrateFromV010(t *testing.T) {
 // transaction on the other pool. The phases' own writes name a mode safe
 // behind the pooler, as docs/deployments.md says fn's must.
 func TestPgBouncerSteps(t *testing.T) {
-	dsn := startPgBouncer(t, bouncerOptions{poolSize: 2, lifetime: 60})
+	dsn := startPgBouncer(t, bouncerOptions{PoolSize: 2, Lifetime: 60})
 	ctx := testkit.Context(t, 60*time.Second)
 	f := newFixture(t, newPool(t, 2), postgres.Config{})
 	var stores []*postgres.Store

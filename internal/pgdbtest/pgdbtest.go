@@ -183,7 +183,13 @@ func FaultHarness(t testing.TB, driver, dsn string, idle time.Duration) conforma
 			if addr == u.Host { // the fixture on the server itself creates and drops the tables
 				ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
 				defer cancel()
-				pgkit.DropAtCleanup(t, dsn, "TABLE", f.Table, f.Effects, f.Table+"_quota")
+				// Dropped through the fixture's own connections, as the pgx
+				// fixture does (a PgBouncer in between may have cut others).
+				t.Cleanup(func() {
+					ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+					defer cancel()
+					_, _ = db.ExecContext(ctx, `DROP TABLE IF EXISTS `+f.Effects+`, `+f.Table+`, `+f.Table+`_quota`)
+				})
 				if err := store.Migrate(ctx); err != nil {
 					t.Fatal(err)
 				}

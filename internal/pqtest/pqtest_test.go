@@ -4,6 +4,7 @@
 package pqtest
 
 import (
+	"fmt"
 	"testing"
 	"time"
 
@@ -45,4 +46,39 @@ const faultIdleTimeout = 1500 * time.Millisecond
 func TestFaults(t *testing.T) {
 	dsn := testenv.PostgresDSN(t)
 	conformance.RunFaultsWarmAndCold(t, pgdbtest.FaultHarness(t, "postgres", dsn, faultIdleTimeout))
+}
+
+// TestPgBouncer runs the shared suite and the fault suite on a DBStore over
+// lib/pq through a PgBouncer in transaction mode, as the postgres
+// package's TestDBPgBouncer does with pgx's stdlib driver. lib/pq sends
+// unnamed statements: the DSN needs nothing.
+func TestPgBouncer(t *testing.T) {
+	dsn := pgdbtest.StartPgBouncer(t, pgdbtest.BouncerOptions{PoolSize: 10, Lifetime: 1})
+	t.Run("ReadCommitted", func(t *testing.T) {
+		conformance.Run(t, pgdbtest.Harness("postgres", dsn, postgres.Config{}))
+	})
+	t.Run("Faults", func(t *testing.T) {
+		dsn := pgdbtest.StartPgBouncer(t, pgdbtest.BouncerOptions{PoolSize: 10, Lifetime: 1,
+			ConnectQuery: fmt.Sprintf("SET idle_in_transaction_session_timeout = %d", faultIdleTimeout.Milliseconds())})
+		h := pgdbtest.FaultHarness(t, "postgres", dsn, 0) // PgBouncer's connect_query sets the idle timeout
+		h.PartitionBound = faultIdleTimeout + 1500*time.Millisecond
+		conformance.RunFaultsWarmAndCold(t, h)
+	})
+}
+
+// BenchmarkStore is the postgres package's BenchmarkDBStore on lib/pq: its
+// Bare is a plain *sql.Tx of the same *sql.DB. Run it and read it with
+// idembench:
+//
+//	go test -run '^$' -bench . -benchmem -count 3 . | go run ../../cmd/idembench -parse
+func BenchmarkStore(b *testing.B) {
+	conformance.Benchmark(b, pgdbtest.Harness("postgres", testenv.PostgresDSN(b), postgres.Config{}))
+}
+
+// BenchmarkBinaryParameters is BenchmarkStore with binary_parameters=yes
+// in the DSN, with which lib/pq sends a statement with parameters in one
+// round trip instead of two.
+func BenchmarkBinaryParameters(b *testing.B) {
+	dsn := pgdbtest.WithParams(b, testenv.PostgresDSN(b), "binary_parameters=yes")
+	conformance.Benchmark(b, pgdbtest.Harness("postgres", dsn, postgres.Config{}))
 }
