@@ -119,6 +119,10 @@ type HistoryRig[Tx any] struct {
 	// Settle bounds how long the probes wait for a key still held (a lease
 	// or a session the server has not ended yet). Default 10s.
 	Settle time.Duration
+	// OnCall, if not nil, is told each call as it starts (done false, with
+	// no outcome) and as it returns (done true): a process that records
+	// for another, which may kill it, streams its calls with it.
+	OnCall func(c HistoryCall, done bool)
 
 	once   sync.Once
 	run    string
@@ -310,13 +314,19 @@ func (r *HistoryRig[Tx]) call(ctx context.Context, g *idempotency.Guard[Tx], sta
 		return idempotency.Response{Status: http.StatusCreated, Body: would}, nil
 	}
 	hc.Call = int64(time.Since(start))
+	if r.OnCall != nil {
+		r.OnCall(hc, false)
+	}
 	resp, err := g.Do(cctx, key, "fp", fn)
 	hc.Return = int64(time.Since(start))
 	if p.mode == modeLost {
 		hc.Outcome, hc.ErrKind, hc.Return = OutcomeUnknown, "lost-reply", -1
-		return hc
+	} else {
+		r.classify(&hc, resp, err)
 	}
-	r.classify(&hc, resp, err)
+	if r.OnCall != nil {
+		r.OnCall(hc, true)
+	}
 	return hc
 }
 
