@@ -64,13 +64,15 @@ func (l *sqlLink) ending(key idempotency.Key) error {
 	return nil
 }
 
-// rollback ignores the error of a driver that gave the connection up after
-// the transaction's context ended (pgx's stdlib closes it; lib/pq reports
+// rollback ignores the error of a driver that gave the connection up
+// because ctx ended (pgx's stdlib closes it; lib/pq reports
 // driver.ErrBadConn and database/sql closes it): closing the connection
-// ends the server's transaction too, and frees the key.
-func (l *sqlLink) rollback(_ context.Context, key idempotency.Key) error {
+// ends the server's transaction too, and frees the key. With ctx alive,
+// such an error says the connection failed under fn, and is returned: the
+// core then adds [idempotency.ErrStore] to fn's error.
+func (l *sqlLink) rollback(ctx context.Context, key idempotency.Key) error {
 	err := l.rollbackNow(nil)
-	if errors.Is(err, context.Canceled) || errors.Is(err, context.DeadlineExceeded) || errors.Is(err, driver.ErrBadConn) {
+	if ctx.Err() != nil && (errors.Is(err, context.Canceled) || errors.Is(err, context.DeadlineExceeded) || errors.Is(err, driver.ErrBadConn)) {
 		return nil
 	}
 	if err != nil && !errors.Is(err, sql.ErrTxDone) {
@@ -109,15 +111,27 @@ func (l *sqlLink) run(ctx context.Context, q *pgx.QueuedQuery) (pgconn.CommandTa
 		}
 		return pgconn.NewCommandTag("COMMIT"), tx.Commit()
 	}
-	var (
-		res sql.Result
-		err error
-	)
+	return execSQL(ctx, l.conn(), q.SQL, q.Arguments)
+}
+
+// sqlConn is a *sql.DB or a *sql.Tx.
+type sqlConn interface {
+	ExecContext(ctx context.Context, query string, args ...any) (sql.Result, error)
+	QueryRowContext(ctx context.Context, query string, args ...any) *sql.Row
+}
+
+// conn is the open transaction, or the *sql.DB outside one.
+func (l *sqlLink) conn() sqlConn {
 	if l.tx != nil {
-		res, err = l.tx.ExecContext(ctx, q.SQL, sqlArgs(q.Arguments)...)
-	} else {
-		res, err = l.db.ExecContext(ctx, q.SQL, sqlArgs(q.Arguments)...)
+		return l.tx
 	}
+	return l.db
+}
+
+// execSQL runs one statement of the store on c and returns a command tag
+// that carries the rows it affected.
+func execSQL(ctx context.Context, c sqlConn, query string, args []any) (pgconn.CommandTag, error) {
+	res, err := c.ExecContext(ctx, query, sqlArgs(args)...)
 	if err != nil {
 		return pgconn.CommandTag{}, err
 	}
@@ -164,13 +178,7 @@ func (r *sqlResults) QueryRow() pgx.Row {
 	if err != nil {
 		return errRows{err}
 	}
-	var row *sql.Row
-	if r.l.tx != nil {
-		row = r.l.tx.QueryRowContext(r.ctx, q.SQL, sqlArgs(q.Arguments)...)
-	} else {
-		row = r.l.db.QueryRowContext(r.ctx, q.SQL, sqlArgs(q.Arguments)...)
-	}
-	return batchRow{sqlRow{row}, r}
+	return batchRow{sqlRow{r.l.conn().QueryRowContext(r.ctx, q.SQL, sqlArgs(q.Arguments)...)}, r}
 }
 
 func (r *sqlResults) Close() error { return r.err }
@@ -272,15 +280,7 @@ func sqlArgs(args []any) []any {
 type sqlQuerier struct{ db *sql.DB }
 
 func (q sqlQuerier) exec(ctx context.Context, query string, args ...any) (pgconn.CommandTag, error) {
-	res, err := q.db.ExecContext(ctx, query, sqlArgs(args)...)
-	if err != nil {
-		return pgconn.CommandTag{}, err
-	}
-	n, err := res.RowsAffected()
-	if err != nil {
-		return pgconn.CommandTag{}, err
-	}
-	return pgconn.NewCommandTag("EXEC " + strconv.FormatInt(n, 10)), nil
+	return execSQL(ctx, q.db, query, args)
 }
 
 func (q sqlQuerier) queryRow(ctx context.Context, query string, args ...any) pgx.Row {

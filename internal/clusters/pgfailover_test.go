@@ -58,6 +58,14 @@ func newPGService(t testing.TB, dsn string, migrate, viaSQL bool) *pgService {
 	if err != nil {
 		t.Fatal(err)
 	}
+	if migrate { // the same table for both stores
+		if err := store.Migrate(ctx); err != nil {
+			t.Fatal(err)
+		}
+		if _, err := pool.Exec(ctx, `CREATE TABLE `+pgEffects+` (n BIGSERIAL PRIMARY KEY, key_id TEXT NOT NULL, execution TEXT NOT NULL)`); err != nil {
+			t.Fatal(err)
+		}
+	}
 	cfg := &idempotency.Config{WaitTimeout: 5 * time.Second}
 	if viaSQL {
 		db := stdlib.OpenDB(*pool.Config().ConnConfig)
@@ -67,27 +75,11 @@ func newPGService(t testing.TB, dsn string, migrate, viaSQL bool) *pgService {
 		if err != nil {
 			t.Fatal(err)
 		}
-		if migrate {
-			if err := dbStore.Migrate(ctx); err != nil {
-				t.Fatal(err)
-			}
-			if _, err := pool.Exec(ctx, `CREATE TABLE `+pgEffects+` (n BIGSERIAL PRIMARY KEY, key_id TEXT NOT NULL, execution TEXT NOT NULL)`); err != nil {
-				t.Fatal(err)
-			}
-		}
 		g, err := idempotency.New(dbStore, cfg)
 		if err != nil {
 			t.Fatal(err)
 		}
 		return &pgService{pool: pool, sql: g}
-	}
-	if migrate {
-		if err := store.Migrate(ctx); err != nil {
-			t.Fatal(err)
-		}
-		if _, err := pool.Exec(ctx, `CREATE TABLE `+pgEffects+` (n BIGSERIAL PRIMARY KEY, key_id TEXT NOT NULL, execution TEXT NOT NULL)`); err != nil {
-			t.Fatal(err)
-		}
 	}
 	g, err := idempotency.New(store, cfg)
 	if err != nil {

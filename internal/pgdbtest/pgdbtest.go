@@ -15,6 +15,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/jackc/pgx/v5"
+
 	"github.com/go-idempotency/idempotency"
 	"github.com/go-idempotency/idempotency/conformance"
 	"github.com/go-idempotency/idempotency/internal/testkit"
@@ -168,7 +170,10 @@ func FaultHarness(t testing.TB, driver, dsn string, idle time.Duration) conforma
 		NewFixture: func(t testing.TB, addr, ns string) conformance.Fixture[*sql.Tx] {
 			v := *u
 			v.Host = addr
-			params := []string{"connect_timeout=2"}
+			var params []string
+			if !v.Query().Has("connect_timeout") {
+				params = append(params, "connect_timeout=2")
+			}
 			if idle > 0 {
 				params = append(params, "idle_in_transaction_session_timeout="+strconv.Itoa(int(idle.Milliseconds())))
 			}
@@ -206,4 +211,22 @@ func FaultHarness(t testing.TB, driver, dsn string, idle time.Duration) conforma
 		h.PartitionBound = idle + 1500*time.Millisecond
 	}
 	return h
+}
+
+// Conformance runs the shared suite on a DBStore over driver, under each
+// isolation level (the store's TxOptions, and the session's default) and
+// with the look-up first: what TestConformance runs on the pgx front end.
+func Conformance(t *testing.T, driver, dsn string) {
+	t.Run("ReadCommitted", func(t *testing.T) {
+		conformance.Run(t, Harness(driver, dsn, postgres.Config{}))
+	})
+	t.Run("TxOptionsSerializable", func(t *testing.T) {
+		conformance.Run(t, Harness(driver, dsn, postgres.Config{TxOptions: pgx.TxOptions{IsoLevel: pgx.Serializable}}))
+	})
+	t.Run("RepeatableRead", func(t *testing.T) {
+		conformance.Run(t, Harness(driver, WithParams(t, dsn, "default_transaction_isolation=repeatable read"), postgres.Config{}))
+	})
+	t.Run("LookupAlways", func(t *testing.T) {
+		conformance.Run(t, Harness(driver, dsn, postgres.Config{Lookup: idempotency.LookupAlways}))
+	})
 }

@@ -6,13 +6,13 @@ replace github.com/go-idempotency/idempotency => ../..
 
 require (
 	github.com/go-idempotency/idempotency v0.1.0
-	github.com/jackc/pgx/v5 v5.12.0
 	github.com/lib/pq v1.10.9
 )
 
 require (
 	github.com/jackc/pgpassfile v1.0.0 // indirect
 	github.com/jackc/pgservicefile v0.0.0-20240606120523-5a60cdf6a761 // indirect
+	github.com/jackc/pgx/v5 v5.12.0 // indirect
 	github.com/jackc/puddle/v2 v2.2.3 // indirect
 	golang.org/x/sync v0.24.0 // indirect
 	golang.org/x/text v0.43.0 // indirect

@@ -91,6 +91,12 @@ func main() {
 	}
 }
 
+// keyStore is what setup needs of a store.
+type keyStore interface {
+	idempotency.KeyStore[*sql.Tx]
+	Migrate(ctx context.Context) error
+}
+
 // app is bun and a guard on one database.
 type app struct {
 	guard *idempotency.Guard[*sql.Tx]
@@ -105,52 +111,40 @@ func setup(ctx context.Context, store, ordersTable, keysTable string) (*app, err
 	var (
 		db      *sql.DB
 		dialect schema.Dialect
-		ks      idempotency.KeyStore[*sql.Tx]
+		ks      keyStore
 		closeKS = func() {}
 		err     error
 	)
-	if dsn, ok := strings.CutPrefix(store, "mysql:"); ok {
+	switch dsn, isMySQL := strings.CutPrefix(store, "mysql:"); {
+	case isMySQL:
 		if db, err = mysql.Open(ctx, dsn); err != nil {
 			return nil, err
 		}
 		dialect = mysqldialect.New()
-		s, err := mysql.New(db, &mysql.Config{Table: keysTable})
-		if err == nil {
-			err = s.Migrate(ctx)
-		}
-		if err != nil {
-			db.Close()
-			return nil, err
-		}
-		ks = s
-	} else if strings.HasPrefix(store, "postgres://") || strings.HasPrefix(store, "postgresql://") {
+		ks, err = mysql.New(db, &mysql.Config{Table: keysTable})
+	case strings.HasPrefix(store, "postgres://") || strings.HasPrefix(store, "postgresql://"):
 		if db, err = sql.Open("pgx", store); err != nil {
 			return nil, err
 		}
 		dialect = pgdialect.New()
-		s, err := postgres.NewDB(db, &postgres.Config{Table: keysTable})
-		if err == nil {
-			err = s.Migrate(ctx)
-		}
-		if err != nil {
-			db.Close()
-			return nil, err
-		}
-		ks = s
-	} else {
+		ks, err = postgres.NewDB(db, &postgres.Config{Table: keysTable})
+	default:
 		if db, err = sqlite.Open(ctx, store); err != nil {
 			return nil, err
 		}
 		dialect = sqlitedialect.New()
-		s, err := sqlite.New(db, &sqlite.Config{Table: keysTable})
-		if err == nil {
-			err = s.Migrate(ctx)
+		var s *sqlite.Store
+		if s, err = sqlite.New(db, &sqlite.Config{Table: keysTable}); err == nil {
+			ks, closeKS = s, func() { s.Close() }
 		}
-		if err != nil {
-			db.Close()
-			return nil, err
-		}
-		ks, closeKS = s, func() { s.Close() }
+	}
+	if err == nil {
+		err = ks.Migrate(ctx)
+	}
+	if err != nil {
+		closeKS()
+		db.Close()
+		return nil, err
 	}
 	bdb := bun.NewDB(db, dialect)
 	closeAll := func() { closeKS(); db.Close() }
