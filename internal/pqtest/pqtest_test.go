@@ -4,12 +4,15 @@
 package pqtest
 
 import (
+	"context"
+	"errors"
 	"fmt"
 	"testing"
 	"time"
 
-	_ "github.com/lib/pq" // the "postgres" database/sql driver
+	"github.com/lib/pq" // the "postgres" database/sql driver
 
+	"github.com/go-idempotency/idempotency"
 	"github.com/go-idempotency/idempotency/conformance"
 	"github.com/go-idempotency/idempotency/conformance/faultproxy"
 	"github.com/go-idempotency/idempotency/internal/pgdbtest"
@@ -93,4 +96,30 @@ func BenchmarkStore(b *testing.B) {
 func BenchmarkBinaryParameters(b *testing.B) {
 	dsn := pgdbtest.WithParams(b, testenv.PostgresDSN(b), "binary_parameters=yes")
 	conformance.Benchmark(b, pgdbtest.Harness("postgres", dsn, postgres.Config{}))
+}
+
+// TestErrorsMapped: lib/pq's *pq.Error reaches the store's one error
+// mapping, as pgx's *pgconn.PgError does: a missing table is ErrSchema,
+// and fn's serialization failures and deadlocks are conflicts to retry.
+func TestErrorsMapped(t *testing.T) {
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	db := pgdbtest.Open(t, "postgres", testenv.PostgresDSN(t), 2)
+	s, err := postgres.NewDB(db, &postgres.Config{Table: "pqtest_no_such_table"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	txn, _, err := s.Reserve(ctx, idempotency.Reservation{Key: idempotency.Key{ID: "k"}, Fingerprint: "fp", TTL: time.Hour})
+	if txn != nil {
+		_ = txn.Rollback(ctx)
+	}
+	var pqErr *pq.Error
+	if !errors.Is(err, idempotency.ErrSchema) || !errors.As(err, &pqErr) || pqErr.Code != "42P01" {
+		t.Fatalf("Reserve on a missing table: %v; want ErrSchema with lib/pq's undefined_table in the chain", err)
+	}
+	for code, want := range map[pq.ErrorCode]bool{"40001": true, "40P01": true, "23505": false, "42P01": false} {
+		if got := s.IsConflict(fmt.Errorf("fn: %w", &pq.Error{Code: code})); got != want {
+			t.Errorf("IsConflict(%s) = %v, want %v", code, got, want)
+		}
+	}
 }

@@ -31,11 +31,12 @@ type Target struct {
 	Kind     string           // SQLite, Postgres, MySQL or Redis
 	Path     string           // SQLite file path
 	Postgres *pgxpool.Config  // PostgreSQL
+	MySQL    string           // MySQL DSN in either form, checked by mysql.ParseDSN
+	Redis    *goredis.Options // Redis
+
 	// DatabaseSQL: the PostgreSQL store on database/sql (postgres.NewDB,
 	// with pgx's stdlib driver), for a postgres+sql:// value.
 	DatabaseSQL bool
-	MySQL    string           // MySQL DSN in either form, checked by mysql.ParseDSN
-	Redis    *goredis.Options // Redis
 }
 
 // FlagHelp is the help of a -store flag.
