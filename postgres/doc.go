@@ -159,9 +159,11 @@
 // Errors of pgx's stdlib driver (*pgconn.PgError) and of lib/pq (*pq.Error,
 // read through its Get method, so this module does not depend on lib/pq)
 // are mapped to the root sentinels alike. Behind a transaction pooler, the
-// store's statements travel as the driver sends them: lib/pq's are unnamed;
-// with pgx's stdlib driver add default_query_exec_mode=exec to the DSN, as
-// for fn's statements.
+// store's statements travel as the driver sends them: with pgx's stdlib
+// driver add default_query_exec_mode=exec to the DSN, as for fn's
+// statements; with lib/pq, binary_parameters=yes (without it lib/pq sends a
+// statement with parameters as two exchanges, which a pooler may route to
+// two server connections).
 //
 // # Multi-step operations
 //

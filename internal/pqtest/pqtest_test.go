@@ -64,17 +64,21 @@ func TestFaults(t *testing.T) {
 
 // TestPgBouncer runs the shared suite and the fault suite on a DBStore over
 // lib/pq through a PgBouncer in transaction mode, as the postgres
-// package's TestDBPgBouncer does with pgx's stdlib driver. lib/pq sends
-// unnamed statements: the DSN needs nothing.
+// package's TestDBPgBouncer does with pgx's stdlib driver. The DSN says
+// binary_parameters=yes: without it lib/pq sends a statement with
+// parameters as two exchanges (Parse, then Bind and Execute, each ending
+// in its own Sync), which outside a transaction PgBouncer may send to two
+// server connections ("unnamed prepared statement does not exist").
 func TestPgBouncer(t *testing.T) {
 	dsn := pgdbtest.StartPgBouncer(t, pgdbtest.BouncerOptions{PoolSize: 10, Lifetime: 1})
+	dsn = pgdbtest.WithParams(t, dsn, "binary_parameters=yes")
 	t.Run("ReadCommitted", func(t *testing.T) {
 		conformance.Run(t, pgdbtest.Harness("postgres", dsn, postgres.Config{}))
 	})
 	t.Run("Faults", func(t *testing.T) {
 		dsn := pgdbtest.StartPgBouncer(t, pgdbtest.BouncerOptions{PoolSize: 10, Lifetime: 1,
 			ConnectQuery: fmt.Sprintf("SET idle_in_transaction_session_timeout = %d", faultIdleTimeout.Milliseconds())})
-		dsn = pgdbtest.WithParams(t, dsn, "connect_timeout=1")
+		dsn = pgdbtest.WithParams(t, dsn, "connect_timeout=1", "binary_parameters=yes")
 		h := pgdbtest.FaultHarness(t, "postgres", dsn, 0) // PgBouncer's connect_query sets the idle timeout
 		h.Bound, h.PartitionBound, h.Known = libpqBound, faultIdleTimeout+1500*time.Millisecond, libpqKnown
 		conformance.RunFaultsWarmAndCold(t, h)
