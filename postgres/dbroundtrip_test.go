@@ -39,7 +39,7 @@ func TestDBRoundTrips(t *testing.T) {
 		{"LookupAlways", idempotency.LookupAlways, 7, 1},
 	} {
 		t.Run(c.name, func(t *testing.T) {
-			f := pgdbtest.NewFixture(t, db, testenv.PostgresDSN(t), postgres.Config{Lookup: c.lookup})
+			f := pgdbtest.NewFixture(t, db, postgres.Config{Lookup: c.lookup})
 			g, err := idempotency.New(f.Store, nil)
 			if err != nil {
 				t.Fatal(err)
