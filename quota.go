@@ -136,7 +136,9 @@ func (e *QuotaError) Unwrap() error { return ErrOverQuota }
 // An invalid key or quota is refused with [ErrInvalidKey] or
 // [ErrInvalidConfig] before the store is asked. The store must implement
 // [QuotaCounter] (every store of this module does); others give an error
-// wrapping [errors.ErrUnsupported]. A store failure wraps [ErrStore].
+// wrapping [errors.ErrUnsupported]. A store conflict (a serialization
+// failure of racing admissions) is retried with backoff, up to
+// [Config].MaxRetries, as Do retries one. A store failure wraps [ErrStore].
 func (g *Guard[Tx]) Admit(ctx context.Context, key Key, q *Quota) (QuotaAdmission, error) {
 	if err := key.Validate(); err != nil {
 		return QuotaAdmission{}, err
@@ -149,6 +151,15 @@ func (g *Guard[Tx]) Admit(ctx context.Context, key Key, q *Quota) (QuotaAdmissio
 		return QuotaAdmission{}, unsupported(g.store, "QuotaCounter")
 	}
 	adm, err := qc.AdmitQuota(ctx, QuotaCheck{Key: key, Quota: *q})
+	// A conflict counted nothing (the store's rule): retry it as Do
+	// retries one, so racing admissions of one scope under REPEATABLE
+	// READ or SERIALIZABLE are not refused with an error none needs.
+	for n := 1; errors.Is(err, ErrConflict) && n <= g.cfg.MaxRetries; n++ {
+		if serr := sleep(ctx, backoff(g.cfg.RetryBackoff, n)); serr != nil {
+			break
+		}
+		adm, err = qc.AdmitQuota(ctx, QuotaCheck{Key: key, Quota: *q})
+	}
 	if err != nil {
 		err, _ = storeError(ctx, err)
 		return QuotaAdmission{}, &KeyError{Key: key, Err: err}
