@@ -45,9 +45,16 @@ func TestDBPgBouncer(t *testing.T) {
 		dsn := startPgBouncer(t, bouncerOptions{PoolSize: 10, Lifetime: 1,
 			ConnectQuery: fmt.Sprintf("SET idle_in_transaction_session_timeout = %d", faultIdleTimeout.Milliseconds())})
 		dsn += "&default_query_exec_mode=exec"
-		h := pgdbtest.FaultHarness(t, "pgx", dsn, 0) // PgBouncer's connect_query sets the idle timeout
+		// PgBouncer's connect_query sets the idle timeout; no cancel
+		// requests, which PgBouncer 1.18 dies on (pgdbtest.NoCancelDriver).
+		h := pgdbtest.FaultHarness(t, pgdbtest.NoCancelDriver, dsn, 0)
 		h.PartitionBound = faultIdleTimeout + 1500*time.Millisecond
-		conformance.RunFaultsWarmAndCold(t, h)
+		// Warm only: in the Cold run (faults during the handshake) a
+		// cancel request's client that went away before PgBouncer 1.18
+		// forwarded it kills PgBouncer ("bad client state: 0"), a bug of
+		// that PgBouncer; the Cold run goes straight to the server in
+		// TestDBFaults and through PgBouncer on the pgx front end.
+		conformance.RunFaults(t, h)
 	})
 }
 
