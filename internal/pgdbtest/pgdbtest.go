@@ -16,9 +16,6 @@ import (
 	"time"
 
 	"github.com/jackc/pgx/v5"
-	"github.com/jackc/pgx/v5/pgconn"
-	"github.com/jackc/pgx/v5/pgconn/ctxwatch"
-	"github.com/jackc/pgx/v5/stdlib"
 
 	"github.com/go-idempotency/idempotency"
 	"github.com/go-idempotency/idempotency/conformance"
@@ -26,35 +23,12 @@ import (
 	"github.com/go-idempotency/idempotency/postgres"
 )
 
-// NoCancelDriver names, for [Open] and [FaultHarness], pgx's stdlib driver
-// with a connection that ends a cancelled call by its socket's deadline
-// instead of a cancel request. PgBouncer 1.18 (Debian 12's) dies on some
-// cancel requests of a client it is disconnecting ("FATAL ... in function
-// disconnect_client(): bad client state: 0"), which took the fault suite's
-// PgBouncer down under -race; the server still ends the transaction of a
-// connection that is closed.
-const NoCancelDriver = "pgx-nocancel"
-
 // Open opens driver's *sql.DB on dsn with at most maxConns connections (8
 // when 0), closed at cleanup; before that, cleanup fails the test if a
 // connection is still in use.
 func Open(t testing.TB, driver, dsn string, maxConns int) *sql.DB {
 	t.Helper()
-	var (
-		db  *sql.DB
-		err error
-	)
-	if driver == NoCancelDriver {
-		var cfg *pgx.ConnConfig
-		if cfg, err = pgx.ParseConfig(dsn); err == nil {
-			cfg.BuildContextWatcherHandler = func(c *pgconn.PgConn) ctxwatch.Handler {
-				return &pgconn.DeadlineContextWatcherHandler{Conn: c.Conn()}
-			}
-			db = stdlib.OpenDB(*cfg)
-		}
-	} else {
-		db, err = sql.Open(driver, dsn)
-	}
+	db, err := sql.Open(driver, dsn)
 	if err != nil {
 		t.Fatalf("sql.Open(%q): %v", driver, err)
 	}

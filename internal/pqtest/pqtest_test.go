@@ -75,14 +75,10 @@ func TestPgBouncer(t *testing.T) {
 	t.Run("ReadCommitted", func(t *testing.T) {
 		conformance.Run(t, pgdbtest.Harness("postgres", dsn, postgres.Config{}))
 	})
-	t.Run("Faults", func(t *testing.T) {
-		dsn := pgdbtest.StartPgBouncer(t, pgdbtest.BouncerOptions{PoolSize: 10, Lifetime: 1,
-			ConnectQuery: fmt.Sprintf("SET idle_in_transaction_session_timeout = %d", faultIdleTimeout.Milliseconds())})
-		dsn = pgdbtest.WithParams(t, dsn, "connect_timeout=1", "binary_parameters=yes")
-		h := pgdbtest.FaultHarness(t, "postgres", dsn, 0) // PgBouncer's connect_query sets the idle timeout
-		h.Bound, h.PartitionBound, h.Known = libpqBound, faultIdleTimeout+1500*time.Millisecond, libpqKnown
-		conformance.RunFaultsWarmAndCold(t, h)
-	})
+	// No fault suite here: a cancel request (lib/pq sends one for every
+	// cancelled call) whose client leaves early kills PgBouncer 1.18
+	// (Debian 12's: "bad client state: 0"). TestFaults runs it straight to
+	// the server.
 }
 
 // BenchmarkStore is the postgres package's BenchmarkDBStore on lib/pq: its
