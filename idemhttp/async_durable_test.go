@@ -130,7 +130,7 @@ func TestAsyncHeldUnstoredIsInProgress(t *testing.T) {
 		t.Fatal(err)
 	}
 	gate := make(chan struct{})
-	started := make(chan struct{})
+	started := make(chan struct{}, 1) // buffered: the step may start before the test waits for it
 	op := &idempotency.Operation[*memstore.Tx]{
 		Name: "ship",
 		Steps: []idempotency.Step[*memstore.Tx]{{Name: "label", Local: func(ctx context.Context, tx *memstore.Tx, _ *idempotency.State) error {
@@ -155,7 +155,11 @@ func TestAsyncHeldUnstoredIsInProgress(t *testing.T) {
 		_, err := gB.Run(ctx, idempotency.Key{Scope: "acct", ID: "k1"}, "whatever", nil, op)
 		bDone <- err
 	}()
-	<-started
+	select {
+	case <-started:
+	case <-ctx.Done():
+		t.Fatal("the other process's run never reached its first step")
+	}
 	t0 := time.Now()
 	first := asyncCall(t, ctx, "POST", srv.URL+"/ship", "acct", "k1", `{}`)
 	took := time.Since(t0)
