@@ -17,6 +17,7 @@ func FuzzText(f *testing.F) {
 	for _, s := range []string{
 		"postgres://u:S3cret@h/db", "mysql://root:p%40ss@h:3306/db", "root:p@ss:w/rd@tcp(h:3306)/db?x=1",
 		"redis://:S3cret@h:6379/0", "host=h password='a b c d' user=u", "u:S3cret@h:6379",
+		":\xd2@", "u:(.*@tcp(h)/db",
 	} {
 		f.Add(s, "error: ")
 	}

@@ -73,9 +73,33 @@ func maskSecret(s, v string) string {
 		return strings.ReplaceAll(s, v, Mask)
 	}
 	s = strings.ReplaceAll(s, ":"+v+"@", ":"+Mask+"@")
-	re := regexp.MustCompile(`(?i)(password\s*[=:]\s*['"]?)` + regexp.QuoteMeta(v) + `(['"\s&]|$)`)
-	return re.ReplaceAllString(s, "${1}"+Mask+"${2}")
+	// The secret is matched as bytes, never compiled into a pattern: a
+	// DSN's password may be any bytes, invalid UTF-8 included.
+	var b strings.Builder
+	last := 0
+	for _, m := range passwordLeadRE.FindAllStringIndex(s, -1) {
+		at := m[1]
+		if at < last || !strings.HasPrefix(s[at:], v) {
+			continue
+		}
+		end := at + len(v)
+		if end < len(s) && !strings.ContainsRune("'\"\t\n\v\f\r &", rune(s[end])) {
+			continue
+		}
+		b.WriteString(s[last:at])
+		b.WriteString(Mask)
+		last = end
+	}
+	if last == 0 {
+		return s
+	}
+	b.WriteString(s[last:])
+	return b.String()
 }
+
+// passwordLeadRE is what stands before a password in a message:
+// "password=", "password: ", optionally an opening quote.
+var passwordLeadRE = regexp.MustCompile(`(?i)password\s*[=:]\s*['"]?`)
 
 // variants are the forms a secret may take in a message: as written, URL
 // decoded, URL encoded, and each of those as %q writes it.

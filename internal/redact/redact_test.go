@@ -59,6 +59,14 @@ func TestText(t *testing.T) {
 	if got, want := Text("user pw: postgres://pw:pw@h/db, password=pw", short), "user pw: postgres://pw:xxxxx@h/db, password=xxxxx"; got != want {
 		t.Errorf("short secret: %q, want %q", got, want)
 	}
+	// A short secret may be any bytes, invalid UTF-8 included (found by
+	// FuzzParseDSN): it is matched as bytes and never panics.
+	if got, want := Text("password=\xd2 and :\xd2@", ":\xd2@"), "password=xxxxx and :xxxxx@"; got != want {
+		t.Errorf("invalid UTF-8 secret: %q, want %q", got, want)
+	}
+	if got, want := Text("PASSWORD: '(.*' x", "u:(.*@tcp(h)/db"), "PASSWORD: 'xxxxx' x"; got != want {
+		t.Errorf("secret with pattern bytes: %q, want %q", got, want)
+	}
 	if got := Text("no secret here", "./keys.db", ""); got != "no secret here" {
 		t.Errorf("no secret: %q", got)
 	}
