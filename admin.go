@@ -5,17 +5,16 @@ import (
 	"errors"
 	"fmt"
 	"time"
-)
 
-// MaxListLimit is the largest page [Guard.List] returns.
-const MaxListLimit = 1000
+	"github.com/go-idempotency/idempotency/backend"
+)
 
 // Inspect returns what the store holds for key: its state, fingerprint,
 // answer status and size, creation and expiry, and for an unfinished
 // operation the step it stopped at and its last failure. The body only
 // when body is true. A key with no record gives an error wrapping
 // [ErrNotFound]; an invalid key [ErrInvalidKey], before the store is
-// asked. The store must implement [KeyAdmin] (every store of this module
+// asked. The store must implement [backend.KeyAdmin] (every store of this module
 // does); others give an error wrapping [errors.ErrUnsupported].
 //
 // A record sealed by a [Codec] has Sealed set. With body, a sealed answer
@@ -33,7 +32,7 @@ func (g *Guard[Tx]) Inspect(ctx context.Context, key Key, body bool) (*KeyInfo, 
 	}
 	resp, err := g.open(ctx, key, true, info.Status, info.Header, info.Body)
 	if err != nil {
-		return nil, &KeyError{Key: key, Err: err}
+		return nil, &backend.KeyError{Key: key, Err: err}
 	}
 	info.Status, info.Header, info.Body = resp.Status, resp.Header, resp.Body
 	return info, nil
@@ -44,23 +43,23 @@ func (g *Guard[Tx]) inspect(ctx context.Context, key Key, body bool) (*KeyInfo, 
 	if err := key.Validate(); err != nil {
 		return nil, err
 	}
-	ka, ok := g.store.(KeyAdmin)
+	ka, ok := g.store.(backend.KeyAdmin)
 	if !ok {
-		return nil, unsupported(g.store, "KeyAdmin")
+		return nil, unsupported(g.store, "backend.KeyAdmin")
 	}
-	info, err := ka.Inspect(ctx, key, body)
+	binfo, err := ka.Inspect(ctx, key, body)
+	info := infoOf(binfo)
 	// A call of this Guard that runs with the key holds it, whatever the
 	// store can see of it yet; a completed record is final.
 	_, running := g.inFlight(key)
 	switch {
 	case errors.Is(err, ErrNotFound) && running:
-		return &KeyInfo{Key: key, State: KeyHeld}, nil
+		return &KeyInfo{Key: key, State: KeyInProgress}, nil
 	case err != nil:
-		return nil, &KeyError{Key: key, Err: err}
+		return nil, &backend.KeyError{Key: key, Err: err}
 	case running && (info.State == KeyUnfinished || info.State == KeyExpired):
-		info.State = KeyHeld
+		info.State = KeyInProgress
 	}
-	info.decode()
 	return info, nil
 }
 
@@ -71,14 +70,14 @@ func (g *Guard[Tx]) inspect(ctx context.Context, key Key, body bool) (*KeyInfo, 
 // store, or a live lease) is refused with [ErrInProgress] and nothing
 // changes; Forget never waits. It returns what it deleted (no body), and
 // tells the [Observer] an Event with Outcome [Forgotten]. The store must
-// implement [KeyAdmin].
+// implement [backend.KeyAdmin].
 func (g *Guard[Tx]) Forget(ctx context.Context, key Key) (*KeyInfo, error) {
 	if err := key.Validate(); err != nil {
 		return nil, err
 	}
-	ka, ok := g.store.(KeyAdmin)
+	ka, ok := g.store.(backend.KeyAdmin)
 	if !ok {
-		return nil, unsupported(g.store, "KeyAdmin")
+		return nil, unsupported(g.store, "backend.KeyAdmin")
 	}
 	start := time.Now()
 	var (
@@ -88,12 +87,12 @@ func (g *Guard[Tx]) Forget(ctx context.Context, key Key) (*KeyInfo, error) {
 	if _, held := g.inFlight(key); held {
 		err = fmt.Errorf("%w: a call of this Guard runs with the key", ErrInProgress)
 	} else {
-		info, err = ka.Forget(ctx, key)
+		var binfo *backend.KeyInfo
+		binfo, err = ka.Forget(ctx, key)
+		info = infoOf(binfo)
 	}
 	if err != nil {
-		err = &KeyError{Key: key, Err: err}
-	} else {
-		info.decode()
+		err = &backend.KeyError{Key: key, Err: err}
 	}
 	if g.cfg.Observer != nil {
 		ev := Event{Key: key, Outcome: Forgotten, Duration: time.Since(start), Err: err}
@@ -109,34 +108,36 @@ func (g *Guard[Tx]) Forget(ctx context.Context, key Key) (*KeyInfo, error) {
 
 // List returns one page of the keys of q.Scope, unfinished and held ones
 // first, then the others, each part in byte order of ID; bodies are not
-// read. q.Limit is 1 to [MaxListLimit]. The store must implement
-// [KeyLister] (the SQL stores do; Redis does not).
+// read. q.Limit is 1 to [backend.MaxListLimit]. The store must implement
+// [backend.KeyLister] (the SQL stores do; Redis does not).
 func (g *Guard[Tx]) List(ctx context.Context, q ListQuery) (KeyPage, error) {
-	if err := q.Validate(); err != nil {
+	if err := backend.ListQuery(q).Validate(); err != nil {
 		return KeyPage{}, err
 	}
-	kl, ok := g.store.(KeyLister)
+	kl, ok := g.store.(backend.KeyLister)
 	if !ok {
-		return KeyPage{}, unsupported(g.store, "KeyLister")
+		return KeyPage{}, unsupported(g.store, "backend.KeyLister")
 	}
-	page, err := kl.List(ctx, q)
+	bpage, err := kl.List(ctx, backend.ListQuery(q))
 	if err != nil {
 		return KeyPage{}, err
 	}
-	for i := range page.Keys {
-		page.Keys[i].decode()
+	page := KeyPage{Keys: make([]KeyInfo, len(bpage.Keys)), Next: bpage.Next}
+	for i := range bpage.Keys {
+		page.Keys[i] = *infoOf(&bpage.Keys[i])
 	}
 	return page, nil
 }
 
 // Stats counts the store's records by state. The store must implement
-// [KeyLister].
+// [backend.KeyLister].
 func (g *Guard[Tx]) Stats(ctx context.Context) (Stats, error) {
-	kl, ok := g.store.(KeyLister)
+	kl, ok := g.store.(backend.KeyLister)
 	if !ok {
-		return Stats{}, unsupported(g.store, "KeyLister")
+		return Stats{}, unsupported(g.store, "backend.KeyLister")
 	}
-	return kl.Stats(ctx)
+	st, err := kl.Stats(ctx)
+	return Stats(st), err
 }
 
 func unsupported(store any, what string) error {
@@ -151,25 +152,6 @@ func (g *Guard[Tx]) inFlight(key Key) (*call, bool) {
 	return c, ok
 }
 
-// decode fills the fields of info decoded from its progress.
-func (info *KeyInfo) decode() {
-	if info.Sealed = isSealed(info.Header); info.Sealed {
-		info.Header = unsealedHeader(info.Header)
-	}
-	if info.Progress == nil {
-		return
-	}
-	p, err := decodeProgress(info.Progress)
-	info.Sealed = info.Sealed || err == nil && p.sealed != nil
-	if err != nil {
-		info.Failure = err.Error()
-		return
-	}
-	info.Operation, info.Step, info.Failure = p.Op, p.Step, p.Failure
-	if info.Step == "" {
-		info.Step = "Finish"
-	}
-}
 
 // Answer returns the answer stored for key, opened by [Config.Codec], as a
 // replay, without running anything and without a fingerprint: for a status
@@ -178,23 +160,23 @@ func (info *KeyInfo) decode() {
 // error wrapping [ErrInProgress]; a key with no live record (absent,
 // expired) an error wrapping [ErrNotFound]. Only a caller entitled to the
 // key's scope may be given its answer. The store must implement
-// [KeyAdmin].
+// [backend.KeyAdmin].
 func (g *Guard[Tx]) Answer(ctx context.Context, key Key) (Response, *KeyInfo, error) {
 	info, err := g.inspect(ctx, key, true)
 	if err != nil {
 		return Response{}, nil, err
 	}
 	switch info.State {
-	case KeyHeld, KeyUnfinished:
-		return Response{}, info, &KeyError{Key: key, Err: fmt.Errorf("%w: the key is %s", ErrInProgress, info.State)}
+	case KeyInProgress, KeyUnfinished:
+		return Response{}, info, &backend.KeyError{Key: key, Err: fmt.Errorf("%w: the key is %s", ErrInProgress, info.State)}
 	case KeyCompleted:
 	default:
-		return Response{}, nil, &KeyError{Key: key, Err: fmt.Errorf("%w: the key is %s", ErrNotFound, info.State)}
+		return Response{}, nil, &backend.KeyError{Key: key, Err: fmt.Errorf("%w: the key is %s", ErrNotFound, info.State)}
 	}
 	resp, err := g.open(ctx, key, info.Sealed, info.Status, info.Header, info.Body)
 	info.Body = nil
 	if err != nil {
-		return Response{}, info, &KeyError{Key: key, Err: err}
+		return Response{}, info, &backend.KeyError{Key: key, Err: err}
 	}
 	resp.Replayed, resp.ExpiresAt = true, info.ExpiresAt
 	return resp, info, nil

@@ -4,11 +4,13 @@ import (
 	"crypto/sha256"
 	"crypto/x509"
 	"encoding/hex"
+
+	"github.com/go-idempotency/idempotency/backend"
 )
 
 // CertScope is the key scope that a verified client certificate names:
 // its first URI SAN, else its subject's distinguished name. A name longer
-// than [MaxScopeLen] is replaced by "sha256:" and its hex SHA-256. The HTTP
+// than [backend.MaxScopeLen] is replaced by "sha256:" and its hex SHA-256. The HTTP
 // and gRPC integrations scope keys by it; the caller must have verified
 // the certificate's chain.
 func CertScope(leaf *x509.Certificate) string {
@@ -16,7 +18,7 @@ func CertScope(leaf *x509.Certificate) string {
 	if len(leaf.URIs) > 0 {
 		id = leaf.URIs[0].String()
 	}
-	if len(id) > MaxScopeLen {
+	if len(id) > backend.MaxScopeLen {
 		sum := sha256.Sum256([]byte(id))
 		id = "sha256:" + hex.EncodeToString(sum[:])
 	}

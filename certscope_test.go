@@ -8,6 +8,7 @@ import (
 	"testing"
 
 	"github.com/go-idempotency/idempotency"
+	"github.com/go-idempotency/idempotency/backend"
 )
 
 // TestCertScope: the first URI SAN, else the subject; a name longer than
@@ -15,7 +16,7 @@ import (
 func TestCertScope(t *testing.T) {
 	subject := pkix.Name{CommonName: "alice", Organization: []string{"Acme"}}
 	spiffe, _ := url.Parse("spiffe://acme/billing")
-	long, _ := url.Parse("spiffe://acme/" + strings.Repeat("x", idempotency.MaxScopeLen))
+	long, _ := url.Parse("spiffe://acme/" + strings.Repeat("x", backend.MaxScopeLen))
 	for _, c := range []struct {
 		name string
 		cert *x509.Certificate

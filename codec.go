@@ -5,6 +5,8 @@ import (
 	"errors"
 	"fmt"
 	"net/http"
+
+	"github.com/go-idempotency/idempotency/backend"
 )
 
 // ErrCodec: the [Config.Codec] could not seal an answer before it was
@@ -109,7 +111,7 @@ func (g *Guard[Tx]) seal(ctx context.Context, key Key, resp Response) (Response,
 }
 
 // replay returns the answer rec holds, opened by the codec, as a replay.
-func (g *Guard[Tx]) replay(ctx context.Context, key Key, rec *Record) (Response, error) {
+func (g *Guard[Tx]) replay(ctx context.Context, key Key, rec *backend.Record) (Response, error) {
 	out, err := g.open(ctx, key, isSealed(rec.Header), rec.Status, rec.Header, rec.Body)
 	if err != nil {
 		return Response{}, err

@@ -5,6 +5,8 @@ import (
 	"errors"
 	"fmt"
 	"time"
+
+	"github.com/go-idempotency/idempotency/backend"
 )
 
 // CompleterConfig tunes a [Completer]. The zero value (or nil) means the
@@ -41,7 +43,7 @@ const (
 // are safe but redundant), or call [Completer.Once] from a command.
 type Completer[Tx any] struct {
 	g   *Guard[Tx]
-	ss  Stepper[Tx]
+	ss  backend.Stepper[Tx]
 	cfg CompleterConfig
 	ops map[string]*Operation[Tx]
 }
@@ -65,15 +67,15 @@ type CompleterReport struct {
 }
 
 // NewCompleter returns a Completer of g's key store for ops, which must
-// have distinct names. The store must implement [Stepper]; others give an
+// have distinct names. The store must implement [backend.Stepper]; others give an
 // error wrapping [errors.ErrUnsupported].
 func NewCompleter[Tx any](g *Guard[Tx], cfg *CompleterConfig, ops ...*Operation[Tx]) (*Completer[Tx], error) {
 	if g == nil {
 		return nil, fmt.Errorf("%w: nil Guard", ErrInvalidConfig)
 	}
-	ss, ok := g.store.(Stepper[Tx])
+	ss, ok := g.store.(backend.Stepper[Tx])
 	if !ok {
-		return nil, fmt.Errorf("idempotency: the store %T does not run operations (no Stepper): %w", g.store, errors.ErrUnsupported)
+		return nil, fmt.Errorf("idempotency: the store %T does not run operations (no backend.Stepper): %w", g.store, errors.ErrUnsupported)
 	}
 	var c CompleterConfig
 	if cfg != nil {
@@ -143,7 +145,7 @@ func (c *Completer[Tx]) Run(ctx context.Context) error {
 // newer version, stopped at a step that no longer exists) are skipped and
 // stay where they are, oldest first. So that they do not fill every pass,
 // a pass that skipped some lists again, further, until it resumed Batch
-// keys or listed 1000 at once (the most [AbandonedQuery] allows): only
+// keys or listed 1000 at once (the most [backend.AbandonedQuery] allows): only
 // that many keys it cannot resume, older than all the others, hold it up.
 func (c *Completer[Tx]) Once(ctx context.Context) (CompleterReport, error) {
 	start := time.Now()
@@ -152,7 +154,7 @@ func (c *Completer[Tx]) Once(ctx context.Context) (CompleterReport, error) {
 	seen := map[Key]bool{}
 	resumed := 0
 	for limit := c.cfg.Batch; ; {
-		keys, err := c.ss.Abandoned(ctx, AbandonedQuery{Grace: c.cfg.Grace, MaxTries: c.cfg.MaxTries, Limit: limit})
+		keys, err := c.ss.Abandoned(ctx, backend.AbandonedQuery{Grace: c.cfg.Grace, MaxTries: c.cfg.MaxTries, Limit: limit})
 		if err != nil {
 			return rep, fmt.Errorf("idempotency: completer: list abandoned keys: %w", err)
 		}
@@ -173,17 +175,17 @@ func (c *Completer[Tx]) Once(ctx context.Context) (CompleterReport, error) {
 				}
 			}
 		}
-		if fresh == 0 || len(keys) < limit || limit == maxAbandoned {
+		if fresh == 0 || len(keys) < limit || limit == backend.MaxAbandoned {
 			return rep, nil
 		}
-		limit = min(maxAbandoned, len(seen)+c.cfg.Batch-resumed)
+		limit = min(backend.MaxAbandoned, len(seen)+c.cfg.Batch-resumed)
 	}
 }
 
 // resume drives one abandoned key, counts what came of it, and reports
 // whether a run reached the key's steps (finished, failed again, or found
 // it finished).
-func (c *Completer[Tx]) resume(ctx context.Context, k AbandonedKey, rep *CompleterReport) bool {
+func (c *Completer[Tx]) resume(ctx context.Context, k backend.AbandonedKey, rep *CompleterReport) bool {
 	p, err := decodeProgress(k.Progress)
 	op := c.ops[p.Op]
 	if err != nil || op == nil {

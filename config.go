@@ -4,22 +4,8 @@ import (
 	"context"
 	"fmt"
 	"log/slog"
-	"math"
 	"time"
 )
-
-// MaxExpiry is the latest expiry a record can have: the latest instant a
-// signed 64-bit count of Unix nanoseconds can hold (2262-04-11). The store's
-// clock plus the TTL is clamped to it, so a TTL such as math.MaxInt64 means
-// "never expire" on every store. A clock reading at or after it is refused
-// with [ErrInvalidConfig].
-func MaxExpiry() time.Time { return time.Unix(0, math.MaxInt64).UTC() }
-
-// MinClock is the earliest clock reading a store accepts (1677-09-21,
-// the earliest instant of a signed 64-bit count of Unix nanoseconds); an
-// earlier reading is refused with [ErrInvalidConfig]. Only a store's test
-// clock can be out of range; see [CheckClock].
-func MinClock() time.Time { return time.Unix(0, math.MinInt64).UTC() }
 
 // Outcome says how a guarded operation ended: a call of [Guard.Do] (see
 // [Event]) or a request an integration such as idemhttp answered.
@@ -132,7 +118,7 @@ type Event struct {
 	Key      Key
 	Outcome  Outcome
 	Duration time.Duration
-	// Attempts counts reservations tried, retries of [ErrConflict] included.
+	// Attempts counts reservations tried, retries of [backend.ErrConflict] included.
 	Attempts int
 	// TTL is the lifetime the Guard that handled the call gives the
 	// answers it completes ([Config.TTL], or [Guard.WithTTL]'s): a label
@@ -215,7 +201,7 @@ type Config struct {
 	// TTL is how long a completed key is remembered, counted by the store's
 	// clock from the moment its answer was committed (however long fn
 	// ran). After it the key counts as new. The application's clock never
-	// judges expiry (see [KeyStore]). Expiries are clamped to [MaxExpiry], so
+	// judges expiry (see [KeyStore]). Expiries are clamped to [backend.MaxExpiry], so
 	// math.MaxInt64 means "never". Defaults to 24h.
 	TTL time.Duration
 	// WaitTimeout bounds how long Do waits for another caller holding the
@@ -224,13 +210,13 @@ type Config struct {
 	//
 	// It bounds the whole call until fn runs, whatever the store reports
 	// on the way. That covers every reservation attempt, the retries of
-	// [ErrConflict] and their backoff, and the waits of a store for a lock.
+	// [backend.ErrConflict] and their backoff, and the waits of a store for a lock.
 	// (SQLite's one writer may be held by this process's callers of other
 	// keys or by another process.) When it runs out, a key held gives
 	// [ErrInProgress]. So does a key the store cannot tell from held
 	// (SQLite's write lock taken by another process). A store still failing
 	// with conflicts, on a key nobody is known to hold, gives [ErrStore]
-	// with [ErrConflict]. The time fn runs is not counted: see [Guard.Do].
+	// with [backend.ErrConflict]. The time fn runs is not counted: see [Guard.Do].
 	//
 	// A negative WaitTimeout means "do not wait". Do then returns
 	// ErrInProgress at once instead of waiting for a caller that is running
@@ -248,7 +234,7 @@ type Config struct {
 	// they wait in memory for the one that is in the store. Keep it well
 	// under the pool size. Defaults to 2; a negative value means no bound.
 	MaxWaiters int
-	// MaxRetries bounds how many times a [ErrConflict] is retried within one
+	// MaxRetries bounds how many times a [backend.ErrConflict] is retried within one
 	// Do (until fn runs, within WaitTimeout too). Defaults to 10; a
 	// negative value means no retries.
 	MaxRetries int

@@ -9,23 +9,25 @@ import (
 	"sync"
 	"testing"
 	"time"
+
+	"github.com/go-idempotency/idempotency/backend"
 )
 
 // fakeStore is a KeyStore that records what the core asks of it. Reserve
 // hands out a reservation unless rec or err is set.
 type fakeStore struct {
 	mu        sync.Mutex
-	reserved  []Reservation
+	reserved  []backend.Reservation
 	completed int // calls of Complete
 	rolled    int
-	rec       *Record
+	rec       *backend.Record
 	err       error
 	purge     func(limit int) (int, error)
 }
 
 type fakeTxn struct{ s *fakeStore }
 
-func (s *fakeStore) Reserve(_ context.Context, r Reservation) (Txn[int], *Record, error) {
+func (s *fakeStore) Reserve(_ context.Context, r backend.Reservation) (backend.Txn[int], *backend.Record, error) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	s.reserved = append(s.reserved, r)
@@ -115,23 +117,23 @@ func TestNewRefusesOutOfRange(t *testing.T) {
 
 func TestExpiryClamp(t *testing.T) {
 	now := time.Date(2026, 12, 1, 0, 0, 0, 0, time.UTC)
-	room := MaxExpiry().Sub(now)
+	room := backend.MaxExpiry().Sub(now)
 	for _, c := range []struct {
 		ttl  time.Duration
 		want time.Time
 	}{
 		{time.Hour, now.Add(time.Hour)},
-		{room - 1, MaxExpiry().Add(-1)},
-		{room, MaxExpiry()},
-		{room + 1, MaxExpiry()},
-		{math.MaxInt64, MaxExpiry()},
+		{room - 1, backend.MaxExpiry().Add(-1)},
+		{room, backend.MaxExpiry()},
+		{room + 1, backend.MaxExpiry()},
+		{math.MaxInt64, backend.MaxExpiry()},
 	} {
-		if got := Expiry(now, c.ttl); !got.Equal(c.want) {
-			t.Errorf("Expiry(now, %v) = %v, want %v", c.ttl, got, c.want)
+		if got := backend.Expiry(now, c.ttl); !got.Equal(c.want) {
+			t.Errorf("backend.Expiry(now, %v) = %v, want %v", c.ttl, got, c.want)
 		}
 	}
-	if !MaxExpiry().Equal(time.Unix(0, math.MaxInt64)) || !MinClock().Equal(time.Unix(0, math.MinInt64)) {
-		t.Fatal("MaxExpiry/MinClock moved")
+	if !backend.MaxExpiry().Equal(time.Unix(0, math.MaxInt64)) || !backend.MinClock().Equal(time.Unix(0, math.MinInt64)) {
+		t.Fatal("backend.MaxExpiry/backend.MinClock moved")
 	}
 }
 
@@ -176,14 +178,14 @@ func TestClockRange(t *testing.T) {
 		now   time.Time
 		valid bool
 	}{
-		{MinClock(), true},
-		{MinClock().Add(-1), false},
-		{MaxExpiry().Add(-1), true},
-		{MaxExpiry(), false},
+		{backend.MinClock(), true},
+		{backend.MinClock().Add(-1), false},
+		{backend.MaxExpiry().Add(-1), true},
+		{backend.MaxExpiry(), false},
 	} {
-		err := CheckClock(c.now)
+		err := backend.CheckClock(c.now)
 		if c.valid != (err == nil) || (!c.valid && !errors.Is(err, ErrInvalidConfig)) {
-			t.Errorf("CheckClock(%v) = %v; want valid=%v", c.now, err, c.valid)
+			t.Errorf("backend.CheckClock(%v) = %v; want valid=%v", c.now, err, c.valid)
 		}
 	}
 	now := time.Date(2026, 12, 1, 0, 0, 0, 0, time.UTC)
@@ -193,13 +195,13 @@ func TestClockRange(t *testing.T) {
 		want time.Time
 	}{
 		{now, time.Hour, now.Add(time.Hour)},
-		{now, math.MaxInt64, MaxExpiry()},
-		{MaxExpiry().Add(-time.Second), time.Hour, MaxExpiry()},
-		{MinClock(), math.MaxInt64, MinClock().Add(math.MaxInt64)},
+		{now, math.MaxInt64, backend.MaxExpiry()},
+		{backend.MaxExpiry().Add(-time.Second), time.Hour, backend.MaxExpiry()},
+		{backend.MinClock(), math.MaxInt64, backend.MinClock().Add(math.MaxInt64)},
 		{now, -1, now},
 	} {
-		if got := Expiry(c.now, c.ttl); !got.Equal(c.want) {
-			t.Errorf("Expiry(%v, %v) = %v, want %v", c.now, c.ttl, got, c.want)
+		if got := backend.Expiry(c.now, c.ttl); !got.Equal(c.want) {
+			t.Errorf("backend.Expiry(%v, %v) = %v, want %v", c.now, c.ttl, got, c.want)
 		}
 	}
 }
@@ -221,13 +223,13 @@ func TestReservationFields(t *testing.T) {
 		t.Fatalf("reservation's Deadline %v: want within WaitTimeout (%v) from now", r.Deadline, g.cfg.WaitTimeout)
 	}
 	r.Deadline = time.Time{} // a monotonic reading, checked above
-	if want := (Reservation{Key: Key{Scope: "s", ID: "k"}, Fingerprint: "fp", TTL: time.Hour, NoWait: true}); r != want || s.completed != 1 {
+	if want := (backend.Reservation{Key: Key{Scope: "s", ID: "k"}, Fingerprint: "fp", TTL: time.Hour, NoWait: true}); r != want || s.completed != 1 {
 		t.Fatalf("reservation %+v, %d completions; want %+v, 1", r, s.completed, want)
 	}
 }
 
 func TestReplayFromStore(t *testing.T) {
-	rec := &Record{Key: Key{ID: "k"}, Fingerprint: "fp", Status: 202, Header: http.Header{"A": {"b"}}, Body: []byte("x")}
+	rec := &backend.Record{Key: Key{ID: "k"}, Fingerprint: "fp", Status: 202, Header: http.Header{"A": {"b"}}, Body: []byte("x")}
 	g := mustNew(t, &fakeStore{rec: rec}, nil)
 	ran := false
 	resp, err := g.Do(context.Background(), Key{ID: "k"}, "fp", func(int) (Response, error) { ran = true; return Response{}, nil })
@@ -264,7 +266,7 @@ func TestPurgeRetriesConflicts(t *testing.T) {
 		case 1:
 			return limit, nil
 		case 2, 3:
-			return 0, fmt.Errorf("%w: busy", ErrConflict)
+			return 0, fmt.Errorf("%w: busy", backend.ErrConflict)
 		}
 		return 1, nil
 	}}
@@ -274,10 +276,10 @@ func TestPurgeRetriesConflicts(t *testing.T) {
 		t.Fatalf("Purge = %d, %v after %d batches; want 11, nil after 4", n, err, calls)
 	}
 	calls = 0
-	s.purge = func(int) (int, error) { calls++; return 0, fmt.Errorf("%w: busy", ErrConflict) }
+	s.purge = func(int) (int, error) { calls++; return 0, fmt.Errorf("%w: busy", backend.ErrConflict) }
 	g = mustNew(t, s, &Config{MaxRetries: 2, RetryBackoff: time.Microsecond})
-	if _, err := g.Purge(context.Background()); !errors.Is(err, ErrConflict) || calls != 3 {
-		t.Fatalf("Purge = %v after %d batches; want ErrConflict after 3", err, calls)
+	if _, err := g.Purge(context.Background()); !errors.Is(err, backend.ErrConflict) || calls != 3 {
+		t.Fatalf("Purge = %v after %d batches; want backend.ErrConflict after 3", err, calls)
 	}
 }
 
@@ -346,7 +348,7 @@ type heldOnce struct {
 	waits []time.Duration
 }
 
-func (h *heldOnce) Reserve(ctx context.Context, r Reservation) (Txn[int], *Record, error) {
+func (h *heldOnce) Reserve(ctx context.Context, r backend.Reservation) (backend.Txn[int], *backend.Record, error) {
 	h.mu.Lock()
 	h.waits = append(h.waits, r.Wait)
 	n := len(h.waits)
@@ -354,7 +356,7 @@ func (h *heldOnce) Reserve(ctx context.Context, r Reservation) (Txn[int], *Recor
 	if n == 1 {
 		return nil, nil, fmt.Errorf("%w: held", ErrInProgress)
 	}
-	return nil, &Record{Key: r.Key, Fingerprint: r.Fingerprint, Status: 201, Body: []byte("theirs")}, nil
+	return nil, &backend.Record{Key: r.Key, Fingerprint: r.Fingerprint, Status: 201, Body: []byte("theirs")}, nil
 }
 
 // TestWaitsInStoreWhenHeldElsewhere: a key held elsewhere is asked for
@@ -408,7 +410,7 @@ var errFnConflict = errors.New("fn met a deadlock")
 
 func (s *slowConflicts) IsConflict(err error) bool { return errors.Is(err, errFnConflict) }
 
-func (s *slowConflicts) Reserve(ctx context.Context, r Reservation) (Txn[int], *Record, error) {
+func (s *slowConflicts) Reserve(ctx context.Context, r backend.Reservation) (backend.Txn[int], *backend.Record, error) {
 	s.mu.Lock()
 	s.deadlines = append(s.deadlines, r.Deadline)
 	n := len(s.deadlines)
@@ -422,7 +424,7 @@ func (s *slowConflicts) Reserve(ctx context.Context, r Reservation) (Txn[int], *
 	if s.heldAt && !time.Now().Before(r.Deadline) {
 		return nil, nil, fmt.Errorf("%w: the lock (maybe the key's) stayed taken", ErrInProgress)
 	}
-	return nil, nil, fmt.Errorf("%w: lock wait timeout", ErrConflict)
+	return nil, nil, fmt.Errorf("%w: lock wait timeout", backend.ErrConflict)
 }
 
 // TestWaitTimeoutBoundsConflicts: WaitTimeout bounds the whole call, the
@@ -445,8 +447,8 @@ func TestWaitTimeoutBoundsConflicts(t *testing.T) {
 			t.Errorf("held %v: Do took %v (%d attempts); want %v..%v", held, took, attempts, bound, bound+each+300*time.Millisecond)
 		case held && (!errors.Is(err, ErrInProgress) || errors.Is(err, ErrStore)):
 			t.Errorf("held at the bound: %v; want ErrInProgress, not ErrStore", err)
-		case !held && (!errors.Is(err, ErrStore) || !errors.Is(err, ErrConflict) || errors.Is(err, ErrInProgress)):
-			t.Errorf("conflicts to the bound: %v; want ErrStore with ErrConflict", err)
+		case !held && (!errors.Is(err, ErrStore) || !errors.Is(err, backend.ErrConflict) || errors.Is(err, ErrInProgress)):
+			t.Errorf("conflicts to the bound: %v; want ErrStore with backend.ErrConflict", err)
 		case attempts < 3:
 			t.Errorf("held %v: %d attempts; want the conflicts retried until the bound", held, attempts)
 		}

@@ -6,6 +6,8 @@ import (
 	"sync"
 	"testing"
 	"time"
+
+	"github.com/go-idempotency/idempotency/backend"
 )
 
 // mayBeHeldStore reports, on every first try (Wait == 0), a conflict that
@@ -19,13 +21,13 @@ type mayBeHeldStore struct {
 	readyAt int
 }
 
-func (s *mayBeHeldStore) Reserve(ctx context.Context, r Reservation) (Txn[int], *Record, error) {
+func (s *mayBeHeldStore) Reserve(ctx context.Context, r backend.Reservation) (backend.Txn[int], *backend.Record, error) {
 	s.mu.Lock()
 	s.tries = append(s.tries, r.Wait)
 	ready := s.readyAt > 0 && len(s.tries) >= s.readyAt
 	s.mu.Unlock()
 	if r.Wait == 0 && !ready {
-		return nil, nil, fmt.Errorf("%w: may be held: %w", ErrInProgress, fmt.Errorf("%w: 1213", ErrConflict))
+		return nil, nil, fmt.Errorf("%w: may be held: %w", ErrInProgress, fmt.Errorf("%w: 1213", backend.ErrConflict))
 	}
 	return fakeTxn{&s.fakeStore}, nil, nil
 }

@@ -14,6 +14,7 @@ import (
 	"testing"
 
 	"github.com/go-idempotency/idempotency"
+	"github.com/go-idempotency/idempotency/backend"
 )
 
 // referenceDerive spells out the encoding documented on Key.Derive, byte by
@@ -146,8 +147,8 @@ func TestDeriveShapeAndUniqueness(t *testing.T) {
 		k := idempotency.Key{Scope: randString(8), ID: randString(300)}
 		purpose := []string{randString(4), strconv.Itoa(i)}
 		got := k.Derive(purpose...)
-		if len(got) != idempotency.DerivedKeyLen {
-			t.Fatalf("len(%q) = %d, want %d", got, len(got), idempotency.DerivedKeyLen)
+		if len(got) != backend.DerivedKeyLen {
+			t.Fatalf("len(%q) = %d, want %d", got, len(got), backend.DerivedKeyLen)
 		}
 		for j := 0; j < len(got); j++ {
 			if c := got[j]; !(c >= 'a' && c <= 'z' || c >= '2' && c <= '7') {

@@ -464,8 +464,8 @@ func TestCodecRun(t *testing.T) {
 	if err != nil || string(info.Body) != "diap" || info.Header.Get("Sealed-For") != "op" || info.Header[":sealed"] == nil {
 		t.Fatalf("stored %+v (%v), want the sealed body %q, marked sealed", info, err, "diap")
 	}
-	if info, err = g.Inspect(ctx, key, true); err != nil || string(info.Body) != "paid" || !info.Sealed || len(info.Header) != 0 {
-		t.Fatalf("Guard.Inspect: %+v (%v), want the opened answer", info, err)
+	if ginfo, err := g.Inspect(ctx, key, true); err != nil || string(ginfo.Body) != "paid" || !ginfo.Sealed || len(ginfo.Header) != 0 {
+		t.Fatalf("Guard.Inspect: %+v (%v), want the opened answer", ginfo, err)
 	}
 	again, err := g.Run(ctx, key, "fp", nil, op)
 	if err != nil || !again.Replayed || string(again.Body) != "paid" || s.Count("run") != 1 {

@@ -17,20 +17,16 @@ import (
 	"errors"
 	"fmt"
 	"math/rand/v2"
-	"net/http"
 	"time"
+
+	"github.com/go-idempotency/idempotency/backend"
 )
 
 // Errors returned by [Guard.Do]; match them with errors.Is.
 var (
-	// ErrInvalidKey: the key's id or scope is outside its allowed space. The
-	// store was not touched. (HTTP 400.)
-	ErrInvalidKey = errors.New("idempotency: invalid key")
 	// ErrInvalidFingerprint: the fingerprint is empty, too long or not
 	// printable ASCII. The store was not touched.
 	ErrInvalidFingerprint = errors.New("idempotency: invalid fingerprint")
-	// ErrInvalidConfig: a [Config] field is out of range. Returned by [New].
-	ErrInvalidConfig = errors.New("idempotency: invalid config")
 	// ErrInvalidResponse: fn returned a Response that cannot be stored
 	// (status outside 100..599, or a nil fn). The transaction was rolled
 	// back and the key left free.
@@ -38,19 +34,6 @@ var (
 	// ErrMismatch: the key was completed by a request with another
 	// fingerprint. fn was not called. (HTTP 422.)
 	ErrMismatch = errors.New("idempotency: key reused with a different request")
-	// ErrInProgress: another caller holds the key and the wait bound
-	// ([Config.WaitTimeout]) ran out before it finished, at once when it is
-	// negative. fn was not called. (HTTP 409.)
-	ErrInProgress = errors.New("idempotency: request with this key is in progress")
-	// ErrConflict: a retryable store conflict (serialization failure,
-	// deadlock, lock wait timeout, busy database). Stores wrap such errors
-	// with it; Do retries them and returns one only when its retries are
-	// exhausted.
-	ErrConflict = errors.New("idempotency: retryable store conflict")
-	// ErrLeaseLost: the caller's reservation expired and was taken over
-	// before it completed (stores with leases, such as Redis). Nothing the
-	// caller queued on its transaction was applied.
-	ErrLeaseLost = errors.New("idempotency: reservation lease lost")
 	// ErrInvalidJSON: [FingerprintJSON] was given bytes that are not one
 	// valid JSON value.
 	ErrInvalidJSON = errors.New("idempotency: invalid JSON")
@@ -62,56 +45,15 @@ var (
 	// safe: it replays the committed answer or runs fn once. (HTTP 503.)
 	ErrStore = errors.New("idempotency: store failed; retrying with the same key is safe")
 	// ErrTooLarge: an [Operation]'s input and step data ([State]) would
-	// take more than [MaxProgressLen] bytes. Checked before anything is
+	// take more than [backend.MaxProgressLen] bytes. Checked before anything is
 	// written for the input; a step that sets too much fails, rolled back.
 	ErrTooLarge = errors.New("idempotency: operation input and step data too large")
-	// ErrNotFound: the store holds no record for the key ([Guard.Inspect],
-	// [Guard.Forget]).
-	ErrNotFound = errors.New("idempotency: no record for this key")
 	// ErrUnfinished: a run of an [Operation] failed between two steps with
 	// an error that is not [Stop]. Every step before it is committed; the
 	// key is unfinished, and a retry with the same key (or the
 	// [Completer]) resumes it at the step that failed. (HTTP 503.)
 	ErrUnfinished = errors.New("idempotency: operation unfinished; retrying with the same key resumes it")
 )
-
-// Response is what an operation answered: stored with the key when the
-// operation commits, and replayed byte-exact to every later caller with the
-// same key and fingerprint.
-type Response struct {
-	// Status is an HTTP-style status code, 100 to 599.
-	Status int
-	// Header holds response headers to replay; it may be nil.
-	Header http.Header
-	// Body is stored and replayed byte-exact; it may be nil or binary.
-	Body []byte
-	// Replayed is false when this call ran fn, true when the response was
-	// read back from the store.
-	Replayed bool
-	// TTL and ExpiresAt say how long the key keeps this answer. They are
-	// set by [Guard.Do] on the answers it returns, never stored and never
-	// compared: the stored answer is Status, Header and Body, and what fn
-	// puts in these two fields is ignored.
-	//
-	// TTL is the lifetime the answer's record was completed with: the
-	// Guard's ([Config.TTL] or [Guard.WithTTL]) when this call ran fn, or
-	// the leading call's when the answer was handed in memory by the call
-	// of the same key that ran fn. Stores do not keep the TTL: for a replay
-	// read from the store it is the TTL of the Guard that read it, and the
-	// record may have been completed by a view with another; ExpiresAt is
-	// then the one to trust.
-	TTL time.Duration
-	// ExpiresAt is when the key stops answering this response. For a
-	// replay read from the store it is the record's expiry, exact, by the
-	// store's clock ([Record].ExpiresAt). For an executed call (and an
-	// answer handed in memory by one) it is an estimate: the application's
-	// clock read just before [Txn.Complete], plus the TTL, rounded down to
-	// the millisecond and clamped as [Expiry] clamps. When the
-	// application's and the store's clocks agree it is no later than the
-	// store's expiry, so a client that stops retrying by it never retries
-	// after the key expired. Zero when unknown.
-	ExpiresAt time.Time
-}
 
 // Guard runs operations under idempotency keys on a [KeyStore]. It is safe
 // for concurrent use; build it with [New].
@@ -143,14 +85,14 @@ type Guard[Tx any] struct {
 //     its answer; see [Config.MaxWaiters] for waits inside the store.
 //  5. A completed key is remembered for [Config.TTL] after it completed,
 //     by the store's clock; then it counts as new.
-//  6. Store conflicts ([ErrConflict]) are retried with a short backoff, up
+//  6. Store conflicts ([backend.ErrConflict]) are retried with a short backoff, up
 //     to [Config.MaxRetries] times and, while fn has not run, within
 //     [Config.WaitTimeout]: the wait bound covers the whole call, every
 //     attempt, retry and backoff included, whatever the store reports on
 //     the way. A key the store reports held (or possibly held: SQLite's one
 //     write lock taken by another process) when the bound runs out gives
 //     [ErrInProgress]; conflicts still failing at the bound, on a key the
-//     store does not report held, give [ErrStore] with [ErrConflict]. Once
+//     store does not report held, give [ErrStore] with [backend.ErrConflict]. Once
 //     fn has run, its conflicts (and its commit's) are retried up to
 //     MaxRetries whatever the bound, since fn's time is not waiting; the
 //     reservation of such a retry waits for nothing past the bound.
@@ -224,7 +166,7 @@ func (g *Guard[Tx]) do(ctx context.Context, key Key, fingerprint string, fn func
 			err = fmt.Errorf("%w (%w)", err, cerr)
 		}
 		if err != nil && !own {
-			err = &KeyError{Key: key, Err: err}
+			err = &backend.KeyError{Key: key, Err: err}
 		}
 	}()
 	deadline := time.Now().Add(g.cfg.WaitTimeout)
@@ -256,7 +198,7 @@ func (g *Guard[Tx]) lead(ctx context.Context, c *call, key Key, fp string, deadl
 	}()
 	for attempts = 1; ; attempts++ {
 		resp, err = g.attempt(ctx, c, key, fp, deadline, fn, tr)
-		if err == nil || !errors.Is(err, ErrConflict) || attempts > g.cfg.MaxRetries {
+		if err == nil || !errors.Is(err, backend.ErrConflict) || attempts > g.cfg.MaxRetries {
 			break
 		}
 		pause := backoff(g.cfg.RetryBackoff, attempts)
@@ -291,7 +233,7 @@ func storeError(ctx context.Context, err error) (_ error, own bool) {
 	switch {
 	case errors.Is(err, ErrStore):
 		return err, false
-	case errors.Is(err, ErrConflict): // retries exhausted
+	case errors.Is(err, backend.ErrConflict): // retries exhausted
 		return fmt.Errorf("%w: %w", ErrStore, err), false
 	case errors.As(err, &fe):
 		return fe.err, true
@@ -337,7 +279,7 @@ func (g *Guard[Tx]) attempt(ctx context.Context, c *call, key Key, fp string, de
 		return Response{}, err
 	}
 	tr.afterFn = false
-	r := Reservation{Key: key, Fingerprint: fp, TTL: g.cfg.TTL, NoWait: g.noWait, Deadline: deadline}
+	r := backend.Reservation{Key: key, Fingerprint: fp, TTL: g.cfg.TTL, NoWait: g.noWait, Deadline: deadline}
 	reserveStart := time.Now()
 	txn, rec, err := g.store.Reserve(ctx, r)
 	if errors.Is(err, ErrInProgress) { // it may have waited for a lock
@@ -345,7 +287,7 @@ func (g *Guard[Tx]) attempt(ctx context.Context, c *call, key Key, fp string, de
 	}
 	if wait := time.Until(deadline); errors.Is(err, ErrInProgress) && !g.noWait && wait > 0 {
 		if !g.takeWaiter() {
-			if errors.Is(err, ErrConflict) {
+			if errors.Is(err, backend.ErrConflict) {
 				// A conflict that may be the key's (the store reports
 				// both): with no waiter slot, retried as a conflict.
 				return Response{}, err
@@ -376,12 +318,12 @@ func (g *Guard[Tx]) attempt(ctx context.Context, c *call, key Key, fp string, de
 	c.running()
 	resp, err := g.run(ctx, txn, key, fn, tr)
 	var fe fnError
-	if errors.As(err, &fe) && !errors.Is(err, ErrConflict) {
+	if errors.As(err, &fe) && !errors.Is(err, backend.ErrConflict) {
 		// Only fn's own error is classified: a conflict met by fn's
 		// statements is retried (the rollback discarded the attempt),
 		// whatever the rollback itself reported.
-		if cc, ok := g.store.(ConflictClassifier); ok && cc.IsConflict(fe.fn) {
-			err = fmt.Errorf("%w: %w", ErrConflict, fe.err)
+		if cc, ok := g.store.(backend.ConflictClassifier); ok && cc.IsConflict(fe.fn) {
+			err = fmt.Errorf("%w: %w", backend.ErrConflict, fe.err)
 		}
 	}
 	return resp, err
@@ -390,7 +332,7 @@ func (g *Guard[Tx]) attempt(ctx context.Context, c *call, key Key, fp string, de
 // run calls fn on a won reservation and ends the transaction: Complete on
 // success, Rollback on an error or a panic (re-raised). An error of fn comes
 // back as an fnError.
-func (g *Guard[Tx]) run(ctx context.Context, txn Txn[Tx], key Key, fn func(Tx) (Response, error), tr *trace) (resp Response, err error) {
+func (g *Guard[Tx]) run(ctx context.Context, txn backend.Txn[Tx], key Key, fn func(Tx) (Response, error), tr *trace) (resp Response, err error) {
 	done := false
 	defer func() {
 		if done {
@@ -425,7 +367,7 @@ func (g *Guard[Tx]) run(ctx context.Context, txn Txn[Tx], key Key, fn func(Tx) (
 		return Response{}, err
 	}
 	resp.TTL = g.cfg.TTL
-	resp.ExpiresAt = Expiry(now, g.cfg.TTL).Truncate(time.Millisecond)
+	resp.ExpiresAt = backend.Expiry(now, g.cfg.TTL).Truncate(time.Millisecond)
 	return resp, nil
 }
 
@@ -451,7 +393,7 @@ func sleep(ctx context.Context, d time.Duration) error {
 // [Config.PurgeBatch], each its own short transaction. It goes on until a
 // batch comes back short or ctx ends, pausing between batches as
 // [Config.PurgePause] says. A batch that meets a store
-// conflict ([ErrConflict]) is retried like a call of [Guard.Do] (up to
+// conflict ([backend.ErrConflict]) is retried like a call of [Guard.Do] (up to
 // [Config.MaxRetries] times in a row). It returns how many keys it
 // deleted. The [Observer] is told one Event per batch (each call of the
 // store's Purge, a retried one included): Outcome [Purged], Deleted,
@@ -465,7 +407,7 @@ func (g *Guard[Tx]) Purge(ctx context.Context) (int, error) {
 		took := time.Since(start)
 		g.observePurge(ctx, n, took, err)
 		total += n
-		if err != nil && errors.Is(err, ErrConflict) && conflicts < g.cfg.MaxRetries && ctx.Err() == nil {
+		if err != nil && errors.Is(err, backend.ErrConflict) && conflicts < g.cfg.MaxRetries && ctx.Err() == nil {
 			conflicts++
 			if werr := sleep(ctx, backoff(g.cfg.RetryBackoff, conflicts)); werr != nil {
 				return total, fmt.Errorf("%w (while retrying: %w)", werr, err)
@@ -494,4 +436,62 @@ func purgePause(pause, took time.Duration) time.Duration {
 		return took
 	}
 	return pause
+}
+
+// Errors a store reports, shared with package backend (the same values,
+// so errors.Is matches either name).
+var (
+	// ErrInvalidKey: the key's id or scope is outside its allowed space. The
+	// store was not touched. (HTTP 400.)
+	ErrInvalidKey = backend.ErrInvalidKey
+	// ErrInvalidConfig: a [Config] field is out of range. Returned by [New].
+	ErrInvalidConfig = backend.ErrInvalidConfig
+	// ErrInProgress: another caller holds the key and the wait bound
+	// ([Config.WaitTimeout]) ran out before it finished, at once when it is
+	// negative. fn was not called. (HTTP 409.)
+	ErrInProgress = backend.ErrInProgress
+	// ErrNotFound: the store holds no record for the key ([Guard.Inspect],
+	// [Guard.Forget]).
+	ErrNotFound = backend.ErrNotFound
+)
+
+// ErrSchema: the store's table is missing, or lacks a column this version
+// needs: it was never migrated, [Config]'s table name has a typo, the
+// table is that of an older version, or the service connects to another
+// database or schema than the one migrated. Stores wrap the database's
+// "no such table" and "no such column" errors of their own statements with
+// it; the message names the table (or the column) and says to run the
+// store's Migrate or apply its Schema. [Guard.CheckSchema] returns it
+// before a service serves.
+//
+// It is a configuration error, not a transient failure: retrying does not
+// help until the schema is fixed, so it is never wrapped in [ErrStore]
+// (whose message says a retry is safe). Nothing was written: the key is
+// not taken, fn did not run, and after the migration the same key runs as
+// a new one. [Event].Outcome is [Failed]; idemhttp answers it with 500,
+// not 503 with Retry-After.
+var ErrSchema = backend.ErrSchema
+
+func validateFingerprint(fp string) error {
+	switch {
+	case len(fp) == 0:
+		return fmt.Errorf("%w: empty", ErrInvalidFingerprint)
+	case len(fp) > backend.MaxFingerprintLen:
+		return fmt.Errorf("%w: %d bytes, longer than %d", ErrInvalidFingerprint, len(fp), backend.MaxFingerprintLen)
+	}
+	if i := indexNotPrintable(fp); i >= 0 {
+		return fmt.Errorf("%w: byte %d is %#02x, not printable ASCII", ErrInvalidFingerprint, i, fp[i])
+	}
+	return nil
+}
+
+// indexNotPrintable is the index of the first byte of s outside printable
+// ASCII, or -1.
+func indexNotPrintable(s string) int {
+	for i := 0; i < len(s); i++ {
+		if s[i] < 0x20 || s[i] > 0x7e {
+			return i
+		}
+	}
+	return -1
 }

@@ -9,6 +9,7 @@ import (
 	"time"
 
 	"github.com/go-idempotency/idempotency"
+	"github.com/go-idempotency/idempotency/backend"
 	"github.com/go-idempotency/idempotency/internal/memstore"
 )
 
@@ -33,7 +34,7 @@ func TestConflictsAreRetried(t *testing.T) {
 	var n atomic.Int64
 	s.ReserveErr = func() error {
 		if n.Add(1) <= 3 {
-			return fmt.Errorf("%w: deadlock (1213)", idempotency.ErrConflict)
+			return fmt.Errorf("%w: deadlock (1213)", backend.ErrConflict)
 		}
 		return nil
 	}
@@ -53,12 +54,12 @@ func TestConflictRetriesAreBounded(t *testing.T) {
 	var n atomic.Int64
 	s.ReserveErr = func() error {
 		n.Add(1)
-		return fmt.Errorf("%w: serialization failure (40001)", idempotency.ErrConflict)
+		return fmt.Errorf("%w: serialization failure (40001)", backend.ErrConflict)
 	}
 	g := newGuard(t, s, &idempotency.Config{MaxRetries: 2, RetryBackoff: time.Microsecond})
 	_, err := g.Do(context.Background(), idempotency.Key{ID: "k"}, "fp", ok("pay"))
-	if !errors.Is(err, idempotency.ErrConflict) || n.Load() != 3 {
-		t.Fatalf("got %v after %d reservations; want ErrConflict after 3", err, n.Load())
+	if !errors.Is(err, backend.ErrConflict) || n.Load() != 3 {
+		t.Fatalf("got %v after %d reservations; want backend.ErrConflict after 3", err, n.Load())
 	}
 	if s.Count("pay") != 0 {
 		t.Fatal("fn ran without a reservation")

@@ -19,6 +19,13 @@ import (
 // modulePath is the path of this module (and of its core package).
 const modulePath = "github.com/go-idempotency/idempotency"
 
+// backendPath is the store contract's package: with the root package, the
+// core, which imports only the standard library.
+const backendPath = modulePath + "/backend"
+
+// isCore reports whether path is one of the core's two packages.
+func isCore(path string) bool { return path == modulePath || path == backendPath }
+
 // importRules lists, for each library package of the module, the modules
 // it may import besides the standard library and the core package: a
 // backend its own driver, the outbox integration pgx (it writes through
@@ -27,6 +34,7 @@ const modulePath = "github.com/go-idempotency/idempotency"
 // module's own non-test packages only.
 var importRules = map[string][]string{
 	modulePath:                  nil,
+	backendPath:                 nil,
 	modulePath + "/sqlite":      {"modernc.org/sqlite"},
 	modulePath + "/postgres":    {"github.com/jackc/pgx/v5"},
 	modulePath + "/mysql":       {"github.com/go-sql-driver/mysql"},
@@ -141,15 +149,15 @@ func checkImports(pkgs map[string]*listedPackage, rules map[string][]string) []s
 			switch {
 			case dep == nil:
 				problems = append(problems, fmt.Sprintf("%s imports %s, which go list did not describe", path, imp))
-			case dep.Standard, imp == modulePath && path != modulePath:
+			case dep.Standard, isCore(imp) && imp != path && path != backendPath:
 			case dep.Module != nil && slices.Contains(drivers, dep.Module.Path):
 			case !listed && dep.Module != nil && dep.Module.Path == modulePath && !isTestKit(dep):
 			case strings.HasPrefix(imp, path+"/") && isLibrary(dep): // its own subpackage, checked in turn
-			case path != modulePath && isStdlibHelper(dep, pkgs): // internal/sqlident and the like
+			case !isCore(path) && isStdlibHelper(dep, pkgs): // internal/sqlident and the like
 			default:
 				allowed := "the standard library"
 				switch {
-				case path == modulePath:
+				case isCore(path):
 				case listed && len(drivers) > 0:
 					allowed += ", the core and " + strings.Join(drivers, ", ")
 				case listed:
@@ -165,9 +173,9 @@ func checkImports(pkgs map[string]*listedPackage, rules map[string][]string) []s
 				problems = append(problems, fmt.Sprintf("%s depends on the test kit %s", path, d))
 			}
 		}
-		if path == modulePath {
+		if isCore(path) {
 			for _, d := range p.Deps {
-				if dep := pkgs[d]; dep != nil && !dep.Standard {
+				if dep := pkgs[d]; dep != nil && !dep.Standard && !isCore(d) {
 					problems = append(problems, fmt.Sprintf("the core depends on %s, outside the standard library", d))
 				}
 			}

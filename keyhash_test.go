@@ -11,6 +11,7 @@ import (
 	"time"
 
 	"github.com/go-idempotency/idempotency"
+	"github.com/go-idempotency/idempotency/backend"
 	"github.com/go-idempotency/idempotency/internal/keyleak"
 	"github.com/go-idempotency/idempotency/internal/memstore"
 )
@@ -29,7 +30,7 @@ func TestKeyHash(t *testing.T) {
 		{idempotency.Key{Scope: "a", ID: "b/c"}, "b9baf28a362626b8"},
 		{idempotency.Key{Scope: "a/b", ID: "c"}, "0eee58a014b043b3"},
 	} {
-		if got := c.key.Hash(); got != c.want || len(got) != idempotency.HashLen {
+		if got := c.key.Hash(); got != c.want || len(got) != backend.HashLen {
 			t.Errorf("%#v.Hash() = %q, want %q", c.key, got, c.want)
 		}
 	}
@@ -127,9 +128,9 @@ func TestDoErrorsNameKeyHash(t *testing.T) {
 	key = keyleak.Key("fail")
 	_, err = g.Do(ctx, key, "fp", ok("x"))
 	keyleak.Err(t, "store failure", err, idempotency.ErrStore, key)
-	s.ReserveErr = func() error { return fmt.Errorf("%w: deadlock", idempotency.ErrConflict) }
+	s.ReserveErr = func() error { return fmt.Errorf("%w: deadlock", backend.ErrConflict) }
 	_, err = newGuard(t, s, &idempotency.Config{MaxRetries: 1, RetryBackoff: time.Microsecond}).Do(ctx, key, "fp", ok("x"))
-	keyleak.Err(t, "conflicts past the retries", err, idempotency.ErrConflict, key)
+	keyleak.Err(t, "conflicts past the retries", err, backend.ErrConflict, key)
 	s.ReserveErr = nil
 
 	// fn's own error is returned as fn returned it.

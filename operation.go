@@ -7,6 +7,8 @@ import (
 	"errors"
 	"fmt"
 	"time"
+
+	"github.com/go-idempotency/idempotency/backend"
 )
 
 // Operation is a sequence of named steps run under one idempotency key, for
@@ -127,7 +129,7 @@ func (s *State) Get(name string) string { return s.p.Data[name] }
 
 // Set records value for name: committed with the next recovery point. Keep
 // it small (an id, a status): the whole progress of an operation is at most
-// [MaxProgressLen] bytes.
+// [backend.MaxProgressLen] bytes.
 func (s *State) Set(name, value string) {
 	if s.p.Data == nil {
 		s.p.Data = map[string]string{}
@@ -239,7 +241,7 @@ func (op *Operation[Tx]) index(name string) (int, error) {
 //  7. A key deleted while its run goes on ([Guard.Forget]): the run stops
 //     with an error wrapping [ErrNotFound]; it never starts over.
 //
-// The store must implement [Stepper] (the SQL stores do); others give an
+// The store must implement [backend.Stepper] (the SQL stores do); others give an
 // error wrapping [errors.ErrUnsupported]. op is checked first: a bad one
 // gives [ErrInvalidConfig] and nothing is written.
 func (g *Guard[Tx]) Run(ctx context.Context, key Key, fingerprint string, input []byte, op *Operation[Tx]) (Response, error) {
@@ -286,16 +288,16 @@ func (g *Guard[Tx]) runOp(ctx context.Context, key Key, fp string, input []byte,
 	if _, err := g.dataSealer(); err != nil {
 		return Response{}, "", err
 	}
-	ss, ok := g.store.(Stepper[Tx])
+	ss, ok := g.store.(backend.Stepper[Tx])
 	if !ok {
-		return Response{}, "", fmt.Errorf("idempotency: the store %T does not run operations (no Stepper): %w", g.store, errors.ErrUnsupported)
+		return Response{}, "", fmt.Errorf("idempotency: the store %T does not run operations (no backend.Stepper): %w", g.store, errors.ErrUnsupported)
 	}
 	defer func() {
 		if cerr := ctx.Err(); err != nil && cerr != nil && !errors.Is(err, cerr) {
 			err = fmt.Errorf("%w (%w)", err, cerr)
 		}
 		if err != nil {
-			err = &KeyError{Key: key, Err: err}
+			err = &backend.KeyError{Key: key, Err: err}
 		}
 	}()
 	deadline := time.Now().Add(g.cfg.WaitTimeout)
@@ -320,7 +322,7 @@ func (g *Guard[Tx]) runOp(ctx context.Context, key Key, fp string, input []byte,
 // of a Guard.
 type runner[Tx any] struct {
 	g        *Guard[Tx]
-	ss       Stepper[Tx]
+	ss       backend.Stepper[Tx]
 	op       *Operation[Tx]
 	c        *call
 	key      Key
@@ -379,8 +381,8 @@ func newOwner() string {
 // drive runs the operation's steps from where the key stands to the end.
 func (r *runner[Tx]) drive(ctx context.Context) (Response, error) {
 	var (
-		open Phase[Tx] // a phase whose transaction is open, if any
-		stop *Response // a Foreign step's Stop, to complete in the next phase
+		open backend.Phase[Tx] // a phase whose transaction is open, if any
+		stop *Response         // a Foreign step's Stop, to complete in the next phase
 	)
 	for {
 		if open == nil && r.leased && r.nextIsForeign() {
@@ -445,7 +447,7 @@ func (r *runner[Tx]) drive(ctx context.Context) (Response, error) {
 			before := r.st.p.clone()
 			resp, err := r.finish(ctx, open)
 			open = nil
-			if err != nil && errors.Is(err, ErrConflict) {
+			if err != nil && errors.Is(err, backend.ErrConflict) {
 				r.st.p = before // Finish runs again, from the same state
 				if r.conflicted(ctx, err) {
 					continue
@@ -480,7 +482,7 @@ func (r *runner[Tx]) drive(ctx context.Context) (Response, error) {
 			_ = open.Rollback(context.WithoutCancel(ctx))
 			open = nil
 			r.st.p = before
-			if !r.conflicted(ctx, fmt.Errorf("%w: %w", ErrConflict, err)) {
+			if !r.conflicted(ctx, fmt.Errorf("%w: %w", backend.ErrConflict, err)) {
 				if r.st == nil { // a new key: nothing committed
 					r.st = &State{key: r.key, p: before}
 				}
@@ -511,7 +513,7 @@ func (r *runner[Tx]) drive(ctx context.Context) (Response, error) {
 // certification conflict on a multi-primary cluster), which the next
 // phase then waits for.
 func (r *runner[Tx]) conflicted(ctx context.Context, err error) bool {
-	if !errors.Is(err, ErrConflict) || r.conflicts >= r.g.cfg.MaxRetries {
+	if !errors.Is(err, backend.ErrConflict) || r.conflicts >= r.g.cfg.MaxRetries {
 		return false
 	}
 	r.conflicts++
@@ -559,7 +561,7 @@ func (r *runner[Tx]) foreign(ctx context.Context, i int) (*Response, error) {
 }
 
 // finish runs Finish in ph and completes the key with its answer.
-func (r *runner[Tx]) finish(ctx context.Context, ph Phase[Tx]) (Response, error) {
+func (r *runner[Tx]) finish(ctx context.Context, ph backend.Phase[Tx]) (Response, error) {
 	r.st.p.Step = ""
 	resp, err := r.op.Finish(ctx, ph.Tx(), r.st)
 	var stop *StopError
@@ -569,7 +571,7 @@ func (r *runner[Tx]) finish(ctx context.Context, ph Phase[Tx]) (Response, error)
 	if err != nil && r.isConflict(err) {
 		// Finish's statement met a conflict: drive runs it again.
 		_ = ph.Rollback(context.WithoutCancel(ctx))
-		return Response{}, fmt.Errorf("%w: %w", ErrConflict, err)
+		return Response{}, fmt.Errorf("%w: %w", backend.ErrConflict, err)
 	}
 	if err != nil {
 		return r.failed(ctx, ph, err)
@@ -578,19 +580,19 @@ func (r *runner[Tx]) finish(ctx context.Context, ph Phase[Tx]) (Response, error)
 }
 
 // isConflict reports whether err, a step's or Finish's, is a conflict
-// that the store classifies as retryable ([ConflictClassifier]), as
+// that the store classifies as retryable ([backend.ConflictClassifier]), as
 // [Guard.Do] retries fn's: never a [Stop].
 func (r *runner[Tx]) isConflict(err error) bool {
 	var stop *StopError
 	if errors.As(err, &stop) {
 		return false
 	}
-	cc, ok := r.g.store.(ConflictClassifier)
+	cc, ok := r.g.store.(backend.ConflictClassifier)
 	return ok && cc.IsConflict(err)
 }
 
 // complete stores resp as the key's answer in ph.
-func (r *runner[Tx]) complete(ctx context.Context, ph Phase[Tx], resp Response) (Response, error) {
+func (r *runner[Tx]) complete(ctx context.Context, ph backend.Phase[Tx], resp Response) (Response, error) {
 	if resp.Status < 100 || resp.Status > 599 {
 		_ = ph.Rollback(context.WithoutCancel(ctx))
 		return Response{}, fmt.Errorf("%w: status %d outside 100..599", ErrInvalidResponse, resp.Status)
@@ -607,7 +609,7 @@ func (r *runner[Tx]) complete(ctx context.Context, ph Phase[Tx], resp Response) 
 		return Response{}, r.storeErr(err)
 	}
 	ttl := r.op.ttl(r.g)
-	resp.TTL, resp.ExpiresAt = ttl, Expiry(now, ttl).Truncate(time.Millisecond)
+	resp.TTL, resp.ExpiresAt = ttl, backend.Expiry(now, ttl).Truncate(time.Millisecond)
 	return resp, nil
 }
 
@@ -615,7 +617,7 @@ func (r *runner[Tx]) complete(ctx context.Context, ph Phase[Tx], resp Response) 
 // Local step's writes commit with its answer); any other error rolls ph
 // back and releases the key at its last recovery point. ph is nil after a
 // Foreign step.
-func (r *runner[Tx]) failed(ctx context.Context, ph Phase[Tx], err error) (Response, error) {
+func (r *runner[Tx]) failed(ctx context.Context, ph backend.Phase[Tx], err error) (Response, error) {
 	var stop *StopError
 	if ph != nil && errors.As(err, &stop) {
 		return r.complete(ctx, ph, stop.Response)
@@ -670,7 +672,7 @@ func (r *runner[Tx]) release(ctx context.Context, step string, cause error) rele
 	// Another caller may hold the row for a moment (it finds the lease
 	// live and gives up): wait for it a little rather than leave the key
 	// leased until the lease runs out.
-	a := Acquisition{Reservation: Reservation{Key: r.key, Fingerprint: r.fp, TTL: r.op.ttl(r.g), Wait: releaseWait, Deadline: time.Now().Add(releaseWait)},
+	a := backend.Acquisition{Reservation: backend.Reservation{Key: r.key, Fingerprint: r.fp, TTL: r.op.ttl(r.g), Wait: releaseWait, Deadline: time.Now().Add(releaseWait)},
 		Owner: r.owner, Lease: r.op.lease()}
 	ph, rec, err := r.ss.Acquire(ctx, a)
 	if err != nil || rec != nil {
@@ -720,7 +722,7 @@ func failureText(step string, err error) string {
 }
 
 // save commits ph with p as the key's progress.
-func (r *runner[Tx]) save(ctx context.Context, ph Phase[Tx], p progress) error {
+func (r *runner[Tx]) save(ctx context.Context, ph backend.Phase[Tx], p progress) error {
 	b, err := r.g.encodeProgress(ctx, r.key, p) // Config.Codec
 	if err != nil {
 		_ = ph.Rollback(context.WithoutCancel(ctx))
@@ -743,8 +745,8 @@ func (r *runner[Tx]) storeErr(err error) error {
 
 // acquire takes the key for the next phase: it retries conflicts and
 // waits (polling) for a key held elsewhere, up to the wait bound.
-func (r *runner[Tx]) acquire(ctx context.Context) (Phase[Tx], *Record, error) {
-	a := Acquisition{Reservation: Reservation{Key: r.key, Fingerprint: r.fp, TTL: r.op.ttl(r.g), NoWait: r.g.noWait, Deadline: r.deadline},
+func (r *runner[Tx]) acquire(ctx context.Context) (backend.Phase[Tx], *backend.Record, error) {
+	a := backend.Acquisition{Reservation: backend.Reservation{Key: r.key, Fingerprint: r.fp, TTL: r.op.ttl(r.g), NoWait: r.g.noWait, Deadline: r.deadline},
 		Owner: r.owner, Lease: r.op.lease()}
 	conflicts := 0
 	poll := pollStart
@@ -767,12 +769,12 @@ func (r *runner[Tx]) acquire(ctx context.Context) (Phase[Tx], *Record, error) {
 		}
 		var pause time.Duration
 		switch {
-		case errors.Is(err, ErrConflict) && conflicts < r.g.cfg.MaxRetries:
+		case errors.Is(err, backend.ErrConflict) && conflicts < r.g.cfg.MaxRetries:
 			conflicts++
 			pause = backoff(r.g.cfg.RetryBackoff, conflicts)
 		case errors.Is(err, ErrInProgress) && (r.st != nil || !r.g.noWait && !r.resume):
 			pause, poll = poll, min(2*poll, pollMax)
-		case errors.Is(err, ErrConflict):
+		case errors.Is(err, backend.ErrConflict):
 			return nil, nil, r.storeErr(err)
 		case errors.Is(err, ErrInProgress) || errors.Is(err, ErrInvalidConfig) || errors.Is(err, ErrInvalidKey):
 			return nil, nil, err
@@ -796,7 +798,7 @@ const (
 )
 
 // adopt takes the state of the key from ph: a new one, or the one saved.
-func (r *runner[Tx]) adopt(ctx context.Context, ph Phase[Tx]) error {
+func (r *runner[Tx]) adopt(ctx context.Context, ph backend.Phase[Tx]) error {
 	raw := ph.Progress()
 	if raw == nil {
 		if r.resume {

@@ -11,6 +11,7 @@ import (
 	"time"
 
 	"github.com/go-idempotency/idempotency"
+	"github.com/go-idempotency/idempotency/backend"
 	"github.com/go-idempotency/idempotency/internal/memstore"
 )
 
@@ -22,7 +23,7 @@ type conflictStore struct {
 	saveFail, completeFail atomic.Int32
 }
 
-func (c *conflictStore) Acquire(ctx context.Context, a idempotency.Acquisition) (idempotency.Phase[*memstore.Tx], *idempotency.Record, error) {
+func (c *conflictStore) Acquire(ctx context.Context, a backend.Acquisition) (backend.Phase[*memstore.Tx], *backend.Record, error) {
 	ph, rec, err := c.Store.Acquire(ctx, a)
 	if ph == nil {
 		return nil, rec, err
@@ -31,14 +32,14 @@ func (c *conflictStore) Acquire(ctx context.Context, a idempotency.Acquisition) 
 }
 
 type conflictPhase struct {
-	idempotency.Phase[*memstore.Tx]
+	backend.Phase[*memstore.Tx]
 	c *conflictStore
 }
 
 func (p *conflictPhase) Save(ctx context.Context, b []byte) error {
 	if p.c.saveFail.Add(-1) >= 0 {
 		_ = p.Phase.Rollback(ctx)
-		return fmt.Errorf("%w: injected commit conflict", idempotency.ErrConflict)
+		return fmt.Errorf("%w: injected commit conflict", backend.ErrConflict)
 	}
 	return p.Phase.Save(ctx, b)
 }
@@ -46,7 +47,7 @@ func (p *conflictPhase) Save(ctx context.Context, b []byte) error {
 func (p *conflictPhase) Complete(ctx context.Context, r idempotency.Response) error {
 	if p.c.completeFail.Add(-1) >= 0 {
 		_ = p.Phase.Rollback(ctx)
-		return fmt.Errorf("%w: injected commit conflict", idempotency.ErrConflict)
+		return fmt.Errorf("%w: injected commit conflict", backend.ErrConflict)
 	}
 	return p.Phase.Complete(ctx, r)
 }
@@ -135,7 +136,7 @@ func TestRunForeignOnlyUnderLease(t *testing.T) {
 					return errors.New("processor down")
 				}
 				// Can another run (a Completer, a client) take the key now?
-				ph, _, err := ms.Acquire(ctx, idempotency.Acquisition{Reservation: idempotency.Reservation{Key: key, Fingerprint: "fp", TTL: time.Hour},
+				ph, _, err := ms.Acquire(ctx, backend.Acquisition{Reservation: backend.Reservation{Key: key, Fingerprint: "fp", TTL: time.Hour},
 					Owner: "intruder", Lease: time.Minute})
 				if err == nil {
 					otherGotIt.Store(true)

@@ -12,6 +12,7 @@ import (
 	"time"
 
 	"github.com/go-idempotency/idempotency"
+	"github.com/go-idempotency/idempotency/backend"
 	"github.com/go-idempotency/idempotency/internal/cardstub"
 	"github.com/go-idempotency/idempotency/internal/memstore"
 )
@@ -356,7 +357,7 @@ func TestRunValidation(t *testing.T) {
 		}
 	}
 	op := &idempotency.Operation[*memstore.Tx]{Name: "x", Finish: fin}
-	if _, err := g.Run(ctx, idempotency.Key{ID: "v"}, "fp", make([]byte, idempotency.MaxProgressLen), op); !errors.Is(err, idempotency.ErrTooLarge) {
+	if _, err := g.Run(ctx, idempotency.Key{ID: "v"}, "fp", make([]byte, backend.MaxProgressLen), op); !errors.Is(err, idempotency.ErrTooLarge) {
 		t.Errorf("oversized input: %v; want ErrTooLarge", err)
 	}
 	if _, err := g.Run(ctx, idempotency.Key{ID: ""}, "fp", nil, op); !errors.Is(err, idempotency.ErrInvalidKey) {
@@ -378,7 +379,7 @@ func TestRunValidation(t *testing.T) {
 // onlyKeyStore hides every optional interface of a store.
 type onlyKeyStore struct{ s *memstore.Store }
 
-func (o onlyKeyStore) Reserve(ctx context.Context, r idempotency.Reservation) (idempotency.Txn[*memstore.Tx], *idempotency.Record, error) {
+func (o onlyKeyStore) Reserve(ctx context.Context, r backend.Reservation) (backend.Txn[*memstore.Tx], *backend.Record, error) {
 	return o.s.Reserve(ctx, r)
 }
 func (o onlyKeyStore) Purge(ctx context.Context, limit int) (int, error) {
@@ -481,7 +482,7 @@ func TestList(t *testing.T) {
 	if strings.Join(got, " ") != want {
 		t.Fatalf("listed %q; want %q", strings.Join(got, " "), want)
 	}
-	for _, lim := range []int{0, -1, idempotency.MaxListLimit + 1} {
+	for _, lim := range []int{0, -1, backend.MaxListLimit + 1} {
 		if _, err := g.List(ctx, idempotency.ListQuery{Scope: "s", Limit: lim}); !errors.Is(err, idempotency.ErrInvalidConfig) {
 			t.Errorf("limit %d: %v", lim, err)
 		}

@@ -5,6 +5,8 @@ import (
 	"errors"
 	"fmt"
 	"slices"
+
+	"github.com/go-idempotency/idempotency/backend"
 )
 
 // progress is what an unfinished key saves of its [Operation]: the step it
@@ -51,7 +53,7 @@ func (p progress) clone() progress {
 }
 
 // encode returns p's bytes, or an error wrapping [ErrTooLarge] if they
-// exceed [MaxProgressLen].
+// exceed [backend.MaxProgressLen].
 func (p progress) encode() ([]byte, error) {
 	field := func(b []byte, s string) []byte {
 		b = binary.AppendUvarint(b, uint64(len(s)))
@@ -84,8 +86,8 @@ func (p progress) encode() ([]byte, error) {
 }
 
 func checkProgressLen(b []byte) ([]byte, error) {
-	if len(b) > MaxProgressLen {
-		return nil, fmt.Errorf("%w: %d bytes, more than %d", ErrTooLarge, len(b), MaxProgressLen)
+	if len(b) > backend.MaxProgressLen {
+		return nil, fmt.Errorf("%w: %d bytes, more than %d", ErrTooLarge, len(b), backend.MaxProgressLen)
 	}
 	return b, nil
 }

@@ -8,6 +8,7 @@ import (
 	"time"
 
 	"github.com/go-idempotency/idempotency"
+	"github.com/go-idempotency/idempotency/backend"
 	"github.com/go-idempotency/idempotency/internal/memstore"
 )
 
@@ -27,12 +28,12 @@ func TestGuardAdmit(t *testing.T) {
 	q := &idempotency.Quota{Window: time.Minute, MaxKeys: 1}
 	key := idempotency.Key{Scope: "acct", ID: "k1"}
 
-	if _, err := g.Admit(ctx, idempotency.Key{Scope: "acct"}, q); !errors.Is(err, idempotency.ErrInvalidKey) {
+	if _, err := g.AdmitQuota(ctx, idempotency.Key{Scope: "acct"}, q); !errors.Is(err, idempotency.ErrInvalidKey) {
 		t.Errorf("empty id: %v, want ErrInvalidKey", err)
 	}
 	for _, bad := range []*idempotency.Quota{nil, {Window: time.Minute}, {Window: 999 * time.Millisecond, MaxKeys: 1},
 		{Window: 25 * time.Hour, MaxKeys: 1}, {Window: 1500 * time.Millisecond, MaxKeys: 1}, {Window: time.Minute, MaxInFlight: -1}} {
-		if _, err := g.Admit(ctx, key, bad); !errors.Is(err, idempotency.ErrInvalidConfig) {
+		if _, err := g.AdmitQuota(ctx, key, bad); !errors.Is(err, idempotency.ErrInvalidConfig) {
 			t.Errorf("quota %+v: %v, want ErrInvalidConfig", bad, err)
 		}
 	}
@@ -40,17 +41,17 @@ func TestGuardAdmit(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if _, err := plain.Admit(ctx, key, q); !errors.Is(err, errors.ErrUnsupported) {
+	if _, err := plain.AdmitQuota(ctx, key, q); !errors.Is(err, errors.ErrUnsupported) {
 		t.Errorf("a store without QuotaCounter: %v, want ErrUnsupported", err)
 	}
 
-	adm, err := g.Admit(ctx, key, q)
+	adm, err := g.AdmitQuota(ctx, key, q)
 	if err != nil || !adm.Counted {
 		t.Fatalf("first: %+v, %v", adm, err)
 	}
-	_, err = g.Admit(ctx, idempotency.Key{Scope: "acct", ID: "k2"}, q)
+	_, err = g.AdmitQuota(ctx, idempotency.Key{Scope: "acct", ID: "k2"}, q)
 	qe, ok := errors.AsType[*idempotency.QuotaError](err)
-	if !errors.Is(err, idempotency.ErrOverQuota) || !ok || qe.Limit != idempotency.QuotaKeys || qe.RetryAfter <= 0 || qe.RetryAfter > time.Minute {
+	if !errors.Is(err, idempotency.ErrOverQuota) || !ok || qe.Limit != "keys" || qe.RetryAfter <= 0 || qe.RetryAfter > time.Minute {
 		t.Fatalf("second: %v, want a QuotaError for keys", err)
 	}
 	if msg := err.Error(); strings.Contains(msg, "acct") || strings.Contains(msg, "k2") || !strings.Contains(msg, "#") {
@@ -60,7 +61,7 @@ func TestGuardAdmit(t *testing.T) {
 	if err := g.EndQuota(ctx, key, q, adm, false, 0); err != nil {
 		t.Fatal(err)
 	}
-	if adm, err := g.Admit(ctx, idempotency.Key{Scope: "acct", ID: "k2"}, q); err != nil || !adm.Counted {
+	if adm, err := g.AdmitQuota(ctx, idempotency.Key{Scope: "acct", ID: "k2"}, q); err != nil || !adm.Counted {
 		t.Fatalf("after the first ended unstored: %+v, %v", adm, err)
 	}
 	if err := g.EndQuota(ctx, key, q, idempotency.QuotaAdmission{Replay: true}, true, 5); err != nil {
@@ -69,7 +70,7 @@ func TestGuardAdmit(t *testing.T) {
 	if n, err := g.PurgeQuota(ctx); err != nil || n != 0 {
 		t.Errorf("PurgeQuota of live windows: %d, %v", n, err)
 	}
-	for l, want := range map[idempotency.QuotaLimit]string{idempotency.QuotaKeys: "keys", idempotency.QuotaInFlight: "in_flight", idempotency.QuotaBytes: "bytes", 9: "QuotaLimit(9)"} {
+	for l, want := range map[backend.QuotaLimit]string{backend.QuotaKeys: "keys", backend.QuotaInFlight: "in_flight", backend.QuotaBytes: "bytes", 9: "QuotaLimit(9)"} {
 		if l.String() != want {
 			t.Errorf("%d.String() = %q, want %q", int(l), l.String(), want)
 		}

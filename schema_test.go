@@ -9,6 +9,7 @@ import (
 	"time"
 
 	"github.com/go-idempotency/idempotency"
+	"github.com/go-idempotency/idempotency/backend"
 	"github.com/go-idempotency/idempotency/internal/memstore"
 )
 
@@ -88,8 +89,8 @@ func TestCheckSchema(t *testing.T) {
 	if err := g.CheckSchema(ctx, idempotency.SchemaCheck{Quota: true}); err != nil {
 		t.Fatalf("memstore without SchemaErr: %v", err)
 	}
-	var asked []idempotency.SchemaCheck
-	s.SchemaErr = func(c idempotency.SchemaCheck) error {
+	var asked []backend.SchemaCheck
+	s.SchemaErr = func(c backend.SchemaCheck) error {
 		asked = append(asked, c)
 		if c.Quota {
 			return errNoTable
@@ -105,7 +106,7 @@ func TestCheckSchema(t *testing.T) {
 		t.Fatalf("the store was asked %+v; want {false} then {true}", asked)
 	}
 	down := errors.New("dial tcp: connection refused")
-	s.SchemaErr = func(idempotency.SchemaCheck) error { return down }
+	s.SchemaErr = func(backend.SchemaCheck) error { return down }
 	if err := g.CheckSchema(ctx, idempotency.SchemaCheck{}); !errors.Is(err, idempotency.ErrStore) || !errors.Is(err, down) {
 		t.Fatalf("store down: got %v; want ErrStore and the store's error", err)
 	}

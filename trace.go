@@ -3,6 +3,8 @@ package idempotency
 import (
 	"context"
 	"time"
+
+	"github.com/go-idempotency/idempotency/backend"
 )
 
 // trace gathers what a call's [Event] reports besides its outcome. The
@@ -15,7 +17,7 @@ type trace struct {
 
 // recordAge is how old rec is by the application's clock, zero if the
 // store did not say or the clocks make it negative.
-func recordAge(rec *Record) time.Duration {
+func recordAge(rec *backend.Record) time.Duration {
 	if rec.CreatedAt.IsZero() {
 		return 0
 	}

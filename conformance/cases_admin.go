@@ -9,18 +9,19 @@ import (
 	"time"
 
 	"github.com/go-idempotency/idempotency"
+	"github.com/go-idempotency/idempotency/backend"
 )
 
-// The Admin cases check key administration ([idempotency.KeyAdmin],
-// [idempotency.KeyLister]) on a store that implements it; on any other
+// The Admin cases check key administration ([backend.KeyAdmin],
+// [backend.KeyLister]) on a store that implements it; on any other
 // store they are skipped, naming the interface. The parts about
 // unfinished keys run only on a store that is also an
-// [idempotency.Stepper].
+// [backend.Stepper].
 
 // admin returns the fixture's store as a KeyAdmin, or skips the case.
-func (e *env[Tx]) admin() idempotency.KeyAdmin {
+func (e *env[Tx]) admin() backend.KeyAdmin {
 	e.t.Helper()
-	ad, ok := e.f.Store.(idempotency.KeyAdmin)
+	ad, ok := e.f.Store.(backend.KeyAdmin)
 	if !ok {
 		e.lacking("KeyAdmin")
 	}
@@ -29,10 +30,10 @@ func (e *env[Tx]) admin() idempotency.KeyAdmin {
 
 // inspect calls Inspect, failing the case if it takes longer than
 // heldBound: it takes no lock and waits for none.
-func (e *env[Tx]) inspect(ad idempotency.KeyAdmin, key idempotency.Key, body bool) (*idempotency.KeyInfo, error) {
+func (e *env[Tx]) inspect(ad backend.KeyAdmin, key idempotency.Key, body bool) (*backend.KeyInfo, error) {
 	e.t.Helper()
 	var (
-		info *idempotency.KeyInfo
+		info *backend.KeyInfo
 		err  error
 	)
 	within(e.t, heldBound, "Inspect (it waits for nothing)", func() { info, err = ad.Inspect(e.ctx, key, body) })
@@ -41,10 +42,10 @@ func (e *env[Tx]) inspect(ad idempotency.KeyAdmin, key idempotency.Key, body boo
 
 // forget calls Forget, failing the case if it takes longer than heldBound:
 // it never waits.
-func (e *env[Tx]) forget(ad idempotency.KeyAdmin, key idempotency.Key) (*idempotency.KeyInfo, error) {
+func (e *env[Tx]) forget(ad backend.KeyAdmin, key idempotency.Key) (*backend.KeyInfo, error) {
 	e.t.Helper()
 	var (
-		info *idempotency.KeyInfo
+		info *backend.KeyInfo
 		err  error
 	)
 	within(e.t, heldBound, "Forget (it never waits)", func() { info, err = ad.Forget(e.ctx, key) })
@@ -79,7 +80,7 @@ func (e *env[Tx]) complete(g *idempotency.Guard[Tx], key idempotency.Key, tag st
 // checkAnswer fails the case unless info describes key completed (or
 // expired) with resp at created, expiring at expires; with its body only
 // if body.
-func (e *env[Tx]) checkAnswer(info *idempotency.KeyInfo, key idempotency.Key, state idempotency.KeyState, resp idempotency.Response, body bool, created, expires time.Time, what string) {
+func (e *env[Tx]) checkAnswer(info *backend.KeyInfo, key idempotency.Key, state backend.KeyState, resp idempotency.Response, body bool, created, expires time.Time, what string) {
 	e.t.Helper()
 	switch {
 	case info == nil:
@@ -101,7 +102,7 @@ func (e *env[Tx]) checkAnswer(info *idempotency.KeyInfo, key idempotency.Key, st
 
 // checkOp fails the case unless info describes an unfinished operation's
 // key in state, with progress, tries and the lease's end.
-func (e *env[Tx]) checkOp(info *idempotency.KeyInfo, key idempotency.Key, state idempotency.KeyState, progress []byte, tries int, created, leaseEnds time.Time, what string) {
+func (e *env[Tx]) checkOp(info *backend.KeyInfo, key idempotency.Key, state backend.KeyState, progress []byte, tries int, created, leaseEnds time.Time, what string) {
 	e.t.Helper()
 	switch {
 	case info == nil:
@@ -133,7 +134,7 @@ func (s *suite[Tx]) adminInspect(t *testing.T) {
 		if err != nil {
 			t.Fatalf("Inspect(body %v) of a completed key: %v", body, err)
 		}
-		e.checkAnswer(info, key, idempotency.KeyCompleted, resp, body, t0, t0.Add(time.Hour), fmt.Sprintf("Inspect(body %v) of a completed key", body))
+		e.checkAnswer(info, key, backend.KeyCompleted, resp, body, t0, t0.Add(time.Hour), fmt.Sprintf("Inspect(body %v) of a completed key", body))
 	}
 	for _, k := range []idempotency.Key{{Scope: "inspect", ID: uniq("absent")}, {Scope: "Inspect", ID: key.ID}, {ID: key.ID}} {
 		if info, err := e.inspect(ad, k, true); !errors.Is(err, idempotency.ErrNotFound) {
@@ -149,16 +150,16 @@ func (s *suite[Tx]) adminInspect(t *testing.T) {
 		t.Fatalf("Reserve of a new key: %v, %v", txn, err)
 	}
 	info, err := e.inspect(ad, held, false)
-	if err == nil && (info == nil || info.State != idempotency.KeyHeld || info.Key != held) {
-		t.Fatalf("Inspect of a new key held by an open Reserve: got %+v; want KeyHeld (or ErrNotFound)", info)
+	if err == nil && (info == nil || info.State != backend.KeyInProgress || info.Key != held) {
+		t.Fatalf("Inspect of a new key held by an open Reserve: got %+v; want KeyInProgress (or ErrNotFound)", info)
 	} else if err != nil && !errors.Is(err, idempotency.ErrNotFound) {
-		t.Fatalf("Inspect of a new key held by an open Reserve: got %v; want KeyHeld (or ErrNotFound)", err)
+		t.Fatalf("Inspect of a new key held by an open Reserve: got %v; want KeyInProgress (or ErrNotFound)", err)
 	}
 	if err := txn.Rollback(e.ctx); err != nil {
 		t.Fatalf("Rollback: %v", err)
 	}
 
-	if st, ok := e.f.Store.(idempotency.Stepper[Tx]); ok {
+	if st, ok := e.f.Store.(backend.Stepper[Tx]); ok {
 		op := idempotency.Key{ID: uniq("op")}
 		p := e.phase(st, stepAcq(op, "owner-a"), "a new key")
 		if err := p.Save(e.ctx, binProgress); err != nil {
@@ -168,13 +169,13 @@ func (s *suite[Tx]) adminInspect(t *testing.T) {
 		if err != nil {
 			t.Fatalf("Inspect of a key whose lease lives: %v", err)
 		}
-		e.checkOp(info, op, idempotency.KeyHeld, binProgress, 0, t0, t0.Add(stepLease), "Inspect of a key whose lease lives")
+		e.checkOp(info, op, backend.KeyInProgress, binProgress, 0, t0, t0.Add(stepLease), "Inspect of a key whose lease lives")
 		clk.Add(stepLease)
 		info, err = e.inspect(ad, op, false)
 		if err != nil {
 			t.Fatalf("Inspect of a key whose lease ran out: %v", err)
 		}
-		e.checkOp(info, op, idempotency.KeyUnfinished, binProgress, 0, t0, t0.Add(stepLease), "Inspect of a key whose lease ran out")
+		e.checkOp(info, op, backend.KeyUnfinished, binProgress, 0, t0, t0.Add(stepLease), "Inspect of a key whose lease ran out")
 		p = e.phase(st, stepAcq(op, "owner-b"), "another owner")
 		if err := p.Release(e.ctx, []byte("p2")); err != nil {
 			t.Fatalf("Release: %v", err)
@@ -183,7 +184,7 @@ func (s *suite[Tx]) adminInspect(t *testing.T) {
 		if err != nil {
 			t.Fatalf("Inspect of a released key: %v", err)
 		}
-		e.checkOp(info, op, idempotency.KeyUnfinished, []byte("p2"), 1, t0, clk.Now(), "Inspect of a released key")
+		e.checkOp(info, op, backend.KeyUnfinished, []byte("p2"), 1, t0, clk.Now(), "Inspect of a released key")
 	}
 
 	clk.Set(t0.Add(time.Hour))
@@ -194,7 +195,7 @@ func (s *suite[Tx]) adminInspect(t *testing.T) {
 	case err != nil:
 		t.Fatalf("Inspect of an expired key: %v", err)
 	default:
-		e.checkAnswer(info, key, idempotency.KeyExpired, resp, true, t0, t0.Add(time.Hour), "Inspect of a key expired by the store's clock")
+		e.checkAnswer(info, key, backend.KeyExpired, resp, true, t0, t0.Add(time.Hour), "Inspect of a key expired by the store's clock")
 	}
 }
 
@@ -218,7 +219,7 @@ func (s *suite[Tx]) adminForget(t *testing.T) {
 	if err != nil {
 		t.Fatalf("Forget of a completed key: %v", err)
 	}
-	e.checkAnswer(info, key, idempotency.KeyCompleted, resp, false, t0, t0.Add(time.Hour), "what Forget of a completed key returned")
+	e.checkAnswer(info, key, backend.KeyCompleted, resp, false, t0, t0.Add(time.Hour), "what Forget of a completed key returned")
 	if info, err := e.inspect(ad, key, false); !errors.Is(err, idempotency.ErrNotFound) {
 		t.Fatalf("Inspect of a forgotten key: got %+v, %v; want ErrNotFound", info, err)
 	}
@@ -252,7 +253,7 @@ func (s *suite[Tx]) adminForget(t *testing.T) {
 		e.replays(g, k, want, "a key Forget refused while it was held")
 	}
 
-	st, ok := e.f.Store.(idempotency.Stepper[Tx])
+	st, ok := e.f.Store.(backend.Stepper[Tx])
 	if !ok {
 		return
 	}
@@ -279,7 +280,7 @@ func (s *suite[Tx]) adminForget(t *testing.T) {
 	if err != nil {
 		t.Fatalf("Forget of an unfinished key whose lease ended: %v", err)
 	}
-	e.checkOp(info, op, idempotency.KeyUnfinished, []byte("p2"), 1, began, clk.Now(), "what Forget of an unfinished key returned")
+	e.checkOp(info, op, backend.KeyUnfinished, []byte("p2"), 1, began, clk.Now(), "what Forget of an unfinished key returned")
 	p = e.phase(st, stepAcq(op, "owner-c"), "a forgotten unfinished key")
 	e.checkPhase(p, nil, "fp-start", 0, "a forgotten unfinished key: its operation is not resumed")
 	if err := p.Rollback(e.ctx); err != nil {

@@ -8,12 +8,13 @@ import (
 	"time"
 
 	"github.com/go-idempotency/idempotency"
+	"github.com/go-idempotency/idempotency/backend"
 )
 
 // lister returns the fixture's store as a KeyLister, or skips the case.
-func (e *env[Tx]) lister() idempotency.KeyLister {
+func (e *env[Tx]) lister() backend.KeyLister {
 	e.t.Helper()
-	ls, ok := e.f.Store.(idempotency.KeyLister)
+	ls, ok := e.f.Store.(backend.KeyLister)
 	if !ok {
 		e.lacking("KeyLister")
 	}
@@ -43,11 +44,11 @@ func (s *suite[Tx]) adminList(t *testing.T) {
 	}
 	want := []string{"A", "B", "_", "a", "b"}
 	first := 0 // how many keys are in the first part
-	states := map[string]idempotency.KeyState{}
+	states := map[string]backend.KeyState{}
 	for _, id := range want {
-		states[id] = idempotency.KeyCompleted
+		states[id] = backend.KeyCompleted
 	}
-	if st, ok := e.f.Store.(idempotency.Stepper[Tx]); ok {
+	if st, ok := e.f.Store.(backend.Stepper[Tx]); ok {
 		p := e.phase(st, stepAcq(idempotency.Key{Scope: scope, ID: "y"}, "owner-a"), "a new key")
 		if err := p.Release(e.ctx, []byte("y")); err != nil {
 			t.Fatalf("Release: %v", err)
@@ -57,12 +58,12 @@ func (s *suite[Tx]) adminList(t *testing.T) {
 			t.Fatalf("Save: %v", err)
 		}
 		want, first = append([]string{"C", "y"}, want...), 2
-		states["C"], states["y"] = idempotency.KeyHeld, idempotency.KeyUnfinished
+		states["C"], states["y"] = backend.KeyInProgress, backend.KeyUnfinished
 	}
-	list := func(q idempotency.ListQuery) idempotency.KeyPage {
+	list := func(q backend.ListQuery) backend.KeyPage {
 		t.Helper()
 		var (
-			page idempotency.KeyPage
+			page backend.KeyPage
 			err  error
 		)
 		within(t, 10*time.Second, "List", func() { page, err = ls.List(e.ctx, q) })
@@ -73,7 +74,7 @@ func (s *suite[Tx]) adminList(t *testing.T) {
 	}
 	for _, limit := range []int{3, 2, 1, len(want), 1000} {
 		var got []string
-		q := idempotency.ListQuery{Scope: scope, Limit: limit}
+		q := backend.ListQuery{Scope: scope, Limit: limit}
 		for pages := 0; ; pages++ {
 			if pages > len(want) {
 				t.Fatalf("List with limit %d: more than %d pages for %d keys", limit, len(want), len(want))
@@ -92,9 +93,9 @@ func (s *suite[Tx]) adminList(t *testing.T) {
 					t.Fatalf("List: key %q is %v, want %v", id, k.State, states[id])
 				case len(k.Body) != 0:
 					t.Fatalf("List: key %q came with its body: bodies are not read", id)
-				case k.State == idempotency.KeyCompleted && (k.Status != resp.Status || k.Fingerprint != "fp-admin"):
+				case k.State == backend.KeyCompleted && (k.Status != resp.Status || k.Fingerprint != "fp-admin"):
 					t.Fatalf("List: completed key %q: status %d, fingerprint %q", id, k.Status, k.Fingerprint)
-				case k.State != idempotency.KeyCompleted && !bytes.Equal(k.Progress, []byte(id)):
+				case k.State != backend.KeyCompleted && !bytes.Equal(k.Progress, []byte(id)):
 					t.Fatalf("List: unfinished key %q: progress %s", id, showBytes(k.Progress))
 				}
 			}
@@ -106,7 +107,7 @@ func (s *suite[Tx]) adminList(t *testing.T) {
 				t.Fatalf("List with limit %d: the last page (%q) has Next %+v, want nil", limit, got, page.Next)
 			case !last && page.Next == nil:
 				t.Fatalf("List with limit %d: Next is nil after %q, want the rest of %q", limit, got, want)
-			case !last && (len(page.Keys) != limit || *page.Next != idempotency.ListCursor{Unfinished: len(got) <= first, ID: got[len(got)-1]}):
+			case !last && (len(page.Keys) != limit || *page.Next != backend.ListCursor{Unfinished: len(got) <= first, ID: got[len(got)-1]}):
 				t.Fatalf("List with limit %d: a page of %d keys ending at %q with Next %+v", limit, len(page.Keys), got[len(got)-1], page.Next)
 			}
 			if last {
@@ -120,14 +121,14 @@ func (s *suite[Tx]) adminList(t *testing.T) {
 	}
 	// A cursor at a key no longer there (forgotten between two pages).
 	for _, c := range []struct {
-		after idempotency.ListCursor
+		after backend.ListCursor
 		want  []string
 	}{
-		{idempotency.ListCursor{ID: "AA"}, []string{"B", "_", "a", "b"}},
-		{idempotency.ListCursor{ID: "b"}, nil},
-		{idempotency.ListCursor{Unfinished: true, ID: "D"}, want[first-min(first, 1):]},
+		{backend.ListCursor{ID: "AA"}, []string{"B", "_", "a", "b"}},
+		{backend.ListCursor{ID: "b"}, nil},
+		{backend.ListCursor{Unfinished: true, ID: "D"}, want[first-min(first, 1):]},
 	} {
-		page := list(idempotency.ListQuery{Scope: scope, Limit: 1000, After: &c.after})
+		page := list(backend.ListQuery{Scope: scope, Limit: 1000, After: &c.after})
 		var got []string
 		for _, k := range page.Keys {
 			got = append(got, k.Key.ID)
@@ -136,12 +137,12 @@ func (s *suite[Tx]) adminList(t *testing.T) {
 			t.Fatalf("List after %+v: %q (Next %+v), want %q", c.after, got, page.Next, c.want)
 		}
 	}
-	if page := list(idempotency.ListQuery{Scope: uniq("empty"), Limit: 10}); len(page.Keys) != 0 || page.Next != nil {
+	if page := list(backend.ListQuery{Scope: uniq("empty"), Limit: 10}); len(page.Keys) != 0 || page.Next != nil {
 		t.Fatalf("List of a scope with no keys: %+v", page)
 	}
 	for _, limit := range []int{0, -1, 1001} {
 		var err error
-		within(t, 10*time.Second, "List", func() { _, err = ls.List(e.ctx, idempotency.ListQuery{Scope: scope, Limit: limit}) })
+		within(t, 10*time.Second, "List", func() { _, err = ls.List(e.ctx, backend.ListQuery{Scope: scope, Limit: limit}) })
 		if !errors.Is(err, idempotency.ErrInvalidConfig) {
 			t.Fatalf("List with Limit %d: got %v, want an error wrapping ErrInvalidConfig", limit, err)
 		}
@@ -155,10 +156,10 @@ func (s *suite[Tx]) adminStats(t *testing.T) {
 	clk := newClock()
 	e := s.setupClock(t, Options{}, clk)
 	ls := e.lister()
-	stats := func(want idempotency.Stats, what string) {
+	stats := func(want backend.Stats, what string) {
 		t.Helper()
 		var (
-			got idempotency.Stats
+			got backend.Stats
 			err error
 		)
 		within(t, 10*time.Second, "Stats", func() { got, err = ls.Stats(e.ctx) })
@@ -172,7 +173,7 @@ func (s *suite[Tx]) adminStats(t *testing.T) {
 			t.Fatalf("Stats, %s:\n got %+v\nwant %+v", what, got, want)
 		}
 	}
-	stats(idempotency.Stats{}, "of an empty store")
+	stats(backend.Stats{}, "of an empty store")
 	t0 := clk.Now()
 	short := e.guard(&idempotency.Config{TTL: time.Minute})
 	long := e.guard(&idempotency.Config{TTL: time.Hour})
@@ -180,11 +181,11 @@ func (s *suite[Tx]) adminStats(t *testing.T) {
 	for _, n := range []int{10, 0, 100} {
 		e.complete(long, idempotency.Key{ID: uniq("done")}, "stats", adminResp(n))
 	}
-	stats(idempotency.Stats{Completed: 4, BodyBytes: 117}, "4 completed keys")
+	stats(backend.Stats{Completed: 4, BodyBytes: 117}, "4 completed keys")
 	clk.Add(2 * time.Minute)
-	want := idempotency.Stats{Completed: 3, Expired: 1, BodyBytes: 110}
+	want := backend.Stats{Completed: 3, Expired: 1, BodyBytes: 110}
 	stats(want, "3 completed keys and 1 expired")
-	st, ok := e.f.Store.(idempotency.Stepper[Tx])
+	st, ok := e.f.Store.(backend.Stepper[Tx])
 	if !ok {
 		return
 	}
@@ -205,9 +206,9 @@ func (s *suite[Tx]) adminStats(t *testing.T) {
 	if err := p.Save(e.ctx, []byte("held")); err != nil {
 		t.Fatalf("Save: %v", err)
 	}
-	want.Held, want.Unfinished, want.Failing, want.OldestUnfinished = 1, 2, 1, t0.Add(2*time.Minute)
+	want.InProgress, want.Unfinished, want.Failing, want.OldestUnfinished = 1, 2, 1, t0.Add(2*time.Minute)
 	stats(want, "with 1 key held by its lease and 2 unfinished, 1 of them failing")
 	clk.Set(t0.Add(time.Hour))
-	want.Held, want.Unfinished, want.Completed, want.Expired, want.BodyBytes = 0, 3, 0, 4, 0
+	want.InProgress, want.Unfinished, want.Completed, want.Expired, want.BodyBytes = 0, 3, 0, 4, 0
 	stats(want, "an hour on: every lease ended, every completed key expired")
 }

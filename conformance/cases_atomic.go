@@ -10,6 +10,7 @@ import (
 	"time"
 
 	"github.com/go-idempotency/idempotency"
+	"github.com/go-idempotency/idempotency/backend"
 )
 
 // interruptions is how many moments CompleteInterrupted cuts Complete at.
@@ -243,7 +244,7 @@ func (s *suite[Tx]) leaseRunsOut(t *testing.T) {
 	if a.err == nil {
 		t.Fatalf("A completed after its lease ran out and B took the key: got %q, want an error (ErrLeaseLost)", a.resp.Body)
 	}
-	if !errors.Is(a.err, idempotency.ErrLeaseLost) {
+	if !errors.Is(a.err, backend.ErrLeaseLost) {
 		t.Logf("A's error does not wrap ErrLeaseLost: %v", a.err)
 	}
 	e.count(tag, 1, "the first owner's effect must not apply after its lease was taken over")

@@ -9,6 +9,7 @@ import (
 	"time"
 
 	"github.com/go-idempotency/idempotency"
+	"github.com/go-idempotency/idempotency/backend"
 )
 
 // The cases on the store's own clock: no test clock, real time. They check
@@ -171,7 +172,7 @@ func (s *suite[Tx]) hostClocksDiffer(t *testing.T) {
 	if err := next.Complete(e.ctx, created(tagB, 2)); err != nil {
 		t.Fatalf("Complete of the key taken over on the host behind: %v", err)
 	}
-	if err := dead.Complete(e.ctx, created(tagA, 1)); !errors.Is(err, idempotency.ErrLeaseLost) {
+	if err := dead.Complete(e.ctx, created(tagA, 1)); !errors.Is(err, backend.ErrLeaseLost) {
 		t.Fatalf("%s: the dead holder's Complete after the takeover: %v, want ErrLeaseLost", what, err)
 	}
 	e.count(tagA, 0, what+": the stale holder's effect")
@@ -219,7 +220,7 @@ func (s *suite[Tx]) leaseHolderDies(t *testing.T) {
 	if took > bound {
 		t.Fatalf("callers waiting %v at a time took a dead holder's %v lease %v after it was taken, want within %v", shortWait, lease, took, bound)
 	}
-	if err := dead.Complete(context.WithoutCancel(e.ctx), created(tagA, 1)); !errors.Is(err, idempotency.ErrLeaseLost) {
+	if err := dead.Complete(context.WithoutCancel(e.ctx), created(tagA, 1)); !errors.Is(err, backend.ErrLeaseLost) {
 		t.Fatalf("the dead holder's Complete after the takeover: %v, want ErrLeaseLost", err)
 	}
 	e.count(tagA, 0, "the dead holder's effect")

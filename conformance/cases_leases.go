@@ -8,6 +8,7 @@ import (
 	"time"
 
 	"github.com/go-idempotency/idempotency"
+	"github.com/go-idempotency/idempotency/backend"
 )
 
 // The leases of the lease cases. takeoverLease is short, so that takers
@@ -104,7 +105,7 @@ func (s *suite[Tx]) leaseTakeover(t *testing.T) {
 		e.count(tagB, 1, contract+" must give one effect")
 		var a result
 		within(t, 20*time.Second, "A's Complete after its lease was taken over", func() { a = <-aDone })
-		if !errors.Is(a.err, idempotency.ErrLeaseLost) {
+		if !errors.Is(a.err, backend.ErrLeaseLost) {
 			t.Fatalf("A completed after its lease was taken over: got %+v, %v; want an error wrapping ErrLeaseLost", a.resp, a.err)
 		}
 		e.count(tagA, 0, "the stale owner's effect must not apply")
@@ -116,7 +117,7 @@ func (s *suite[Tx]) leaseTakeover(t *testing.T) {
 // takeOver reserves key as A on the first store instance, lets A's lease
 // run out, and reserves it as B on another instance (the same one without
 // Fixture.Reopen), each with an effect. It returns both reservations.
-func (e *env[Tx]) takeOver(key idempotency.Key, tagA, tagB string) (a, b idempotency.Txn[Tx]) {
+func (e *env[Tx]) takeOver(key idempotency.Key, tagA, tagB string) (a, b backend.Txn[Tx]) {
 	e.t.Helper()
 	stores := e.instances(2)
 	sa, sb := stores[0], stores[len(stores)-1]
@@ -176,7 +177,7 @@ func (s *suite[Tx]) leaseStaleComplete(t *testing.T) {
 	key, tagA, tagB := idempotency.Key{ID: uniq("lease")}, uniq("a"), uniq("b")
 	a, b := e.takeOver(key, tagA, tagB)
 	err := a.Complete(e.ctx, created(tagA, 1))
-	if !errors.Is(err, idempotency.ErrLeaseLost) {
+	if !errors.Is(err, backend.ErrLeaseLost) {
 		t.Fatalf("the stale owner's Complete while B holds the key: got %v, want an error wrapping ErrLeaseLost", err)
 	}
 	e.count(tagA, 0, "the stale owner's Complete must apply nothing")

@@ -10,6 +10,7 @@ import (
 	"time"
 
 	"github.com/go-idempotency/idempotency"
+	"github.com/go-idempotency/idempotency/backend"
 )
 
 func (s *suite[Tx]) observer(t *testing.T) {
@@ -98,9 +99,9 @@ func (s *suite[Tx]) noGoroutineGrowth(t *testing.T) {
 
 func (s *suite[Tx]) migrateTwice(t *testing.T) {
 	e := s.setup(t, Options{})
-	m, ok := e.f.Store.(idempotency.Migrator)
+	m, ok := e.f.Store.(backend.Migrator)
 	if !ok {
-		t.Skip("the store does not implement idempotency.Migrator")
+		t.Skip("the store does not implement backend.Migrator")
 	}
 	if m.Schema() == "" {
 		t.Fatal("Schema() is empty")

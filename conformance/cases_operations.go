@@ -14,7 +14,7 @@ import (
 )
 
 // The cases of this file run [idempotency.Guard.Run] (multi-step
-// operations) on a store that implements [idempotency.Stepper]: the
+// operations) on a store that implements [backend.Stepper]: the
 // guarantees users rely on, end to end, over the primitives the cases of
 // cases_steps.go check one by one.
 

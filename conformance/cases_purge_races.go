@@ -10,6 +10,7 @@ import (
 	"time"
 
 	"github.com/go-idempotency/idempotency"
+	"github.com/go-idempotency/idempotency/backend"
 )
 
 // expiredKeys completes n new keys on g (tag tag), then moves clk past
@@ -297,12 +298,12 @@ func (s *suite[Tx]) failedCompleteFreesKey(t *testing.T) {
 
 // reserveRetrying calls store.Reserve for key with wait as the core
 // would: again, for up to wait in all, while it reports a conflict to retry
-// ([idempotency.ErrConflict], a serialization failure).
-func (e *env[Tx]) reserveRetrying(store idempotency.KeyStore[Tx], key idempotency.Key, wait time.Duration) (idempotency.Txn[Tx], *idempotency.Record, error) {
+// ([backend.ErrConflict], a serialization failure).
+func (e *env[Tx]) reserveRetrying(store idempotency.KeyStore[Tx], key idempotency.Key, wait time.Duration) (backend.Txn[Tx], *backend.Record, error) {
 	deadline := time.Now().Add(wait)
 	for {
 		txn, rec, err := store.Reserve(e.ctx, reservation(key, max(time.Until(deadline), 0)))
-		if !errors.Is(err, idempotency.ErrConflict) || !time.Now().Before(deadline) {
+		if !errors.Is(err, backend.ErrConflict) || !time.Now().Before(deadline) {
 			return txn, rec, err
 		}
 		select {

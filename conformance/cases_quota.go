@@ -8,21 +8,22 @@ import (
 	"time"
 
 	"github.com/go-idempotency/idempotency"
+	"github.com/go-idempotency/idempotency/backend"
 )
 
-// The Quota cases check the counters of [idempotency.QuotaCounter]
+// The Quota cases check the counters of [backend.QuotaCounter]
 // directly, on a store that implements it; on any other store they are
 // skipped, naming the interface.
 
 // quotaWindow is the window of the Quota cases: a day, so that a case
 // rarely spans two windows; one that does is done again.
-const quotaWindow = idempotency.MaxQuotaWindow
+const quotaWindow = backend.MaxQuotaWindow
 
 // quotaCounter returns the fixture's store as a QuotaCounter, or skips the
 // case.
-func (e *env[Tx]) quotaCounter(st idempotency.KeyStore[Tx]) idempotency.QuotaCounter {
+func (e *env[Tx]) quotaCounter(st idempotency.KeyStore[Tx]) backend.QuotaCounter {
 	e.t.Helper()
-	q, ok := st.(idempotency.QuotaCounter)
+	q, ok := st.(backend.QuotaCounter)
 	if !ok {
 		e.lacking("QuotaCounter")
 	}
@@ -30,9 +31,9 @@ func (e *env[Tx]) quotaCounter(st idempotency.KeyStore[Tx]) idempotency.QuotaCou
 }
 
 // admit calls AdmitQuota and fails the case on an error.
-func (e *env[Tx]) admit(qc idempotency.QuotaCounter, key idempotency.Key, q idempotency.Quota) idempotency.QuotaAdmission {
+func (e *env[Tx]) admit(qc backend.QuotaCounter, key idempotency.Key, q backend.Quota) backend.QuotaAdmission {
 	e.t.Helper()
-	a, err := qc.AdmitQuota(e.ctx, idempotency.QuotaCheck{Key: key, Quota: q})
+	a, err := qc.AdmitQuota(e.ctx, backend.QuotaCheck{Key: key, Quota: q})
 	if err != nil {
 		e.t.Fatalf("AdmitQuota: %v", err)
 	}
@@ -41,9 +42,9 @@ func (e *env[Tx]) admit(qc idempotency.QuotaCounter, key idempotency.Key, q idem
 
 // end calls EndQuota for an admission of scope and fails the case on an
 // error.
-func (e *env[Tx]) end(qc idempotency.QuotaCounter, scope string, q idempotency.Quota, a idempotency.QuotaAdmission, created bool) {
+func (e *env[Tx]) end(qc backend.QuotaCounter, scope string, q backend.Quota, a backend.QuotaAdmission, created bool) {
 	e.t.Helper()
-	err := qc.EndQuota(e.ctx, idempotency.QuotaEnd{Scope: scope, Window: q.Window, WindowStart: a.WindowStart, Created: created})
+	err := qc.EndQuota(e.ctx, backend.QuotaEnd{Scope: scope, Window: q.Window, WindowStart: a.WindowStart, Created: created})
 	if err != nil {
 		e.t.Fatalf("EndQuota: %v", err)
 	}
@@ -57,24 +58,24 @@ func (s *suite[Tx]) quotaAtomic(t *testing.T) {
 	s.need(t, "QuotaCounter")
 	e := s.setup(t, Options{})
 	stores := e.instances(storeInstances)
-	qcs := make([]idempotency.QuotaCounter, len(stores))
+	qcs := make([]backend.QuotaCounter, len(stores))
 	for i, st := range stores {
 		qcs[i] = e.quotaCounter(st)
 	}
 	const limit = 5
-	q := idempotency.Quota{Window: quotaWindow, MaxKeys: limit}
+	q := backend.Quota{Window: quotaWindow, MaxKeys: limit}
 	for round := 1; ; round++ {
 		scope := uniq("quota")
-		adms := make([]idempotency.QuotaAdmission, Callers)
+		adms := make([]backend.QuotaAdmission, Callers)
 		errs := make([]error, Callers)
 		var conflicts atomic.Int64
 		fire(t, Callers, func(i int) (idempotency.Response, error) {
-			check := idempotency.QuotaCheck{Key: idempotency.Key{Scope: scope, ID: uniq("k")}, Quota: q}
+			check := backend.QuotaCheck{Key: idempotency.Key{Scope: scope, ID: uniq("k")}, Quota: q}
 			// A conflict the store reports (ErrConflict) is retried, as a
 			// caller retries one: it counted nothing.
 			for try := 0; ; try++ {
 				adms[i], errs[i] = qcs[i%len(qcs)].AdmitQuota(e.ctx, check)
-				if !errors.Is(errs[i], idempotency.ErrConflict) || try == 50 || e.ctx.Err() != nil {
+				if !errors.Is(errs[i], backend.ErrConflict) || try == 50 || e.ctx.Err() != nil {
 					break
 				}
 				conflicts.Add(1)
@@ -94,7 +95,7 @@ func (s *suite[Tx]) quotaAtomic(t *testing.T) {
 			switch {
 			case a.Counted:
 				counted++
-			case a.Over != idempotency.QuotaKeys:
+			case a.Over != backend.QuotaKeys:
 				t.Fatalf("AdmitQuota of new key %d: %+v; want it counted, or refused with QuotaKeys", i, a)
 			}
 		}
@@ -119,7 +120,7 @@ func (s *suite[Tx]) quotaReplayFree(t *testing.T) {
 	scope := uniq("quota")
 	done := idempotency.Key{Scope: scope, ID: uniq("done")}
 	e.executes(e.guard(&idempotency.Config{TTL: time.Hour}), done, uniq("q"), "a key to replay")
-	q := idempotency.Quota{Window: quotaWindow, MaxKeys: 2, MaxInFlight: 2}
+	q := backend.Quota{Window: quotaWindow, MaxKeys: 2, MaxInFlight: 2}
 	for i := range 5 {
 		a := e.admit(qc, done, q)
 		if !a.Replay || a.Counted || a.Over != 0 {
@@ -147,9 +148,9 @@ func (s *suite[Tx]) quotaRefusedNotCounted(t *testing.T) {
 	for round := 1; ; round++ {
 		scope := uniq("quota")
 		key := func() idempotency.Key { return idempotency.Key{Scope: scope, ID: uniq("k")} }
-		q := idempotency.Quota{Window: quotaWindow, MaxKeys: 2}
-		var adms []idempotency.QuotaAdmission
-		step := func(want string, a idempotency.QuotaAdmission) {
+		q := backend.Quota{Window: quotaWindow, MaxKeys: 2}
+		var adms []backend.QuotaAdmission
+		step := func(want string, a backend.QuotaAdmission) {
 			t.Helper()
 			adms = append(adms, a)
 			got := "counted"
@@ -163,18 +164,18 @@ func (s *suite[Tx]) quotaRefusedNotCounted(t *testing.T) {
 		k1 := e.admit(qc, key(), q)
 		step("counted", k1)
 		step("counted", e.admit(qc, key(), q))
-		step(fmt.Sprintf("refused by %v", idempotency.QuotaKeys), e.admit(qc, key(), q))
-		step(fmt.Sprintf("refused by %v", idempotency.QuotaKeys), e.admit(qc, key(), q))
+		step(fmt.Sprintf("refused by %v", backend.QuotaKeys), e.admit(qc, key(), q))
+		step(fmt.Sprintf("refused by %v", backend.QuotaKeys), e.admit(qc, key(), q))
 		e.end(qc, scope, q, k1, false) // one key less: it stored nothing
 		step("counted", e.admit(qc, key(), q))
-		step(fmt.Sprintf("refused by %v", idempotency.QuotaKeys), e.admit(qc, key(), q))
+		step(fmt.Sprintf("refused by %v", backend.QuotaKeys), e.admit(qc, key(), q))
 
-		fl := idempotency.Quota{Window: quotaWindow, MaxInFlight: 1}
+		fl := backend.Quota{Window: quotaWindow, MaxInFlight: 1}
 		scope = uniq("quota")
 		r1 := e.admit(qc, key(), fl)
 		step("counted", r1)
-		step(fmt.Sprintf("refused by %v", idempotency.QuotaInFlight), e.admit(qc, key(), fl))
-		step(fmt.Sprintf("refused by %v", idempotency.QuotaInFlight), e.admit(qc, key(), fl))
+		step(fmt.Sprintf("refused by %v", backend.QuotaInFlight), e.admit(qc, key(), fl))
+		step(fmt.Sprintf("refused by %v", backend.QuotaInFlight), e.admit(qc, key(), fl))
 		e.end(qc, scope, fl, r1, true)
 		step("counted", e.admit(qc, key(), fl))
 		if len(windowsOf(adms)) == 1 || round == 3 {
@@ -184,7 +185,7 @@ func (s *suite[Tx]) quotaRefusedNotCounted(t *testing.T) {
 }
 
 // windowsOf returns the distinct windows the admissions were counted in.
-func windowsOf(adms []idempotency.QuotaAdmission) map[time.Time]bool {
+func windowsOf(adms []backend.QuotaAdmission) map[time.Time]bool {
 	w := map[time.Time]bool{}
 	for _, a := range adms {
 		if !a.WindowStart.IsZero() {

@@ -8,6 +8,7 @@ import (
 	"time"
 
 	"github.com/go-idempotency/idempotency"
+	"github.com/go-idempotency/idempotency/backend"
 )
 
 var errFnFails = errors.New("conformance: fn fails")
@@ -78,8 +79,8 @@ func (s *suite[Tx]) invalidResponse(t *testing.T) {
 }
 
 // reservation is what the core would ask Reserve for a new key now.
-func reservation(key idempotency.Key, wait time.Duration) idempotency.Reservation {
-	return idempotency.Reservation{Key: key, Fingerprint: "fp", TTL: time.Hour, Wait: wait}
+func reservation(key idempotency.Key, wait time.Duration) backend.Reservation {
+	return backend.Reservation{Key: key, Fingerprint: "fp", TTL: time.Hour, Wait: wait}
 }
 
 // freeBound is how long a key may stay held after its holder ended. On a

@@ -5,22 +5,23 @@ import (
 	"time"
 
 	"github.com/go-idempotency/idempotency"
+	"github.com/go-idempotency/idempotency/backend"
 )
 
-// ruleSchemaCheck is the sentence of [idempotency.SchemaChecker] that
+// ruleSchemaCheck is the sentence of [backend.SchemaChecker] that
 // SchemaCheck checks; TestSchemaRuleQuotesTheSource keeps it verbatim.
-var ruleSchemaCheck = rule{"keystore.go", "CheckSchema reads the database's catalog, writes nothing, and returns nil when the " +
+var ruleSchemaCheck = rule{"backend/contract.go", "CheckSchema reads the database's catalog, writes nothing, and returns nil when the " +
 	"store's keys table exists with every column this version's statements use"}
 
 // schemaCheck: a fixture's store, migrated, passes its own start-up check
-// ([idempotency.SchemaChecker]), with its quota table when it counts
+// ([backend.SchemaChecker]), with its quota table when it counts
 // quotas, while a key is held (the check reads the catalog, writes
 // nothing, waits for no key and needs no connection besides the holder's).
 // A store without a SchemaChecker passes [idempotency.Guard.CheckSchema].
 func (s *suite[Tx]) schemaCheck(t *testing.T) {
 	e := s.setup(t, Options{MaxConns: 2})
 	g := e.guard(nil)
-	_, quota := e.f.Store.(idempotency.QuotaCounter)
+	_, quota := e.f.Store.(backend.QuotaCounter)
 	check := idempotency.SchemaCheck{Quota: quota}
 	if err := g.CheckSchema(e.ctx, check); err != nil {
 		t.Fatalf("CheckSchema(%+v) of the fixture's store: %v; want nil: a migrated store passes its own check", check, err)

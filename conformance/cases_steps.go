@@ -9,10 +9,11 @@ import (
 	"time"
 
 	"github.com/go-idempotency/idempotency"
+	"github.com/go-idempotency/idempotency/backend"
 )
 
 // The Steps cases check the primitives of multi-step operations
-// ([idempotency.Stepper], [idempotency.Phase]) directly, on a store that
+// ([backend.Stepper], [backend.Phase]) directly, on a store that
 // implements them; on any other store they are skipped, naming the
 // interface.
 
@@ -55,9 +56,9 @@ func (e *env[Tx]) lacking(iface string) {
 }
 
 // stepper returns the fixture's store as a Stepper, or skips the case.
-func (e *env[Tx]) stepper() idempotency.Stepper[Tx] {
+func (e *env[Tx]) stepper() backend.Stepper[Tx] {
 	e.t.Helper()
-	st, ok := e.f.Store.(idempotency.Stepper[Tx])
+	st, ok := e.f.Store.(backend.Stepper[Tx])
 	if !ok {
 		e.lacking("Stepper")
 	}
@@ -67,27 +68,27 @@ func (e *env[Tx]) stepper() idempotency.Stepper[Tx] {
 // stepAcq is an Acquisition of key for owner, with a fingerprint, a TTL of
 // an hour, the long [stepLease] and no wait. Deadline bounds a store that
 // waits for a lock on a first try (SQLite) even with no wait.
-func stepAcq(key idempotency.Key, owner string) idempotency.Acquisition {
-	return idempotency.Acquisition{
-		Reservation: idempotency.Reservation{Key: key, Fingerprint: "fp-start", TTL: time.Hour, Deadline: time.Now().Add(5 * time.Second)},
+func stepAcq(key idempotency.Key, owner string) backend.Acquisition {
+	return backend.Acquisition{
+		Reservation: backend.Reservation{Key: key, Fingerprint: "fp-start", TTL: time.Hour, Deadline: time.Now().Add(5 * time.Second)},
 		Owner:       owner,
 		Lease:       stepLease,
 	}
 }
 
 // waiting is a with a wait of d (and a deadline past it).
-func waiting(a idempotency.Acquisition, d time.Duration) idempotency.Acquisition {
+func waiting(a backend.Acquisition, d time.Duration) backend.Acquisition {
 	a.Wait, a.Deadline = d, time.Now().Add(d+5*time.Second)
 	return a
 }
 
 // acquireRetrying calls st.Acquire as the core would: again, for up to
 // bound in all, while it reports a conflict to retry.
-func (e *env[Tx]) acquireRetrying(st idempotency.Stepper[Tx], a idempotency.Acquisition, bound time.Duration) (idempotency.Phase[Tx], *idempotency.Record, error) {
+func (e *env[Tx]) acquireRetrying(st backend.Stepper[Tx], a backend.Acquisition, bound time.Duration) (backend.Phase[Tx], *backend.Record, error) {
 	deadline := time.Now().Add(bound)
 	for {
 		p, rec, err := st.Acquire(e.ctx, a)
-		if !errors.Is(err, idempotency.ErrConflict) || !time.Now().Before(deadline) {
+		if !errors.Is(err, backend.ErrConflict) || !time.Now().Before(deadline) {
 			return p, rec, err
 		}
 		select {
@@ -99,11 +100,11 @@ func (e *env[Tx]) acquireRetrying(st idempotency.Stepper[Tx], a idempotency.Acqu
 }
 
 // phase fails the case unless a gives a Phase.
-func (e *env[Tx]) phase(st idempotency.Stepper[Tx], a idempotency.Acquisition, what string) idempotency.Phase[Tx] {
+func (e *env[Tx]) phase(st backend.Stepper[Tx], a backend.Acquisition, what string) backend.Phase[Tx] {
 	e.t.Helper()
 	var (
-		p   idempotency.Phase[Tx]
-		rec *idempotency.Record
+		p   backend.Phase[Tx]
+		rec *backend.Record
 		err error
 	)
 	within(e.t, 20*time.Second, "Acquire: "+what, func() { p, rec, err = e.acquireRetrying(st, a, 10*time.Second) })
@@ -114,11 +115,11 @@ func (e *env[Tx]) phase(st idempotency.Stepper[Tx], a idempotency.Acquisition, w
 }
 
 // heldFor fails the case unless a gets ErrInProgress within bound.
-func (e *env[Tx]) heldFor(st idempotency.Stepper[Tx], a idempotency.Acquisition, bound time.Duration, what string) {
+func (e *env[Tx]) heldFor(st backend.Stepper[Tx], a backend.Acquisition, bound time.Duration, what string) {
 	e.t.Helper()
 	var (
-		p   idempotency.Phase[Tx]
-		rec *idempotency.Record
+		p   backend.Phase[Tx]
+		rec *backend.Record
 		err error
 	)
 	start := time.Now()
@@ -145,7 +146,7 @@ func (e *env[Tx]) effect(tx Tx, tag string) {
 
 // resumes acquires key as owner, requires the progress, fingerprint and
 // tries the key was left with, and rolls the phase back.
-func (e *env[Tx]) resumes(st idempotency.Stepper[Tx], key idempotency.Key, owner string, progress []byte, tries int, what string) {
+func (e *env[Tx]) resumes(st backend.Stepper[Tx], key idempotency.Key, owner string, progress []byte, tries int, what string) {
 	e.t.Helper()
 	p := e.phase(st, stepAcq(key, owner), what)
 	e.checkPhase(p, progress, "fp-start", tries, what)
@@ -155,7 +156,7 @@ func (e *env[Tx]) resumes(st idempotency.Stepper[Tx], key idempotency.Key, owner
 }
 
 // checkPhase fails the case unless p has progress, fp and tries.
-func (e *env[Tx]) checkPhase(p idempotency.Phase[Tx], progress []byte, fp string, tries int, what string) {
+func (e *env[Tx]) checkPhase(p backend.Phase[Tx], progress []byte, fp string, tries int, what string) {
 	e.t.Helper()
 	got := p.Progress()
 	if (got == nil) != (progress == nil) || !bytes.Equal(got, progress) {
@@ -193,7 +194,7 @@ func (s *suite[Tx]) stepsNewKey(t *testing.T) {
 	e.checkPhase(p, nil, "fp-start", 0, "Acquire of a new key")
 	// The key is held as Reserve holds it.
 	var (
-		txn idempotency.Txn[Tx]
+		txn backend.Txn[Tx]
 		err error
 	)
 	r := reservation(key, 0)
@@ -303,7 +304,7 @@ func (s *suite[Tx]) stepsComplete(t *testing.T) {
 	}
 	e.count(tag, 3, "the operation's three phases")
 	end := t0.Add(2*time.Minute + 2*time.Hour)
-	check := func(rec *idempotency.Record, what string) {
+	check := func(rec *backend.Record, what string) {
 		t.Helper()
 		switch {
 		case rec == nil:

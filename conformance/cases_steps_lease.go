@@ -6,6 +6,7 @@ import (
 	"time"
 
 	"github.com/go-idempotency/idempotency"
+	"github.com/go-idempotency/idempotency/backend"
 )
 
 // stepShortLease is the lease of StepsHoldRunsOutMidStep's phases (at
@@ -44,8 +45,8 @@ func (s *suite[Tx]) stepsHoldRunsOut(t *testing.T) {
 		b := stepAcq(key, "owner-b")
 		b.Deadline = time.Now().Add(time.Second) // a store that waits for a lock on a first try
 		var (
-			pb  idempotency.Phase[Tx]
-			rec *idempotency.Record
+			pb  backend.Phase[Tx]
+			rec *backend.Record
 			err error
 		)
 		within(t, heldBound+10*time.Second, "Acquire by owner B", func() { pb, rec, err = e.acquireRetrying(st, b, heldBound) })
@@ -71,7 +72,7 @@ func (s *suite[Tx]) stepsHoldRunsOut(t *testing.T) {
 		if pb != nil {
 			// On several primaries ([Features].MultiPrimary) certification
 			// refuses the later commit: ErrConflict, nothing committed.
-			refused := errors.Is(aerr, idempotency.ErrLeaseLost) || (f.MultiPrimary && errors.Is(aerr, idempotency.ErrConflict))
+			refused := errors.Is(aerr, backend.ErrLeaseLost) || (f.MultiPrimary && errors.Is(aerr, backend.ErrConflict))
 			if !refused {
 				t.Fatalf("round %d: A's %s after its %v lease ran out mid-step and B took the key and saved: %v; want an error wrapping ErrLeaseLost, "+
 					"and nothing of A committed (a phase checks that it still holds the key when it commits)", round+1, end, lease, aerr)

@@ -10,6 +10,7 @@ import (
 	"time"
 
 	"github.com/go-idempotency/idempotency"
+	"github.com/go-idempotency/idempotency/backend"
 )
 
 // stepsOneConnection: phases of many keys at once on a pool of two
@@ -19,7 +20,7 @@ func (s *suite[Tx]) stepsOneConnection(t *testing.T) {
 	s.need(t, "Stepper")
 	e := s.setup(t, Options{MaxConns: 2})
 	st := e.stepper()
-	ad, _ := e.f.Store.(idempotency.KeyAdmin)
+	ad, _ := e.f.Store.(backend.KeyAdmin)
 	shared, sharedTag := idempotency.Key{ID: uniq("shared")}, uniq("shared")
 	keys := make([]idempotency.Key, Callers)
 	errs := make([]error, Callers)
@@ -41,14 +42,14 @@ func (s *suite[Tx]) stepsOneConnection(t *testing.T) {
 			// and is tried again, as the core tries it.
 			var err error
 			for range 10 {
-				var p idempotency.Phase[Tx]
+				var p backend.Phase[Tx]
 				p, _, err = e.acquireRetrying(st, waiting(stepAcq(shared, fmt.Sprint("owner-", i)), 10*time.Second), 10*time.Second)
 				switch {
 				case p != nil:
 					if err = e.f.Effect(e.ctx, p.Tx(), sharedTag); err != nil {
 						_ = p.Rollback(e.ctx)
-						if cc, ok := e.f.Store.(idempotency.ConflictClassifier); ok && cc.IsConflict(err) {
-							err = fmt.Errorf("%w: %w", idempotency.ErrConflict, err)
+						if cc, ok := e.f.Store.(backend.ConflictClassifier); ok && cc.IsConflict(err) {
+							err = fmt.Errorf("%w: %w", backend.ErrConflict, err)
 						}
 					} else if err = p.Save(e.ctx, []byte("shared")); err == nil {
 						won.Add(1)
@@ -56,7 +57,7 @@ func (s *suite[Tx]) stepsOneConnection(t *testing.T) {
 				case errors.Is(err, idempotency.ErrInProgress):
 					err = nil
 				}
-				if !errors.Is(err, idempotency.ErrConflict) {
+				if !errors.Is(err, backend.ErrConflict) {
 					break
 				}
 			}
@@ -85,14 +86,14 @@ func (s *suite[Tx]) stepsOneConnection(t *testing.T) {
 // poolPhases runs three phases of key (Save, Release, Complete), each with
 // one effect tagged tag, with an Abandoned and an Inspect between them; it
 // reports instead of failing (it runs on a goroutine of its own).
-func (e *env[Tx]) poolPhases(st idempotency.Stepper[Tx], ad idempotency.KeyAdmin, key idempotency.Key, tag, owner string) error {
+func (e *env[Tx]) poolPhases(st backend.Stepper[Tx], ad backend.KeyAdmin, key idempotency.Key, tag, owner string) error {
 	for i := range 3 {
 		// A commit that meets a conflict (a serialization failure under
 		// SERIALIZABLE) applied nothing: the phase is tried again, as the
 		// core tries it.
 		var err error
 		for range 10 {
-			if err = e.poolPhase(st, ad, key, tag, owner, i); !errors.Is(err, idempotency.ErrConflict) {
+			if err = e.poolPhase(st, ad, key, tag, owner, i); !errors.Is(err, backend.ErrConflict) {
 				break
 			}
 		}
@@ -104,7 +105,7 @@ func (e *env[Tx]) poolPhases(st idempotency.Stepper[Tx], ad idempotency.KeyAdmin
 }
 
 // poolPhase is phase i of poolPhases.
-func (e *env[Tx]) poolPhase(st idempotency.Stepper[Tx], ad idempotency.KeyAdmin, key idempotency.Key, tag, owner string, i int) error {
+func (e *env[Tx]) poolPhase(st backend.Stepper[Tx], ad backend.KeyAdmin, key idempotency.Key, tag, owner string, i int) error {
 	a := waiting(stepAcq(key, owner), 10*time.Second)
 	p, rec, err := e.acquireRetrying(st, a, 10*time.Second)
 	if err != nil || p == nil {
@@ -112,8 +113,8 @@ func (e *env[Tx]) poolPhase(st idempotency.Stepper[Tx], ad idempotency.KeyAdmin,
 	}
 	if err := e.f.Effect(e.ctx, p.Tx(), tag); err != nil {
 		_ = p.Rollback(e.ctx)
-		if cc, ok := e.f.Store.(idempotency.ConflictClassifier); ok && cc.IsConflict(err) {
-			err = fmt.Errorf("%w: %w", idempotency.ErrConflict, err)
+		if cc, ok := e.f.Store.(backend.ConflictClassifier); ok && cc.IsConflict(err) {
+			err = fmt.Errorf("%w: %w", backend.ErrConflict, err)
 		}
 		return fmt.Errorf("phase %d: effect: %w", i, err)
 	}
@@ -128,7 +129,7 @@ func (e *env[Tx]) poolPhase(st idempotency.Stepper[Tx], ad idempotency.KeyAdmin,
 	if err != nil {
 		return fmt.Errorf("phase %d: %w", i, err)
 	}
-	if _, err := st.Abandoned(e.ctx, idempotency.AbandonedQuery{MaxTries: 10, Limit: 5}); err != nil {
+	if _, err := st.Abandoned(e.ctx, backend.AbandonedQuery{MaxTries: 10, Limit: 5}); err != nil {
 		return fmt.Errorf("Abandoned after phase %d: %w", i, err)
 	}
 	if ad != nil {
@@ -148,11 +149,11 @@ func (s *suite[Tx]) stepsInvalidInput(t *testing.T) {
 	e := s.setup(t, Options{})
 	st := e.stepper()
 	key, tag := idempotency.Key{ID: uniq("bad")}, uniq("bad")
-	refused := func(a idempotency.Acquisition, what string) {
+	refused := func(a backend.Acquisition, what string) {
 		t.Helper()
 		var (
-			p   idempotency.Phase[Tx]
-			rec *idempotency.Record
+			p   backend.Phase[Tx]
+			rec *backend.Record
 			err error
 		)
 		within(t, 10*time.Second, "Acquire with "+what, func() { p, rec, err = st.Acquire(e.ctx, a) })
@@ -188,7 +189,7 @@ func (s *suite[Tx]) stepsInvalidInput(t *testing.T) {
 	for _, c := range []struct {
 		what     string
 		progress []byte
-	}{{"nil progress", nil}, {"MaxProgressLen+1 bytes of progress", make([]byte, idempotency.MaxProgressLen+1)}} {
+	}{{"nil progress", nil}, {"MaxProgressLen+1 bytes of progress", make([]byte, backend.MaxProgressLen+1)}} {
 		p := e.phase(st, stepAcq(key, "owner-a"), "a new key")
 		e.checkPhase(p, nil, "fp-start", 0, "a new key after a refused Save")
 		e.effect(p.Tx(), tag)
@@ -207,7 +208,7 @@ func (s *suite[Tx]) stepsInvalidInput(t *testing.T) {
 	for _, c := range []struct {
 		what     string
 		progress []byte
-	}{{"nil progress", nil}, {"MaxProgressLen+1 bytes of progress", make([]byte, idempotency.MaxProgressLen+1)}} {
+	}{{"nil progress", nil}, {"MaxProgressLen+1 bytes of progress", make([]byte, backend.MaxProgressLen+1)}} {
 		p := e.phase(st, stepAcq(key, "owner-a"), "its owner")
 		e.effect(p.Tx(), tag)
 		var err error
@@ -224,14 +225,14 @@ func (s *suite[Tx]) stepsInvalidInput(t *testing.T) {
 	for _, limit := range []int{0, -1, 1001} {
 		var err error
 		within(t, 10*time.Second, "Abandoned", func() {
-			_, err = st.Abandoned(e.ctx, idempotency.AbandonedQuery{MaxTries: 1, Limit: limit})
+			_, err = st.Abandoned(e.ctx, backend.AbandonedQuery{MaxTries: 1, Limit: limit})
 		})
 		if !errors.Is(err, idempotency.ErrInvalidConfig) {
 			t.Fatalf("Abandoned with Limit %d: got %v, want an error wrapping ErrInvalidConfig", limit, err)
 		}
 	}
 	for _, limit := range []int{1, 1000} {
-		if _, err := st.Abandoned(e.ctx, idempotency.AbandonedQuery{MaxTries: 1, Limit: limit}); err != nil {
+		if _, err := st.Abandoned(e.ctx, backend.AbandonedQuery{MaxTries: 1, Limit: limit}); err != nil {
 			t.Fatalf("Abandoned with Limit %d: %v", limit, err)
 		}
 	}

@@ -10,6 +10,7 @@ import (
 	"time"
 
 	"github.com/go-idempotency/idempotency"
+	"github.com/go-idempotency/idempotency/backend"
 )
 
 // stepsResumeOwnLease: the owner of a live lease acquires its key again and
@@ -29,7 +30,7 @@ func (s *suite[Tx]) stepsResumeOwnLease(t *testing.T) {
 	again.Fingerprint = "fp-other" // the core compares, not the store
 	p = e.phase(st, again, "its owner, while its lease lives")
 	e.checkPhase(p, binProgress, "fp-start", 0, "its owner, after saving binary progress")
-	big := make([]byte, idempotency.MaxProgressLen)
+	big := make([]byte, backend.MaxProgressLen)
 	_, _ = rand.Read(big)
 	e.effect(p.Tx(), tag)
 	if err := p.Save(e.ctx, big); err != nil {
@@ -67,7 +68,7 @@ func (s *suite[Tx]) stepsOtherOwnerLiveLease(t *testing.T) {
 	p = e.phase(st, stepAcq(key, "owner-a"), "its owner again")
 	e.checkPhase(p, []byte("p1"), "fp-start", 0, "its owner, after another owner was refused")
 	type acquired struct {
-		p   idempotency.Phase[Tx]
+		p   backend.Phase[Tx]
 		err error
 	}
 	out := make(chan acquired, 1)
@@ -155,11 +156,11 @@ func (s *suite[Tx]) stepsTakeOverIsCAS(t *testing.T) {
 	s.need(t, "Stepper")
 	e := s.setup(t, Options{})
 	e.stepper()
-	var sts []idempotency.Stepper[Tx]
+	var sts []backend.Stepper[Tx]
 	for _, store := range e.instances(storeInstances) {
-		st, ok := store.(idempotency.Stepper[Tx])
+		st, ok := store.(backend.Stepper[Tx])
 		if !ok {
-			t.Fatalf("Fixture.Reopen gave a %T, which does not implement idempotency.Stepper as the fixture's store does", store)
+			t.Fatalf("Fixture.Reopen gave a %T, which does not implement backend.Stepper as the fixture's store does", store)
 		}
 		sts = append(sts, st)
 	}

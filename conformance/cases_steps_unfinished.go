@@ -9,6 +9,7 @@ import (
 	"time"
 
 	"github.com/go-idempotency/idempotency"
+	"github.com/go-idempotency/idempotency/backend"
 )
 
 // stepsReserveUnfinished: Reserve and Do report an unfinished key held,
@@ -35,8 +36,8 @@ func (s *suite[Tx]) stepsReserveUnfinished(t *testing.T) {
 		}
 		for _, wait := range []time.Duration{0, 300 * time.Millisecond} {
 			var (
-				txn idempotency.Txn[Tx]
-				rec *idempotency.Record
+				txn backend.Txn[Tx]
+				rec *backend.Record
 			)
 			r := reservation(key, wait)
 			r.Deadline = time.Now().Add(wait + heldBound)
@@ -99,7 +100,7 @@ func (s *suite[Tx]) stepsPurgeSkipsUnfinished(t *testing.T) {
 			t.Fatalf("Purge %d, ten years on, with %d expired records and 2 unfinished keys: got %d, %v; want %d", i+1, len(done), n, err, w)
 		}
 	}
-	ad, _ := e.f.Store.(idempotency.KeyAdmin)
+	ad, _ := e.f.Store.(backend.KeyAdmin)
 	for _, k := range []idempotency.Key{live, released} {
 		txn, rec, err := e.f.Store.Reserve(e.ctx, reservation(k, 0))
 		if txn != nil {
@@ -111,7 +112,7 @@ func (s *suite[Tx]) stepsPurgeSkipsUnfinished(t *testing.T) {
 		if ad != nil {
 			info, err := ad.Inspect(e.ctx, k, false)
 			if err != nil || !isMaxExpiry(info.ExpiresAt) {
-				t.Fatalf("Inspect of an unfinished key: got %+v, %v; want ExpiresAt MaxExpiry (%v)", info, err, idempotency.MaxExpiry())
+				t.Fatalf("Inspect of an unfinished key: got %+v, %v; want ExpiresAt MaxExpiry (%v)", info, err, backend.MaxExpiry())
 			}
 		}
 	}
@@ -126,7 +127,7 @@ func (s *suite[Tx]) stepsPurgeSkipsUnfinished(t *testing.T) {
 // isMaxExpiry reports whether t is MaxExpiry, kept to the millisecond
 // (rounding down) or better.
 func isMaxExpiry(t time.Time) bool {
-	m := idempotency.MaxExpiry()
+	m := backend.MaxExpiry()
 	return !t.After(m) && t.After(m.Add(-time.Millisecond))
 }
 
@@ -177,10 +178,10 @@ func (s *suite[Tx]) stepsAbandoned(t *testing.T) {
 	k6 := released("k6", 1)
 	clk.Set(t0.Add(5 * time.Minute))
 
-	list := func(q idempotency.AbandonedQuery, want []made, what string) {
+	list := func(q backend.AbandonedQuery, want []made, what string) {
 		t.Helper()
 		var (
-			got []idempotency.AbandonedKey
+			got []backend.AbandonedKey
 			err error
 		)
 		within(t, heldBound+10*time.Second, "Abandoned", func() { got, err = st.Abandoned(e.ctx, q) })
@@ -205,14 +206,14 @@ func (s *suite[Tx]) stepsAbandoned(t *testing.T) {
 			}
 		}
 	}
-	all := idempotency.AbandonedQuery{MaxTries: 10, Limit: 1000}
+	all := backend.AbandonedQuery{MaxTries: 10, Limit: 1000}
 	list(all, []made{k1, k2, k3, k6}, "at t0+5m")
-	list(idempotency.AbandonedQuery{Grace: 3 * time.Minute, MaxTries: 10, Limit: 1000}, []made{k1, k2, k3}, "Grace 3m (k3 ended exactly 3m ago)")
-	list(idempotency.AbandonedQuery{Grace: 3*time.Minute + time.Millisecond, MaxTries: 10, Limit: 1000}, []made{k1, k2}, "Grace 3m1ms")
-	list(idempotency.AbandonedQuery{MaxTries: 2, Limit: 1000}, []made{k1, k2, k6}, "MaxTries 2 (k3 has 2)")
-	list(idempotency.AbandonedQuery{MaxTries: 1, Limit: 1000}, nil, "MaxTries 1")
-	list(idempotency.AbandonedQuery{MaxTries: 10, Limit: 2}, []made{k1, k2}, "Limit 2")
-	list(idempotency.AbandonedQuery{MaxTries: 10, Limit: 1}, []made{k1}, "Limit 1")
+	list(backend.AbandonedQuery{Grace: 3 * time.Minute, MaxTries: 10, Limit: 1000}, []made{k1, k2, k3}, "Grace 3m (k3 ended exactly 3m ago)")
+	list(backend.AbandonedQuery{Grace: 3*time.Minute + time.Millisecond, MaxTries: 10, Limit: 1000}, []made{k1, k2}, "Grace 3m1ms")
+	list(backend.AbandonedQuery{MaxTries: 2, Limit: 1000}, []made{k1, k2, k6}, "MaxTries 2 (k3 has 2)")
+	list(backend.AbandonedQuery{MaxTries: 1, Limit: 1000}, nil, "MaxTries 1")
+	list(backend.AbandonedQuery{MaxTries: 10, Limit: 2}, []made{k1, k2}, "Limit 2")
+	list(backend.AbandonedQuery{MaxTries: 10, Limit: 1}, []made{k1}, "Limit 1")
 	clk.Set(k4.ended)
 	list(all, []made{k1, k2, k3, k6, k4}, "when k4's lease ran out, unreleased")
 

@@ -8,6 +8,7 @@ import (
 	"time"
 
 	"github.com/go-idempotency/idempotency"
+	"github.com/go-idempotency/idempotency/backend"
 )
 
 func (s *suite[Tx]) ttlExpiry(t *testing.T) {
@@ -239,7 +240,7 @@ func (s *suite[Tx]) ttlExtremes(t *testing.T) {
 		e.replays(g, key, resp, "TTL math.MaxInt64, at once")
 		clk.Add(200 * 365 * 24 * time.Hour)
 		e.replays(g, key, resp, "TTL math.MaxInt64, 200 years later")
-		clk.Set(idempotency.MaxExpiry().Add(-time.Millisecond))
+		clk.Set(backend.MaxExpiry().Add(-time.Millisecond))
 		e.replays(g, key, resp, "TTL math.MaxInt64, 1ms before MaxExpiry")
 		e.count(tag, 1, "a key that never expires runs once")
 	})
@@ -264,9 +265,9 @@ func (s *suite[Tx]) clockExtremes(t *testing.T) {
 		name string
 		now  time.Time
 	}{
-		{"MaxExpiry", idempotency.MaxExpiry()},
-		{"AfterMaxExpiry", idempotency.MaxExpiry().Add(time.Hour)},
-		{"BeforeMinClock", idempotency.MinClock().Add(-time.Nanosecond)},
+		{"MaxExpiry", backend.MaxExpiry()},
+		{"AfterMaxExpiry", backend.MaxExpiry().Add(time.Hour)},
+		{"BeforeMinClock", backend.MinClock().Add(-time.Nanosecond)},
 	} {
 		clk.Set(c.now)
 		g := e.guard(nil)
@@ -283,18 +284,18 @@ func (s *suite[Tx]) clockExtremes(t *testing.T) {
 
 	// The latest readings: the expiry is clamped to MaxExpiry.
 	hi := clk
-	hi.Set(idempotency.MaxExpiry().Truncate(time.Second).Add(-time.Second))
+	hi.Set(backend.MaxExpiry().Truncate(time.Second).Add(-time.Second))
 	g := e.guard(&idempotency.Config{TTL: time.Hour})
 	key, tag := idempotency.Key{ID: uniq("hi")}, uniq("hi")
 	resp := e.executes(g, key, tag, "clock 1s before MaxExpiry")
 	e.replays(g, key, resp, "clock 1s before MaxExpiry, again")
-	hi.Set(idempotency.MaxExpiry().Add(-time.Millisecond))
+	hi.Set(backend.MaxExpiry().Add(-time.Millisecond))
 	e.replays(g, key, resp, "clock 1ms before MaxExpiry")
 	e.count(tag, 1, "near MaxExpiry")
 
 	// The earliest readings.
 	lo := clk
-	lo.Set(idempotency.MinClock().Truncate(time.Second).Add(time.Second))
+	lo.Set(backend.MinClock().Truncate(time.Second).Add(time.Second))
 	g = e.guard(&idempotency.Config{TTL: time.Hour})
 	key, tag = idempotency.Key{ID: uniq("lo")}, uniq("lo")
 	resp = e.executes(g, key, tag, "clock 1s after MinClock")

@@ -10,6 +10,7 @@ import (
 	"time"
 
 	"github.com/go-idempotency/idempotency"
+	"github.com/go-idempotency/idempotency/backend"
 	"github.com/go-idempotency/idempotency/conformance"
 )
 
@@ -255,7 +256,7 @@ func lateSuite(t *testing.T) {
 // hungStore never returns from a Reserve with NoWait: it ignores its ctx.
 type hungStore struct{ *revStore }
 
-func (s hungStore) Reserve(ctx context.Context, r idempotency.Reservation) (idempotency.Txn[*revTx], *idempotency.Record, error) {
+func (s hungStore) Reserve(ctx context.Context, r backend.Reservation) (backend.Txn[*revTx], *backend.Record, error) {
 	if r.NoWait {
 		select {} //nolint:staticcheck // the point: a call that never returns
 	}

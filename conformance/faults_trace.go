@@ -8,6 +8,7 @@ import (
 	"sync"
 
 	"github.com/go-idempotency/idempotency"
+	"github.com/go-idempotency/idempotency/backend"
 	"github.com/go-idempotency/idempotency/conformance/faultproxy"
 )
 
@@ -103,7 +104,7 @@ type phasedStore[Tx any] struct {
 	lab   *faultLabeler
 }
 
-func (s *phasedStore[Tx]) Reserve(ctx context.Context, r idempotency.Reservation) (idempotency.Txn[Tx], *idempotency.Record, error) {
+func (s *phasedStore[Tx]) Reserve(ctx context.Context, r backend.Reservation) (backend.Txn[Tx], *backend.Record, error) {
 	s.lab.set(phaseReserve)
 	defer s.lab.set("")
 	txn, rec, err := s.inner.Reserve(ctx, r)
@@ -119,12 +120,12 @@ func (s *phasedStore[Tx]) Purge(ctx context.Context, limit int) (int, error) {
 
 // IsConflict passes the wrapped store's classification on.
 func (s *phasedStore[Tx]) IsConflict(err error) bool {
-	cc, ok := s.inner.(idempotency.ConflictClassifier)
+	cc, ok := s.inner.(backend.ConflictClassifier)
 	return ok && cc.IsConflict(err)
 }
 
 type phasedTxn[Tx any] struct {
-	inner idempotency.Txn[Tx]
+	inner backend.Txn[Tx]
 	lab   *faultLabeler
 }
 

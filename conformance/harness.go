@@ -12,7 +12,7 @@
 // its concurrent callers together through a start gate. It runs under a
 // watchdog, so a deadlock fails the case instead of hanging the run. A case
 // that checks a rule of the contract (the doc comments of
-// [idempotency.KeyStore] and [idempotency.Txn]) logs, when it fails, the
+// [idempotency.KeyStore] and [backend.Txn]) logs, when it fails, the
 // sentence it checks, as [testing/slogtest] does.
 //
 // Beyond the happy paths, the suite:
@@ -31,10 +31,10 @@
 //     and a store that cannot take a test clock ([Features].NoClock,
 //     [Features].ExpiryGranularity) is still checked;
 //   - checks every optional interface the store implements:
-//     [idempotency.Stepper] (including a phase whose lease runs out while
-//     it is open), [idempotency.KeyAdmin], [idempotency.KeyLister],
-//     [idempotency.QuotaCounter] (atomic admissions, free replays, refusals
-//     that count nothing) and [idempotency.Migrator]; the cases of an
+//     [backend.Stepper] (including a phase whose lease runs out while
+//     it is open), [backend.KeyAdmin], [backend.KeyLister],
+//     [backend.QuotaCounter] (atomic admissions, free replays, refusals
+//     that count nothing) and [backend.Migrator]; the cases of an
 //     interface the store lacks are skipped, naming it;
 //   - runs instances of the store on hosts whose clocks are an hour apart
 //     when the fixture sets [Fixture].ReopenAt, and lets a holder die with
@@ -128,7 +128,7 @@ type Options struct {
 	// (CompleteInterrupted, the rollback cases) and 30 s
 	// (FailedCompleteFreesKey), each at least [Features].MinLease. Leases
 	// run on the store's own clock, never on [Options].Clock: a test clock
-	// drives expiries and the leases of [idempotency.Stepper] phases, not
+	// drives expiries and the leases of [backend.Stepper] phases, not
 	// the hold of a reservation.
 	Lease time.Duration
 	// Clock, when non-nil, is the test clock the fixture passes to its
@@ -181,7 +181,7 @@ type Features struct {
 	// MinLease, when > 0, is the shortest lease the store can hold (an
 	// etcd lease lasts at least about 1.5x the cluster's election timeout).
 	// Every lease the suite asks for ([Options].Lease, a Phase's
-	// [idempotency.Acquisition].Lease in StepsHoldRunsOutMidStep) is then
+	// [backend.Acquisition].Lease in StepsHoldRunsOutMidStep) is then
 	// at least MinLease, rounded up to ExpiryGranularity.
 	MinLease time.Duration
 	// ClockSkew, when > 0, is the largest disagreement between the clocks
@@ -195,7 +195,7 @@ type Features struct {
 	// that certify transactions at commit (Galera, MySQL Group Replication
 	// in multi-primary mode). Callers of one free key on two nodes can both
 	// obtain a Txn and run fn, and only one of them commits. The other's
-	// Complete fails with [idempotency.ErrConflict], nothing of it
+	// Complete fails with [backend.ErrConflict], nothing of it
 	// committed, and its retry replays the winner's answer. The racing
 	// cases then require one committed effect and identical answers, not
 	// one run of fn. (fn's writes through tx are safe there; anything else

@@ -7,6 +7,7 @@ import (
 	"sync"
 
 	"github.com/go-idempotency/idempotency"
+	"github.com/go-idempotency/idempotency/backend"
 )
 
 // conflictOnceStore wraps a correct store: the first Complete of each key
@@ -19,7 +20,7 @@ type conflictOnceStore struct {
 	seen map[idempotency.Key]bool
 }
 
-func (s *conflictOnceStore) Reserve(ctx context.Context, r idempotency.Reservation) (idempotency.Txn[*sql.Tx], *idempotency.Record, error) {
+func (s *conflictOnceStore) Reserve(ctx context.Context, r backend.Reservation) (backend.Txn[*sql.Tx], *backend.Record, error) {
 	txn, rec, err := s.KeyStore.Reserve(ctx, r)
 	if txn == nil {
 		return txn, rec, err
@@ -33,11 +34,11 @@ func (s *conflictOnceStore) Reserve(ctx context.Context, r idempotency.Reservati
 	return conflictTxn{txn}, rec, err
 }
 
-type conflictTxn struct{ idempotency.Txn[*sql.Tx] }
+type conflictTxn struct{ backend.Txn[*sql.Tx] }
 
 func (t conflictTxn) Complete(ctx context.Context, _ idempotency.Response) error {
 	if err := t.Rollback(ctx); err != nil {
 		return err
 	}
-	return fmt.Errorf("%w: injected: the transaction lost to another writer", idempotency.ErrConflict)
+	return fmt.Errorf("%w: injected: the transaction lost to another writer", backend.ErrConflict)
 }

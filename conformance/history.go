@@ -13,6 +13,7 @@ import (
 	"time"
 
 	"github.com/go-idempotency/idempotency"
+	"github.com/go-idempotency/idempotency/backend"
 	"github.com/go-idempotency/idempotency/conformance/faultproxy"
 )
 
@@ -349,7 +350,7 @@ func (r *HistoryRig[Tx]) classify(hc *HistoryCall, resp idempotency.Response, er
 			hc.ErrKind = "ErrStore"
 		case errors.Is(err, context.DeadlineExceeded):
 			hc.ErrKind = "deadline"
-		case errors.Is(err, idempotency.ErrLeaseLost):
+		case errors.Is(err, backend.ErrLeaseLost):
 			hc.ErrKind = "ErrLeaseLost"
 		default:
 			hc.ErrKind = "other: " + err.Error()

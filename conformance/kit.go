@@ -15,6 +15,7 @@ import (
 	"time"
 
 	"github.com/go-idempotency/idempotency"
+	"github.com/go-idempotency/idempotency/backend"
 )
 
 // effectFn returns an fn that performs one effect tagged tag and answers
@@ -256,11 +257,11 @@ func newSpy[Tx any](store idempotency.KeyStore[Tx]) *spyStore[Tx] {
 // IsConflict passes the wrapped store's classification on, so that the
 // core retries the same conflicts through the spy as without it.
 func (s *spyStore[Tx]) IsConflict(err error) bool {
-	cc, ok := s.KeyStore.(idempotency.ConflictClassifier)
+	cc, ok := s.KeyStore.(backend.ConflictClassifier)
 	return ok && cc.IsConflict(err)
 }
 
-func (s *spyStore[Tx]) Reserve(ctx context.Context, r idempotency.Reservation) (idempotency.Txn[Tx], *idempotency.Record, error) {
+func (s *spyStore[Tx]) Reserve(ctx context.Context, r backend.Reservation) (backend.Txn[Tx], *backend.Record, error) {
 	s.reserves.Add(1)
 	s.mu.Lock()
 	s.perKey[r.Key]++
@@ -300,7 +301,7 @@ func (s *spyStore[Tx]) maxes() (perKey, waiting int) {
 }
 
 type spyTxn[Tx any] struct {
-	idempotency.Txn[Tx]
+	backend.Txn[Tx]
 	ctx func(context.Context) (context.Context, context.CancelFunc)
 }
 

@@ -7,6 +7,7 @@ import (
 	"time"
 
 	"github.com/go-idempotency/idempotency"
+	"github.com/go-idempotency/idempotency/backend"
 	"github.com/go-idempotency/idempotency/conformance"
 	"github.com/go-idempotency/idempotency/internal/memstore"
 )
@@ -50,16 +51,16 @@ type quotaRow struct {
 
 type quotaRowCount struct{ keys, inFlight int64 }
 
-func (s *quotaStore) AdmitQuota(ctx context.Context, q idempotency.QuotaCheck) (idempotency.QuotaAdmission, error) {
+func (s *quotaStore) AdmitQuota(ctx context.Context, q backend.QuotaCheck) (backend.QuotaAdmission, error) {
 	if !s.bugs.countsReplays {
-		if info, err := s.Inspect(ctx, q.Key, false); err == nil && info.State == idempotency.KeyCompleted {
-			return idempotency.QuotaAdmission{Replay: true}, nil
+		if info, err := s.Inspect(ctx, q.Key, false); err == nil && info.State == backend.KeyCompleted {
+			return backend.QuotaAdmission{Replay: true}, nil
 		}
 	}
 	now := time.Now()
 	ms, span := now.UnixMilli(), q.Quota.Window.Milliseconds()
 	row := quotaRow{q.Key.Scope, q.Quota.Window, ms - ms%span}
-	adm := idempotency.QuotaAdmission{WindowStart: time.UnixMilli(row.start), RetryAfter: time.UnixMilli(row.start + span).Sub(now)}
+	adm := backend.QuotaAdmission{WindowStart: time.UnixMilli(row.start), RetryAfter: time.UnixMilli(row.start + span).Sub(now)}
 	s.mu.Lock()
 	c := s.rows[row]
 	if c == nil {
@@ -76,9 +77,9 @@ func (s *quotaStore) AdmitQuota(ctx context.Context, q idempotency.QuotaCheck) (
 	maxKeys, maxInFlight, _ := q.Quota.Limits()
 	switch {
 	case read.keys >= maxKeys:
-		adm.Over = idempotency.QuotaKeys
+		adm.Over = backend.QuotaKeys
 	case read.inFlight >= maxInFlight:
-		adm.Over = idempotency.QuotaInFlight
+		adm.Over = backend.QuotaInFlight
 	default:
 		adm.Counted = true
 	}
@@ -88,7 +89,7 @@ func (s *quotaStore) AdmitQuota(ctx context.Context, q idempotency.QuotaCheck) (
 	return adm, nil
 }
 
-func (s *quotaStore) EndQuota(_ context.Context, e idempotency.QuotaEnd) error {
+func (s *quotaStore) EndQuota(_ context.Context, e backend.QuotaEnd) error {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	c := s.rows[quotaRow{e.Scope, e.Window, e.WindowStart.UnixMilli()}]
@@ -104,7 +105,7 @@ func (s *quotaStore) EndQuota(_ context.Context, e idempotency.QuotaEnd) error {
 
 func (s *quotaStore) PurgeQuota(context.Context, int) (int, error) { return 0, nil }
 
-var _ idempotency.QuotaCounter = (*quotaStore)(nil)
+var _ backend.QuotaCounter = (*quotaStore)(nil)
 
 // quotaSuite runs the suite on a quotaStore with mistakes m.
 func quotaSuite(m quotaMistakes) func(t *testing.T) {

@@ -9,6 +9,7 @@ import (
 	"time"
 
 	"github.com/go-idempotency/idempotency"
+	"github.com/go-idempotency/idempotency/backend"
 	"github.com/go-idempotency/idempotency/conformance"
 )
 
@@ -41,7 +42,7 @@ type revVal struct {
 	// hostLeaseEnd is the holder's clock plus the lease, written by the
 	// client: read only with the hostLease mistake.
 	hostLeaseEnd time.Time
-	rec          idempotency.Record
+	rec          backend.Record
 }
 
 func newRevServer() *revServer {
@@ -212,13 +213,13 @@ func (s *revStore) now() (time.Time, error) {
 		return time.Now(), nil
 	}
 	now := s.clock()
-	return now, idempotency.CheckClock(now)
+	return now, backend.CheckClock(now)
 }
 
 // revTx buffers the effects of one reservation, applied with Complete.
 type revTx struct{ effects []string }
 
-func (s *revStore) Reserve(ctx context.Context, r idempotency.Reservation) (idempotency.Txn[*revTx], *idempotency.Record, error) {
+func (s *revStore) Reserve(ctx context.Context, r backend.Reservation) (backend.Txn[*revTx], *backend.Record, error) {
 	deadline := time.Now().Add(r.Wait)
 	var watched int64 // the revision this caller watches (noLeaseOnHold)
 	var watchedSince time.Time
@@ -254,7 +255,7 @@ func (s *revStore) Reserve(ctx context.Context, r idempotency.Reservation) (idem
 				time.Sleep(s.gap)
 			}
 			nv := &revVal{pending: true, hostLeaseEnd: s.host().Add(s.lease),
-				rec: idempotency.Record{Key: r.Key, Fingerprint: r.Fingerprint, CreatedAt: now, ExpiresAt: idempotency.Expiry(now, r.TTL)}}
+				rec: backend.Record{Key: r.Key, Fingerprint: r.Fingerprint, CreatedAt: now, ExpiresAt: backend.Expiry(now, r.TTL)}}
 			lease := s.coarse(s.lease)
 			if s.bugs.noLeaseOnHold {
 				lease = 0
@@ -342,11 +343,11 @@ func (t *revTxn) Complete(ctx context.Context, resp idempotency.Response) error 
 		}
 		return err
 	}
-	expires := idempotency.Expiry(now, t.s.coarse(t.ttl))
+	expires := backend.Expiry(now, t.s.coarse(t.ttl))
 	if t.s.clock == nil && t.s.bugs.noClockNoExpiry {
-		expires = idempotency.MaxExpiry()
+		expires = backend.MaxExpiry()
 	}
-	v := &revVal{rec: idempotency.Record{Key: t.key, Fingerprint: t.fp, Status: resp.Status, Header: resp.Header.Clone(),
+	v := &revVal{rec: backend.Record{Key: t.key, Fingerprint: t.fp, Status: resp.Status, Header: resp.Header.Clone(),
 		Body: bytes.Clone(resp.Body), CreatedAt: t.created, ExpiresAt: expires}}
 	if ok, _ := t.s.srv.txn(t.key, t.mod, t.s.bugs.noOwnerCheck, v, t.tx.effects, 0); ok {
 		return nil
@@ -354,7 +355,7 @@ func (t *revTxn) Complete(ctx context.Context, resp idempotency.Response) error 
 	if t.s.bugs.lostAsPlain {
 		return fmt.Errorf("rev store: key %v: compare failed", t.key)
 	}
-	return fmt.Errorf("%w: rev store: key %v was taken over", idempotency.ErrLeaseLost, t.key)
+	return fmt.Errorf("%w: rev store: key %v was taken over", backend.ErrLeaseLost, t.key)
 }
 
 func (t *revTxn) Rollback(context.Context) error {

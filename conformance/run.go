@@ -106,7 +106,7 @@ func (s *suite[Tx]) cases() []testCase {
 		{"TTLExpiryStoreClock", []rule{ruleStoreClock, ruleExpiredAbsent, ruleRoundUp, rulePurgeDeletes}, s.ttlExpiryStoreClock},
 		{"HostClocksDiffer", []rule{ruleHostsDisagree, ruleNoClockHold}, s.hostClocksDiffer},
 		{"LeaseHolderDies", []rule{ruleHoldEnds, ruleLeaseEnds}, s.leaseHolderDies},
-		// Multi-step operations (idempotency.Stepper); skipped on a store
+		// Multi-step operations (backend.Stepper); skipped on a store
 		// that does not implement it.
 		{"StepsNewKey", []rule{ruleAcquirePhase, ruleStepOneTxn, ruleSave, rulePhaseRollback}, s.stepsNewKey},
 		{"StepsResumeOwnLease", []rule{ruleAcquirePhase, ruleSave, rulePhaseRollback}, s.stepsResumeOwnLease},
@@ -121,18 +121,18 @@ func (s *suite[Tx]) cases() []testCase {
 		{"StepsPhaseOneConnection", []rule{ruleOneConn, rulePhaseOver}, s.stepsOneConnection},
 		{"StepsInvalidInput", []rule{ruleAcquireInput, ruleSave, ruleAbandonedLimit, rulePhaseOver}, s.stepsInvalidInput},
 		{"StepsHoldRunsOutMidStep", []rule{rulePhaseHolds, ruleStepClock}, s.stepsHoldRunsOut},
-		// Key administration (idempotency.KeyAdmin, idempotency.KeyLister);
+		// Key administration (backend.KeyAdmin, backend.KeyLister);
 		// skipped on a store that does not implement it.
 		{"AdminInspect", []rule{ruleInspect, ruleInspectHeldNew, ruleStateHeld, ruleStateUnfinished, ruleStateExpired, ruleInfoTimes}, s.adminInspect},
 		{"AdminForget", []rule{ruleForget, ruleForgetUnfinished}, s.adminForget},
 		{"AdminList", []rule{ruleList, ruleListNext, ruleListCursor, ruleListLimit}, s.adminList},
 		{"AdminStats", []rule{ruleStats, ruleStatsFields}, s.adminStats},
-		// Quota counters (idempotency.QuotaCounter); skipped on a store
+		// Quota counters (backend.QuotaCounter); skipped on a store
 		// that does not implement it.
 		{"QuotaAtomic", []rule{ruleQuotaAtomic, ruleQuotaCAS}, s.quotaAtomic},
 		{"QuotaReplayFree", []rule{ruleQuotaReplay}, s.quotaReplayFree},
 		{"QuotaRefusedNotCounted", []rule{ruleQuotaOver, ruleQuotaEnd}, s.quotaRefusedNotCounted},
-		// Operations end to end (Guard.Run over idempotency.Stepper).
+		// Operations end to end (Guard.Run over backend.Stepper).
 		{"OperationConcurrentSameKey", nil, s.operationConcurrentSameKey},
 		{"OperationResumes", nil, s.operationResumes},
 		{"OperationLease", nil, s.operationLease},
@@ -148,7 +148,7 @@ type suite[Tx any] struct {
 	ctx context.Context
 	// late takes the reports that reach a fixture's t after its case ended.
 	late *lateSink
-	// lacks names the optional interfaces (idempotency.Stepper, KeyAdmin,
+	// lacks names the optional interfaces (backend.Stepper, KeyAdmin,
 	// KeyLister) a fixture's store was found not to implement: the later
 	// cases that need one skip without building a fixture.
 	lacks map[string]bool

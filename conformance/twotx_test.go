@@ -11,6 +11,7 @@ import (
 	"time"
 
 	"github.com/go-idempotency/idempotency"
+	"github.com/go-idempotency/idempotency/backend"
 	"github.com/go-idempotency/idempotency/conformance"
 	"github.com/go-idempotency/idempotency/internal/testkit"
 	"github.com/go-idempotency/idempotency/sqlite"
@@ -29,7 +30,7 @@ type twoTxStore struct {
 	now   func() time.Time // the store's clock
 }
 
-func (s *twoTxStore) Reserve(ctx context.Context, r idempotency.Reservation) (idempotency.Txn[*sql.Tx], *idempotency.Record, error) {
+func (s *twoTxStore) Reserve(ctx context.Context, r backend.Reservation) (backend.Txn[*sql.Tx], *backend.Record, error) {
 	deadline := time.Now().Add(r.Wait)
 	for {
 		// 1. The reservation: its own committed statement, taking over an
@@ -39,7 +40,7 @@ func (s *twoTxStore) Reserve(ctx context.Context, r idempotency.Reservation) (id
 VALUES (?, ?, ?, 'pending', ?, ?)
 ON CONFLICT (scope, id) DO UPDATE SET fp = excluded.fp, state = 'pending', status = NULL, header = NULL, body = NULL,
 	created = excluded.created, expires = excluded.expires
-WHERE expires <= ?`, r.Key.Scope, r.Key.ID, r.Fingerprint, now.UnixNano(), idempotency.Expiry(now, r.TTL).UnixNano(), now.UnixNano())
+WHERE expires <= ?`, r.Key.Scope, r.Key.ID, r.Fingerprint, now.UnixNano(), backend.Expiry(now, r.TTL).UnixNano(), now.UnixNano())
 		if err != nil {
 			return nil, nil, busy(err)
 		}
@@ -68,7 +69,7 @@ WHERE expires <= ?`, r.Key.Scope, r.Key.ID, r.Fingerprint, now.UnixNano(), idemp
 }
 
 // read returns the key's record if it is completed (nil if it is pending).
-func (s *twoTxStore) read(ctx context.Context, key idempotency.Key) (*idempotency.Record, error) {
+func (s *twoTxStore) read(ctx context.Context, key idempotency.Key) (*backend.Record, error) {
 	var (
 		fp, state        string
 		status           sql.NullInt64
@@ -83,11 +84,11 @@ func (s *twoTxStore) read(ctx context.Context, key idempotency.Key) (*idempotenc
 	if err != nil {
 		return nil, busy(err)
 	}
-	h, err := idempotency.UnmarshalHeader(header)
+	h, err := backend.UnmarshalHeader(header)
 	if err != nil {
 		return nil, err
 	}
-	return &idempotency.Record{Key: key, Fingerprint: fp, Status: int(status.Int64), Header: h, Body: body,
+	return &backend.Record{Key: key, Fingerprint: fp, Status: int(status.Int64), Header: h, Body: body,
 		CreatedAt: time.Unix(0, created), ExpiresAt: time.Unix(0, expires)}, nil
 }
 
@@ -110,13 +111,13 @@ func (s *twoTxStore) Purge(ctx context.Context, limit int) (int, error) {
 type twoTxTxn struct {
 	s  *twoTxStore
 	tx *sql.Tx
-	r  idempotency.Reservation
+	r  backend.Reservation
 }
 
 func (t *twoTxTxn) Tx() *sql.Tx { return t.tx }
 
 func (t *twoTxTxn) Complete(ctx context.Context, resp idempotency.Response) error {
-	expiresAt := idempotency.Expiry(t.s.now(), t.r.TTL)
+	expiresAt := backend.Expiry(t.s.now(), t.r.TTL)
 	// A careful author: a Complete called with a done ctx commits nothing
 	// (so the store passes CompleteWithCancelledContext).
 	if err := ctx.Err(); err != nil {
@@ -131,7 +132,7 @@ func (t *twoTxTxn) Complete(ctx context.Context, resp idempotency.Response) erro
 	}
 	// 3. ... then the key is completed by a statement of its own.
 	_, err := t.s.db.ExecContext(ctx, `UPDATE `+t.s.table+` SET state = 'completed', status = ?, header = ?, body = ?, expires = ?
-WHERE scope = ? AND id = ?`, resp.Status, idempotency.MarshalHeader(resp.Header), resp.Body, expiresAt.UnixNano(), t.r.Key.Scope, t.r.Key.ID)
+WHERE scope = ? AND id = ?`, resp.Status, backend.MarshalHeader(resp.Header), resp.Body, expiresAt.UnixNano(), t.r.Key.Scope, t.r.Key.ID)
 	if err != nil {
 		t.s.release(ctx, t.r.Key)
 		return busy(err)
@@ -151,7 +152,7 @@ func (t *twoTxTxn) Rollback(ctx context.Context) error {
 // busy reports SQLite's busy database as a conflict to retry.
 func busy(err error) error {
 	if strings.Contains(err.Error(), "SQLITE_BUSY") || strings.Contains(err.Error(), "database is locked") {
-		return fmt.Errorf("%w: %w", idempotency.ErrConflict, err)
+		return fmt.Errorf("%w: %w", backend.ErrConflict, err)
 	}
 	return err
 }

@@ -5,7 +5,7 @@ go 1.26.0
 replace github.com/go-idempotency/idempotency => ../
 
 require (
-	github.com/go-idempotency/idempotency v0.1.0
+	github.com/go-idempotency/idempotency v0.2.0
 	github.com/jackc/pgx/v5 v5.12.0
 	google.golang.org/genproto/googleapis/rpc v0.0.0-20260817212433-ac3dfec99bb1
 	google.golang.org/grpc v1.85.0

@@ -8,6 +8,7 @@ import (
 	"time"
 
 	"github.com/go-idempotency/idempotency"
+	"github.com/go-idempotency/idempotency/backend"
 )
 
 // problem answers p through the renderer and records in ev the status
@@ -167,7 +168,7 @@ func (h *handler[Tx]) fail(w http.ResponseWriter, r *http.Request, ev *Event, er
 		}
 		hd := retryAfterHeader()
 		if h.g != nil {
-			hd.Set(HeaderKeyExpires, formatExpiry(idempotency.Expiry(arrived, h.g.TTL())))
+			hd.Set(HeaderKeyExpires, formatExpiry(backend.Expiry(arrived, h.g.TTL())))
 		}
 		h.problem(w, r, ev, &Problem{Type: ProblemInProgress, Title: "A request with this " + h.c.header + " is in progress", Status: h.c.progress,
 			Detail: "Retry later with the same key to get its response.", Header: hd})

@@ -9,6 +9,7 @@ import (
 	"time"
 
 	"github.com/go-idempotency/idempotency"
+	"github.com/go-idempotency/idempotency/backend"
 	"github.com/go-idempotency/idempotency/internal/memstore"
 	"github.com/go-idempotency/idempotency/internal/testkit"
 )
@@ -91,12 +92,12 @@ func TestAsyncAcceptedOnlyOnceStored(t *testing.T) {
 	if first.status != http.StatusAccepted {
 		t.Fatalf("POST: %+v; want 202", first)
 	}
-	if err != nil || info.Progress == nil || info.State != idempotency.KeyHeld {
+	if err != nil || info.Progress == nil || info.State != backend.KeyInProgress {
 		t.Fatalf("the store at the 202: %+v, %v; want the operation committed, its lease live", info, err)
 	}
 	testkit.WaitUntil(t, 5*time.Second, "the operation completed", func() bool {
 		info, err := s.Inspect(ctx, idempotency.Key{Scope: "acct", ID: "k1"}, false)
-		return err == nil && info.State == idempotency.KeyCompleted
+		return err == nil && info.State == backend.KeyCompleted
 	})
 	labelServed(t, ctx, srv.URL, s, "once the step ran")
 }

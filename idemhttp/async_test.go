@@ -26,7 +26,7 @@ func TestAsyncPostgres(t *testing.T) {
 	runAsyncTests(t, postgresEnv)
 }
 
-func runAsyncTests[Tx any](t *testing.T, b backend[Tx]) {
+func runAsyncTests[Tx any](t *testing.T, b storeRig[Tx]) {
 	for _, c := range []struct {
 		name string
 		fn   func(*testing.T, env[Tx])

@@ -34,7 +34,7 @@ func TestWriterBypassPostgres(t *testing.T) {
 	runBypassTests(t, postgresEnv)
 }
 
-func runBypassTests[Tx any](t *testing.T, b backend[Tx]) {
+func runBypassTests[Tx any](t *testing.T, b storeRig[Tx]) {
 	cases := []struct {
 		name string
 		fn   func(*testing.T, env[Tx])

@@ -33,7 +33,7 @@ func TestClientFormats(t *testing.T) {
 	}
 }
 
-func runClientFormats[Tx any](t *testing.T, b backend[Tx]) {
+func runClientFormats[Tx any](t *testing.T, b storeRig[Tx]) {
 	for _, c := range []struct {
 		name string
 		fn   func(*testing.T, env[Tx])

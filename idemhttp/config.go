@@ -10,6 +10,7 @@ import (
 	"time"
 
 	"github.com/go-idempotency/idempotency"
+	"github.com/go-idempotency/idempotency/backend"
 )
 
 // Defaults of [Config].
@@ -267,7 +268,7 @@ type Config struct {
 
 	// Quota, if set, limits each scope's new keys per window, keys in
 	// progress and bytes of stored answers. The counters are in the
-	// Guard's store (its [idempotency.QuotaCounter]), so every instance
+	// Guard's store (its [backend.QuotaCounter]), so every instance
 	// of the service shares them. Over a limit a request is refused with
 	// 429 [ProblemOverQuota] and Retry-After, before anything is written;
 	// a replay of a completed key is never refused nor counted. Each
@@ -436,10 +437,10 @@ func (c *Config) check() error {
 	if err := checkDocs(c.ProblemDocs); err != nil {
 		return err
 	}
-	if s := c.KeySchema; s != nil && (s.MinLength < 0 || s.MaxLength < 0 || s.MaxLength > idempotency.MaxIDLen ||
+	if s := c.KeySchema; s != nil && (s.MinLength < 0 || s.MaxLength < 0 || s.MaxLength > backend.MaxIDLen ||
 		(s.MaxLength > 0 && s.MinLength > s.MaxLength)) {
 		return fmt.Errorf("%w: idemhttp Config.KeySchema lengths %d..%d outside 0..%d", idempotency.ErrInvalidConfig,
-			s.MinLength, s.MaxLength, idempotency.MaxIDLen)
+			s.MinLength, s.MaxLength, backend.MaxIDLen)
 	}
 	return nil
 }

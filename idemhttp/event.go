@@ -42,9 +42,9 @@ type Event struct {
 	RecordAge time.Duration
 	AfterFn   bool
 	// QuotaLimit is the limit of [Config].Quota that refused the request
-	// (Outcome OverQuota), 0 otherwise. Its String ("keys", "in_flight",
-	// "bytes") may be a metric label.
-	QuotaLimit idempotency.QuotaLimit
+	// (Outcome OverQuota): "keys", "in_flight" or "bytes", a metric label;
+	// "" otherwise.
+	QuotaLimit string
 }
 
 // KeyHash returns the short hash of the request's key (scope and id,

@@ -33,7 +33,7 @@ func ExampleConfig_quota() {
 		},
 		Observer: func(_ context.Context, ev idemhttp.Event) {
 			if ev.Outcome == idempotency.OverQuota {
-				overQuota.WithLabelValues(ev.QuotaLimit.String()).Inc() // "keys", "in_flight", "bytes"
+				overQuota.WithLabelValues(ev.QuotaLimit).Inc() // "keys", "in_flight", "bytes"
 			}
 		},
 	}

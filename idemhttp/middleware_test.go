@@ -12,11 +12,12 @@ import (
 	"time"
 
 	"github.com/go-idempotency/idempotency"
+	"github.com/go-idempotency/idempotency/backend"
 	"github.com/go-idempotency/idempotency/idemhttp"
 )
 
 // runMiddlewareTests runs every middleware case on one backend.
-func runMiddlewareTests[Tx any](t *testing.T, b backend[Tx]) {
+func runMiddlewareTests[Tx any](t *testing.T, b storeRig[Tx]) {
 	cases := []struct {
 		name string
 		fn   func(*testing.T, env[Tx])
@@ -79,7 +80,7 @@ func testMissingKey[Tx any](t *testing.T, e env[Tx]) {
 func testInvalidKey[Tx any](t *testing.T, e env[Tx]) {
 	s := startServer(t, e, nil, nil, created)
 	for _, keys := range [][]string{
-		{strings.Repeat("k", idempotency.MaxIDLen+1)},
+		{strings.Repeat("k", backend.MaxIDLen+1)},
 		{"caf\u00e9"},
 		{`"unterminated`},
 		{`"bad\escape"`},
@@ -92,7 +93,7 @@ func testInvalidKey[Tx any](t *testing.T, e env[Tx]) {
 	}
 	s.wantCalls(t, 0)
 	// The longest key is accepted.
-	long := strings.Repeat("k", idempotency.MaxIDLen)
+	long := strings.Repeat("k", backend.MaxIDLen)
 	wantStatus(t, s.post(t, `{}`, long), http.StatusCreated)
 	s.wantEffects(t, "/"+long, 1)
 }

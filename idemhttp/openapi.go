@@ -8,14 +8,14 @@ import (
 	"strconv"
 	"strings"
 
-	"github.com/go-idempotency/idempotency"
+	"github.com/go-idempotency/idempotency/backend"
 )
 
 // KeySchema describes the keys a [Config].ValidateKey accepts, so that
 // [OpenAPI] can publish them; see [Config].KeySchema.
 type KeySchema struct {
 	// MinLength and MaxLength bound the key's length in bytes; zero means
-	// 1 and 255 ([idempotency.MaxIDLen]).
+	// 1 and 255 ([backend.MaxIDLen]).
 	MinLength, MaxLength int
 	// Format is the schema's format, such as "uuid"; "" for none.
 	Format string
@@ -69,14 +69,14 @@ func OpenAPI(cfg *Config) (*OpenAPIFragment, error) {
 	if header == "" {
 		header = HeaderKey
 	}
-	ks := KeySchema{MinLength: 1, MaxLength: idempotency.MaxIDLen}
+	ks := KeySchema{MinLength: 1, MaxLength: backend.MaxIDLen}
 	described := "1 to 255 printable ASCII characters"
 	switch {
 	case cfg.KeySchema != nil:
 		ks = *cfg.KeySchema
 		ks.MinLength = max(ks.MinLength, 1)
 		if ks.MaxLength == 0 {
-			ks.MaxLength = idempotency.MaxIDLen
+			ks.MaxLength = backend.MaxIDLen
 		}
 		described = "a key the service accepts"
 	case cfg.ValidateKey != nil && reflect.ValueOf(cfg.ValidateKey).Pointer() == reflect.ValueOf(UUIDKey).Pointer():

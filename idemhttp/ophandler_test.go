@@ -28,7 +28,7 @@ func TestOperationPostgres(t *testing.T) {
 	runOperationTests(t, postgresEnv)
 }
 
-func runOperationTests[Tx any](t *testing.T, b backend[Tx]) {
+func runOperationTests[Tx any](t *testing.T, b storeRig[Tx]) {
 	for _, c := range []struct {
 		name string
 		fn   func(*testing.T, env[Tx])

@@ -17,7 +17,7 @@ import (
 const quotaEndTimeout = 5 * time.Second
 
 // quotaSetupError: the quota cannot be checked at all (an invalid
-// [Config].Quota, or a store without [idempotency.QuotaCounter]); the
+// [Config].Quota, or a store without [backend.QuotaCounter]); the
 // request is refused with 500 rather than run without its quota.
 type quotaSetupError struct{ err error }
 
@@ -36,7 +36,7 @@ func (h *handler[Tx]) do(r *http.Request, key idempotency.Key, fp string, fn fun
 	if q == nil {
 		return h.g.DoEvent(ctx, key, fp, fn)
 	}
-	adm, err := h.g.Admit(ctx, key, q)
+	adm, err := h.g.AdmitQuota(ctx, key, q)
 	switch {
 	case errors.Is(err, idempotency.ErrInvalidConfig), errors.Is(err, errors.ErrUnsupported):
 		return idempotency.Response{}, idempotency.Event{}, &quotaSetupError{err: err}
@@ -86,12 +86,12 @@ func (h *handler[Tx]) quotaFail(w http.ResponseWriter, r *http.Request, ev *Even
 }
 
 // quotaDetail says which limit was reached and when the window ends.
-func quotaDetail(q *idempotency.Quota, limit idempotency.QuotaLimit, secs int64) string {
+func quotaDetail(q *idempotency.Quota, limit string, secs int64) string {
 	var what string
 	switch limit {
-	case idempotency.QuotaKeys:
+	case "keys":
 		what = fmt.Sprintf("%d new keys per %v", q.MaxKeys, q.Window)
-	case idempotency.QuotaInFlight:
+	case "in_flight":
 		what = fmt.Sprintf("%d requests in progress at once", q.MaxInFlight)
 	default:
 		what = fmt.Sprintf("%d bytes of stored responses per %v", q.MaxBytes, q.Window)

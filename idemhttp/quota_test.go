@@ -259,7 +259,7 @@ func testQuotaKeys[Tx any](t *testing.T, e quotaEnv[Tx]) {
 		ev := <-events
 		if ev.Outcome == idempotency.OverQuota {
 			over++
-			if ev.QuotaLimit != idempotency.QuotaKeys || !errors.Is(ev.Err, idempotency.ErrOverQuota) || ev.Status != http.StatusTooManyRequests {
+			if ev.QuotaLimit != "keys" || !errors.Is(ev.Err, idempotency.ErrOverQuota) || ev.Status != http.StatusTooManyRequests {
 				t.Errorf("refusal event %+v, want limit keys, ErrOverQuota, 429", ev)
 			}
 		}
@@ -332,7 +332,7 @@ func testQuotaInFlight[Tx any](t *testing.T, e quotaEnv[Tx]) {
 	}
 	close(events)
 	for ev := range events {
-		if ev.Outcome == idempotency.OverQuota && ev.QuotaLimit != idempotency.QuotaInFlight {
+		if ev.Outcome == idempotency.OverQuota && ev.QuotaLimit != "in_flight" {
 			t.Errorf("refusal event limit %v, want in_flight", ev.QuotaLimit)
 		}
 	}

@@ -30,8 +30,8 @@ type env[Tx any] struct {
 	breakStore func()
 }
 
-// backend builds a fresh env per test; it registers cleanups with t.
-type backend[Tx any] func(t *testing.T) env[Tx]
+// storeRig builds a fresh env per test; it registers cleanups with t.
+type storeRig[Tx any] func(t *testing.T) env[Tx]
 
 // server is a guarded httptest server whose handler, per request, runs
 // step(n) (n counts handler runs from 1) after doing one effect labelled

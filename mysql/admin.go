@@ -10,13 +10,14 @@ import (
 	gomysql "github.com/go-sql-driver/mysql"
 
 	"github.com/go-idempotency/idempotency"
+	"github.com/go-idempotency/idempotency/backend"
 )
 
 // info describes the committed row rw of key k, as Inspect reports it
 // when no open transaction holds it. It never reads rw.body: the caller
 // sets Body when asked.
-func (rw stepRow) info(k idempotency.Key) (*idempotency.KeyInfo, error) {
-	info := &idempotency.KeyInfo{
+func (rw stepRow) info(k idempotency.Key) (*backend.KeyInfo, error) {
+	info := &backend.KeyInfo{
 		Key:         k,
 		Fingerprint: string(rw.fingerprint),
 		CreatedAt:   time.Unix(0, rw.created).UTC(),
@@ -24,28 +25,28 @@ func (rw stepRow) info(k idempotency.Key) (*idempotency.KeyInfo, error) {
 	}
 	switch {
 	case rw.progress != nil:
-		info.State = idempotency.KeyUnfinished
+		info.State = backend.KeyUnfinished
 		if rw.leaseLive() {
-			info.State = idempotency.KeyHeld
+			info.State = backend.KeyInProgress
 		}
-		info.ExpiresAt = idempotency.MaxExpiry()
+		info.ExpiresAt = backend.MaxExpiry()
 		info.Progress, info.Tries = rw.progress, rw.tries
 		if rw.leased {
 			info.LeaseEnds = time.Unix(0, rw.leaseEnds).UTC()
 		}
 		return info, nil
 	case !rw.live():
-		info.State = idempotency.KeyExpired
+		info.State = backend.KeyExpired
 	case rw.state == stateCompleted:
-		info.State = idempotency.KeyCompleted
+		info.State = backend.KeyCompleted
 	default:
 		// A pending row committed without its completion: Reserve reports
 		// it in progress until its provisional expiry.
-		info.State = idempotency.KeyHeld
+		info.State = backend.KeyInProgress
 		return info, nil
 	}
 	if rw.state == stateCompleted {
-		h, err := idempotency.UnmarshalHeader(rw.header)
+		h, err := backend.UnmarshalHeader(rw.header)
 		if err != nil {
 			return nil, fmt.Errorf("mysql: key %v: stored header: %w", k, err)
 		}
@@ -54,7 +55,7 @@ func (rw stepRow) info(k idempotency.Key) (*idempotency.KeyInfo, error) {
 	return info, nil
 }
 
-// Inspect implements [idempotency.KeyAdmin]. It reads the key's committed
+// Inspect implements [backend.KeyAdmin]. It reads the key's committed
 // row with a consistent read (the body column only when body is true).
 //
 // What it can tell of open transactions: a live completed record, or an
@@ -65,7 +66,7 @@ func (rw stepRow) info(k idempotency.Key) (*idempotency.KeyInfo, error) {
 // NOWAIT on MySQL, the first syntax error telling which), in a READ COMMITTED transaction, which locks no gap.
 // A row that an open transaction holds (a new key reserved by Reserve or
 // Acquire, an expired row being taken over, an unfinished key in an open
-// phase) is then reported [idempotency.KeyHeld]; a new key so held has
+// phase) is then reported [backend.KeyInProgress]; a new key so held has
 // only Key and State. The probe's shared lock lasts one statement and
 // conflicts only with writers of the row: a caller that refuses to wait
 // (Wait == 0) and arrives in that instant may be told the key is in
@@ -73,9 +74,9 @@ func (rw stepRow) info(k idempotency.Key) (*idempotency.KeyInfo, error) {
 // the transactions of the node it runs on.
 //
 // A pending row committed without its completion (fn committed the
-// reservation's transaction) is also reported KeyHeld: Reserve reports it
+// reservation's transaction) is also reported KeyInProgress: Reserve reports it
 // in progress until its provisional expiry.
-func (s *Store) Inspect(ctx context.Context, key idempotency.Key, body bool) (*idempotency.KeyInfo, error) {
+func (s *Store) Inspect(ctx context.Context, key idempotency.Key, body bool) (*backend.KeyInfo, error) {
 	now, err := s.testNow()
 	if err != nil {
 		return nil, err
@@ -100,13 +101,13 @@ func (s *Store) Inspect(ctx context.Context, key idempotency.Key, body bool) (*i
 		case err != nil:
 			return nil, err
 		case held && (!rw.found || rw.progress == nil):
-			return &idempotency.KeyInfo{Key: key, State: idempotency.KeyHeld}, nil
+			return &backend.KeyInfo{Key: key, State: backend.KeyInProgress}, nil
 		case !rw.found:
 			return nil, fmt.Errorf("mysql: inspect key %v: %w", key, idempotency.ErrNotFound)
 		case held:
 			info, err := rw.info(key)
 			if err == nil {
-				info.State = idempotency.KeyHeld
+				info.State = backend.KeyInProgress
 			}
 			return info, err
 		}
@@ -154,13 +155,13 @@ func (s *Store) heldNow(ctx context.Context, conn *sql.Conn, k key) (bool, error
 	return false, fmt.Errorf("mysql: inspect key %v: probe: %w", k.key, err)
 }
 
-// Forget implements [idempotency.KeyAdmin] in one short READ COMMITTED
+// Forget implements [backend.KeyAdmin] in one short READ COMMITTED
 // transaction: it locks the key's row with SELECT ... FOR UPDATE NOWAIT
 // (a row held by an open transaction, or a new key's uncommitted row, is
 // refused with [idempotency.ErrInProgress] at once), refuses a row that
-// [Store.Inspect] would report [idempotency.KeyHeld] (a live lease, or a
+// [Store.Inspect] would report [backend.KeyInProgress] (a live lease, or a
 // pending row committed without its completion), and deletes the row.
-func (s *Store) Forget(ctx context.Context, key idempotency.Key) (*idempotency.KeyInfo, error) {
+func (s *Store) Forget(ctx context.Context, key idempotency.Key) (*backend.KeyInfo, error) {
 	now, err := s.testNow()
 	if err != nil {
 		return nil, err
@@ -182,7 +183,7 @@ func (s *Store) Forget(ctx context.Context, key idempotency.Key) (*idempotency.K
 	if err != nil {
 		return nil, err
 	}
-	if info.State == idempotency.KeyHeld {
+	if info.State == backend.KeyInProgress {
 		return nil, fmt.Errorf("%w: mysql: forget key %v: held until %v", idempotency.ErrInProgress, key, heldUntil(rw))
 	}
 	if _, err := tx.ExecContext(ctx, s.steps.forget, k.scope, k.id); err != nil {
@@ -203,7 +204,7 @@ func heldUntil(rw stepRow) time.Time {
 	return time.Unix(0, rw.expires).UTC()
 }
 
-// List implements [idempotency.KeyLister] with at most two consistent
+// List implements [backend.KeyLister] with at most two consistent
 // reads on the primary key (scope, id): the scope's keys with progress
 // (unfinished operations, leased or not), then the others, each in byte
 // order of id after the cursor. A key's state is judged from its committed
@@ -212,35 +213,35 @@ func heldUntil(rw stepRow) time.Time {
 // committed without its completion is listed as held among the others.
 // q.Limit must be 1 to 1000, else the error wraps
 // [idempotency.ErrInvalidConfig].
-func (s *Store) List(ctx context.Context, q idempotency.ListQuery) (idempotency.KeyPage, error) {
+func (s *Store) List(ctx context.Context, q backend.ListQuery) (backend.KeyPage, error) {
 	if err := q.Validate(); err != nil {
-		return idempotency.KeyPage{}, fmt.Errorf("mysql: list: %w", err)
+		return backend.KeyPage{}, fmt.Errorf("mysql: list: %w", err)
 	}
 	now, err := s.testNow()
 	if err != nil {
-		return idempotency.KeyPage{}, err
+		return backend.KeyPage{}, err
 	}
-	var keys []idempotency.KeyInfo
+	var keys []backend.KeyInfo
 	after := ""
 	if c := q.After; c != nil {
 		after = c.ID
 	}
 	if q.After == nil || q.After.Unfinished {
 		if keys, err = s.listPart(ctx, keys, s.steps.listFirst, q.Scope, after, q.Limit+1, now); err != nil {
-			return idempotency.KeyPage{}, err
+			return backend.KeyPage{}, err
 		}
 		after = ""
 	}
 	if len(keys) <= q.Limit {
 		if keys, err = s.listPart(ctx, keys, s.steps.listRest, q.Scope, after, q.Limit+1-len(keys), now); err != nil {
-			return idempotency.KeyPage{}, err
+			return backend.KeyPage{}, err
 		}
 	}
-	var page idempotency.KeyPage
+	var page backend.KeyPage
 	if len(keys) > q.Limit {
 		keys = keys[:q.Limit]
 		last := keys[len(keys)-1]
-		page.Next = &idempotency.ListCursor{Unfinished: last.Progress != nil, ID: last.Key.ID}
+		page.Next = &backend.ListCursor{Unfinished: last.Progress != nil, ID: last.Key.ID}
 	}
 	page.Keys = keys
 	return page, nil
@@ -248,7 +249,7 @@ func (s *Store) List(ctx context.Context, q idempotency.ListQuery) (idempotency.
 
 // listPart appends to keys up to limit keys of scope after the id after,
 // read by the statement query (listFirst or listRest).
-func (s *Store) listPart(ctx context.Context, keys []idempotency.KeyInfo, query, scope, after string, limit int, now any) ([]idempotency.KeyInfo, error) {
+func (s *Store) listPart(ctx context.Context, keys []backend.KeyInfo, query, scope, after string, limit int, now any) ([]backend.KeyInfo, error) {
 	rows, err := s.db.QueryContext(ctx, query, []byte(scope), []byte(after), limit)
 	if err != nil {
 		return nil, mapError(ctx, err, false, "mysql: list keys")
@@ -272,23 +273,23 @@ func (s *Store) listPart(ctx context.Context, keys []idempotency.KeyInfo, query,
 	return keys, nil
 }
 
-// Stats implements [idempotency.KeyLister] with one consistent read of
+// Stats implements [backend.KeyLister] with one consistent read of
 // the whole table (a full scan: for an admin page, not a hot path), by the
 // server's clock or [Config.Clock]. A pending row committed without its
 // completion counts as Held until it expires, as [Store.Inspect] reports
 // it.
-func (s *Store) Stats(ctx context.Context) (idempotency.Stats, error) {
+func (s *Store) Stats(ctx context.Context) (backend.Stats, error) {
 	now, err := s.testNow()
 	if err != nil {
-		return idempotency.Stats{}, err
+		return backend.Stats{}, err
 	}
 	var (
-		st     idempotency.Stats
+		st     backend.Stats
 		oldest sql.NullInt64
 	)
-	err = s.db.QueryRowContext(ctx, s.steps.stats, now).Scan(&st.Held, &st.Unfinished, &st.Completed, &st.Expired, &st.Failing, &oldest, &st.BodyBytes)
+	err = s.db.QueryRowContext(ctx, s.steps.stats, now).Scan(&st.InProgress, &st.Unfinished, &st.Completed, &st.Expired, &st.Failing, &oldest, &st.BodyBytes)
 	if err != nil {
-		return idempotency.Stats{}, mapError(ctx, err, false, "mysql: stats")
+		return backend.Stats{}, mapError(ctx, err, false, "mysql: stats")
 	}
 	if oldest.Valid {
 		st.OldestUnfinished = time.Unix(0, oldest.Int64).UTC()

@@ -9,6 +9,7 @@ import (
 	"time"
 
 	"github.com/go-idempotency/idempotency"
+	"github.com/go-idempotency/idempotency/backend"
 	"github.com/go-idempotency/idempotency/internal/testkit"
 )
 
@@ -40,24 +41,24 @@ func TestInspect(t *testing.T) {
 			if body {
 				wantBody = "body!"
 			}
-			if info.State != idempotency.KeyCompleted || info.Status != 201 || info.Header.Get("A") != "b" || info.BodyLen != 5 ||
+			if info.State != backend.KeyCompleted || info.Status != 201 || info.Header.Get("A") != "b" || info.BodyLen != 5 ||
 				string(info.Body) != wantBody || !info.CreatedAt.Equal(t0) || !info.ExpiresAt.Equal(t0.Add(time.Hour)) || info.Fingerprint != "fp-done" || info.Progress != nil {
 				t.Fatalf("body %v: %+v", body, info)
 			}
 		}
 		info, err := s.Inspect(ctx, newKey("unfinished"), true)
-		if err != nil || info.State != idempotency.KeyUnfinished || string(info.Progress) != "u" || info.Tries != 1 ||
-			!info.LeaseEnds.Equal(t0) || !info.ExpiresAt.Equal(idempotency.MaxExpiry()) || info.Body != nil || info.Fingerprint != "fp-unfinished" {
+		if err != nil || info.State != backend.KeyUnfinished || string(info.Progress) != "u" || info.Tries != 1 ||
+			!info.LeaseEnds.Equal(t0) || !info.ExpiresAt.Equal(backend.MaxExpiry()) || info.Body != nil || info.Fingerprint != "fp-unfinished" {
 			t.Fatalf("unfinished: %+v %v", info, err)
 		}
 		info, err = s.Inspect(ctx, newKey("leased"), false)
-		if err != nil || info.State != idempotency.KeyHeld || string(info.Progress) != "l" || info.Tries != 0 || !info.LeaseEnds.Equal(t0.Add(10*time.Second)) {
+		if err != nil || info.State != backend.KeyInProgress || string(info.Progress) != "l" || info.Tries != 0 || !info.LeaseEnds.Equal(t0.Add(10*time.Second)) {
 			t.Fatalf("leased: %+v %v", info, err)
 		}
 		// An unfinished key in an open phase: held, with its committed data.
 		ph := mustAcquire(t, ctx, s, acquisition(newKey("unfinished"), "o", 0))
 		info, err = s.Inspect(ctx, newKey("unfinished"), false)
-		if err != nil || info.State != idempotency.KeyHeld || string(info.Progress) != "u" {
+		if err != nil || info.State != backend.KeyInProgress || string(info.Progress) != "u" {
 			t.Fatalf("unfinished in a phase: %+v %v", info, err)
 		}
 		if err := ph.Rollback(ctx); err != nil {
@@ -70,12 +71,12 @@ func TestInspect(t *testing.T) {
 			s.shareSyntax.Store(true)
 		}
 		fresh := newKey("fresh")
-		txn, _, err := s.Reserve(ctx, idempotency.Reservation{Key: fresh, Fingerprint: "fp", TTL: time.Hour})
+		txn, _, err := s.Reserve(ctx, backend.Reservation{Key: fresh, Fingerprint: "fp", TTL: time.Hour})
 		if err != nil || txn == nil {
 			t.Fatalf("Reserve: %v", err)
 		}
 		info, err = s.Inspect(ctx, fresh, true)
-		if err != nil || fmt.Sprint(*info) != fmt.Sprint(idempotency.KeyInfo{Key: fresh, State: idempotency.KeyHeld}) {
+		if err != nil || fmt.Sprint(*info) != fmt.Sprint(backend.KeyInfo{Key: fresh, State: backend.KeyInProgress}) {
 			t.Fatalf("held by Reserve: %+v %v", info, err)
 		}
 		if s.shareSyntax.Load() {
@@ -89,7 +90,7 @@ func TestInspect(t *testing.T) {
 		}
 		clock.Add(time.Hour)
 		info, err = s.Inspect(ctx, done, false)
-		if err != nil || info.State != idempotency.KeyExpired || info.BodyLen != 5 || info.Status != 201 {
+		if err != nil || info.State != backend.KeyExpired || info.BodyLen != 5 || info.Status != 201 {
 			t.Fatalf("expired: %+v %v", info, err)
 		}
 	})
@@ -121,7 +122,7 @@ func TestForget(t *testing.T) {
 			}
 		}
 		fresh := newKey("fresh")
-		txn, _, err := s.Reserve(ctx, idempotency.Reservation{Key: fresh, Fingerprint: "fp", TTL: time.Hour})
+		txn, _, err := s.Reserve(ctx, backend.Reservation{Key: fresh, Fingerprint: "fp", TTL: time.Hour})
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -140,7 +141,7 @@ func TestForget(t *testing.T) {
 			t.Fatal(err)
 		}
 		info, err := s.Forget(ctx, open)
-		if err != nil || info.State != idempotency.KeyUnfinished || string(info.Progress) != "o" || info.Tries != 1 {
+		if err != nil || info.State != backend.KeyUnfinished || string(info.Progress) != "o" || info.Tries != 1 {
 			t.Fatalf("Forget of an unfinished key: %+v %v", info, err)
 		}
 		if _, ok := f.row(t, ctx, open); ok {
@@ -150,7 +151,7 @@ func TestForget(t *testing.T) {
 			t.Fatalf("Forget of a forgotten key: %v", err)
 		}
 		clock.Add(10 * time.Second) // the lease ends
-		if info, err := s.Forget(ctx, leased); err != nil || info.State != idempotency.KeyUnfinished {
+		if info, err := s.Forget(ctx, leased); err != nil || info.State != backend.KeyUnfinished {
 			t.Fatalf("Forget after the lease's end: %+v %v", info, err)
 		}
 
@@ -175,7 +176,7 @@ func TestForget(t *testing.T) {
 		}
 		testkit.MustCount(t, ctx, f.fx.Count, "do", 1)
 		info, err = s.Forget(ctx, k)
-		if err != nil || info.State != idempotency.KeyCompleted || info.Status != 200 || info.BodyLen != 1 || info.Body != nil {
+		if err != nil || info.State != backend.KeyCompleted || info.Status != 200 || info.BodyLen != 1 || info.Body != nil {
 			t.Fatalf("Forget of a completed key: %+v %v", info, err)
 		}
 		if resp := do(); resp.Replayed {
@@ -214,9 +215,9 @@ func TestList(t *testing.T) {
 		clock.Add(time.Second)
 
 		var pages []string
-		var after *idempotency.ListCursor
+		var after *backend.ListCursor
 		for range 5 {
-			page, err := s.List(ctx, idempotency.ListQuery{Scope: "steps", Limit: 3, After: after})
+			page, err := s.List(ctx, backend.ListQuery{Scope: "steps", Limit: 3, After: after})
 			if err != nil {
 				t.Fatal(err)
 			}
@@ -244,7 +245,7 @@ func TestList(t *testing.T) {
 		if strings.Join(pages, "\n") != strings.Join(want, "\n") {
 			t.Fatalf("pages:\n%s\nwant:\n%s", strings.Join(pages, "\n"), strings.Join(want, "\n"))
 		}
-		page, err := s.List(ctx, idempotency.ListQuery{Scope: "steps", Limit: 1000})
+		page, err := s.List(ctx, backend.ListQuery{Scope: "steps", Limit: 1000})
 		if err != nil || len(page.Keys) != 7 || page.Next != nil {
 			t.Fatalf("one page: %d keys, next %v, %v", len(page.Keys), page.Next, err)
 		}
@@ -254,7 +255,7 @@ func TestList(t *testing.T) {
 		if k := page.Keys[3]; k.BodyLen != 4 || k.Status != 200 {
 			t.Fatalf("a completed key %+v", k)
 		}
-		if page, err := s.List(ctx, idempotency.ListQuery{Scope: "none", Limit: 3}); err != nil || len(page.Keys) != 0 || page.Next != nil {
+		if page, err := s.List(ctx, backend.ListQuery{Scope: "none", Limit: 3}); err != nil || len(page.Keys) != 0 || page.Next != nil {
 			t.Fatalf("empty scope: %+v %v", page, err)
 		}
 	})
@@ -267,7 +268,7 @@ func TestStats(t *testing.T) {
 		clock := newStepClock()
 		f := stepFixture(t, v, 0, clock)
 		s := f.store
-		if st, err := s.Stats(ctx); err != nil || st != (idempotency.Stats{}) {
+		if st, err := s.Stats(ctx); err != nil || st != (backend.Stats{}) {
 			t.Fatalf("empty table: %+v %v", st, err)
 		}
 		t0 := clock.Now()
@@ -284,12 +285,12 @@ func TestStats(t *testing.T) {
 			}
 		}
 		clock.Add(5 * time.Second) // c2 expired, h1 and h2 still leased until t0+1m10s
-		want := idempotency.Stats{Held: 2, Unfinished: 1, Completed: 2, Expired: 1, Failing: 1, OldestUnfinished: t0, BodyBytes: 30}
+		want := backend.Stats{InProgress: 2, Unfinished: 1, Completed: 2, Expired: 1, Failing: 1, OldestUnfinished: t0, BodyBytes: 30}
 		if st, err := s.Stats(ctx); err != nil || st != want {
 			t.Fatalf("stats %+v %v, want %+v", st, err, want)
 		}
 		clock.Add(5 * time.Second) // the leases end
-		want.Held, want.Unfinished = 0, 3
+		want.InProgress, want.Unfinished = 0, 3
 		if st, err := s.Stats(ctx); err != nil || st != want {
 			t.Fatalf("after the leases: %+v %v, want %+v", st, err, want)
 		}

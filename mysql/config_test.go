@@ -12,6 +12,7 @@ import (
 	"time"
 
 	"github.com/go-idempotency/idempotency"
+	"github.com/go-idempotency/idempotency/backend"
 	"github.com/go-idempotency/idempotency/internal/testkit"
 	gomysql "github.com/go-sql-driver/mysql"
 )
@@ -43,7 +44,7 @@ func TestConfigRefused(t *testing.T) {
 			t.Errorf("New(Isolation %v): got %v, want ErrInvalidConfig", iso, err)
 		}
 	}
-	if _, err := New(db, &Config{Lookup: idempotency.LookupNever + 1}); !errors.Is(err, idempotency.ErrInvalidConfig) {
+	if _, err := New(db, &Config{Lookup: backend.LookupNever + 1}); !errors.Is(err, idempotency.ErrInvalidConfig) {
 		t.Errorf("New(unknown Lookup): got %v, want ErrInvalidConfig", err)
 	}
 	if _, err := New(nil, nil); !errors.Is(err, idempotency.ErrInvalidConfig) {
@@ -128,18 +129,18 @@ func TestMapError(t *testing.T) {
 		waiting bool
 		want    error
 	}{
-		{&gomysql.MySQLError{Number: 1213}, false, idempotency.ErrConflict},
-		{&gomysql.MySQLError{Number: 1213}, true, idempotency.ErrConflict},
+		{&gomysql.MySQLError{Number: 1213}, false, backend.ErrConflict},
+		{&gomysql.MySQLError{Number: 1213}, true, backend.ErrConflict},
 		{&gomysql.MySQLError{Number: 1205}, true, idempotency.ErrInProgress},
-		{&gomysql.MySQLError{Number: 1205}, false, idempotency.ErrConflict},
+		{&gomysql.MySQLError{Number: 1205}, false, backend.ErrConflict},
 		{&gomysql.MySQLError{Number: 3572}, true, idempotency.ErrInProgress},
-		{&gomysql.MySQLError{Number: 3572}, false, idempotency.ErrConflict},
-		{&gomysql.MySQLError{Number: 1020}, false, idempotency.ErrConflict},
+		{&gomysql.MySQLError{Number: 3572}, false, backend.ErrConflict},
+		{&gomysql.MySQLError{Number: 1020}, false, backend.ErrConflict},
 		{&gomysql.MySQLError{Number: 1146}, true, idempotency.ErrSchema},
 		{&gomysql.MySQLError{Number: 1054}, false, idempotency.ErrSchema},
 		{&gomysql.MySQLError{Number: 1062}, true, errDuplicate},
 		{&gomysql.MySQLError{Number: 1644, SQLState: [5]byte{'4', '5', '0', '0', '0'}, Message: pendingGone}, false, errPendingGone},
-		{fmt.Errorf("wrapped: %w", &gomysql.MySQLError{Number: 1213}), false, idempotency.ErrConflict},
+		{fmt.Errorf("wrapped: %w", &gomysql.MySQLError{Number: 1213}), false, backend.ErrConflict},
 		{other, false, other},
 	}
 	for _, c := range cases {
@@ -172,7 +173,7 @@ func TestMapError(t *testing.T) {
 	s := &Store{}
 	for _, n := range []uint16{1213, 1205, 1020, 3572, 1062, 1146} {
 		err := &gomysql.MySQLError{Number: n}
-		if got, want := s.IsConflict(fmt.Errorf("fn: %w", err)), errors.Is(mapError(ctx, err, false, ""), idempotency.ErrConflict); got != want {
+		if got, want := s.IsConflict(fmt.Errorf("fn: %w", err)), errors.Is(mapError(ctx, err, false, ""), backend.ErrConflict); got != want {
 			t.Errorf("IsConflict(%d) = %v, mapError says %v", n, got, want)
 		}
 	}

@@ -12,6 +12,7 @@ import (
 	gomysql "github.com/go-sql-driver/mysql"
 
 	"github.com/go-idempotency/idempotency"
+	"github.com/go-idempotency/idempotency/backend"
 	"github.com/go-idempotency/idempotency/conformance"
 	"github.com/go-idempotency/idempotency/internal/testenv"
 	"github.com/go-idempotency/idempotency/internal/testkit"
@@ -68,11 +69,11 @@ func TestConformance(t *testing.T) {
 		{"Prepared", variant{}},
 		{"Interpolated", variant{dsn: interpolate}},
 		{"Unfolded", variant{dsn: interpolate, noFold: true}},
-		{"LookupAlways", variant{dsn: interpolate, cfg: Config{Lookup: idempotency.LookupAlways}}},
-		{"LookupNever", variant{dsn: interpolate, cfg: Config{Lookup: idempotency.LookupNever}}},
-		{"LookupNeverPrepared", variant{cfg: Config{Lookup: idempotency.LookupNever}}},
+		{"LookupAlways", variant{dsn: interpolate, cfg: Config{Lookup: backend.LookupAlways}}},
+		{"LookupNever", variant{dsn: interpolate, cfg: Config{Lookup: backend.LookupNever}}},
+		{"LookupNeverPrepared", variant{cfg: Config{Lookup: backend.LookupNever}}},
 		{"SessionWait", variant{dsn: interpolate, dialect: dialectMySQL}},
-		{"SessionWaitLookupNever", variant{dsn: interpolate, cfg: Config{Lookup: idempotency.LookupNever}, dialect: dialectMySQL}},
+		{"SessionWaitLookupNever", variant{dsn: interpolate, cfg: Config{Lookup: backend.LookupNever}, dialect: dialectMySQL}},
 	} {
 		t.Run(c.name, func(t *testing.T) { conformance.Run(t, harness(c.v)) })
 	}
@@ -110,7 +111,7 @@ func BenchmarkSessionWait(b *testing.B) {
 
 // BenchmarkLookupNever is BenchmarkStore with Config.Lookup LookupNever.
 func BenchmarkLookupNever(b *testing.B) {
-	conformance.Benchmark(b, harness(variant{dsn: interpolate, cfg: Config{Lookup: idempotency.LookupNever}}))
+	conformance.Benchmark(b, harness(variant{dsn: interpolate, cfg: Config{Lookup: backend.LookupNever}}))
 }
 
 // BenchmarkScale runs the shared scale benchmarks (1M keys); see
@@ -126,17 +127,17 @@ func BenchmarkScale(b *testing.B) {
 // TRANSACTION and COMMIT folded into the store's statements or not.
 type path struct {
 	name    string
-	lookup  idempotency.LookupPolicy
+	lookup  backend.LookupPolicy
 	dialect dialect
 	noFold  bool
 }
 
 var paths = []path{
-	{"Lookup", idempotency.LookupAlways, dialectMariaDB, false},
-	{"LookupNever", idempotency.LookupNever, dialectMariaDB, false},
-	{"SessionLookup", idempotency.LookupAdaptive, dialectMySQL, false},
-	{"SessionLookupNever", idempotency.LookupNever, dialectMySQL, false},
-	{"UnfoldedLookup", idempotency.LookupAlways, dialectMariaDB, true},
+	{"Lookup", backend.LookupAlways, dialectMariaDB, false},
+	{"LookupNever", backend.LookupNever, dialectMariaDB, false},
+	{"SessionLookup", backend.LookupAdaptive, dialectMySQL, false},
+	{"SessionLookupNever", backend.LookupNever, dialectMySQL, false},
+	{"UnfoldedLookup", backend.LookupAlways, dialectMariaDB, true},
 }
 
 // newStore returns a store on db for table that takes path p.

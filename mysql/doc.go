@@ -72,9 +72,9 @@
 //     live key is returned from that one primary-key SELECT, a consistent
 //     read that never waits. On MariaDB the store does so while most of its
 //     recent first tries found a completed key, and for a caller that
-//     waited for a held key. [idempotency.LookupAlways] looks up always,
-//     [idempotency.LookupNever] never (see [Config.Lookup]). On MySQL the
-//     store always does, unless [idempotency.LookupNever].
+//     waited for a held key. [backend.LookupAlways] looks up always,
+//     [backend.LookupNever] never (see [Config.Lookup]). On MySQL the
+//     store always does, unless [backend.LookupNever].
 //   - A new key: START TRANSACTION, the INSERT of the pending row (bounded
 //     by the wait bound), fn, an UPDATE storing the response, COMMIT. On
 //     MariaDB the store's four statements travel as two (see Round trips).
@@ -112,12 +112,12 @@
 // *sql.DB that [Open] did not make) START TRANSACTION and COMMIT go alone;
 // the rest is the same.
 //
-// With [idempotency.LookupNever] a new key saves the lookup. A replay is
+// With [backend.LookupNever] a new key saves the lookup. A replay is
 // then START TRANSACTION with the INSERT (duplicate key), a locking read
 // and ROLLBACK.
 //
 // MariaDB's default follows the load. While new keys dominate, the store
-// skips the lookup, as with [idempotency.LookupNever]. While replays
+// skips the lookup, as with [backend.LookupNever]. While replays
 // dominate, it looks keys up first, and a replay is the lookup alone. Four
 // first tries of the other kind in a row switch the way (see
 // TestRoundTripsFollowTheLoad). A SELECT before the write transaction
@@ -141,7 +141,7 @@
 // up to 1s. A wait that runs out is reported as
 // [idempotency.ErrInProgress]. The same lock wait timeout (error 1205) met
 // anywhere else, and deadlocks (1213), are reported as
-// [idempotency.ErrConflict], which [idempotency.Guard.Do] retries.
+// [backend.ErrConflict], which [idempotency.Guard.Do] retries.
 //
 // No wait (r.Wait == 0): on MariaDB the INSERT itself refuses to wait
 // (innodb_lock_wait_timeout=0 for that statement). InnoDB also makes an
@@ -168,7 +168,7 @@
 //
 // When the holder of a key rolls back while several callers wait for it
 // in their INSERT, InnoDB grants the row to one of them. It answers most
-// others with a deadlock: they retry as [idempotency.ErrConflict] and find
+// others with a deadlock: they retry as [backend.ErrConflict] and find
 // the key held or completed. Exactly one effect commits, and no caller but
 // the failing one sees an error.
 //
@@ -196,11 +196,11 @@
 //
 // # Multi-step operations and administration
 //
-// [Store] implements [idempotency.Stepper], [idempotency.KeyAdmin] and
-// [idempotency.KeyLister] on the same table, with four more columns
+// [Store] implements [backend.Stepper], [backend.KeyAdmin] and
+// [backend.KeyLister] on the same table, with four more columns
 // (progress, owner, lease_ends, tries; see [Schema] to upgrade a v0.1.0
 // table). An unfinished operation's row stays pending with expires_at at
-// [idempotency.MaxExpiry], so Reserve reports it in progress and Purge
+// [backend.MaxExpiry], so Reserve reports it in progress and Purge
 // never deletes it. [Store.Acquire] locks an existing row with SELECT ...
 // FOR UPDATE before judging its lease (only the lock's holder decides,
 // and no gap is locked), and inserts a new key's row as Reserve does.

@@ -8,6 +8,7 @@ import (
 	gomysql "github.com/go-sql-driver/mysql"
 
 	"github.com/go-idempotency/idempotency"
+	"github.com/go-idempotency/idempotency/backend"
 )
 
 var (
@@ -52,7 +53,7 @@ func lockRefused(err error) bool {
 	return errors.As(err, &me) && (me.Number == erLockWaitTimeout || me.Number == erLockNowait)
 }
 
-// IsConflict implements [idempotency.ConflictClassifier]. Errors it
+// IsConflict implements [backend.ConflictClassifier]. Errors it
 // matches are a deadlock (1213), a lock wait timeout (1205, or 3572 for
 // NOWAIT) and a snapshot conflict (1020). Met by one of fn's own
 // statements, they make [idempotency.Guard.Do] roll back and run the
@@ -67,11 +68,11 @@ func (s *Store) IsConflict(err error) bool {
 //
 //   - a duplicate key with errDuplicate;
 //   - the folded completion's SIGNAL with errPendingGone;
-//   - a deadlock or snapshot conflict with [idempotency.ErrConflict];
+//   - a deadlock or snapshot conflict with [backend.ErrConflict];
 //   - a lock wait timeout (or a NOWAIT refusal) with
 //     [idempotency.ErrInProgress] when waiting says that the statement
 //     waited for a key under the reservation's wait bound (another caller
-//     still holds the key), else with [idempotency.ErrConflict];
+//     still holds the key), else with [backend.ErrConflict];
 //   - a missing table (1146, or no database: 1046) or column (1054) with
 //     [idempotency.ErrSchema]
 //     and what to run: only the store's own statements come here, so the
@@ -88,7 +89,7 @@ func mapError(ctx context.Context, err error, waiting bool, format string, args 
 	}
 	var me *gomysql.MySQLError
 	marked := errors.Is(err, errDuplicate) || errors.Is(err, errPendingGone) ||
-		errors.Is(err, idempotency.ErrConflict) || errors.Is(err, idempotency.ErrInProgress) ||
+		errors.Is(err, backend.ErrConflict) || errors.Is(err, idempotency.ErrInProgress) ||
 		errors.Is(err, idempotency.ErrSchema)
 	if !marked && errors.As(err, &me) {
 		switch {
@@ -99,7 +100,7 @@ func mapError(ctx context.Context, err error, waiting bool, format string, args 
 		case waiting && (me.Number == erLockWaitTimeout || me.Number == erLockNowait):
 			err = fmt.Errorf("%w: %w", idempotency.ErrInProgress, err)
 		case isConflictCode(me.Number):
-			err = fmt.Errorf("%w: %w", idempotency.ErrConflict, err)
+			err = fmt.Errorf("%w: %w", backend.ErrConflict, err)
 		case me.Number == erNoSuchTable || me.Number == erNoDB:
 			err = fmt.Errorf("%w: mysql: a table of the store does not exist in the DSN's database: %s: %w", idempotency.ErrSchema, migrateHint, err)
 		case me.Number == erBadFieldName:

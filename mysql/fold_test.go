@@ -11,6 +11,7 @@ import (
 	gomysql "github.com/go-sql-driver/mysql"
 
 	"github.com/go-idempotency/idempotency"
+	"github.com/go-idempotency/idempotency/backend"
 	"github.com/go-idempotency/idempotency/internal/testkit"
 )
 
@@ -98,7 +99,7 @@ func TestCompleteCutLeavesNoTransaction(t *testing.T) {
 			cut, i := 0, 0
 			for ; i < 40 || (cut == i && i < 48); i++ {
 				key := idempotency.Key{ID: testkit.Name("idem_test_")}
-				r := idempotency.Reservation{Key: key, Fingerprint: "fp", TTL: time.Hour}
+				r := backend.Reservation{Key: key, Fingerprint: "fp", TTL: time.Hour}
 				txn, _, err := s.Reserve(ctx, r)
 				if err != nil || txn == nil {
 					t.Fatalf("cut %d: reserve: %v", i, err)

@@ -9,7 +9,7 @@ import (
 // TestErrorsNameKeyHash: Do's errors on MySQL (a stored mismatch, a key
 // held by an open reservation, a closed database) name the key by its
 // hash, never by its scope or id, and carry the raw key in an
-// idempotency.KeyError.
+// backend.KeyError.
 func TestErrorsNameKeyHash(t *testing.T) {
 	f := newFixture(t, openDB(t, testConfig(t, nil), 0), nil)
 	closed := openDB(t, testConfig(t, nil), 0)

@@ -10,6 +10,7 @@ import (
 	"time"
 
 	"github.com/go-idempotency/idempotency"
+	"github.com/go-idempotency/idempotency/backend"
 	"github.com/go-idempotency/idempotency/internal/testkit"
 )
 
@@ -73,7 +74,7 @@ func TestPurgeSkipsHeldRows(t *testing.T) {
 	complete := func(id string, now time.Time) {
 		t.Helper()
 		clk.Set(now)
-		txn, _, err := f.store.Reserve(ctx, idempotency.Reservation{Key: idempotency.Key{ID: id}, Fingerprint: "fp", TTL: time.Hour, Wait: time.Second})
+		txn, _, err := f.store.Reserve(ctx, backend.Reservation{Key: idempotency.Key{ID: id}, Fingerprint: "fp", TTL: time.Hour, Wait: time.Second})
 		if err != nil || txn == nil {
 			t.Fatalf("reserve %s: %v", id, err)
 		}

@@ -6,10 +6,10 @@ import (
 	"hash/fnv"
 	"time"
 
-	"github.com/go-idempotency/idempotency"
+	"github.com/go-idempotency/idempotency/backend"
 )
 
-var _ idempotency.QuotaCounter = (*Store)(nil)
+var _ backend.QuotaCounter = (*Store)(nil)
 
 // quotaName names the quota table of the keys table named table: table +
 // "_quota", cut and made unique by a hash past 64 bytes.
@@ -26,7 +26,7 @@ func quotaName(table string) string {
 
 // QuotaSchema returns the DDL of the quota table of the keys table named
 // table: table + "_quota", one row per scope and window (see
-// [idempotency.QuotaCounter]). [Store.Migrate] runs it; run it in your own
+// [backend.QuotaCounter]). [Store.Migrate] runs it; run it in your own
 // migrations if you use [Schema]. A bad table name gives an error wrapping
 // [idempotency.ErrInvalidConfig].
 func QuotaSchema(table string) (string, error) {
@@ -91,40 +91,40 @@ func (s *Store) admitQuotaSQL() string {
 		"  checked_at = VALUES(checked_at)"
 }
 
-// AdmitQuota implements [idempotency.QuotaCounter] in one autocommit
+// AdmitQuota implements [backend.QuotaCounter] in one autocommit
 // statement: an INSERT ... SELECT ... ON DUPLICATE KEY UPDATE on the quota
 // table that reads the keys table, and reports through LAST_INSERT_ID
 // (MySQL has no RETURNING).
-func (s *Store) AdmitQuota(ctx context.Context, q idempotency.QuotaCheck) (idempotency.QuotaAdmission, error) {
+func (s *Store) AdmitQuota(ctx context.Context, q backend.QuotaCheck) (backend.QuotaAdmission, error) {
 	now, err := s.testNow()
 	if err != nil {
-		return idempotency.QuotaAdmission{}, err
+		return backend.QuotaAdmission{}, err
 	}
 	span := q.Quota.Window.Milliseconds()
 	maxKeys, maxInFlight, maxBytes := q.Quota.Limits()
 	res, err := s.db.ExecContext(ctx, s.admitQuotaSQL(), q.Key.Scope, span, span, span, span, now,
 		q.Key.Scope, q.Key.ID, maxKeys, maxInFlight, maxBytes)
 	if err != nil {
-		return idempotency.QuotaAdmission{}, mapError(ctx, err, false, "mysql: admit quota of key %v", q.Key)
+		return backend.QuotaAdmission{}, mapError(ctx, err, false, "mysql: admit quota of key %v", q.Key)
 	}
 	v, err := res.LastInsertId()
 	if err != nil {
-		return idempotency.QuotaAdmission{}, fmt.Errorf("mysql: admit quota of key %v: %w", q.Key, err)
+		return backend.QuotaAdmission{}, fmt.Errorf("mysql: admit quota of key %v: %w", q.Key, err)
 	}
 	if v == 0 {
-		return idempotency.QuotaAdmission{Replay: true}, nil
+		return backend.QuotaAdmission{Replay: true}, nil
 	}
 	verdict := v & 3
-	return idempotency.QuotaAdmission{
+	return backend.QuotaAdmission{
 		Counted:     verdict == 0,
-		Over:        idempotency.QuotaLimit(verdict),
+		Over:        backend.QuotaLimit(verdict),
 		WindowStart: time.Unix(v>>quotaStartShift, 0),
 		RetryAfter:  time.Duration(v>>quotaLeftShift&(1<<(quotaStartShift-quotaLeftShift)-1)) * time.Millisecond,
 	}, nil
 }
 
-// EndQuota implements [idempotency.QuotaCounter] in one autocommit UPDATE.
-func (s *Store) EndQuota(ctx context.Context, e idempotency.QuotaEnd) error {
+// EndQuota implements [backend.QuotaCounter] in one autocommit UPDATE.
+func (s *Store) EndQuota(ctx context.Context, e backend.QuotaEnd) error {
 	uncount := 1
 	if e.Created {
 		uncount = 0
@@ -136,7 +136,7 @@ func (s *Store) EndQuota(ctx context.Context, e idempotency.QuotaEnd) error {
 	return mapError(ctx, err, false, "mysql: end quota")
 }
 
-// PurgeQuota implements [idempotency.QuotaCounter]: it deletes up to limit
+// PurgeQuota implements [backend.QuotaCounter]: it deletes up to limit
 // rows of windows that ended by the store's clock.
 func (s *Store) PurgeQuota(ctx context.Context, limit int) (int, error) {
 	now, err := s.testNow()

@@ -9,6 +9,7 @@ import (
 	"time"
 
 	"github.com/go-idempotency/idempotency"
+	"github.com/go-idempotency/idempotency/backend"
 	"github.com/go-idempotency/idempotency/internal/testkit"
 )
 
@@ -55,8 +56,8 @@ func TestQuotaTestClock(t *testing.T) {
 	at := time.Date(2030, 1, 2, 3, 4, 5, 0, time.UTC)
 	f := newFixture(t, openDB(t, testConfig(t, nil), 2), &Config{Clock: func() time.Time { return at }})
 	ctx := testkit.Context(t, 30*time.Second)
-	q := idempotency.Quota{Window: time.Hour, MaxKeys: 1}
-	adm, err := f.store.AdmitQuota(ctx, idempotency.QuotaCheck{Key: idempotency.Key{Scope: "s", ID: "k"}, Quota: q})
+	q := backend.Quota{Window: time.Hour, MaxKeys: 1}
+	adm, err := f.store.AdmitQuota(ctx, backend.QuotaCheck{Key: idempotency.Key{Scope: "s", ID: "k"}, Quota: q})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -65,11 +66,11 @@ func TestQuotaTestClock(t *testing.T) {
 		t.Fatalf("%+v: want counted in the window of %v, 55m55s left", adm, want)
 	}
 	// The refusal reports the same window through the update path.
-	adm, err = f.store.AdmitQuota(ctx, idempotency.QuotaCheck{Key: idempotency.Key{Scope: "s", ID: "k2"}, Quota: q})
+	adm, err = f.store.AdmitQuota(ctx, backend.QuotaCheck{Key: idempotency.Key{Scope: "s", ID: "k2"}, Quota: q})
 	if err != nil {
 		t.Fatal(err)
 	}
-	if adm.Counted || adm.Over != idempotency.QuotaKeys || !adm.WindowStart.Equal(want) || adm.RetryAfter != 55*time.Minute+55*time.Second {
+	if adm.Counted || adm.Over != backend.QuotaKeys || !adm.WindowStart.Equal(want) || adm.RetryAfter != 55*time.Minute+55*time.Second {
 		t.Fatalf("%+v: want refused by keys in the window of %v, 55m55s left", adm, want)
 	}
 }

@@ -9,6 +9,7 @@ import (
 	"time"
 
 	"github.com/go-idempotency/idempotency"
+	"github.com/go-idempotency/idempotency/backend"
 )
 
 // Reserve implements [idempotency.KeyStore], on one connection:
@@ -16,8 +17,8 @@ import (
 //  1. It may look the key up outside any transaction, with a consistent
 //     read; a completed, live key then costs that one round trip. It does
 //     so while most recent first tries were replays, for a caller that
-//     waited for the key, and always with [idempotency.LookupAlways]; never
-//     with [idempotency.LookupNever]. A new key saves that read otherwise.
+//     waited for the key, and always with [backend.LookupAlways]; never
+//     with [backend.LookupNever]. A new key saves that read otherwise.
 //  2. It begins the transaction fn will use and inserts the key row (or
 //     takes over an expired one); on MariaDB with a pool of [Open], in one
 //     statement. A key held by another open transaction makes that
@@ -33,12 +34,12 @@ import (
 // A first try (r.Wait == 0) of a caller that waits (not r.NoWait, its
 // deadline ahead) that meets a conflict reports the key as possibly held
 // (see mayBeHeld), so that the caller makes its waiting try.
-func (s *Store) Reserve(ctx context.Context, r idempotency.Reservation) (idempotency.Txn[*sql.Tx], *idempotency.Record, error) {
+func (s *Store) Reserve(ctx context.Context, r backend.Reservation) (backend.Txn[*sql.Tx], *backend.Record, error) {
 	t, rec, err := s.reserve(ctx, r)
 	return t, rec, mayBeHeld(ctx, r, err)
 }
 
-// mayBeHeld reports err, a conflict ([idempotency.ErrConflict]) met by the
+// mayBeHeld reports err, a conflict ([backend.ErrConflict]) met by the
 // first try of a caller that waits (r.Wait == 0, not r.NoWait, r.Deadline
 // ahead), as [idempotency.ErrInProgress]: the key may be held, and the
 // caller then makes its waiting try, which waits for the holder (bounded
@@ -53,15 +54,15 @@ func (s *Store) Reserve(ctx context.Context, r idempotency.Reservation) (idempot
 // retries it as a conflict, as before, rather than give up with
 // ErrInProgress. Any other error, and every error of a NoWait caller, of a
 // waiting try or past the deadline, is returned as it is.
-func mayBeHeld(ctx context.Context, r idempotency.Reservation, err error) error {
+func mayBeHeld(ctx context.Context, r backend.Reservation, err error) error {
 	if err == nil || r.Wait != 0 || r.NoWait || ctx.Err() != nil || !time.Now().Before(r.Deadline) ||
-		!errors.Is(err, idempotency.ErrConflict) || errors.Is(err, idempotency.ErrInProgress) {
+		!errors.Is(err, backend.ErrConflict) || errors.Is(err, idempotency.ErrInProgress) {
 		return err
 	}
 	return fmt.Errorf("%w: mysql: key %v (no wait) may be held: %w", idempotency.ErrInProgress, r.Key, err)
 }
 
-func (s *Store) reserve(ctx context.Context, r idempotency.Reservation) (idempotency.Txn[*sql.Tx], *idempotency.Record, error) {
+func (s *Store) reserve(ctx context.Context, r backend.Reservation) (backend.Txn[*sql.Tx], *backend.Record, error) {
 	if r.TTL <= 0 {
 		return nil, nil, fmt.Errorf("%w: mysql: key %v: reservation TTL %v", idempotency.ErrInvalidConfig, r.Key, r.TTL)
 	}
@@ -142,9 +143,9 @@ func (s *Store) reserve(ctx context.Context, r idempotency.Reservation) (idempot
 // It rolls tx back and probes the key's row without waiting. A row held
 // elsewhere keeps err ([idempotency.ErrInProgress]). A row completed
 // meanwhile is returned. Otherwise the refusal was a passing conflict
-// ([idempotency.ErrConflict]), which Do retries after a short backoff,
+// ([backend.ErrConflict]), which Do retries after a short backoff,
 // instead of a wait for a key nobody holds. It releases conn.
-func (s *Store) refusedAtOnce(ctx context.Context, conn *sql.Conn, tx *sql.Tx, k key, now any, err error) (*idempotency.Record, error) {
+func (s *Store) refusedAtOnce(ctx context.Context, conn *sql.Conn, tx *sql.Tx, k key, now any, err error) (*backend.Record, error) {
 	if rerr := tx.Rollback(); rerr != nil && !errors.Is(rerr, sql.ErrTxDone) {
 		discard(conn)
 		return nil, mapError(ctx, err, false, "mysql: reserve key %v", k.key)
@@ -158,19 +159,19 @@ func (s *Store) refusedAtOnce(ctx context.Context, conn *sql.Conn, tx *sql.Tx, k
 		return rec, nil
 	}
 	// Not err itself in the chain: it says ErrInProgress.
-	return nil, fmt.Errorf("%w: mysql: reserve key %v met a lock near the key, not on it (%v)", idempotency.ErrConflict, k.key, err)
+	return nil, fmt.Errorf("%w: mysql: reserve key %v met a lock near the key, not on it (%v)", backend.ErrConflict, k.key, err)
 }
 
 // lookingFirst reports whether Reserve looks r's key up before reserving
-// it (MariaDB). It does always with [idempotency.LookupAlways], never with
-// [idempotency.LookupNever]. Otherwise it does for a caller that waited for
+// it (MariaDB). It does always with [backend.LookupAlways], never with
+// [backend.LookupNever]. Otherwise it does for a caller that waited for
 // the key (its holder may have completed it), and while most recent first
 // tries found a completed key.
-func (s *Store) lookingFirst(r idempotency.Reservation) bool {
+func (s *Store) lookingFirst(r backend.Reservation) bool {
 	switch {
-	case s.lookup == idempotency.LookupNever:
+	case s.lookup == backend.LookupNever:
 		return false
-	case s.lookup == idempotency.LookupAlways || r.Wait > 0:
+	case s.lookup == backend.LookupAlways || r.Wait > 0:
 		return true
 	}
 	return s.firstTries.Replays()
@@ -185,7 +186,7 @@ func (s *Store) lookingFirst(r idempotency.Reservation) bool {
 // when the session bounds them. A non-empty begin (Store.beginSQL) says
 // that tx's BeginTx was deferred: the first statement begins the
 // transaction. now is the test clock's reading, nil for the server's clock.
-func (s *Store) claim(ctx context.Context, tx *sql.Tx, k key, r idempotency.Reservation, bound, begin string, sawExpired bool, now any) (bool, *idempotency.Record, error) {
+func (s *Store) claim(ctx context.Context, tx *sql.Tx, k key, r backend.Reservation, bound, begin string, sawExpired bool, now any) (bool, *backend.Record, error) {
 	left, ttl := ttlArgs(r.TTL)
 	fp := []byte(r.Fingerprint)
 	insert := bound + s.insertSQL
@@ -222,7 +223,7 @@ func (s *Store) claim(ctx context.Context, tx *sql.Tx, k key, r idempotency.Rese
 	case err != nil:
 		return false, nil, mapError(ctx, err, false, "")
 	case !rw.found:
-		return false, nil, fmt.Errorf("%w: the row of key %v vanished while it was read", idempotency.ErrConflict, r.Key)
+		return false, nil, fmt.Errorf("%w: the row of key %v vanished while it was read", backend.ErrConflict, r.Key)
 	case !rw.live():
 		// Another reader holding a shared lock on the row makes this upgrade
 		// a deadlock or a wait: both are conflicts worth a retry.
@@ -231,7 +232,7 @@ func (s *Store) claim(ctx context.Context, tx *sql.Tx, k key, r idempotency.Rese
 			return false, nil, mapError(ctx, err, false, "")
 		}
 		if n != 1 {
-			return false, nil, fmt.Errorf("%w: the expired row of key %v changed while it was taken over", idempotency.ErrConflict, r.Key)
+			return false, nil, fmt.Errorf("%w: the expired row of key %v changed while it was taken over", backend.ErrConflict, r.Key)
 		}
 		return true, nil, nil
 	case rw.state == stateCompleted:

@@ -8,6 +8,7 @@ import (
 	"time"
 
 	"github.com/go-idempotency/idempotency"
+	"github.com/go-idempotency/idempotency/backend"
 )
 
 // key is a key with its scope and id as the []byte arguments the
@@ -62,12 +63,12 @@ func (rw row) live() bool { return rw.found && rw.expires > rw.now }
 // clock.
 func (rw row) completed() bool { return rw.live() && rw.state == stateCompleted }
 
-func (rw row) record(k idempotency.Key) (*idempotency.Record, error) {
-	h, err := idempotency.UnmarshalHeader(rw.header)
+func (rw row) record(k idempotency.Key) (*backend.Record, error) {
+	h, err := backend.UnmarshalHeader(rw.header)
 	if err != nil {
 		return nil, fmt.Errorf("mysql: key %v: stored header: %w", k, err)
 	}
-	return &idempotency.Record{
+	return &backend.Record{
 		Key:         k,
 		Fingerprint: string(rw.fingerprint),
 		Status:      rw.status,

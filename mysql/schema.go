@@ -9,6 +9,7 @@ import (
 	gomysql "github.com/go-sql-driver/mysql"
 
 	"github.com/go-idempotency/idempotency"
+	"github.com/go-idempotency/idempotency/backend"
 	"github.com/go-idempotency/idempotency/internal/sqlident"
 )
 
@@ -125,7 +126,7 @@ func (s *Store) Migrate(ctx context.Context) error {
 		}
 		// Another process added some of it meanwhile: look again.
 	}
-	return fmt.Errorf("mysql: migrate %s: upgrade: %w: other migrations kept changing the table", s.table, idempotency.ErrConflict)
+	return fmt.Errorf("mysql: migrate %s: upgrade: %w: other migrations kept changing the table", s.table, backend.ErrConflict)
 }
 
 // missingDDL returns the ALTER TABLE that adds to s's table the columns of

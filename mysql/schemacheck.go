@@ -10,9 +10,10 @@ import (
 	gomysql "github.com/go-sql-driver/mysql"
 
 	"github.com/go-idempotency/idempotency"
+	"github.com/go-idempotency/idempotency/backend"
 )
 
-var _ idempotency.SchemaChecker = (*Store)(nil)
+var _ backend.SchemaChecker = (*Store)(nil)
 
 // quotaColumns are the columns of the quota table (see [QuotaSchema]).
 var quotaColumns = []string{"scope", "span", "window_start", "n_keys", "n_in_flight", "n_bytes", "checked_at", "verdict"}
@@ -27,13 +28,13 @@ func keyColumns() []string {
 	return cols
 }
 
-// CheckSchema implements [idempotency.SchemaChecker]: it reads the columns
+// CheckSchema implements [backend.SchemaChecker]: it reads the columns
 // of the keys table of the DSN's database (an empty SELECT), and with
 // c.Quota those of the quota table. A table or a column that is missing,
 // or a DSN without a database, gives an error wrapping
 // [idempotency.ErrSchema] naming the table and what is missing: run
 // [Store.Migrate], or apply [Schema] (and [QuotaSchema]).
-func (s *Store) CheckSchema(ctx context.Context, c idempotency.SchemaCheck) error {
+func (s *Store) CheckSchema(ctx context.Context, c backend.SchemaCheck) error {
 	if err := s.checkColumns(ctx, s.table, keyColumns(), "Schema"); err != nil {
 		return err
 	}

@@ -7,23 +7,24 @@ import (
 	"fmt"
 
 	"github.com/go-idempotency/idempotency"
+	"github.com/go-idempotency/idempotency/backend"
 )
 
 // reserveSession is Reserve on MySQL, which bounds lock waits only by the
 // session's innodb_lock_wait_timeout (at least 1 second):
 //
-//  1. Unless [idempotency.LookupNever], the lookup also reads the session's
+//  1. Unless [backend.LookupNever], the lookup also reads the session's
 //     innodb_lock_wait_timeout.
 //  2. r.Wait == 0: the row is probed with FOR UPDATE NOWAIT, and a held
 //     key is reported at once.
 //  3. The session's innodb_lock_wait_timeout is set to the wait bound
 //     before START TRANSACTION (unless it has that value already) and
 //     restored before fn runs.
-func (s *Store) reserveSession(ctx context.Context, conn *sql.Conn, k key, r idempotency.Reservation, now any) (idempotency.Txn[*sql.Tx], *idempotency.Record, error) {
+func (s *Store) reserveSession(ctx context.Context, conn *sql.Conn, k key, r backend.Reservation, now any) (backend.Txn[*sql.Tx], *backend.Record, error) {
 	// lockWait is the session's innodb_lock_wait_timeout when the lookup
 	// read it, else -1.
 	lockWait, rw := int64(-1), row{}
-	if s.lookup != idempotency.LookupNever {
+	if s.lookup != backend.LookupNever {
 		var err error
 		lockWait, rw, err = s.lookupWithLockWait(ctx, conn, k, now)
 		if err != nil {
@@ -81,7 +82,7 @@ func (s *Store) reserveSession(ctx context.Context, conn *sql.Conn, k key, r ide
 // mode (its lock ends with the statement). A held row is read again, because a
 // reader of a key completed just now may hold it for a moment: that key is
 // returned, any other gives ErrInProgress. (nil, nil) means not held.
-func (s *Store) probe(ctx context.Context, conn *sql.Conn, k key, now any) (*idempotency.Record, error) {
+func (s *Store) probe(ctx context.Context, conn *sql.Conn, k key, now any) (*backend.Record, error) {
 	var state string
 	err := conn.QueryRowContext(ctx, s.probeSQL, k.scope, k.id).Scan(&state)
 	if err == nil || errors.Is(err, sql.ErrNoRows) {

@@ -9,6 +9,7 @@ import (
 	"time"
 
 	"github.com/go-idempotency/idempotency"
+	"github.com/go-idempotency/idempotency/backend"
 )
 
 // stepSQL are the statements of multi-step operations and of the key
@@ -37,7 +38,7 @@ func stepCols(body string) string {
 progress, progress IS NOT NULL, owner, lease_ends, tries, ` + nowSQL
 }
 
-// maxExpirySQL is [idempotency.MaxExpiry] in the table's unit.
+// maxExpirySQL is [backend.MaxExpiry] in the table's unit.
 const maxExpirySQL = "9223372036854775807"
 
 func newStepSQL(q string) stepSQL {
@@ -132,11 +133,11 @@ func (rw stepRow) leasedToOther(owner string) bool {
 	return rw.progress != nil && rw.leaseLive() && rw.owner != owner
 }
 
-// Abandoned implements [idempotency.Stepper] with one consistent read
+// Abandoned implements [backend.Stepper] with one consistent read
 // (no lock), on the index on lease_ends. q.Limit must be 1 to 1000 and
 // q.Grace not negative, else the error wraps
 // [idempotency.ErrInvalidConfig].
-func (s *Store) Abandoned(ctx context.Context, q idempotency.AbandonedQuery) ([]idempotency.AbandonedKey, error) {
+func (s *Store) Abandoned(ctx context.Context, q backend.AbandonedQuery) ([]backend.AbandonedKey, error) {
 	if err := q.Validate(); err != nil {
 		return nil, fmt.Errorf("mysql: abandoned: %w", err)
 	}
@@ -149,11 +150,11 @@ func (s *Store) Abandoned(ctx context.Context, q idempotency.AbandonedQuery) ([]
 		return nil, mapError(ctx, err, false, "mysql: abandoned keys")
 	}
 	defer rows.Close()
-	var out []idempotency.AbandonedKey
+	var out []backend.AbandonedKey
 	for rows.Next() {
 		var (
 			scope, id, fp, progress []byte
-			ak                      idempotency.AbandonedKey
+			ak                      backend.AbandonedKey
 			ended                   int64
 		)
 		if err := rows.Scan(&scope, &id, &fp, &progress, &ak.Tries, &ended); err != nil {

@@ -8,6 +8,7 @@ import (
 	"time"
 
 	"github.com/go-idempotency/idempotency"
+	"github.com/go-idempotency/idempotency/backend"
 )
 
 // maxAcquireTries bounds how many times one Acquire that does not wait
@@ -16,7 +17,7 @@ import (
 // starts over while its wait lasts.
 const maxAcquireTries = 6
 
-// Acquire implements [idempotency.Stepper], on one connection:
+// Acquire implements [backend.Stepper], on one connection:
 //
 //  1. It looks the key up outside any transaction (a consistent read). A
 //     completed, live key is returned; an unfinished key leased to another
@@ -39,7 +40,7 @@ const maxAcquireTries = 6
 // and the package documentation): per statement on MariaDB, on the
 // session (set and restored) on MySQL, where a.Wait == 0 locks rows with
 // NOWAIT and probes a new key first.
-func (s *Store) Acquire(ctx context.Context, a idempotency.Acquisition) (idempotency.Phase[*sql.Tx], *idempotency.Record, error) {
+func (s *Store) Acquire(ctx context.Context, a backend.Acquisition) (backend.Phase[*sql.Tx], *backend.Record, error) {
 	if err := checkAcquisition(a); err != nil {
 		return nil, nil, err
 	}
@@ -77,14 +78,14 @@ func (s *Store) Acquire(ctx context.Context, a idempotency.Acquisition) (idempot
 		// took it, which this caller then waits for.
 		if ctx.Err() != nil || (a.Wait == 0 && try == maxAcquireTries) || (a.Wait > 0 && !time.Now().Before(ac.deadline)) {
 			release(ctx, conn, nil, ac.restore)
-			return nil, nil, mapError(ctx, fmt.Errorf("%w: %w", idempotency.ErrConflict, err), false, "mysql: acquire key %v", a.Key)
+			return nil, nil, mapError(ctx, fmt.Errorf("%w: %w", backend.ErrConflict, err), false, "mysql: acquire key %v", a.Key)
 		}
 	}
 }
 
 // checkAcquisition refuses, with [idempotency.ErrInvalidConfig], what
 // Acquire cannot store or judge.
-func checkAcquisition(a idempotency.Acquisition) error {
+func checkAcquisition(a backend.Acquisition) error {
 	if err := a.Validate(); err != nil {
 		return fmt.Errorf("mysql: key %v: %w", a.Key, err)
 	}
@@ -94,7 +95,7 @@ func checkAcquisition(a idempotency.Acquisition) error {
 // checkProgress refuses, with [idempotency.ErrInvalidConfig], a progress
 // that a Phase cannot store.
 func checkProgress(k idempotency.Key, progress []byte) error {
-	if err := idempotency.CheckProgress(progress); err != nil {
+	if err := backend.CheckProgress(progress); err != nil {
 		return fmt.Errorf("mysql: key %v: %w", k, err)
 	}
 	return nil
@@ -111,7 +112,7 @@ type acquiring struct {
 	conn     *sql.Conn
 	d        dialect
 	k        key
-	a        idempotency.Acquisition
+	a        backend.Acquisition
 	now      any       // the test clock's reading, nil for the server's
 	deadline time.Time // when a.Wait runs out
 	restore  string    // restores the session's lock wait timeout (MySQL)
@@ -133,13 +134,13 @@ func (ac *acquiring) bound() string {
 
 // fail ends the Acquire with err: it rolls tx back (if any) and releases
 // the connection.
-func (ac *acquiring) fail(ctx context.Context, tx *sql.Tx, err error) (*phase, *idempotency.Record, error) {
+func (ac *acquiring) fail(ctx context.Context, tx *sql.Tx, err error) (*phase, *backend.Record, error) {
 	release(ctx, ac.conn, tx, ac.restore)
 	return nil, nil, err
 }
 
 // again rolls tx back, keeping the connection, for another attempt.
-func (ac *acquiring) again(ctx context.Context, tx *sql.Tx, why error) (*phase, *idempotency.Record, error) {
+func (ac *acquiring) again(ctx context.Context, tx *sql.Tx, why error) (*phase, *backend.Record, error) {
 	if err := tx.Rollback(); err != nil && !errors.Is(err, sql.ErrTxDone) {
 		return ac.fail(ctx, nil, mapError(ctx, err, false, "mysql: acquire key %v: roll back", ac.k.key))
 	}
@@ -149,7 +150,7 @@ func (ac *acquiring) again(ctx context.Context, tx *sql.Tx, why error) (*phase, 
 // once is one attempt of Acquire. It returns errAgain (connection kept,
 // no transaction open) or ends the call (connection released unless a
 // phase holds it).
-func (ac *acquiring) once(ctx context.Context) (*phase, *idempotency.Record, error) {
+func (ac *acquiring) once(ctx context.Context) (*phase, *backend.Record, error) {
 	s, k := ac.s, ac.k
 	rw, err := scanStep(ac.conn.QueryRowContext(ctx, s.steps.readBody, k.scope, k.id), ac.now)
 	if err != nil {
@@ -187,7 +188,7 @@ func (ac *acquiring) once(ctx context.Context) (*phase, *idempotency.Record, err
 
 // insert takes a key that had no row: the pending row, as Reserve inserts
 // it, in tx.
-func (ac *acquiring) insert(ctx context.Context, tx *sql.Tx) (*phase, *idempotency.Record, error) {
+func (ac *acquiring) insert(ctx context.Context, tx *sql.Tx) (*phase, *backend.Record, error) {
 	s, k, a := ac.s, ac.k, ac.a
 	left, ttl := ttlArgs(a.TTL)
 	_, err := tx.ExecContext(ctx, ac.bound()+s.insertSQL, k.scope, k.id, []byte(a.Fingerprint), ac.now, ac.now, left, ttl)
@@ -205,14 +206,14 @@ func (ac *acquiring) insert(ctx context.Context, tx *sql.Tx) (*phase, *idempoten
 	switch err = mapError(ctx, err, true, ""); {
 	case errors.Is(err, errDuplicate):
 		return ac.again(ctx, tx, err) // committed meanwhile: judge it
-	case errors.Is(err, idempotency.ErrConflict) && ctx.Err() == nil:
+	case errors.Is(err, backend.ErrConflict) && ctx.Err() == nil:
 		return ac.again(ctx, tx, err) // a deadlock of waiters: the holder rolled back
 	}
 	return ac.fail(ctx, tx, fmt.Errorf("mysql: acquire key %v (wait bound %v): %w", k.key, a.Wait, err))
 }
 
 // lock takes a key that had a row: it locks the row and judges it.
-func (ac *acquiring) lock(ctx context.Context, tx *sql.Tx) (*phase, *idempotency.Record, error) {
+func (ac *acquiring) lock(ctx context.Context, tx *sql.Tx) (*phase, *backend.Record, error) {
 	s, k, a := ac.s, ac.k, ac.a
 	q := ac.bound() + s.steps.lockRead
 	if ac.d == dialectMySQL && a.Wait == 0 {
@@ -220,7 +221,7 @@ func (ac *acquiring) lock(ctx context.Context, tx *sql.Tx) (*phase, *idempotency
 	}
 	rw, err := scanStep(tx.QueryRowContext(ctx, q, k.scope, k.id), ac.now)
 	if err != nil {
-		if err = mapError(ctx, err, true, ""); errors.Is(err, idempotency.ErrConflict) && ctx.Err() == nil {
+		if err = mapError(ctx, err, true, ""); errors.Is(err, backend.ErrConflict) && ctx.Err() == nil {
 			return ac.again(ctx, tx, err)
 		}
 		return ac.fail(ctx, tx, fmt.Errorf("mysql: acquire key %v (wait bound %v): %w", k.key, a.Wait, err))
@@ -259,7 +260,7 @@ func (ac *acquiring) lock(ctx context.Context, tx *sql.Tx) (*phase, *idempotency
 // phase returns the phase that holds the key in tx, after restoring the
 // session's lock wait timeout (MySQL): the phase's own statements keep the
 // session's.
-func (ac *acquiring) phase(ctx context.Context, tx *sql.Tx, fp string, progress []byte, tries int) (*phase, *idempotency.Record, error) {
+func (ac *acquiring) phase(ctx context.Context, tx *sql.Tx, fp string, progress []byte, tries int) (*phase, *backend.Record, error) {
 	if ac.restore != "" {
 		if _, err := tx.ExecContext(ctx, ac.restore); err != nil {
 			_ = tx.Rollback()

@@ -7,6 +7,7 @@ import (
 	"fmt"
 
 	"github.com/go-idempotency/idempotency"
+	"github.com/go-idempotency/idempotency/backend"
 )
 
 // phase is a transaction of [Store.Acquire] on one connection.
@@ -15,7 +16,7 @@ type phase struct {
 	conn     *sql.Conn
 	tx       *sql.Tx
 	key      key
-	a        idempotency.Acquisition
+	a        backend.Acquisition
 	fp       string
 	progress []byte
 	tries    int
@@ -101,7 +102,7 @@ func (p *phase) Complete(ctx context.Context, resp idempotency.Response) error {
 	}
 	k := p.key
 	left, ttl := ttlArgs(p.a.TTL)
-	res, err := p.tx.ExecContext(ctx, p.s.steps.complete, resp.Status, idempotency.MarshalHeader(resp.Header), resp.Body, now, left, ttl, k.scope, k.id)
+	res, err := p.tx.ExecContext(ctx, p.s.steps.complete, resp.Status, backend.MarshalHeader(resp.Header), resp.Body, now, left, ttl, k.scope, k.id)
 	var n int64
 	if err == nil {
 		n, err = res.RowsAffected()

@@ -16,6 +16,7 @@ import (
 	gomysql "github.com/go-sql-driver/mysql"
 
 	"github.com/go-idempotency/idempotency"
+	"github.com/go-idempotency/idempotency/backend"
 	"github.com/go-idempotency/idempotency/internal/testkit"
 )
 
@@ -102,9 +103,9 @@ func (f *fixture) rows(t testing.TB, ctx context.Context) int {
 	return n
 }
 
-func acquisition(k idempotency.Key, owner string, wait time.Duration) idempotency.Acquisition {
-	return idempotency.Acquisition{
-		Reservation: idempotency.Reservation{Key: k, Fingerprint: "fp-" + k.ID, TTL: time.Hour, Wait: wait},
+func acquisition(k idempotency.Key, owner string, wait time.Duration) backend.Acquisition {
+	return backend.Acquisition{
+		Reservation: backend.Reservation{Key: k, Fingerprint: "fp-" + k.ID, TTL: time.Hour, Wait: wait},
 		Owner:       owner,
 		Lease:       10 * time.Second,
 	}
@@ -113,7 +114,7 @@ func acquisition(k idempotency.Key, owner string, wait time.Duration) idempotenc
 func newKey(id string) idempotency.Key { return idempotency.Key{Scope: "steps", ID: id} }
 
 // mustAcquire acquires a phase or fails the test.
-func mustAcquire(t testing.TB, ctx context.Context, s *Store, a idempotency.Acquisition) idempotency.Phase[*sql.Tx] {
+func mustAcquire(t testing.TB, ctx context.Context, s *Store, a backend.Acquisition) backend.Phase[*sql.Tx] {
 	t.Helper()
 	p, rec, err := s.Acquire(ctx, a)
 	if err != nil || rec != nil || p == nil {
@@ -216,7 +217,7 @@ func TestStepsLifecycle(t *testing.T) {
 				t.Fatalf("Acquire of the completed key: %v %+v %v", p, rec, err)
 			}
 		}
-		txn, rec, err := s.Reserve(ctx, idempotency.Reservation{Key: k, Fingerprint: "other", TTL: time.Hour})
+		txn, rec, err := s.Reserve(ctx, backend.Reservation{Key: k, Fingerprint: "other", TTL: time.Hour})
 		if err != nil || txn != nil || rec == nil || string(rec.Body) != "done\x00" {
 			t.Fatalf("Reserve of the completed key: %v %+v %v", txn, rec, err)
 		}
@@ -290,11 +291,11 @@ func TestPhaseEffects(t *testing.T) {
 		ctx := testkit.Context(t, 30*time.Second)
 		clock := newStepClock()
 		f := stepFixture(t, v, 0, clock)
-		ends := map[string]func(idempotency.Phase[*sql.Tx]) error{
-			"save":     func(p idempotency.Phase[*sql.Tx]) error { return p.Save(ctx, []byte("s")) },
-			"release":  func(p idempotency.Phase[*sql.Tx]) error { return p.Release(ctx, []byte("r")) },
-			"complete": func(p idempotency.Phase[*sql.Tx]) error { return p.Complete(ctx, idempotency.Response{Status: 200}) },
-			"rollback": func(p idempotency.Phase[*sql.Tx]) error { return p.Rollback(ctx) },
+		ends := map[string]func(backend.Phase[*sql.Tx]) error{
+			"save":     func(p backend.Phase[*sql.Tx]) error { return p.Save(ctx, []byte("s")) },
+			"release":  func(p backend.Phase[*sql.Tx]) error { return p.Release(ctx, []byte("r")) },
+			"complete": func(p backend.Phase[*sql.Tx]) error { return p.Complete(ctx, idempotency.Response{Status: 200}) },
+			"rollback": func(p backend.Phase[*sql.Tx]) error { return p.Rollback(ctx) },
 		}
 		for name, end := range ends {
 			for _, existing := range []bool{false, true} {
@@ -335,13 +336,13 @@ func TestStepsValidation(t *testing.T) {
 	ctx := testkit.Context(t, 30*time.Second)
 	f := stepFixture(t, stepVariants[0], 0, nil)
 	k := newKey("valid")
-	for name, change := range map[string]func(*idempotency.Acquisition){
-		"empty owner":    func(a *idempotency.Acquisition) { a.Owner = "" },
-		"long owner":     func(a *idempotency.Acquisition) { a.Owner = strings.Repeat("o", 65) },
-		"owner with NUL": func(a *idempotency.Acquisition) { a.Owner = "a\x00b" },
-		"owner UTF-8":    func(a *idempotency.Acquisition) { a.Owner = "é" },
-		"short lease":    func(a *idempotency.Acquisition) { a.Lease = time.Millisecond - 1 },
-		"zero TTL":       func(a *idempotency.Acquisition) { a.TTL = 0 },
+	for name, change := range map[string]func(*backend.Acquisition){
+		"empty owner":    func(a *backend.Acquisition) { a.Owner = "" },
+		"long owner":     func(a *backend.Acquisition) { a.Owner = strings.Repeat("o", 65) },
+		"owner with NUL": func(a *backend.Acquisition) { a.Owner = "a\x00b" },
+		"owner UTF-8":    func(a *backend.Acquisition) { a.Owner = "é" },
+		"short lease":    func(a *backend.Acquisition) { a.Lease = time.Millisecond - 1 },
+		"zero TTL":       func(a *backend.Acquisition) { a.TTL = 0 },
 	} {
 		a := acquisition(k, "owner", 0)
 		change(&a)
@@ -350,7 +351,7 @@ func TestStepsValidation(t *testing.T) {
 		}
 	}
 	a := acquisition(k, strings.Repeat("o", 64), 0)
-	for name, progress := range map[string][]byte{"nil": nil, "too long": make([]byte, idempotency.MaxProgressLen+1)} {
+	for name, progress := range map[string][]byte{"nil": nil, "too long": make([]byte, backend.MaxProgressLen+1)} {
 		p := mustAcquire(t, ctx, f.store, a)
 		if err := f.fx.Effect(ctx, p.Tx(), "bad"); err != nil {
 			t.Fatal(err)
@@ -367,18 +368,18 @@ func TestStepsValidation(t *testing.T) {
 		t.Fatalf("%d rows written", n)
 	}
 	p := mustAcquire(t, ctx, f.store, a)
-	if err := p.Save(ctx, make([]byte, idempotency.MaxProgressLen)); err != nil {
+	if err := p.Save(ctx, make([]byte, backend.MaxProgressLen)); err != nil {
 		t.Fatalf("Save of MaxProgressLen bytes: %v", err)
 	}
 	for _, limit := range []int{0, -1, 1001} {
-		if _, err := f.store.Abandoned(ctx, idempotency.AbandonedQuery{Limit: limit, MaxTries: 1}); !errors.Is(err, idempotency.ErrInvalidConfig) {
+		if _, err := f.store.Abandoned(ctx, backend.AbandonedQuery{Limit: limit, MaxTries: 1}); !errors.Is(err, idempotency.ErrInvalidConfig) {
 			t.Errorf("Abandoned limit %d: %v", limit, err)
 		}
-		if _, err := f.store.List(ctx, idempotency.ListQuery{Limit: limit}); !errors.Is(err, idempotency.ErrInvalidConfig) {
+		if _, err := f.store.List(ctx, backend.ListQuery{Limit: limit}); !errors.Is(err, idempotency.ErrInvalidConfig) {
 			t.Errorf("List limit %d: %v", limit, err)
 		}
 	}
-	if _, err := f.store.Abandoned(ctx, idempotency.AbandonedQuery{Limit: 1, MaxTries: 1, Grace: -1}); !errors.Is(err, idempotency.ErrInvalidConfig) {
+	if _, err := f.store.Abandoned(ctx, backend.AbandonedQuery{Limit: 1, MaxTries: 1, Grace: -1}); !errors.Is(err, idempotency.ErrInvalidConfig) {
 		t.Errorf("Abandoned negative grace: %v", err)
 	}
 }
@@ -527,7 +528,7 @@ func TestReserveOnUnfinished(t *testing.T) {
 			unfinished(t, ctx, f, leased, "l", true)
 			check := func(what string, k idempotency.Key, wait time.Duration) {
 				t.Helper()
-				txn, rec, err := s.Reserve(ctx, idempotency.Reservation{Key: k, Fingerprint: "fp", TTL: time.Hour, Wait: wait})
+				txn, rec, err := s.Reserve(ctx, backend.Reservation{Key: k, Fingerprint: "fp", TTL: time.Hour, Wait: wait})
 				if !errors.Is(err, idempotency.ErrInProgress) || txn != nil || rec != nil {
 					if txn != nil {
 						_ = txn.Rollback(ctx)
@@ -614,7 +615,7 @@ func TestAbandoned(t *testing.T) {
 	clock.Add(5 * time.Second) // now t0+3m05s: "leased" is still leased
 	t0 := clock.At(-3*time.Minute - 5*time.Second)
 
-	got := func(q idempotency.AbandonedQuery) string {
+	got := func(q backend.AbandonedQuery) string {
 		t.Helper()
 		keys, err := f.store.Abandoned(ctx, q)
 		if err != nil {
@@ -630,16 +631,16 @@ func TestAbandoned(t *testing.T) {
 		return strings.Join(out, " ")
 	}
 	for _, c := range []struct {
-		q    idempotency.AbandonedQuery
+		q    backend.AbandonedQuery
 		want string
 	}{
-		{idempotency.AbandonedQuery{MaxTries: 10, Limit: 10}, "old:1@0s failing:3@1m0s mid:1@2m0s recent:1@3m0s"},
-		{idempotency.AbandonedQuery{MaxTries: 3, Limit: 10}, "old:1@0s mid:1@2m0s recent:1@3m0s"},
-		{idempotency.AbandonedQuery{MaxTries: 10, Limit: 2}, "old:1@0s failing:3@1m0s"},
-		{idempotency.AbandonedQuery{MaxTries: 10, Limit: 10, Grace: 90 * time.Second}, "old:1@0s failing:3@1m0s"},
-		{idempotency.AbandonedQuery{MaxTries: 10, Limit: 10, Grace: 5 * time.Second}, "old:1@0s failing:3@1m0s mid:1@2m0s recent:1@3m0s"},
-		{idempotency.AbandonedQuery{MaxTries: 10, Limit: 10, Grace: 5*time.Second + time.Millisecond}, "old:1@0s failing:3@1m0s mid:1@2m0s"},
-		{idempotency.AbandonedQuery{MaxTries: 1, Limit: 10}, ""},
+		{backend.AbandonedQuery{MaxTries: 10, Limit: 10}, "old:1@0s failing:3@1m0s mid:1@2m0s recent:1@3m0s"},
+		{backend.AbandonedQuery{MaxTries: 3, Limit: 10}, "old:1@0s mid:1@2m0s recent:1@3m0s"},
+		{backend.AbandonedQuery{MaxTries: 10, Limit: 2}, "old:1@0s failing:3@1m0s"},
+		{backend.AbandonedQuery{MaxTries: 10, Limit: 10, Grace: 90 * time.Second}, "old:1@0s failing:3@1m0s"},
+		{backend.AbandonedQuery{MaxTries: 10, Limit: 10, Grace: 5 * time.Second}, "old:1@0s failing:3@1m0s mid:1@2m0s recent:1@3m0s"},
+		{backend.AbandonedQuery{MaxTries: 10, Limit: 10, Grace: 5*time.Second + time.Millisecond}, "old:1@0s failing:3@1m0s mid:1@2m0s"},
+		{backend.AbandonedQuery{MaxTries: 1, Limit: 10}, ""},
 	} {
 		if g := got(c.q); g != c.want {
 			t.Errorf("%+v: %q, want %q", c.q, g, c.want)

@@ -8,6 +8,7 @@ import (
 	"time"
 
 	"github.com/go-idempotency/idempotency"
+	"github.com/go-idempotency/idempotency/backend"
 	"github.com/go-idempotency/idempotency/internal/lookup"
 )
 
@@ -18,12 +19,12 @@ const DefaultTable = "idempotency_keys"
 const stateCompleted = "completed"
 
 var (
-	_ idempotency.KeyStore[*sql.Tx]  = (*Store)(nil)
-	_ idempotency.ConflictClassifier = (*Store)(nil)
-	_ idempotency.Migrator           = (*Store)(nil)
-	_ idempotency.Stepper[*sql.Tx]   = (*Store)(nil)
-	_ idempotency.KeyAdmin           = (*Store)(nil)
-	_ idempotency.KeyLister          = (*Store)(nil)
+	_ idempotency.KeyStore[*sql.Tx] = (*Store)(nil)
+	_ backend.ConflictClassifier    = (*Store)(nil)
+	_ backend.Migrator              = (*Store)(nil)
+	_ backend.Stepper[*sql.Tx]      = (*Store)(nil)
+	_ backend.KeyAdmin              = (*Store)(nil)
+	_ backend.KeyLister             = (*Store)(nil)
 )
 
 // Config tunes a [Store]. The zero value (or nil) means the defaults.
@@ -41,18 +42,18 @@ type Config struct {
 	Isolation sql.IsolationLevel
 	// Lookup says when [Store.Reserve] looks the key up outside any
 	// transaction before reserving it (see "Round trips" in the package
-	// documentation). The default, [idempotency.LookupAdaptive], looks up
+	// documentation). The default, [backend.LookupAdaptive], looks up
 	// first while most recent first tries were replays, and always for a
-	// caller that waited for a held key. [idempotency.LookupAlways] always
+	// caller that waited for a held key. [backend.LookupAlways] always
 	// does: a replay then always costs one round trip, and a new key one
-	// more than without. [idempotency.LookupNever] never does: it begins
+	// more than without. [backend.LookupNever] never does: it begins
 	// the transaction and inserts the key at once. A replay then always
 	// costs several round trips and holds a shared lock on the row
 	// meanwhile. Every caller arriving while the key is held waits in its
 	// INSERT, where a rollback of the holder answers most waiters with
-	// deadlocks (retried as [idempotency.ErrConflict]). No policy ever
+	// deadlocks (retried as [backend.ErrConflict]). No policy ever
 	// runs an effect twice.
-	Lookup idempotency.LookupPolicy
+	Lookup backend.LookupPolicy
 	// Clock is for tests only. When set, the store reads it instead of the
 	// server's clock wherever it judges or stores a time (a record's
 	// expiry, its creation, Purge). It sends the reading with each
@@ -61,7 +62,7 @@ type Config struct {
 	// (UTC_TIMESTAMP(6), whatever the session's time zone), which every
 	// instance shares: no time of the application is ever sent. A test
 	// clock must never differ between instances; a reading outside
-	// [idempotency.MinClock] .. [idempotency.MaxExpiry] is refused with
+	// [backend.MinClock] .. [backend.MaxExpiry] is refused with
 	// [idempotency.ErrInvalidConfig] before anything is written.
 	Clock func() time.Time
 }
@@ -76,7 +77,7 @@ const nowSQL = "CAST(TIMESTAMPDIFF(MICROSECOND, '1970-01-01 00:00:00', UTC_TIMES
 // reading) or, when it is NULL, the server's clock.
 const clockSQL = "COALESCE(?, " + nowSQL + ")"
 
-// expirySQL is clockSQL plus a TTL, clamped to [idempotency.MaxExpiry]
+// expirySQL is clockSQL plus a TTL, clamped to [backend.MaxExpiry]
 // without overflow: LEAST(clock, MaxInt64 - ttl) + ttl, with both taken as
 // parameters (see ttlArgs).
 const expirySQL = "LEAST(" + clockSQL + ", ?) + ?"
@@ -93,7 +94,7 @@ type Store struct {
 	db        *sql.DB
 	table     string // validated
 	isolation sql.IsolationLevel
-	lookup    idempotency.LookupPolicy
+	lookup    backend.LookupPolicy
 	clock     func() time.Time // Config.Clock: nil for the server's
 	// firstTries: under LookupAdaptive, Reserve looks the key up first
 	// while most recent first tries found a completed key.
@@ -149,7 +150,7 @@ func New(db *sql.DB, cfg *Config) (*Store, error) {
 	if err != nil {
 		return nil, err
 	}
-	if err := c.Lookup.Check(); err != nil {
+	if err := c.Lookup.Validate(); err != nil {
 		return nil, fmt.Errorf("mysql: Config.Lookup: %w", err)
 	}
 	switch c.Isolation {
@@ -205,7 +206,7 @@ func (s *Store) testNow() (any, error) {
 		return nil, nil
 	}
 	now := s.clock()
-	if err := idempotency.CheckClock(now); err != nil {
+	if err := backend.CheckClock(now); err != nil {
 		return nil, fmt.Errorf("mysql: Config.Clock: %w", err)
 	}
 	return now.UnixNano(), nil

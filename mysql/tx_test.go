@@ -8,6 +8,7 @@ import (
 	"time"
 
 	"github.com/go-idempotency/idempotency"
+	"github.com/go-idempotency/idempotency/backend"
 	"github.com/go-idempotency/idempotency/internal/testkit"
 	gomysql "github.com/go-sql-driver/mysql"
 )
@@ -42,7 +43,7 @@ func TestConflictInFnRetried(t *testing.T) {
 		return idempotency.Response{}, err
 	})
 	var me *gomysql.MySQLError
-	if !errors.As(err, &me) || me.Number != 1146 || errors.Is(err, idempotency.ErrConflict) {
+	if !errors.As(err, &me) || me.Number != 1146 || errors.Is(err, backend.ErrConflict) {
 		t.Fatalf("missing table in fn: got %v, want the 1146 error itself", err)
 	}
 }

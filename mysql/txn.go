@@ -9,6 +9,7 @@ import (
 	"time"
 
 	"github.com/go-idempotency/idempotency"
+	"github.com/go-idempotency/idempotency/backend"
 )
 
 // txn is a reservation held by an open transaction on one connection.
@@ -43,7 +44,7 @@ func (t *txn) Complete(ctx context.Context, resp idempotency.Response) error {
 		return err
 	}
 	left, ttl := ttlArgs(t.ttl)
-	header := idempotency.MarshalHeader(resp.Header) // nil: NULL
+	header := backend.MarshalHeader(resp.Header) // nil: NULL
 	if t.fold {
 		args := []driver.NamedValue{
 			{Ordinal: 1, Value: int64(resp.Status)}, {Ordinal: 2, Value: header}, {Ordinal: 3, Value: resp.Body},

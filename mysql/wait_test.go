@@ -15,6 +15,7 @@ import (
 	gomysql "github.com/go-sql-driver/mysql"
 
 	"github.com/go-idempotency/idempotency"
+	"github.com/go-idempotency/idempotency/backend"
 	"github.com/go-idempotency/idempotency/internal/testkit"
 )
 
@@ -56,7 +57,7 @@ func waitBoundRestored(t *testing.T, p path) {
 	holder := hold(t, ctx, f.store, key)
 	for _, wait := range []time.Duration{0, 300 * time.Millisecond, 1500 * time.Millisecond} {
 		start := time.Now()
-		_, _, err := s.Reserve(ctx, idempotency.Reservation{Key: key, Fingerprint: "fp", TTL: time.Hour, Wait: wait})
+		_, _, err := s.Reserve(ctx, backend.Reservation{Key: key, Fingerprint: "fp", TTL: time.Hour, Wait: wait})
 		if !errors.Is(err, idempotency.ErrInProgress) {
 			t.Fatalf("Wait %v on a held key: got %v, want ErrInProgress", wait, err)
 		}
@@ -67,7 +68,7 @@ func waitBoundRestored(t *testing.T, p path) {
 	// A waiter that gets the record restores the session too.
 	done := make(chan error, 1)
 	go func() {
-		_, rec, err := s.Reserve(ctx, idempotency.Reservation{Key: key, Fingerprint: "fp", TTL: time.Hour, Wait: 20 * time.Second})
+		_, rec, err := s.Reserve(ctx, backend.Reservation{Key: key, Fingerprint: "fp", TTL: time.Hour, Wait: 20 * time.Second})
 		if err == nil && (rec == nil || string(rec.Body) != "held") {
 			err = fmt.Errorf("got record %+v, want the holder's", rec)
 		}
@@ -129,7 +130,7 @@ func cancelWhileWaiting(t *testing.T, p path) {
 	cctx, cancel := context.WithCancel(ctx)
 	time.AfterFunc(300*time.Millisecond, cancel)
 	start := time.Now()
-	_, _, err := s.Reserve(cctx, idempotency.Reservation{Key: key, Fingerprint: "fp", TTL: time.Hour, Wait: 30 * time.Second})
+	_, _, err := s.Reserve(cctx, backend.Reservation{Key: key, Fingerprint: "fp", TTL: time.Hour, Wait: 30 * time.Second})
 	if !errors.Is(err, context.Canceled) {
 		t.Fatalf("cancelled while waiting: got %v, want context.Canceled", err)
 	}
@@ -148,7 +149,7 @@ func cancelWhileWaiting(t *testing.T, p path) {
 	if err := holder.Complete(ctx, idempotency.Response{Status: 200, Body: []byte("held")}); err != nil {
 		t.Fatal(err)
 	}
-	_, rec, err := s.Reserve(ctx, idempotency.Reservation{Key: key, Fingerprint: "fp", TTL: time.Hour, Wait: time.Second})
+	_, rec, err := s.Reserve(ctx, backend.Reservation{Key: key, Fingerprint: "fp", TTL: time.Hour, Wait: time.Second})
 	if err != nil || rec == nil || string(rec.Body) != "held" {
 		t.Fatalf("after the holder completed: got %+v, %v", rec, err)
 	}
@@ -169,9 +170,9 @@ func TestWaiterSeesCommitUnderRepeatableRead(t *testing.T) {
 				s := newStoreIso(t, db, f.table, p, iso)
 				key := idempotency.Key{ID: testkit.Name("idem_test_")}
 				holder := hold(t, ctx, f.store, key)
-				done := make(chan *idempotency.Record, 1)
+				done := make(chan *backend.Record, 1)
 				go func() {
-					_, rec, err := s.Reserve(ctx, idempotency.Reservation{Key: key, Fingerprint: "fp", TTL: time.Hour, Wait: 20 * time.Second})
+					_, rec, err := s.Reserve(ctx, backend.Reservation{Key: key, Fingerprint: "fp", TTL: time.Hour, Wait: 20 * time.Second})
 					if err != nil {
 						t.Errorf("waiter: %v", err)
 					}
@@ -208,13 +209,13 @@ func TestWaiterTakesReleasedKey(t *testing.T) {
 			key := idempotency.Key{ID: testkit.Name("idem_test_")}
 			holder := hold(t, ctx, f.store, key)
 			type result struct {
-				txn idempotency.Txn[*sql.Tx]
-				rec *idempotency.Record
+				txn backend.Txn[*sql.Tx]
+				rec *backend.Record
 				err error
 			}
 			done := make(chan result, 1)
 			go func() {
-				txn, rec, err := s.Reserve(ctx, idempotency.Reservation{Key: key, Fingerprint: "fp2", TTL: time.Hour, Wait: 20 * time.Second})
+				txn, rec, err := s.Reserve(ctx, backend.Reservation{Key: key, Fingerprint: "fp2", TTL: time.Hour, Wait: 20 * time.Second})
 				done <- result{txn, rec, err}
 			}()
 			if err := waitForLockWaits(ctx, openDB(t, cfg, 1), f.table, 1); err != nil {
@@ -234,7 +235,7 @@ func TestWaiterTakesReleasedKey(t *testing.T) {
 				t.Fatal(err)
 			}
 			testkit.MustCount(t, ctx, f.fx.Count, "payment", 1)
-			_, rec, err := s.Reserve(ctx, idempotency.Reservation{Key: key, Fingerprint: "fp", TTL: time.Hour, Wait: time.Second})
+			_, rec, err := s.Reserve(ctx, backend.Reservation{Key: key, Fingerprint: "fp", TTL: time.Hour, Wait: time.Second})
 			if err != nil || rec == nil || rec.Fingerprint != "fp2" || string(rec.Body) != "second" {
 				t.Fatalf("after the waiter completed: got %+v, %v", rec, err)
 			}
@@ -441,9 +442,9 @@ WHERE trx_state = 'LOCK WAIT' AND trx_query LIKE ?`, "%`"+table+"`%").Scan(&n)
 }
 
 // hold reserves key on s directly and returns its open Txn.
-func hold(t *testing.T, ctx context.Context, s *Store, key idempotency.Key) idempotency.Txn[*sql.Tx] {
+func hold(t *testing.T, ctx context.Context, s *Store, key idempotency.Key) backend.Txn[*sql.Tx] {
 	t.Helper()
-	txn, rec, err := s.Reserve(ctx, idempotency.Reservation{Key: key, Fingerprint: "fp", TTL: time.Hour, Wait: time.Second})
+	txn, rec, err := s.Reserve(ctx, backend.Reservation{Key: key, Fingerprint: "fp", TTL: time.Hour, Wait: time.Second})
 	if err != nil || txn == nil {
 		t.Fatalf("hold %q: got %v, %v", key.ID, rec, err)
 	}

@@ -9,11 +9,12 @@ import (
 	"github.com/jackc/pgx/v5"
 
 	"github.com/go-idempotency/idempotency"
+	"github.com/go-idempotency/idempotency/backend"
 )
 
 var (
-	_ idempotency.KeyAdmin  = (*Store)(nil)
-	_ idempotency.KeyLister = (*Store)(nil)
+	_ backend.KeyAdmin  = (*Store)(nil)
+	_ backend.KeyLister = (*Store)(nil)
 )
 
 // infoColumns are the columns of a key's row that [infoRow] scans, body
@@ -90,11 +91,11 @@ func (r *infoRow) dest() []any {
 
 // info describes the row of key; locked says that a transaction holds the
 // key's advisory lock (a reservation or a phase), when the caller can tell.
-func (r *infoRow) info(key idempotency.Key, locked bool) (*idempotency.KeyInfo, error) {
+func (r *infoRow) info(key idempotency.Key, locked bool) (*backend.KeyInfo, error) {
 	if r.fp == nil || r.state == nil || r.created == nil || r.expiresAt == nil || r.expired == nil {
 		return nil, fmt.Errorf("postgres: key %v: incomplete row", key)
 	}
-	in := &idempotency.KeyInfo{Key: key, Fingerprint: *r.fp, CreatedAt: *r.created, ExpiresAt: *r.expiresAt}
+	in := &backend.KeyInfo{Key: key, Fingerprint: *r.fp, CreatedAt: *r.created, ExpiresAt: *r.expiresAt}
 	if r.bodyLen != nil {
 		in.BodyLen = int(*r.bodyLen)
 	}
@@ -104,9 +105,9 @@ func (r *infoRow) info(key idempotency.Key, locked bool) (*idempotency.KeyInfo, 
 	leaseLive := r.leaseLive != nil && *r.leaseLive
 	switch {
 	case r.progress != nil:
-		in.State = idempotency.KeyUnfinished
+		in.State = backend.KeyUnfinished
 		if leaseLive || locked {
-			in.State = idempotency.KeyHeld
+			in.State = backend.KeyInProgress
 		}
 		in.Progress = r.progress
 		if r.leaseEnds != nil {
@@ -115,21 +116,21 @@ func (r *infoRow) info(key idempotency.Key, locked bool) (*idempotency.KeyInfo, 
 		return in, nil
 	case *r.expired && locked:
 		// Taken over in an open transaction: the row is the old record's.
-		return &idempotency.KeyInfo{Key: key, State: idempotency.KeyHeld}, nil
+		return &backend.KeyInfo{Key: key, State: backend.KeyInProgress}, nil
 	case *r.expired:
-		in.State = idempotency.KeyExpired
+		in.State = backend.KeyExpired
 	case *r.state == "completed":
-		in.State = idempotency.KeyCompleted
+		in.State = backend.KeyCompleted
 	default:
 		// A committed pending row that is no operation's: held until it
 		// expires, as Reserve says.
-		in.State = idempotency.KeyHeld
+		in.State = backend.KeyInProgress
 		return in, nil
 	}
 	if r.status != nil {
 		in.Status = int(*r.status)
 	}
-	h, err := idempotency.UnmarshalHeader(r.header)
+	h, err := backend.UnmarshalHeader(r.header)
 	if err != nil {
 		return nil, fmt.Errorf("postgres: stored header of key %v: %w", key, err)
 	}
@@ -143,15 +144,15 @@ func lockHalves(id int64) (hi, lo int64) {
 	return int64(uint64(id) >> 32), int64(uint64(id) & 0xffffffff)
 }
 
-// Inspect implements [idempotency.KeyAdmin] with one SELECT, which takes
+// Inspect implements [backend.KeyAdmin] with one SELECT, which takes
 // no lock and waits for none. Besides the key's row, it reads from pg_locks
 // whether a transaction holds the key's advisory lock. So it reports
-// [idempotency.KeyHeld] for a key held by an open transaction of Reserve or
+// [backend.KeyInProgress] for a key held by an open transaction of Reserve or
 // Acquire, also a new key, which has no row until it commits (its KeyInfo
 // then holds only Key and State). It cannot tell such a holder from
 // unrelated code of the database that holds an advisory lock with the
 // same 64-bit id (about one chance in 2^64).
-func (s *Store) Inspect(ctx context.Context, key idempotency.Key, body bool) (*idempotency.KeyInfo, error) {
+func (s *Store) Inspect(ctx context.Context, key idempotency.Key, body bool) (*backend.KeyInfo, error) {
 	now, err := s.now()
 	if err != nil {
 		return nil, err
@@ -167,19 +168,19 @@ func (s *Store) Inspect(ctx context.Context, key idempotency.Key, body bool) (*i
 	case err != nil:
 		return nil, s.mapError(ctx, fmt.Errorf("postgres: inspect key %v: %w", key, err), false)
 	case !exists && held:
-		return &idempotency.KeyInfo{Key: key, State: idempotency.KeyHeld}, nil
+		return &backend.KeyInfo{Key: key, State: backend.KeyInProgress}, nil
 	case !exists:
 		return nil, fmt.Errorf("postgres: key %v: %w", key, idempotency.ErrNotFound)
 	}
 	return r.info(key, held)
 }
 
-// Forget implements [idempotency.KeyAdmin] in one short READ COMMITTED
+// Forget implements [backend.KeyAdmin] in one short READ COMMITTED
 // transaction of two round trips: BEGIN, the key's advisory lock if it is
 // free (never waiting) and the row; then the DELETE with COMMIT. A key
 // whose lock another transaction holds (Reserve, Acquire) or that a live
 // lease holds is refused with [idempotency.ErrInProgress].
-func (s *Store) Forget(ctx context.Context, key idempotency.Key) (*idempotency.KeyInfo, error) {
+func (s *Store) Forget(ctx context.Context, key idempotency.Key) (*backend.KeyInfo, error) {
 	now, err := s.now()
 	if err != nil {
 		return nil, err
@@ -225,7 +226,7 @@ func (s *Store) Forget(ctx context.Context, key idempotency.Key) (*idempotency.K
 	if err != nil {
 		return nil, err
 	}
-	if in.State == idempotency.KeyHeld {
+	if in.State == backend.KeyInProgress {
 		return nil, fmt.Errorf("postgres: forget key %v: %w", key, idempotency.ErrInProgress)
 	}
 	b = &pgx.Batch{}
@@ -248,18 +249,18 @@ func (s *Store) Forget(ctx context.Context, key idempotency.Key) (*idempotency.K
 	return in, nil
 }
 
-// List implements [idempotency.KeyLister] with one SELECT on the scope's
+// List implements [backend.KeyLister] with one SELECT on the scope's
 // rows; bodies are not read. Only committed rows are listed: a new key
-// held in an open transaction has none yet. A key is [idempotency.KeyHeld]
+// held in an open transaction has none yet. A key is [backend.KeyInProgress]
 // here by a live lease (or a committed pending row), not by an open
 // transaction on it, which only [Store.Inspect] tells.
-func (s *Store) List(ctx context.Context, q idempotency.ListQuery) (idempotency.KeyPage, error) {
+func (s *Store) List(ctx context.Context, q backend.ListQuery) (backend.KeyPage, error) {
 	if err := q.Validate(); err != nil {
-		return idempotency.KeyPage{}, fmt.Errorf("postgres: list: %w", err)
+		return backend.KeyPage{}, fmt.Errorf("postgres: list: %w", err)
 	}
 	now, err := s.now()
 	if err != nil {
-		return idempotency.KeyPage{}, err
+		return backend.KeyPage{}, err
 	}
 	var afterFirst, afterID any
 	if q.After != nil {
@@ -267,51 +268,51 @@ func (s *Store) List(ctx context.Context, q idempotency.ListQuery) (idempotency.
 	}
 	rows, err := s.q.query(ctx, s.sql.list, execMode, q.Scope, now, afterFirst, afterID, int64(q.Limit)+1)
 	if err != nil {
-		return idempotency.KeyPage{}, s.mapError(ctx, fmt.Errorf("postgres: list keys: %w", err), false)
+		return backend.KeyPage{}, s.mapError(ctx, fmt.Errorf("postgres: list keys: %w", err), false)
 	}
 	defer rows.Close()
-	var page idempotency.KeyPage
+	var page backend.KeyPage
 	for rows.Next() {
 		var (
 			id string
 			r  infoRow
 		)
 		if err := rows.Scan(append([]any{&id}, r.dest()...)...); err != nil {
-			return idempotency.KeyPage{}, s.mapError(ctx, fmt.Errorf("postgres: list keys: %w", err), false)
+			return backend.KeyPage{}, s.mapError(ctx, fmt.Errorf("postgres: list keys: %w", err), false)
 		}
 		in, err := r.info(idempotency.Key{Scope: q.Scope, ID: id}, false)
 		if err != nil {
-			return idempotency.KeyPage{}, err
+			return backend.KeyPage{}, err
 		}
 		page.Keys = append(page.Keys, *in)
 	}
 	if err := rows.Err(); err != nil {
-		return idempotency.KeyPage{}, s.mapError(ctx, fmt.Errorf("postgres: list keys: %w", err), false)
+		return backend.KeyPage{}, s.mapError(ctx, fmt.Errorf("postgres: list keys: %w", err), false)
 	}
 	if len(page.Keys) > q.Limit {
 		page.Keys = page.Keys[:q.Limit]
 		last := page.Keys[q.Limit-1]
-		page.Next = &idempotency.ListCursor{Unfinished: last.Progress != nil, ID: last.Key.ID}
+		page.Next = &backend.ListCursor{Unfinished: last.Progress != nil, ID: last.Key.ID}
 	}
 	return page, nil
 }
 
-// Stats implements [idempotency.KeyLister] with one SELECT over the
+// Stats implements [backend.KeyLister] with one SELECT over the
 // table, by the store's clock. Held counts the unfinished keys whose lease
 // is live (not the keys held by open transactions, which have no committed
 // row to count).
-func (s *Store) Stats(ctx context.Context) (idempotency.Stats, error) {
+func (s *Store) Stats(ctx context.Context) (backend.Stats, error) {
 	now, err := s.now()
 	if err != nil {
-		return idempotency.Stats{}, err
+		return backend.Stats{}, err
 	}
 	var (
-		st     idempotency.Stats
+		st     backend.Stats
 		oldest *time.Time
 	)
-	err = s.q.queryRow(ctx, s.sql.stats, execMode, now).Scan(&st.Held, &st.Unfinished, &st.Completed, &st.Expired, &st.Failing, &oldest, &st.BodyBytes)
+	err = s.q.queryRow(ctx, s.sql.stats, execMode, now).Scan(&st.InProgress, &st.Unfinished, &st.Completed, &st.Expired, &st.Failing, &oldest, &st.BodyBytes)
 	if err != nil {
-		return idempotency.Stats{}, s.mapError(ctx, fmt.Errorf("postgres: stats: %w", err), false)
+		return backend.Stats{}, s.mapError(ctx, fmt.Errorf("postgres: stats: %w", err), false)
 	}
 	if oldest != nil {
 		st.OldestUnfinished = *oldest

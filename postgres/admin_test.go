@@ -11,6 +11,7 @@ import (
 	"github.com/jackc/pgx/v5"
 
 	"github.com/go-idempotency/idempotency"
+	"github.com/go-idempotency/idempotency/backend"
 	"github.com/go-idempotency/idempotency/internal/testkit"
 	"github.com/go-idempotency/idempotency/postgres"
 )
@@ -30,9 +31,9 @@ func (f *stepFixture) complete(t testing.TB, ctx context.Context, ttl time.Durat
 
 // reserve holds key in an open transaction of Reserve, rolled back at
 // cleanup unless the test rolls it back first.
-func reserve(t testing.TB, ctx context.Context, s *postgres.Store, key idempotency.Key) idempotency.Txn[pgx.Tx] {
+func reserve(t testing.TB, ctx context.Context, s *postgres.Store, key idempotency.Key) backend.Txn[pgx.Tx] {
 	t.Helper()
-	txn, rec, err := s.Reserve(ctx, idempotency.Reservation{Key: key, Fingerprint: "fp", TTL: time.Hour})
+	txn, rec, err := s.Reserve(ctx, backend.Reservation{Key: key, Fingerprint: "fp", TTL: time.Hour})
 	if err != nil || rec != nil || txn == nil {
 		t.Fatalf("Reserve(%v): %v, %v, %v; want a reservation", key, txn, rec, err)
 	}
@@ -41,7 +42,7 @@ func reserve(t testing.TB, ctx context.Context, s *postgres.Store, key idempoten
 }
 
 // mustInfo fails t unless got is want.
-func mustInfo(t testing.TB, what string, got *idempotency.KeyInfo, err error, want idempotency.KeyInfo) {
+func mustInfo(t testing.TB, what string, got *backend.KeyInfo, err error, want backend.KeyInfo) {
 	t.Helper()
 	if err != nil {
 		t.Fatalf("%s: %v", what, err)
@@ -55,7 +56,7 @@ func mustInfo(t testing.TB, what string, got *idempotency.KeyInfo, err error, wa
 }
 
 // utc puts every time of in in UTC, as the wanted values are.
-func utc(in *idempotency.KeyInfo) *idempotency.KeyInfo {
+func utc(in *backend.KeyInfo) *backend.KeyInfo {
 	if in == nil {
 		return nil
 	}
@@ -88,7 +89,7 @@ func TestInspect(t *testing.T) {
 			}
 
 			f.complete(t, ctx, time.Hour, key("c"), "hello")
-			completed := idempotency.KeyInfo{Key: key("c"), State: idempotency.KeyCompleted, Fingerprint: "fp", Status: 201,
+			completed := backend.KeyInfo{Key: key("c"), State: backend.KeyCompleted, Fingerprint: "fp", Status: 201,
 				Header: http.Header{"X-H": {"v"}}, BodyLen: 5, CreatedAt: at(0), ExpiresAt: at(time.Hour)}
 			in, err := s.Inspect(ctx, key("c"), false)
 			mustInfo(t, "completed, no body", utc(in), err, completed)
@@ -99,25 +100,25 @@ func TestInspect(t *testing.T) {
 			if err := mustPhase(t, ctx, s, acq("u", "o")).Save(ctx, []byte("p1")); err != nil {
 				t.Fatal(err)
 			}
-			unfinished := idempotency.KeyInfo{Key: key("u"), State: idempotency.KeyHeld, Fingerprint: "fp",
+			unfinished := backend.KeyInfo{Key: key("u"), State: backend.KeyInProgress, Fingerprint: "fp",
 				CreatedAt: at(0), ExpiresAt: maxExpiry, Progress: []byte("p1"), LeaseEnds: at(10 * time.Second)}
 			in, err = s.Inspect(ctx, key("u"), true)
 			mustInfo(t, "live lease", utc(in), err, unfinished)
 
 			f.set(20 * time.Second)
-			unfinished.State = idempotency.KeyUnfinished
+			unfinished.State = backend.KeyUnfinished
 			in, err = s.Inspect(ctx, key("u"), true)
 			mustInfo(t, "lease ended", utc(in), err, unfinished)
 
 			// A phase open on it (its lease not yet written): held.
 			p := mustPhase(t, ctx, s, acq("u", "o2"))
-			unfinished.State = idempotency.KeyHeld
+			unfinished.State = backend.KeyInProgress
 			in, err = s.Inspect(ctx, key("u"), false)
 			mustInfo(t, "phase open", utc(in), err, unfinished)
 			if err := p.Release(ctx, []byte("p2")); err != nil {
 				t.Fatal(err)
 			}
-			unfinished.State, unfinished.Progress, unfinished.Tries, unfinished.LeaseEnds = idempotency.KeyUnfinished, []byte("p2"), 1, at(20*time.Second)
+			unfinished.State, unfinished.Progress, unfinished.Tries, unfinished.LeaseEnds = backend.KeyUnfinished, []byte("p2"), 1, at(20*time.Second)
 			in, err = s.Inspect(ctx, key("u"), false)
 			mustInfo(t, "released", utc(in), err, unfinished)
 
@@ -125,7 +126,7 @@ func TestInspect(t *testing.T) {
 			txn := reserve(t, ctx, s, key("n"))
 			start := time.Now()
 			in, err = s.Inspect(ctx, key("n"), true)
-			mustInfo(t, "new key held", in, err, idempotency.KeyInfo{Key: key("n"), State: idempotency.KeyHeld})
+			mustInfo(t, "new key held", in, err, backend.KeyInfo{Key: key("n"), State: backend.KeyInProgress})
 			if d := time.Since(start); d > 2*time.Second {
 				t.Fatalf("Inspect of a held key took %v", d)
 			}
@@ -138,12 +139,12 @@ func TestInspect(t *testing.T) {
 
 			// Expired, then taken over by an open transaction.
 			f.set(2 * time.Hour)
-			completed.State = idempotency.KeyExpired
+			completed.State = backend.KeyExpired
 			in, err = s.Inspect(ctx, key("c"), true)
 			mustInfo(t, "expired", utc(in), err, completed)
 			reserve(t, ctx, s, key("c"))
 			in, err = s.Inspect(ctx, key("c"), true)
-			mustInfo(t, "expired, taken over", in, err, idempotency.KeyInfo{Key: key("c"), State: idempotency.KeyHeld})
+			mustInfo(t, "expired, taken over", in, err, backend.KeyInfo{Key: key("c"), State: backend.KeyInProgress})
 		})
 	}
 }
@@ -163,7 +164,7 @@ func TestForget(t *testing.T) {
 	// Completed: deleted, and Do runs fn again.
 	f.complete(t, ctx, time.Hour, key("c"), "hello")
 	in, err := s.Forget(ctx, key("c"))
-	mustInfo(t, "Forget completed", utc(in), err, idempotency.KeyInfo{Key: key("c"), State: idempotency.KeyCompleted, Fingerprint: "fp",
+	mustInfo(t, "Forget completed", utc(in), err, backend.KeyInfo{Key: key("c"), State: backend.KeyCompleted, Fingerprint: "fp",
 		Status: 201, Header: http.Header{"X-H": {"v"}}, BodyLen: 5, CreatedAt: at(0), ExpiresAt: at(time.Hour)})
 	if _, ok := f.row(t, ctx, "c"); ok {
 		t.Fatal("forgotten key still has a row")
@@ -220,7 +221,7 @@ func TestForget(t *testing.T) {
 
 	// Its lease ended: deleted.
 	in, err = s.Forget(ctx, key("l"))
-	mustInfo(t, "Forget unfinished", utc(in), err, idempotency.KeyInfo{Key: key("l"), State: idempotency.KeyUnfinished, Fingerprint: "fp",
+	mustInfo(t, "Forget unfinished", utc(in), err, backend.KeyInfo{Key: key("l"), State: backend.KeyUnfinished, Fingerprint: "fp",
 		CreatedAt: at(2 * time.Minute), ExpiresAt: maxExpiry, Progress: []byte("p"), LeaseEnds: at(2*time.Minute + 10*time.Second)})
 	if _, ok := f.row(t, ctx, "l"); ok {
 		t.Fatal("forgotten unfinished key still has a row")
@@ -233,7 +234,7 @@ func TestForget(t *testing.T) {
 
 	// Expired: deleted.
 	in, err = s.Forget(ctx, key("e"))
-	if err != nil || in.State != idempotency.KeyExpired || in.BodyLen != 3 || in.Body != nil {
+	if err != nil || in.State != backend.KeyExpired || in.BodyLen != 3 || in.Body != nil {
 		t.Fatalf("Forget expired: %+v, %v", in, err)
 	}
 }
@@ -272,14 +273,14 @@ func TestList(t *testing.T) {
 
 	type entry struct {
 		id      string
-		state   idempotency.KeyState
+		state   backend.KeyState
 		bodyLen int
 	}
 	var got [][]entry
-	var cursors []*idempotency.ListCursor
-	var after *idempotency.ListCursor
+	var cursors []*backend.ListCursor
+	var after *backend.ListCursor
 	for range 4 {
-		page, err := s.List(ctx, idempotency.ListQuery{Scope: "L", Limit: 3, After: after})
+		page, err := s.List(ctx, backend.ListQuery{Scope: "L", Limit: 3, After: after})
 		if err != nil {
 			t.Fatalf("List: %v", err)
 		}
@@ -297,27 +298,27 @@ func TestList(t *testing.T) {
 		}
 	}
 	want := [][]entry{
-		{{"A", idempotency.KeyUnfinished, 0}, {"m", idempotency.KeyHeld, 0}, {"z", idempotency.KeyUnfinished, 0}},
-		{{"C", idempotency.KeyCompleted, 9}, {"a", idempotency.KeyCompleted, 9}, {"b", idempotency.KeyExpired, 1}},
-		{{"~", idempotency.KeyCompleted, 9}},
+		{{"A", backend.KeyUnfinished, 0}, {"m", backend.KeyInProgress, 0}, {"z", backend.KeyUnfinished, 0}},
+		{{"C", backend.KeyCompleted, 9}, {"a", backend.KeyCompleted, 9}, {"b", backend.KeyExpired, 1}},
+		{{"~", backend.KeyCompleted, 9}},
 	}
-	wantCursors := []*idempotency.ListCursor{{Unfinished: true, ID: "z"}, {Unfinished: false, ID: "b"}, nil}
+	wantCursors := []*backend.ListCursor{{Unfinished: true, ID: "z"}, {Unfinished: false, ID: "b"}, nil}
 	if !reflect.DeepEqual(got, want) || !reflect.DeepEqual(cursors, wantCursors) {
 		t.Fatalf("pages:\n got %v, cursors %v\nwant %v, cursors %v", got, cursors, want, wantCursors)
 	}
-	page, err := s.List(ctx, idempotency.ListQuery{Scope: "L", Limit: 7})
+	page, err := s.List(ctx, backend.ListQuery{Scope: "L", Limit: 7})
 	if err != nil || len(page.Keys) != 7 || page.Next != nil {
 		t.Fatalf("List of exactly 7: %d keys, next %v, %v", len(page.Keys), page.Next, err)
 	}
-	if page, err := s.List(ctx, idempotency.ListQuery{Scope: "none", Limit: 1}); err != nil || len(page.Keys) != 0 || page.Next != nil {
+	if page, err := s.List(ctx, backend.ListQuery{Scope: "none", Limit: 1}); err != nil || len(page.Keys) != 0 || page.Next != nil {
 		t.Fatalf("List of an empty scope: %+v, %v", page, err)
 	}
 	for _, limit := range []int{0, -1, 1001} {
-		if _, err := s.List(ctx, idempotency.ListQuery{Scope: "L", Limit: limit}); !errors.Is(err, idempotency.ErrInvalidConfig) {
+		if _, err := s.List(ctx, backend.ListQuery{Scope: "L", Limit: limit}); !errors.Is(err, idempotency.ErrInvalidConfig) {
 			t.Errorf("List with limit %d: %v, want ErrInvalidConfig", limit, err)
 		}
 	}
-	if page, err := s.List(ctx, idempotency.ListQuery{Scope: "L", Limit: 1000}); err != nil || len(page.Keys) != 7 {
+	if page, err := s.List(ctx, backend.ListQuery{Scope: "L", Limit: 1000}); err != nil || len(page.Keys) != 7 {
 		t.Fatalf("List with limit 1000: %d keys, %v", len(page.Keys), err)
 	}
 }
@@ -327,7 +328,7 @@ func TestStats(t *testing.T) {
 	ctx := testkit.Context(t, testTimeout)
 	f := newStepFixture(t, postgres.Config{}, 3)
 	s := f.store
-	if st, err := s.Stats(ctx); err != nil || st != (idempotency.Stats{}) {
+	if st, err := s.Stats(ctx); err != nil || st != (backend.Stats{}) {
 		t.Fatalf("Stats of an empty table: %+v, %v", st, err)
 	}
 	key := func(id string) idempotency.Key { return idempotency.Key{Scope: "s", ID: id} }
@@ -346,7 +347,7 @@ func TestStats(t *testing.T) {
 		t.Fatal(err)
 	}
 	st, err := s.Stats(ctx)
-	want := idempotency.Stats{Held: 1, Unfinished: 2, Completed: 2, Expired: 1, Failing: 1, OldestUnfinished: at(0), BodyBytes: 8}
+	want := backend.Stats{InProgress: 1, Unfinished: 2, Completed: 2, Expired: 1, Failing: 1, OldestUnfinished: at(0), BodyBytes: 8}
 	if err != nil || st.OldestUnfinished.Equal(want.OldestUnfinished) {
 		st.OldestUnfinished = want.OldestUnfinished
 	}
@@ -356,7 +357,7 @@ func TestStats(t *testing.T) {
 	// Two hours later the completed records have expired too.
 	f.set(2 * time.Hour)
 	st, err = s.Stats(ctx)
-	want = idempotency.Stats{Held: 0, Unfinished: 3, Completed: 0, Expired: 3, Failing: 1, OldestUnfinished: at(0), BodyBytes: 0}
+	want = backend.Stats{InProgress: 0, Unfinished: 3, Completed: 0, Expired: 3, Failing: 1, OldestUnfinished: at(0), BodyBytes: 0}
 	if err != nil || st.OldestUnfinished.Equal(want.OldestUnfinished) {
 		st.OldestUnfinished = want.OldestUnfinished
 	}

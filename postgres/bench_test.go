@@ -10,6 +10,7 @@ import (
 	"github.com/jackc/pgx/v5"
 
 	"github.com/go-idempotency/idempotency"
+	"github.com/go-idempotency/idempotency/backend"
 	"github.com/go-idempotency/idempotency/postgres"
 )
 
@@ -26,7 +27,7 @@ func BenchmarkAlternating(b *testing.B) {
 		cfg  postgres.Config
 	}{
 		{"Default", postgres.Config{}},
-		{"LookupAlways", postgres.Config{Lookup: idempotency.LookupAlways}},
+		{"LookupAlways", postgres.Config{Lookup: backend.LookupAlways}},
 	} {
 		b.Run(c.name, func(b *testing.B) {
 			ctx := context.Background()

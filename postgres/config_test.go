@@ -12,6 +12,7 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/go-idempotency/idempotency"
+	"github.com/go-idempotency/idempotency/backend"
 	"github.com/go-idempotency/idempotency/internal/testenv"
 	"github.com/go-idempotency/idempotency/internal/testkit"
 	"github.com/go-idempotency/idempotency/internal/testkit/pgkit"
@@ -62,7 +63,7 @@ func TestConfigRefused(t *testing.T) {
 	if _, err := postgres.New(pool, &postgres.Config{TxOptions: pgx.TxOptions{AccessMode: pgx.ReadOnly}}); !errors.Is(err, idempotency.ErrInvalidConfig) {
 		t.Errorf("New with a read-only TxOptions: got %v, want ErrInvalidConfig", err)
 	}
-	if _, err := postgres.New(pool, &postgres.Config{Lookup: idempotency.LookupNever + 1}); !errors.Is(err, idempotency.ErrInvalidConfig) {
+	if _, err := postgres.New(pool, &postgres.Config{Lookup: backend.LookupNever + 1}); !errors.Is(err, idempotency.ErrInvalidConfig) {
 		t.Errorf("New with an unknown Lookup: got %v, want ErrInvalidConfig", err)
 	}
 	if _, err := postgres.New(nil, nil); !errors.Is(err, idempotency.ErrInvalidConfig) {

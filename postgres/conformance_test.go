@@ -17,6 +17,7 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/go-idempotency/idempotency"
+	"github.com/go-idempotency/idempotency/backend"
 	"github.com/go-idempotency/idempotency/conformance"
 	"github.com/go-idempotency/idempotency/internal/testenv"
 	"github.com/go-idempotency/idempotency/internal/testkit"
@@ -38,7 +39,7 @@ func BenchmarkScale(b *testing.B) { conformance.BenchmarkScale(b, harness(postgr
 //
 //	go test -run '^$' -bench BenchmarkLookupAlways -benchmem ./postgres | go run ./cmd/idembench -parse
 func BenchmarkLookupAlways(b *testing.B) {
-	conformance.Benchmark(b, harness(postgres.Config{Lookup: idempotency.LookupAlways}))
+	conformance.Benchmark(b, harness(postgres.Config{Lookup: backend.LookupAlways}))
 }
 
 // TestConformance runs the shared suite under each isolation level a pool
@@ -57,7 +58,7 @@ func TestConformance(t *testing.T) {
 		conformance.Run(t, harness(postgres.Config{TxOptions: pgx.TxOptions{IsoLevel: pgx.Serializable}}))
 	})
 	t.Run("LookupAlways", func(t *testing.T) {
-		conformance.Run(t, harness(postgres.Config{Lookup: idempotency.LookupAlways}))
+		conformance.Run(t, harness(postgres.Config{Lookup: backend.LookupAlways}))
 	})
 	// The simple protocol, as used behind PgBouncer: batches become one
 	// multi-statement query.
@@ -208,7 +209,7 @@ func TestFaultsFailBrokenStore(t *testing.T) {
 // stored.
 type lyingStore struct{ idempotency.KeyStore[pgx.Tx] }
 
-func (s lyingStore) Reserve(ctx context.Context, r idempotency.Reservation) (idempotency.Txn[pgx.Tx], *idempotency.Record, error) {
+func (s lyingStore) Reserve(ctx context.Context, r backend.Reservation) (backend.Txn[pgx.Tx], *backend.Record, error) {
 	txn, rec, err := s.KeyStore.Reserve(ctx, r)
 	if txn != nil {
 		txn = lyingTxn{txn}
@@ -216,7 +217,7 @@ func (s lyingStore) Reserve(ctx context.Context, r idempotency.Reservation) (ide
 	return txn, rec, err
 }
 
-type lyingTxn struct{ idempotency.Txn[pgx.Tx] }
+type lyingTxn struct{ backend.Txn[pgx.Tx] }
 
 func (t lyingTxn) Complete(ctx context.Context, resp idempotency.Response) error {
 	_ = t.Txn.Complete(ctx, resp)

@@ -9,6 +9,7 @@ import (
 	"github.com/jackc/pgx/v5/stdlib"
 
 	"github.com/go-idempotency/idempotency"
+	"github.com/go-idempotency/idempotency/backend"
 	"github.com/go-idempotency/idempotency/internal/pgdbtest"
 	"github.com/go-idempotency/idempotency/internal/testenv"
 	"github.com/go-idempotency/idempotency/internal/testkit"
@@ -32,11 +33,11 @@ func TestDBRoundTrips(t *testing.T) {
 	t.Cleanup(func() { _ = db.Close() })
 	for _, c := range []struct {
 		name           string
-		lookup         idempotency.LookupPolicy
+		lookup         backend.LookupPolicy
 		newKey, replay int64
 	}{
-		{"LookupNever", idempotency.LookupNever, 6, 5},
-		{"LookupAlways", idempotency.LookupAlways, 7, 1},
+		{"LookupNever", backend.LookupNever, 6, 5},
+		{"LookupAlways", backend.LookupAlways, 7, 1},
 	} {
 		t.Run(c.name, func(t *testing.T) {
 			f := pgdbtest.NewFixture(t, db, postgres.Config{Lookup: c.lookup})

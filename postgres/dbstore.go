@@ -8,17 +8,18 @@ import (
 	"github.com/jackc/pgx/v5"
 
 	"github.com/go-idempotency/idempotency"
+	"github.com/go-idempotency/idempotency/backend"
 )
 
 var (
-	_ idempotency.KeyStore[*sql.Tx]  = (*DBStore)(nil)
-	_ idempotency.Stepper[*sql.Tx]   = (*DBStore)(nil)
-	_ idempotency.KeyAdmin           = (*DBStore)(nil)
-	_ idempotency.KeyLister          = (*DBStore)(nil)
-	_ idempotency.QuotaCounter       = (*DBStore)(nil)
-	_ idempotency.SchemaChecker      = (*DBStore)(nil)
-	_ idempotency.ConflictClassifier = (*DBStore)(nil)
-	_ idempotency.Phase[*sql.Tx]     = sqlPhase{}
+	_ idempotency.KeyStore[*sql.Tx] = (*DBStore)(nil)
+	_ backend.Stepper[*sql.Tx]      = (*DBStore)(nil)
+	_ backend.KeyAdmin              = (*DBStore)(nil)
+	_ backend.KeyLister             = (*DBStore)(nil)
+	_ backend.QuotaCounter          = (*DBStore)(nil)
+	_ backend.SchemaChecker         = (*DBStore)(nil)
+	_ backend.ConflictClassifier    = (*DBStore)(nil)
+	_ backend.Phase[*sql.Tx]        = sqlPhase{}
 )
 
 // DBStore is the store of [Store] on a *sql.DB: fn receives the *sql.Tx that
@@ -85,7 +86,7 @@ func NewDB(db *sql.DB, cfg *Config) (*DBStore, error) {
 // the same statements: a plain look-up first when [Config.Lookup] says so,
 // then BEGIN, the key's advisory lock and the pending row's INSERT (one
 // round trip each here), at every isolation level (see [DBStore]).
-func (d *DBStore) Reserve(ctx context.Context, r idempotency.Reservation) (idempotency.Txn[*sql.Tx], *idempotency.Record, error) {
+func (d *DBStore) Reserve(ctx context.Context, r backend.Reservation) (backend.Txn[*sql.Tx], *backend.Record, error) {
 	t, rec, err := d.s.reserve(ctx, r)
 	if t == nil {
 		return nil, rec, err
@@ -93,8 +94,8 @@ func (d *DBStore) Reserve(ctx context.Context, r idempotency.Reservation) (idemp
 	return sqlTxn{t}, nil, nil
 }
 
-// Acquire implements [idempotency.Stepper] as [Store.Acquire] does.
-func (d *DBStore) Acquire(ctx context.Context, a idempotency.Acquisition) (idempotency.Phase[*sql.Tx], *idempotency.Record, error) {
+// Acquire implements [backend.Stepper] as [Store.Acquire] does.
+func (d *DBStore) Acquire(ctx context.Context, a backend.Acquisition) (backend.Phase[*sql.Tx], *backend.Record, error) {
 	p, rec, err := d.s.acquirePhase(ctx, a)
 	if p == nil {
 		return nil, rec, err
@@ -102,49 +103,49 @@ func (d *DBStore) Acquire(ctx context.Context, a idempotency.Acquisition) (idemp
 	return sqlPhase{p}, nil, nil
 }
 
-// Abandoned implements [idempotency.Stepper] as [Store.Abandoned] does.
-func (d *DBStore) Abandoned(ctx context.Context, q idempotency.AbandonedQuery) ([]idempotency.AbandonedKey, error) {
+// Abandoned implements [backend.Stepper] as [Store.Abandoned] does.
+func (d *DBStore) Abandoned(ctx context.Context, q backend.AbandonedQuery) ([]backend.AbandonedKey, error) {
 	return d.s.Abandoned(ctx, q)
 }
 
 // Purge implements [idempotency.KeyStore] as [Store.Purge] does.
 func (d *DBStore) Purge(ctx context.Context, limit int) (int, error) { return d.s.Purge(ctx, limit) }
 
-// Inspect implements [idempotency.KeyAdmin] as [Store.Inspect] does.
-func (d *DBStore) Inspect(ctx context.Context, key idempotency.Key, body bool) (*idempotency.KeyInfo, error) {
+// Inspect implements [backend.KeyAdmin] as [Store.Inspect] does.
+func (d *DBStore) Inspect(ctx context.Context, key idempotency.Key, body bool) (*backend.KeyInfo, error) {
 	return d.s.Inspect(ctx, key, body)
 }
 
-// Forget implements [idempotency.KeyAdmin] as [Store.Forget] does.
-func (d *DBStore) Forget(ctx context.Context, key idempotency.Key) (*idempotency.KeyInfo, error) {
+// Forget implements [backend.KeyAdmin] as [Store.Forget] does.
+func (d *DBStore) Forget(ctx context.Context, key idempotency.Key) (*backend.KeyInfo, error) {
 	return d.s.Forget(ctx, key)
 }
 
-// List implements [idempotency.KeyLister] as [Store.List] does.
-func (d *DBStore) List(ctx context.Context, q idempotency.ListQuery) (idempotency.KeyPage, error) {
+// List implements [backend.KeyLister] as [Store.List] does.
+func (d *DBStore) List(ctx context.Context, q backend.ListQuery) (backend.KeyPage, error) {
 	return d.s.List(ctx, q)
 }
 
-// Stats implements [idempotency.KeyLister] as [Store.Stats] does.
-func (d *DBStore) Stats(ctx context.Context) (idempotency.Stats, error) { return d.s.Stats(ctx) }
+// Stats implements [backend.KeyLister] as [Store.Stats] does.
+func (d *DBStore) Stats(ctx context.Context) (backend.Stats, error) { return d.s.Stats(ctx) }
 
-// AdmitQuota implements [idempotency.QuotaCounter] as [Store.AdmitQuota] does.
-func (d *DBStore) AdmitQuota(ctx context.Context, q idempotency.QuotaCheck) (idempotency.QuotaAdmission, error) {
+// AdmitQuota implements [backend.QuotaCounter] as [Store.AdmitQuota] does.
+func (d *DBStore) AdmitQuota(ctx context.Context, q backend.QuotaCheck) (backend.QuotaAdmission, error) {
 	return d.s.AdmitQuota(ctx, q)
 }
 
-// EndQuota implements [idempotency.QuotaCounter] as [Store.EndQuota] does.
-func (d *DBStore) EndQuota(ctx context.Context, e idempotency.QuotaEnd) error {
+// EndQuota implements [backend.QuotaCounter] as [Store.EndQuota] does.
+func (d *DBStore) EndQuota(ctx context.Context, e backend.QuotaEnd) error {
 	return d.s.EndQuota(ctx, e)
 }
 
-// PurgeQuota implements [idempotency.QuotaCounter] as [Store.PurgeQuota] does.
+// PurgeQuota implements [backend.QuotaCounter] as [Store.PurgeQuota] does.
 func (d *DBStore) PurgeQuota(ctx context.Context, limit int) (int, error) {
 	return d.s.PurgeQuota(ctx, limit)
 }
 
-// CheckSchema implements [idempotency.SchemaChecker] as [Store.CheckSchema] does.
-func (d *DBStore) CheckSchema(ctx context.Context, c idempotency.SchemaCheck) error {
+// CheckSchema implements [backend.SchemaChecker] as [Store.CheckSchema] does.
+func (d *DBStore) CheckSchema(ctx context.Context, c backend.SchemaCheck) error {
 	return d.s.CheckSchema(ctx, c)
 }
 
@@ -154,7 +155,7 @@ func (d *DBStore) Migrate(ctx context.Context) error { return d.s.Migrate(ctx) }
 // Schema returns the DDL of the store's table; see the package-level [Schema].
 func (d *DBStore) Schema() string { return d.s.Schema() }
 
-// IsConflict implements [idempotency.ConflictClassifier] as
+// IsConflict implements [backend.ConflictClassifier] as
 // [Store.IsConflict] does, for the errors of pgx's stdlib driver and of
 // lib/pq alike.
 func (d *DBStore) IsConflict(err error) bool { return d.s.IsConflict(err) }

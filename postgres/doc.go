@@ -18,13 +18,13 @@
 // row in a fresh statement, which sees every transaction committed before
 // the lock was granted. A live completed row is returned as the record. No
 // row (or an expired one) means the key is the caller's: fn runs. Then
-// [idempotency.Txn.Complete] inserts the completed row (deleting the
+// [backend.Txn.Complete] inserts the completed row (deleting the
 // expired one first) in the same round trip as COMMIT.
 //
 // Every caller of the key takes the lock first, so no two of them hold the
 // key at once. The primary key still guards it. A unique violation there
 // (a row written by something that did not take the lock) fails the commit
-// with [idempotency.ErrConflict]. The attempt is then rolled back and
+// with [backend.ErrConflict]. The attempt is then rolled back and
 // retried. Rolling back frees the key with the effect.
 //
 // Other code of the same database that takes advisory locks with 64-bit
@@ -43,7 +43,7 @@
 // sends the look-up while most of its recent first tries found a completed
 // key. Only first tries of callers that did not wait for a held key count.
 // It stops once new keys dominate again. [Config.Lookup] sends it always
-// ([idempotency.LookupAlways]) or never ([idempotency.LookupNever]).
+// ([backend.LookupAlways]) or never ([backend.LookupNever]).
 //
 // See docs/performance.md for the round trips of each case.
 //
@@ -61,7 +61,7 @@
 // either timeout (SQLSTATE 55P03 or 57014) is reported as
 // [idempotency.ErrInProgress], with the server's error in the chain. The
 // same codes met by any other statement of the store wrap
-// [idempotency.ErrConflict] and are retried. A caller whose ctx ends while
+// [backend.ErrConflict] and are retried. A caller whose ctx ends while
 // it waits gets ctx's error, never [idempotency.ErrInProgress].
 //
 // A Reserve whose ctx is cancelled while it waits returns at once and
@@ -100,7 +100,7 @@
 // of reading. It still takes the lock, and a new key costs no more round
 // trips. Complete then stores the response on that row. A row committed
 // since the snapshot fails with a serialization failure. The store reports
-// it as [idempotency.ErrConflict], and [idempotency.Guard.Do] retries. The
+// it as [backend.ErrConflict], and [idempotency.Guard.Do] retries. The
 // retry finds the completed key. When TxOptions does not name the level,
 // the store starts with the read-committed way. It switches for good at
 // the first transaction that reports another level.
@@ -167,7 +167,7 @@
 //
 // # Multi-step operations
 //
-// [Store] implements [idempotency.Stepper] on the same table: an unfinished
+// [Store] implements [backend.Stepper] on the same table: an unfinished
 // operation's key is a committed row with state 'pending', its progress,
 // its owner and the end of that owner's lease, its tries, and the expiry
 // MaxExpiry (so Purge never deletes it). [Store.Acquire] holds the key as
@@ -178,7 +178,7 @@
 //
 // # Key administration
 //
-// [Store] implements [idempotency.KeyAdmin] and [idempotency.KeyLister].
+// [Store] implements [backend.KeyAdmin] and [backend.KeyLister].
 // Inspect reads pg_locks, which takes no lock, to tell a key held by an
 // open transaction (a new key included, which has no row yet). Forget
 // takes the key's advisory lock only if it is free, so it never waits and

@@ -11,6 +11,7 @@ import (
 	"github.com/jackc/pgx/v5/pgconn"
 
 	"github.com/go-idempotency/idempotency"
+	"github.com/go-idempotency/idempotency/backend"
 )
 
 // ErrStatementCacheBehindPooler is in the chain of the error of a statement
@@ -40,7 +41,7 @@ const (
 	codeQueryCanceled        = "57014" // query_canceled: statement_timeout, a cancel request
 )
 
-// IsConflict implements [idempotency.ConflictClassifier]: a serialization
+// IsConflict implements [backend.ConflictClassifier]: a serialization
 // failure (40001) or a deadlock (40P01) met by one of fn's own statements
 // makes [idempotency.Guard.Do] roll back and run the attempt again.
 func (s *Store) IsConflict(err error) bool {
@@ -63,9 +64,9 @@ func poolerHint(err error) error {
 // sentinels. Once ctx is done, ctx.Err() is in the chain and nothing else is
 // added. Serialization failures, deadlocks and a unique violation on the
 // keys table (a key completed by another caller) wrap
-// [idempotency.ErrConflict]. A statement cut by the server's lock_timeout or
+// [backend.ErrConflict]. A statement cut by the server's lock_timeout or
 // statement_timeout wraps [idempotency.ErrInProgress] when it was waiting
-// for a key another caller holds (waitingForKey), [idempotency.ErrConflict]
+// for a key another caller holds (waitingForKey), [backend.ErrConflict]
 // otherwise. The store's table or quota table missing (undefined_table) or
 // lacking a column (undefined_column) wraps [idempotency.ErrSchema]. Anything
 // else (a cut connection included) is returned as it is, and the core adds
@@ -86,15 +87,15 @@ func (s *Store) mapError(ctx context.Context, err error, waitingForKey bool) err
 	}
 	switch pgErr.Code {
 	case codeSerializationFailure, codeDeadlockDetected:
-		return fmt.Errorf("%w: %w", idempotency.ErrConflict, err)
+		return fmt.Errorf("%w: %w", backend.ErrConflict, err)
 	case codeLockNotAvailable, codeQueryCanceled:
 		if waitingForKey {
 			return fmt.Errorf("%w: %w", idempotency.ErrInProgress, err)
 		}
-		return fmt.Errorf("%w: %w", idempotency.ErrConflict, err)
+		return fmt.Errorf("%w: %w", backend.ErrConflict, err)
 	case codeUniqueViolation:
 		if pgErr.TableName == s.tableName && (pgErr.SchemaName == s.schemaName || s.schemaName == "") {
-			return fmt.Errorf("%w: %w", idempotency.ErrConflict, err)
+			return fmt.Errorf("%w: %w", backend.ErrConflict, err)
 		}
 	case codeUndefinedTable, codeUndefinedColumn:
 		return s.schemaError(pgErr, err)

@@ -10,7 +10,7 @@ import (
 // TestErrorsNameKeyHash: Do's errors on PostgreSQL (a stored mismatch, a
 // key held by an open reservation, a closed pool) name the key by its
 // hash, never by its scope or id, and carry the raw key in an
-// idempotency.KeyError.
+// backend.KeyError.
 func TestErrorsNameKeyHash(t *testing.T) {
 	f := newFixture(t, newPool(t, 4), postgres.Config{})
 	closed := newPool(t, 1)

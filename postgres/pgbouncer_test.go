@@ -15,6 +15,7 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/go-idempotency/idempotency"
+	"github.com/go-idempotency/idempotency/backend"
 	"github.com/go-idempotency/idempotency/conformance"
 	"github.com/go-idempotency/idempotency/internal/pgdbtest"
 	"github.com/go-idempotency/idempotency/internal/testenv"
@@ -147,7 +148,7 @@ func TestPgBouncerNoLeak(t *testing.T) {
 	for i, cfg := range []postgres.Config{
 		{Table: f.table, Clock: clock},
 		{Table: f.table, Clock: clock},
-		{Table: f.table, Clock: clock, Lookup: idempotency.LookupAlways},
+		{Table: f.table, Clock: clock, Lookup: backend.LookupAlways},
 		{Table: f.table, Clock: clock, TxOptions: pgx.TxOptions{IsoLevel: pgx.Serializable}},
 	} {
 		s, err := postgres.New(pools[i%2], &cfg)

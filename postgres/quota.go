@@ -7,12 +7,11 @@ import (
 	"hash/fnv"
 	"time"
 
+	"github.com/go-idempotency/idempotency/backend"
 	"github.com/jackc/pgx/v5"
-
-	"github.com/go-idempotency/idempotency"
 )
 
-var _ idempotency.QuotaCounter = (*Store)(nil)
+var _ backend.QuotaCounter = (*Store)(nil)
 
 // quotaName names the quota table of the keys table named name
 // (unqualified): name + "_quota", cut and made unique by a hash past 63
@@ -30,7 +29,7 @@ func quotaName(name string) string {
 
 // QuotaSchema returns the DDL of the quota table of the keys table named
 // table (see [Config.Table]): table + "_quota" in the same schema, one row
-// per scope and window (see [idempotency.QuotaCounter]). [Store.Migrate]
+// per scope and window (see [backend.QuotaCounter]). [Store.Migrate]
 // runs it; run it in your own migrations if you use [Schema]. A bad table
 // name gives an error wrapping [idempotency.ErrInvalidConfig].
 func QuotaSchema(table string) (string, error) {
@@ -98,13 +97,13 @@ ON CONFLICT (scope, span, window_start) DO UPDATE SET
 RETURNING window_start, checked_at, verdict`
 }
 
-// AdmitQuota implements [idempotency.QuotaCounter] in one autocommit
+// AdmitQuota implements [backend.QuotaCounter] in one autocommit
 // statement on the pool: an upsert on the quota table that reads the keys
 // table.
-func (s *Store) AdmitQuota(ctx context.Context, q idempotency.QuotaCheck) (idempotency.QuotaAdmission, error) {
+func (s *Store) AdmitQuota(ctx context.Context, q backend.QuotaCheck) (backend.QuotaAdmission, error) {
 	now, err := s.now()
 	if err != nil {
-		return idempotency.QuotaAdmission{}, err
+		return backend.QuotaAdmission{}, err
 	}
 	maxKeys, maxInFlight, maxBytes := q.Quota.Limits()
 	var start, checked int64
@@ -113,20 +112,20 @@ func (s *Store) AdmitQuota(ctx context.Context, q idempotency.QuotaCheck) (idemp
 		maxKeys, maxInFlight, maxBytes, now).Scan(&start, &checked, &verdict)
 	switch {
 	case errors.Is(err, pgx.ErrNoRows):
-		return idempotency.QuotaAdmission{Replay: true}, nil
+		return backend.QuotaAdmission{Replay: true}, nil
 	case err != nil:
-		return idempotency.QuotaAdmission{}, fmt.Errorf("postgres: admit quota of key %v: %w", q.Key, s.mapError(ctx, err, false))
+		return backend.QuotaAdmission{}, fmt.Errorf("postgres: admit quota of key %v: %w", q.Key, s.mapError(ctx, err, false))
 	}
-	return idempotency.QuotaAdmission{
+	return backend.QuotaAdmission{
 		Counted:     verdict == 0,
-		Over:        idempotency.QuotaLimit(verdict),
+		Over:        backend.QuotaLimit(verdict),
 		WindowStart: time.UnixMilli(start),
 		RetryAfter:  time.Duration(start+q.Quota.Window.Milliseconds()-checked) * time.Millisecond,
 	}, nil
 }
 
-// EndQuota implements [idempotency.QuotaCounter] in one autocommit UPDATE.
-func (s *Store) EndQuota(ctx context.Context, e idempotency.QuotaEnd) error {
+// EndQuota implements [backend.QuotaCounter] in one autocommit UPDATE.
+func (s *Store) EndQuota(ctx context.Context, e backend.QuotaEnd) error {
 	uncount := 1
 	if e.Created {
 		uncount = 0
@@ -141,7 +140,7 @@ WHERE scope = $1::text AND span = $2::int8 AND window_start = $3::int8`,
 	return nil
 }
 
-// PurgeQuota implements [idempotency.QuotaCounter]: it deletes up to limit
+// PurgeQuota implements [backend.QuotaCounter]: it deletes up to limit
 // rows of windows that ended by the store's clock. Rows locked by a check
 // are skipped, not waited for.
 func (s *Store) PurgeQuota(ctx context.Context, limit int) (int, error) {

@@ -15,7 +15,7 @@ import (
 )
 
 // TestAdmitRetriesConflicts: 20 admissions of one scope at once under
-// SERIALIZABLE meet serialization failures; Guard.Admit retries them, as Do
+// SERIALIZABLE meet serialization failures; Guard.AdmitQuota retries them, as Do
 // retries a conflict, so every one is admitted and counted once, where
 // most of them failed with ErrStore and ErrConflict.
 func TestAdmitRetriesConflicts(t *testing.T) {
@@ -30,7 +30,7 @@ func TestAdmitRetriesConflicts(t *testing.T) {
 	for i := range errs {
 		wg.Go(func() {
 			<-start
-			adm, err := g.Admit(ctx, idempotency.Key{Scope: "acct", ID: fmt.Sprintf("k%d", i)}, q)
+			adm, err := g.AdmitQuota(ctx, idempotency.Key{Scope: "acct", ID: fmt.Sprintf("k%d", i)}, q)
 			if err == nil && !adm.Counted {
 				err = fmt.Errorf("admitted without being counted: %+v", adm)
 			}
@@ -44,11 +44,11 @@ func TestAdmitRetriesConflicts(t *testing.T) {
 			t.Errorf("admission %d: %v", i, err)
 		}
 	}
-	adm, err := g.Admit(ctx, idempotency.Key{Scope: "acct", ID: "k-last"}, &idempotency.Quota{Window: time.Minute, MaxKeys: 21})
+	adm, err := g.AdmitQuota(ctx, idempotency.Key{Scope: "acct", ID: "k-last"}, &idempotency.Quota{Window: time.Minute, MaxKeys: 21})
 	if err != nil || !adm.Counted {
 		t.Fatalf("the 21st admission: %+v, %v", adm, err)
 	}
-	if _, err := g.Admit(ctx, idempotency.Key{Scope: "acct", ID: "k-over"}, &idempotency.Quota{Window: time.Minute, MaxKeys: 21}); err == nil {
+	if _, err := g.AdmitQuota(ctx, idempotency.Key{Scope: "acct", ID: "k-over"}, &idempotency.Quota{Window: time.Minute, MaxKeys: 21}); err == nil {
 		t.Fatal("the 22nd admission under MaxKeys 21 was admitted: the racing admissions were not each counted once")
 	}
 }

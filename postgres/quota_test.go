@@ -10,6 +10,7 @@ import (
 	"github.com/jackc/pgx/v5"
 
 	"github.com/go-idempotency/idempotency"
+	"github.com/go-idempotency/idempotency/backend"
 	"github.com/go-idempotency/idempotency/internal/testkit"
 	"github.com/go-idempotency/idempotency/postgres"
 )
@@ -56,7 +57,7 @@ func TestQuotaTestClock(t *testing.T) {
 	at := time.Date(2030, 1, 2, 3, 4, 5, 0, time.UTC)
 	f := newFixture(t, newPool(t, 2), postgres.Config{Clock: func() time.Time { return at }})
 	ctx := testkit.Context(t, testTimeout)
-	adm, err := f.store.AdmitQuota(ctx, idempotency.QuotaCheck{Key: idempotency.Key{Scope: "s", ID: "k"}, Quota: idempotency.Quota{Window: time.Hour, MaxKeys: 1}})
+	adm, err := f.store.AdmitQuota(ctx, backend.QuotaCheck{Key: idempotency.Key{Scope: "s", ID: "k"}, Quota: backend.Quota{Window: time.Hour, MaxKeys: 1}})
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -14,6 +14,7 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/go-idempotency/idempotency"
+	"github.com/go-idempotency/idempotency/backend"
 )
 
 // Reserve implements [idempotency.KeyStore]. It acquires one connection
@@ -26,7 +27,7 @@ import (
 // transaction holds the key. A plain look-up comes first as
 // [Config.Lookup] says: by default while most recent first tries were
 // replays.
-func (s *Store) Reserve(ctx context.Context, r idempotency.Reservation) (idempotency.Txn[pgx.Tx], *idempotency.Record, error) {
+func (s *Store) Reserve(ctx context.Context, r backend.Reservation) (backend.Txn[pgx.Tx], *backend.Record, error) {
 	t, rec, err := s.reserve(ctx, r)
 	if t == nil {
 		return nil, rec, err
@@ -35,7 +36,7 @@ func (s *Store) Reserve(ctx context.Context, r idempotency.Reservation) (idempot
 }
 
 // reserve is Reserve on either front end.
-func (s *Store) reserve(ctx context.Context, r idempotency.Reservation) (*txn, *idempotency.Record, error) {
+func (s *Store) reserve(ctx context.Context, r backend.Reservation) (*txn, *backend.Record, error) {
 	now, err := s.now()
 	if err != nil {
 		return nil, nil, err
@@ -76,7 +77,7 @@ func (s *Store) reserve(ctx context.Context, r idempotency.Reservation) (*txn, *
 // (the link's began makes the transaction the batch began fn's); what names the call in errors. A
 // transaction that reports REPEATABLE READ or SERIALIZABLE switches the
 // store to row mode for good. The caller releases conn on an error.
-func (s *Store) lockAndRead(ctx context.Context, conn link, r idempotency.Reservation, now any, query, what string, scan func(pgx.Row) error) (lockResult, error) {
+func (s *Store) lockAndRead(ctx context.Context, conn link, r backend.Reservation, now any, query, what string, scan func(pgx.Row) error) (lockResult, error) {
 	b := &pgx.Batch{}
 	b.BeginTx(s.txOptions)
 	s.queueLock(ctx, b, r)
@@ -112,7 +113,7 @@ func (s *Store) lockAndRead(ctx context.Context, conn link, r idempotency.Reserv
 // transaction, from a snapshot possibly older than the lock. So the first
 // transaction that reports such a level switches the store to beginRow
 // for good.
-func (s *Store) begin(ctx context.Context, conn link, r idempotency.Reservation, now any) (*txn, *idempotency.Record, error) {
+func (s *Store) begin(ctx context.Context, conn link, r backend.Reservation, now any) (*txn, *backend.Record, error) {
 	if s.rowMode.Load() {
 		return s.beginRow(ctx, conn, r, now)
 	}
@@ -146,12 +147,12 @@ func (s *Store) begin(ctx context.Context, conn link, r idempotency.Reservation,
 // INSERT in one round trip, reading nothing in the transaction (so that
 // SERIALIZABLE takes no predicate lock that could fail callers of other
 // keys). A row committed since the snapshot makes the INSERT fail with a
-// serialization failure ([idempotency.ErrConflict]) instead of letting fn
+// serialization failure ([backend.ErrConflict]) instead of letting fn
 // run for a key another caller completed. If a committed row is in the
 // way, one more round trip ends the transaction and reads it. A live
 // completed row is returned. An expired one is taken over, in one more
 // round trip. The caller releases conn unless a reservation is returned.
-func (s *Store) beginRow(ctx context.Context, conn link, r idempotency.Reservation, now any) (*txn, *idempotency.Record, error) {
+func (s *Store) beginRow(ctx context.Context, conn link, r backend.Reservation, now any) (*txn, *backend.Record, error) {
 	stmt := s.sql.insertPending
 	for range 2 {
 		b := &pgx.Batch{}
@@ -213,16 +214,16 @@ func (s *Store) beginRow(ctx context.Context, conn link, r idempotency.Reservati
 		case !lk.locked || k.held:
 			return nil, nil, fmt.Errorf("postgres: key %v: %w", r.Key, idempotency.ErrInProgress)
 		case !k.expired:
-			return nil, nil, fmt.Errorf("%w: postgres: key %v changed while it was read", idempotency.ErrConflict, r.Key)
+			return nil, nil, fmt.Errorf("%w: postgres: key %v changed while it was read", backend.ErrConflict, r.Key)
 		}
 		stmt = s.sql.takeOver
 	}
-	return nil, nil, fmt.Errorf("%w: postgres: key %v changed while it was read", idempotency.ErrConflict, r.Key)
+	return nil, nil, fmt.Errorf("%w: postgres: key %v changed while it was read", backend.ErrConflict, r.Key)
 }
 
 // queueLock queues the statement that takes the key's advisory lock: at
 // once or not at all when r.Wait is 0, else waiting up to r.Wait.
-func (s *Store) queueLock(ctx context.Context, b *pgx.Batch, r idempotency.Reservation) {
+func (s *Store) queueLock(ctx context.Context, b *pgx.Batch, r backend.Reservation) {
 	if r.Wait > 0 {
 		b.Queue(s.sql.waitLock, lockID(s.quoted, r.Key), lockTimeout(ctx, r.Wait))
 	} else {
@@ -275,7 +276,7 @@ func lockTimeout(ctx context.Context, wait time.Duration) string {
 // expired row, or a held one (a committed pending row that has not
 // expired: an unfinished operation's), or none of them for no row.
 type keyRow struct {
-	rec     *idempotency.Record
+	rec     *backend.Record
 	expired bool
 	held    bool
 }
@@ -302,11 +303,11 @@ func scanKey(row pgx.Row, key idempotency.Key) (keyRow, error) {
 	case status == nil:
 		return keyRow{}, fmt.Errorf("postgres: completed key %v has no status", key)
 	}
-	h, err := idempotency.UnmarshalHeader(header)
+	h, err := backend.UnmarshalHeader(header)
 	if err != nil {
 		return keyRow{}, fmt.Errorf("postgres: stored header of key %v: %w", key, err)
 	}
-	return keyRow{rec: &idempotency.Record{Key: key, Fingerprint: fp, Status: *status, Header: h, Body: body,
+	return keyRow{rec: &backend.Record{Key: key, Fingerprint: fp, Status: *status, Header: h, Body: body,
 		CreatedAt: created, ExpiresAt: expiresAt}}, nil
 }
 

@@ -14,6 +14,7 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/go-idempotency/idempotency"
+	"github.com/go-idempotency/idempotency/backend"
 	"github.com/go-idempotency/idempotency/internal/testkit"
 	"github.com/go-idempotency/idempotency/postgres"
 )
@@ -164,8 +165,8 @@ func TestRoundTrips(t *testing.T) {
 		wantNew, wantReplay, wantWaiter int64
 	}{
 		{"Default", postgres.Config{}, 3, 2, 4},
-		{"LookupAlways", postgres.Config{Lookup: idempotency.LookupAlways}, 4, 1, 6},
-		{"LookupNever", postgres.Config{Lookup: idempotency.LookupNever}, 3, 2, 4},
+		{"LookupAlways", postgres.Config{Lookup: backend.LookupAlways}, 4, 1, 6},
+		{"LookupNever", postgres.Config{Lookup: backend.LookupNever}, 3, 2, 4},
 		{"Serializable", postgres.Config{TxOptions: pgx.TxOptions{IsoLevel: pgx.Serializable}}, 3, 2, 6},
 	} {
 		t.Run(c.name, func(t *testing.T) {
@@ -267,7 +268,7 @@ func TestRoundTripsFollowTheLoad(t *testing.T) {
 	}
 	// Warm the connection's statement cache on two other stores of the
 	// same table, one of each way.
-	for _, lookup := range []idempotency.LookupPolicy{idempotency.LookupNever, idempotency.LookupAlways} {
+	for _, lookup := range []backend.LookupPolicy{backend.LookupNever, backend.LookupAlways} {
 		warm, err := postgres.New(pool, &postgres.Config{Table: f.table, Lookup: lookup})
 		if err != nil {
 			t.Fatal(err)

@@ -98,7 +98,7 @@ func indexNamed(table, suffix, short string) string {
 }
 
 // schemaSQL is the DDL of the table: the columns after expires_at are those
-// of multi-step operations (see [idempotency.Stepper]), which the DO block
+// of multi-step operations (see [backend.Stepper]), which the DO block
 // adds to a table of v0.1.0. It checks pg_attribute first, so that a table
 // already upgraded is not locked at all.
 func schemaSQL(table, quoted string) string {

@@ -7,9 +7,10 @@ import (
 	"strings"
 
 	"github.com/go-idempotency/idempotency"
+	"github.com/go-idempotency/idempotency/backend"
 )
 
-var _ idempotency.SchemaChecker = (*Store)(nil)
+var _ backend.SchemaChecker = (*Store)(nil)
 
 // keyColumns are the columns of the keys table that this version's
 // statements name (see schemaSQL); quotaColumns those of the quota table
@@ -27,14 +28,14 @@ var (
 const columnsSQL = `SELECT a.attname::text FROM pg_catalog.pg_attribute a
 	WHERE a.attrelid = to_regclass($1) AND a.attnum > 0 AND NOT a.attisdropped`
 
-// CheckSchema implements [idempotency.SchemaChecker]: it reads the
+// CheckSchema implements [backend.SchemaChecker]: it reads the
 // catalog, through the pool, for the keys table (resolved by the
 // connection's search_path, as the store's statements are) and its
 // columns, and with c.Quota for the quota table. A table or a column that
 // is missing gives an error wrapping [idempotency.ErrSchema] naming the
 // table and what is missing: run [Store.Migrate], or apply [Schema] (and
 // [QuotaSchema]).
-func (s *Store) CheckSchema(ctx context.Context, c idempotency.SchemaCheck) error {
+func (s *Store) CheckSchema(ctx context.Context, c backend.SchemaCheck) error {
 	if err := s.checkColumns(ctx, s.quoted, s.table, keyColumns, "Schema"); err != nil {
 		return err
 	}

@@ -40,7 +40,7 @@ func TestSchemaMissing(t *testing.T) {
 			t.Fatal(err)
 		}
 		testkit.SchemaBroken(t, ctx, g, table, true, table)
-		_, err = g.Admit(ctx, idempotency.Key{ID: "k"}, quota)
+		_, err = g.AdmitQuota(ctx, idempotency.Key{ID: "k"}, quota)
 		testkit.SchemaErr(t, "Admit", err, table+"_quota", "Migrate")
 	})
 
@@ -102,7 +102,7 @@ func TestSchemaMissing(t *testing.T) {
 		}
 		err := g.CheckSchema(ctx, idempotency.SchemaCheck{Quota: true})
 		testkit.SchemaErr(t, "CheckSchema", err, f.table+"_quota", "QuotaSchema", "Migrate")
-		_, err = g.Admit(ctx, idempotency.Key{ID: "k"}, quota)
+		_, err = g.AdmitQuota(ctx, idempotency.Key{ID: "k"}, quota)
 		testkit.SchemaErr(t, "Admit", err, f.table+"_quota", "Migrate")
 		// Do does not need the quota table; fn's own missing table is
 		// fn's error.

@@ -103,13 +103,13 @@ WHERE ctid = $1 AND scope = $2 AND id = $3 AND state = 'pending'`
 	return st
 }
 
-// maxExpirySQL is [idempotency.MaxExpiry] in microseconds, rounded down.
+// maxExpirySQL is [backend.MaxExpiry] in microseconds, rounded down.
 const maxExpirySQL = `'2262-04-11 23:47:16.854775+00'::timestamptz`
 
 // expirySQL is the expiry of a record whose clock reading is the SQL
 // expression now and whose TTL is parameter $ttl. The TTL is an interval,
 // sent as a time.Duration: whole microseconds. The expiry is now plus the
-// TTL, clamped to [idempotency.MaxExpiry].
+// TTL, clamped to [backend.MaxExpiry].
 func expirySQL(now string, ttl int) string {
 	return fmt.Sprintf(`LEAST(%s + $%d::interval, %s)`, now, ttl, maxExpirySQL)
 }

@@ -9,9 +9,10 @@ import (
 	"github.com/jackc/pgx/v5"
 
 	"github.com/go-idempotency/idempotency"
+	"github.com/go-idempotency/idempotency/backend"
 )
 
-var _ idempotency.Stepper[pgx.Tx] = (*Store)(nil)
+var _ backend.Stepper[pgx.Tx] = (*Store)(nil)
 
 // stepStatements builds the statements of multi-step operations and of key
 // administration on the quoted table q. Every parameter is cast or lands in
@@ -69,7 +70,7 @@ ORDER BY lease_ends LIMIT $4::int8`
 
 // checkAcquisition validates what Acquire is asked for, before anything is
 // sent.
-func checkAcquisition(a idempotency.Acquisition) error {
+func checkAcquisition(a backend.Acquisition) error {
 	if err := a.Validate(); err != nil {
 		return fmt.Errorf("postgres: key %v: %w", a.Key, err)
 	}
@@ -78,13 +79,13 @@ func checkAcquisition(a idempotency.Acquisition) error {
 
 // checkProgress validates the progress a phase is to store.
 func checkProgress(progress []byte) error {
-	if err := idempotency.CheckProgress(progress); err != nil {
+	if err := backend.CheckProgress(progress); err != nil {
 		return fmt.Errorf("postgres: %w", err)
 	}
 	return nil
 }
 
-// Acquire implements [idempotency.Stepper]. It acquires one connection
+// Acquire implements [backend.Stepper]. It acquires one connection
 // and, in one round trip, begins the transaction, takes the key's advisory
 // lock (at once, or waiting up to a.Wait as [Store.Reserve] does) and reads
 // the key's row. The lock is the compare-and-swap: every holder of the key,
@@ -95,13 +96,13 @@ func checkProgress(progress []byte) error {
 // is written when the phase commits (Save), not when it is taken: until
 // then the lock holds the key. Under REPEATABLE READ and SERIALIZABLE, one
 // more round trip locks the row read, so that a row changed since the
-// transaction's snapshot fails with [idempotency.ErrConflict] before the
+// transaction's snapshot fails with [backend.ErrConflict] before the
 // phase's writes.
 //
 // Acquire needs the columns of multi-step operations: on a table of v0.1.0
 // not migrated yet ([Store.Migrate]) it fails with the server's
 // undefined_column error.
-func (s *Store) Acquire(ctx context.Context, a idempotency.Acquisition) (idempotency.Phase[pgx.Tx], *idempotency.Record, error) {
+func (s *Store) Acquire(ctx context.Context, a backend.Acquisition) (backend.Phase[pgx.Tx], *backend.Record, error) {
 	p, rec, err := s.acquirePhase(ctx, a)
 	if p == nil {
 		return nil, rec, err
@@ -110,7 +111,7 @@ func (s *Store) Acquire(ctx context.Context, a idempotency.Acquisition) (idempot
 }
 
 // acquirePhase is Acquire on either front end.
-func (s *Store) acquirePhase(ctx context.Context, a idempotency.Acquisition) (*phase, *idempotency.Record, error) {
+func (s *Store) acquirePhase(ctx context.Context, a backend.Acquisition) (*phase, *backend.Record, error) {
 	if err := checkAcquisition(a); err != nil {
 		return nil, nil, err
 	}
@@ -135,7 +136,7 @@ type opRow struct {
 	exists    bool
 	fp        string
 	state     string
-	rec       *idempotency.Record // live and completed
+	rec       *backend.Record // live and completed
 	created   time.Time
 	expired   bool
 	progress  []byte
@@ -147,7 +148,7 @@ type opRow struct {
 
 // acquire is Acquire on conn; the caller releases conn unless a phase is
 // returned.
-func (s *Store) acquire(ctx context.Context, conn link, a idempotency.Acquisition, now any) (*phase, *idempotency.Record, error) {
+func (s *Store) acquire(ctx context.Context, conn link, a backend.Acquisition, now any) (*phase, *backend.Record, error) {
 	var row opRow
 	lk, err := s.lockAndRead(ctx, conn, a.Reservation, now, s.sql.acquire, "acquire", func(r pgx.Row) (err error) {
 		row, err = scanOpRow(r, a.Key)
@@ -203,7 +204,7 @@ func (s *Store) acquire(ctx context.Context, conn link, a idempotency.Acquisitio
 			err = cerr
 		}
 		if err == nil && tag.RowsAffected() != 1 {
-			err = fmt.Errorf("%w: the key's row appeared", idempotency.ErrConflict)
+			err = fmt.Errorf("%w: the key's row appeared", backend.ErrConflict)
 		}
 		if err != nil { // the caller rolls back (abandon)
 			return nil, nil, s.mapError(ctx, fmt.Errorf("postgres: acquire key %v: claim its row: %w", a.Key, err), false)
@@ -245,11 +246,11 @@ func scanOpRow(r pgx.Row, key idempotency.Key) (opRow, error) {
 	if status == nil {
 		return opRow{}, fmt.Errorf("postgres: completed key %v has no status", key)
 	}
-	h, err := idempotency.UnmarshalHeader(header)
+	h, err := backend.UnmarshalHeader(header)
 	if err != nil {
 		return opRow{}, fmt.Errorf("postgres: stored header of key %v: %w", key, err)
 	}
-	row.rec = &idempotency.Record{Key: key, Fingerprint: row.fp, Status: int(*status), Header: h, Body: body,
+	row.rec = &backend.Record{Key: key, Fingerprint: row.fp, Status: int(*status), Header: h, Body: body,
 		CreatedAt: created, ExpiresAt: expiresAt}
 	return row, nil
 }
@@ -259,13 +260,13 @@ func scanOpRow(r pgx.Row, key idempotency.Key) (opRow, error) {
 // the key's unfinished row held.
 type phase struct {
 	txn
-	a        idempotency.Acquisition
+	a        backend.Acquisition
 	progress []byte // nil for a new key
 	tries    int
 	existing bool // the key has an unfinished row
 }
 
-var _ idempotency.Phase[pgx.Tx] = pgxPhase{}
+var _ backend.Phase[pgx.Tx] = pgxPhase{}
 
 // Fingerprint is the operation's, or the Acquisition's for a new key.
 func (p *phase) Fingerprint() string { return p.fp }
@@ -320,15 +321,15 @@ func (p *phase) Complete(ctx context.Context, resp idempotency.Response) error {
 	if !p.existing {
 		return p.txn.Complete(ctx, resp)
 	}
-	header := idempotency.MarshalHeader(resp.Header)
+	header := backend.MarshalHeader(resp.Header)
 	return p.finish(ctx, "complete", func(b *pgx.Batch, now any) {
 		b.Queue(p.s.sql.completeSteps, p.key.Scope, p.key.ID, int32(resp.Status), header, resp.Body, now, p.ttl)
 	})
 }
 
-// Abandoned implements [idempotency.Stepper] with one SELECT, served by
+// Abandoned implements [backend.Stepper] with one SELECT, served by
 // the partial index on lease_ends. It locks nothing.
-func (s *Store) Abandoned(ctx context.Context, q idempotency.AbandonedQuery) ([]idempotency.AbandonedKey, error) {
+func (s *Store) Abandoned(ctx context.Context, q backend.AbandonedQuery) ([]backend.AbandonedKey, error) {
 	if err := q.Validate(); err != nil {
 		return nil, fmt.Errorf("postgres: abandoned: %w", err)
 	}
@@ -340,10 +341,10 @@ func (s *Store) Abandoned(ctx context.Context, q idempotency.AbandonedQuery) ([]
 	if err != nil {
 		return nil, s.mapError(ctx, fmt.Errorf("postgres: abandoned keys: %w", err), false)
 	}
-	var out []idempotency.AbandonedKey
+	var out []backend.AbandonedKey
 	for rows.Next() {
 		var (
-			k     idempotency.AbandonedKey
+			k     backend.AbandonedKey
 			tries int32
 		)
 		if err := rows.Scan(&k.Key.Scope, &k.Key.ID, &k.Fingerprint, &k.Progress, &tries, &k.LeaseEnded); err != nil {

@@ -15,6 +15,7 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/go-idempotency/idempotency"
+	"github.com/go-idempotency/idempotency/backend"
 	"github.com/go-idempotency/idempotency/internal/testenv"
 	"github.com/go-idempotency/idempotency/internal/testkit"
 	"github.com/go-idempotency/idempotency/internal/testkit/pgkit"
@@ -25,8 +26,8 @@ import (
 // operations: whole microseconds, as the store keeps them.
 var stepStart = time.Date(2026, 12, 1, 12, 0, 0, 0, time.UTC)
 
-// maxExpiry is idempotency.MaxExpiry as the store keeps it.
-var maxExpiry = idempotency.MaxExpiry().Truncate(time.Microsecond)
+// maxExpiry is backend.MaxExpiry as the store keeps it.
+var maxExpiry = backend.MaxExpiry().Truncate(time.Microsecond)
 
 // stepFixture is a fixture whose store reads a test clock that the test
 // sets.
@@ -55,9 +56,9 @@ func at(d time.Duration) time.Time { return stepStart.Add(d) }
 
 // acq is an Acquisition of key id (scope "s") by owner, with a one-hour
 // TTL, a ten-second lease and no wait.
-func acq(id, owner string) idempotency.Acquisition {
-	return idempotency.Acquisition{
-		Reservation: idempotency.Reservation{Key: idempotency.Key{Scope: "s", ID: id}, Fingerprint: "fp", TTL: time.Hour},
+func acq(id, owner string) backend.Acquisition {
+	return backend.Acquisition{
+		Reservation: backend.Reservation{Key: idempotency.Key{Scope: "s", ID: id}, Fingerprint: "fp", TTL: time.Hour},
 		Owner:       owner,
 		Lease:       10 * time.Second,
 	}
@@ -112,7 +113,7 @@ func (f *fixture) mustUnfinished(t testing.TB, ctx context.Context, id, progress
 }
 
 // mustPhase acquires a and fails t unless it gets a phase.
-func mustPhase(t testing.TB, ctx context.Context, s *postgres.Store, a idempotency.Acquisition) idempotency.Phase[pgx.Tx] {
+func mustPhase(t testing.TB, ctx context.Context, s *postgres.Store, a backend.Acquisition) backend.Phase[pgx.Tx] {
 	t.Helper()
 	p, rec, err := s.Acquire(ctx, a)
 	if err != nil || rec != nil || p == nil {
@@ -122,7 +123,7 @@ func mustPhase(t testing.TB, ctx context.Context, s *postgres.Store, a idempoten
 }
 
 // mustInProgress acquires a and fails t unless it gets ErrInProgress.
-func mustInProgress(t testing.TB, ctx context.Context, s *postgres.Store, a idempotency.Acquisition) {
+func mustInProgress(t testing.TB, ctx context.Context, s *postgres.Store, a backend.Acquisition) {
 	t.Helper()
 	p, rec, err := s.Acquire(ctx, a)
 	if !errors.Is(err, idempotency.ErrInProgress) || p != nil || rec != nil {
@@ -327,20 +328,20 @@ func TestAcquireValidation(t *testing.T) {
 	ctx := testkit.Context(t, testTimeout)
 	f := newStepFixture(t, postgres.Config{}, 2)
 	s := f.store
-	for name, a := range map[string]idempotency.Acquisition{
+	for name, a := range map[string]backend.Acquisition{
 		"empty owner":     acq("v", ""),
 		"long owner":      acq("v", strings.Repeat("o", 65)),
 		"control byte":    acq("v", "o\n"),
 		"non-ASCII owner": acq("v", "ö"),
-		"zero lease":      func() idempotency.Acquisition { a := acq("v", "o"); a.Lease = 0; return a }(),
-		"short lease":     func() idempotency.Acquisition { a := acq("v", "o"); a.Lease = time.Millisecond - 1; return a }(),
+		"zero lease":      func() backend.Acquisition { a := acq("v", "o"); a.Lease = 0; return a }(),
+		"short lease":     func() backend.Acquisition { a := acq("v", "o"); a.Lease = time.Millisecond - 1; return a }(),
 	} {
 		if p, rec, err := s.Acquire(ctx, a); !errors.Is(err, idempotency.ErrInvalidConfig) || p != nil || rec != nil {
 			t.Errorf("%s: got %v, %v, %v; want ErrInvalidConfig", name, p, rec, err)
 		}
 	}
 	mustPhase(t, ctx, s, acq("v", strings.Repeat("o", 64))).Rollback(ctx)
-	for name, progress := range map[string][]byte{"nil": nil, "too long": make([]byte, idempotency.MaxProgressLen+1)} {
+	for name, progress := range map[string][]byte{"nil": nil, "too long": make([]byte, backend.MaxProgressLen+1)} {
 		p := mustPhase(t, ctx, s, acq("v", "o"))
 		if err := f.effect(ctx, p.Tx(), "bad"); err != nil {
 			t.Fatal(err)
@@ -354,13 +355,13 @@ func TestAcquireValidation(t *testing.T) {
 		testkit.MustCount(t, ctx, f.count, "bad", 0)
 	}
 	p := mustPhase(t, ctx, s, acq("v", "o"))
-	if err := p.Save(ctx, make([]byte, idempotency.MaxProgressLen)); err != nil {
+	if err := p.Save(ctx, make([]byte, backend.MaxProgressLen)); err != nil {
 		t.Fatalf("Save of MaxProgressLen bytes: %v", err)
 	}
-	if r, _ := f.row(t, ctx, "v"); len(r.progress) != idempotency.MaxProgressLen {
-		t.Fatalf("progress of %d bytes stored, want %d", len(r.progress), idempotency.MaxProgressLen)
+	if r, _ := f.row(t, ctx, "v"); len(r.progress) != backend.MaxProgressLen {
+		t.Fatalf("progress of %d bytes stored, want %d", len(r.progress), backend.MaxProgressLen)
 	}
-	for _, q := range []idempotency.AbandonedQuery{{Limit: 0, MaxTries: 1}, {Limit: 1001, MaxTries: 1}, {Limit: 1, Grace: -1, MaxTries: 1}} {
+	for _, q := range []backend.AbandonedQuery{{Limit: 0, MaxTries: 1}, {Limit: 1001, MaxTries: 1}, {Limit: 1, Grace: -1, MaxTries: 1}} {
 		if _, err := s.Abandoned(ctx, q); !errors.Is(err, idempotency.ErrInvalidConfig) {
 			t.Errorf("Abandoned(%+v): %v, want ErrInvalidConfig", q, err)
 		}
@@ -422,7 +423,7 @@ func TestAcquireAbandonedConcurrently(t *testing.T) {
 					return
 				case errors.Is(err, idempotency.ErrInProgress) && rec == nil:
 					inProgress.Add(1)
-				case errors.Is(err, idempotency.ErrConflict) && c.cfg.TxOptions.IsoLevel == pgx.Serializable && c.wait > 0:
+				case errors.Is(err, backend.ErrConflict) && c.cfg.TxOptions.IsoLevel == pgx.Serializable && c.wait > 0:
 					conflicts.Add(1)
 				default:
 					t.Errorf("Acquire: got %v, %v, %v", p, rec, err)
@@ -510,9 +511,9 @@ func TestReserveUnfinishedKey(t *testing.T) {
 		name string
 		cfg  postgres.Config
 	}{
-		{"ReadCommitted", postgres.Config{Lookup: idempotency.LookupNever}},
-		{"LookupFirst", postgres.Config{Lookup: idempotency.LookupAlways}},
-		{"Serializable", postgres.Config{Lookup: idempotency.LookupNever, TxOptions: pgx.TxOptions{IsoLevel: pgx.Serializable}}},
+		{"ReadCommitted", postgres.Config{Lookup: backend.LookupNever}},
+		{"LookupFirst", postgres.Config{Lookup: backend.LookupAlways}},
+		{"Serializable", postgres.Config{Lookup: backend.LookupNever, TxOptions: pgx.TxOptions{IsoLevel: pgx.Serializable}}},
 	} {
 		t.Run(c.name, func(t *testing.T) {
 			ctx := testkit.Context(t, testTimeout)
@@ -523,7 +524,7 @@ func TestReserveUnfinishedKey(t *testing.T) {
 			}
 			f.set(time.Hour)
 			for _, wait := range []time.Duration{0, 200 * time.Millisecond} {
-				r := idempotency.Reservation{Key: idempotency.Key{Scope: "s", ID: "u"}, Fingerprint: "fp", TTL: time.Hour, Wait: wait}
+				r := backend.Reservation{Key: idempotency.Key{Scope: "s", ID: "u"}, Fingerprint: "fp", TTL: time.Hour, Wait: wait}
 				txn, rec, err := f.store.Reserve(ctx, r)
 				if !errors.Is(err, idempotency.ErrInProgress) || txn != nil || rec != nil {
 					if txn != nil {
@@ -543,7 +544,7 @@ func TestReserveUnfinishedKey(t *testing.T) {
 			// A new key held by a phase's open transaction.
 			p = mustPhase(t, ctx, f.store, acq("held", "o"))
 			defer p.Rollback(ctx)
-			r := idempotency.Reservation{Key: idempotency.Key{Scope: "s", ID: "held"}, Fingerprint: "fp", TTL: time.Hour}
+			r := backend.Reservation{Key: idempotency.Key{Scope: "s", ID: "held"}, Fingerprint: "fp", TTL: time.Hour}
 			if txn, rec, err := f.store.Reserve(ctx, r); !errors.Is(err, idempotency.ErrInProgress) || txn != nil || rec != nil {
 				t.Fatalf("Reserve of a key held by a phase: got %v, %v, %v; want ErrInProgress", txn, rec, err)
 			}
@@ -618,7 +619,7 @@ func TestAbandoned(t *testing.T) {
 	if err := mustPhase(t, ctx, f.store, acq("ended", "o")).Save(ctx, []byte("y")); err != nil {
 		t.Fatal(err)
 	}
-	ids := func(q idempotency.AbandonedQuery) string {
+	ids := func(q backend.AbandonedQuery) string {
 		t.Helper()
 		keys, err := f.store.Abandoned(ctx, q)
 		if err != nil {
@@ -632,21 +633,21 @@ func TestAbandoned(t *testing.T) {
 	}
 	f.set(12 * time.Second)
 	for _, c := range []struct {
-		q    idempotency.AbandonedQuery
+		q    backend.AbandonedQuery
 		want string
 	}{
-		{idempotency.AbandonedQuery{MaxTries: 10, Limit: 10}, "one,two,three,ended"},
-		{idempotency.AbandonedQuery{MaxTries: 2, Limit: 10}, "one,three,ended"},
-		{idempotency.AbandonedQuery{MaxTries: 10, Limit: 2}, "one,two"},
-		{idempotency.AbandonedQuery{Grace: 10 * time.Second, MaxTries: 10, Limit: 10}, "one,two"},
-		{idempotency.AbandonedQuery{Grace: 11 * time.Second, MaxTries: 10, Limit: 10}, "one"},
-		{idempotency.AbandonedQuery{MaxTries: 0, Limit: 10}, ""},
+		{backend.AbandonedQuery{MaxTries: 10, Limit: 10}, "one,two,three,ended"},
+		{backend.AbandonedQuery{MaxTries: 2, Limit: 10}, "one,three,ended"},
+		{backend.AbandonedQuery{MaxTries: 10, Limit: 2}, "one,two"},
+		{backend.AbandonedQuery{Grace: 10 * time.Second, MaxTries: 10, Limit: 10}, "one,two"},
+		{backend.AbandonedQuery{Grace: 11 * time.Second, MaxTries: 10, Limit: 10}, "one"},
+		{backend.AbandonedQuery{MaxTries: 0, Limit: 10}, ""},
 	} {
 		if got := ids(c.q); got != c.want {
 			t.Errorf("Abandoned(%+v) = %q, want %q", c.q, got, c.want)
 		}
 	}
-	keys, err := f.store.Abandoned(ctx, idempotency.AbandonedQuery{MaxTries: 10, Limit: 1, Grace: 10500 * time.Millisecond})
+	keys, err := f.store.Abandoned(ctx, backend.AbandonedQuery{MaxTries: 10, Limit: 1, Grace: 10500 * time.Millisecond})
 	if err != nil || len(keys) != 1 {
 		t.Fatalf("Abandoned: %v, %v", keys, err)
 	}
@@ -663,11 +664,11 @@ func TestAbandoned(t *testing.T) {
 func TestPhaseEffects(t *testing.T) {
 	ctx := testkit.Context(t, testTimeout)
 	f := newStepFixture(t, postgres.Config{}, 2)
-	end := map[string]func(idempotency.Phase[pgx.Tx]) error{
-		"save":     func(p idempotency.Phase[pgx.Tx]) error { return p.Save(ctx, []byte("s")) },
-		"release":  func(p idempotency.Phase[pgx.Tx]) error { return p.Release(ctx, []byte("r")) },
-		"complete": func(p idempotency.Phase[pgx.Tx]) error { return p.Complete(ctx, idempotency.Response{Status: 204}) },
-		"rollback": func(p idempotency.Phase[pgx.Tx]) error { return p.Rollback(ctx) },
+	end := map[string]func(backend.Phase[pgx.Tx]) error{
+		"save":     func(p backend.Phase[pgx.Tx]) error { return p.Save(ctx, []byte("s")) },
+		"release":  func(p backend.Phase[pgx.Tx]) error { return p.Release(ctx, []byte("r")) },
+		"complete": func(p backend.Phase[pgx.Tx]) error { return p.Complete(ctx, idempotency.Response{Status: 204}) },
+		"rollback": func(p backend.Phase[pgx.Tx]) error { return p.Rollback(ctx) },
 	}
 	for name, fn := range end {
 		for _, resumed := range []bool{false, true} {
@@ -825,7 +826,7 @@ func TestPgBouncerSteps(t *testing.T) {
 		}
 		stores = append(stores, s)
 	}
-	effect := func(p idempotency.Phase[pgx.Tx], tag string) {
+	effect := func(p backend.Phase[pgx.Tx], tag string) {
 		t.Helper()
 		if _, err := p.Tx().Exec(ctx, "INSERT INTO "+f.effects+" (tag) VALUES ($1)", pgx.QueryExecModeExec, tag); err != nil {
 			t.Fatal(err)
@@ -847,7 +848,7 @@ func TestPgBouncerSteps(t *testing.T) {
 		if string(p.Progress()) != "p1" {
 			t.Fatalf("progress %q, want p1", p.Progress())
 		}
-		if in, err := s.Inspect(ctx, key, false); err != nil || in.State != idempotency.KeyHeld {
+		if in, err := s.Inspect(ctx, key, false); err != nil || in.State != backend.KeyInProgress {
 			t.Fatalf("Inspect of a key held by a phase: %+v, %v", in, err)
 		}
 		if _, err := s.Forget(ctx, key); !errors.Is(err, idempotency.ErrInProgress) {
@@ -857,11 +858,11 @@ func TestPgBouncerSteps(t *testing.T) {
 		if err := p.Release(ctx, []byte("p2")); err != nil {
 			t.Fatalf("Release: %v", err)
 		}
-		keys, err := other.Abandoned(ctx, idempotency.AbandonedQuery{MaxTries: 100, Limit: 1000})
+		keys, err := other.Abandoned(ctx, backend.AbandonedQuery{MaxTries: 100, Limit: 1000})
 		if err != nil || !slicesContainKey(keys, key) {
 			t.Fatalf("Abandoned: %v, %v; want %v listed", keys, err, key)
 		}
-		if page, err := s.List(ctx, idempotency.ListQuery{Scope: "s", Limit: 1000}); err != nil || len(page.Keys) != i+1 {
+		if page, err := s.List(ctx, backend.ListQuery{Scope: "s", Limit: 1000}); err != nil || len(page.Keys) != i+1 {
 			t.Fatalf("List: %d keys, %v; want %d", len(page.Keys), err, i+1)
 		}
 		if st, err := other.Stats(ctx); err != nil || st.Unfinished != 1 || st.Completed != int64(i) {
@@ -886,14 +887,14 @@ func TestPgBouncerSteps(t *testing.T) {
 		if _, err := f.pool.Exec(ctx, `UPDATE "`+f.table+`" SET lease_ends = lease_ends - interval '1 hour' WHERE id = $1`, tmp); err != nil {
 			t.Fatal(err)
 		}
-		if in, err := other.Forget(ctx, idempotency.Key{Scope: "s", ID: tmp}); err != nil || in.State != idempotency.KeyUnfinished {
+		if in, err := other.Forget(ctx, idempotency.Key{Scope: "s", ID: tmp}); err != nil || in.State != backend.KeyUnfinished {
 			t.Fatalf("Forget: %+v, %v", in, err)
 		}
 	}
 }
 
 // slicesContainKey reports whether keys lists key.
-func slicesContainKey(keys []idempotency.AbandonedKey, key idempotency.Key) bool {
+func slicesContainKey(keys []backend.AbandonedKey, key idempotency.Key) bool {
 	for _, k := range keys {
 		if k.Key == key {
 			return true

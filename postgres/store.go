@@ -11,6 +11,7 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/go-idempotency/idempotency"
+	"github.com/go-idempotency/idempotency/backend"
 	"github.com/go-idempotency/idempotency/internal/lookup"
 )
 
@@ -19,7 +20,7 @@ import (
 const rollbackTimeout = 5 * time.Second
 
 var _ idempotency.KeyStore[pgx.Tx] = (*Store)(nil)
-var _ idempotency.ConflictClassifier = (*Store)(nil)
+var _ backend.ConflictClassifier = (*Store)(nil)
 
 // Config tunes a [Store]. The zero value (or nil) means the defaults.
 type Config struct {
@@ -37,13 +38,13 @@ type Config struct {
 	// Lookup says when Reserve reads the key with a plain SELECT, outside
 	// any transaction, before it begins the transaction. With it a replay
 	// of a completed key costs one round trip instead of two, and a new
-	// key four instead of three. [idempotency.LookupAlways] always sends
-	// it; [idempotency.LookupNever] never does (the look-up that travels
+	// key four instead of three. [backend.LookupAlways] always sends
+	// it; [backend.LookupNever] never does (the look-up that travels
 	// with BEGIN still answers replays). Defaults to
-	// [idempotency.LookupAdaptive]: the store sends it only while most of
+	// [backend.LookupAdaptive]: the store sends it only while most of
 	// its recent first tries found a completed key (see the package
 	// documentation).
-	Lookup idempotency.LookupPolicy
+	Lookup backend.LookupPolicy
 	// Clock is for tests only. When set, the store reads it instead of the
 	// server's clock wherever it judges or stores a time (a record's
 	// expiry, its creation, Purge). It sends the reading with each
@@ -52,7 +53,7 @@ type Config struct {
 	// (clock_timestamp(), and now() for the creation time), which every
 	// instance shares: no time of the application is ever sent. A test
 	// clock must never differ between instances. A reading outside
-	// [idempotency.MinClock] .. [idempotency.MaxExpiry] is refused with
+	// [backend.MinClock] .. [backend.MaxExpiry] is refused with
 	// [idempotency.ErrInvalidConfig] before anything is written.
 	Clock func() time.Time
 }
@@ -72,7 +73,7 @@ type Store struct {
 	tableName    string // the table's name without its schema
 	schemaName   string // the table's schema, "" if not qualified
 	txOptions    pgx.TxOptions
-	lookup       idempotency.LookupPolicy
+	lookup       backend.LookupPolicy
 	clock        func() time.Time // Config.Clock: nil for the server's
 	commitSQL    string
 	schema       string
@@ -89,9 +90,9 @@ type Store struct {
 // lookingFirst reports whether Reserve should look the key up first.
 func (s *Store) lookingFirst() bool {
 	switch s.lookup {
-	case idempotency.LookupAlways:
+	case backend.LookupAlways:
 		return true
-	case idempotency.LookupNever:
+	case backend.LookupNever:
 		return false
 	}
 	return s.firstTries.Replays()
@@ -126,7 +127,7 @@ func newStore(cfg *Config) (*Store, error) {
 	if err != nil {
 		return nil, err
 	}
-	if err := c.Lookup.Check(); err != nil {
+	if err := c.Lookup.Validate(); err != nil {
 		return nil, fmt.Errorf("postgres: Config.Lookup: %w", err)
 	}
 	if c.TxOptions.AccessMode == pgx.ReadOnly {
@@ -167,7 +168,7 @@ func (s *Store) now() (any, error) {
 		return nil, nil
 	}
 	now := s.clock()
-	if err := idempotency.CheckClock(now); err != nil {
+	if err := backend.CheckClock(now); err != nil {
 		return nil, fmt.Errorf("postgres: Config.Clock: %w", err)
 	}
 	return now.Truncate(time.Microsecond), nil

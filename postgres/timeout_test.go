@@ -12,6 +12,7 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/go-idempotency/idempotency"
+	"github.com/go-idempotency/idempotency/backend"
 	"github.com/go-idempotency/idempotency/internal/testkit"
 	"github.com/go-idempotency/idempotency/postgres"
 )
@@ -47,7 +48,7 @@ func TestStatementTimeoutWhileWaiting(t *testing.T) {
 	switch {
 	case !errors.Is(err, idempotency.ErrInProgress):
 		t.Fatalf("waiter cut by statement_timeout: got %v, want ErrInProgress", err)
-	case errors.Is(err, idempotency.ErrStore), errors.Is(err, idempotency.ErrConflict):
+	case errors.Is(err, idempotency.ErrStore), errors.Is(err, backend.ErrConflict):
 		t.Fatalf("waiter cut by statement_timeout: got %v, want ErrInProgress alone", err)
 	case !errors.As(err, &pgErr) || pgErr.Code != "57014":
 		t.Fatalf("waiter cut by statement_timeout: got %v, want the server's 57014 in the chain", err)

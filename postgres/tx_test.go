@@ -11,6 +11,7 @@ import (
 	"github.com/jackc/pgx/v5/pgconn"
 
 	"github.com/go-idempotency/idempotency"
+	"github.com/go-idempotency/idempotency/backend"
 	"github.com/go-idempotency/idempotency/internal/testkit"
 	"github.com/go-idempotency/idempotency/postgres"
 )
@@ -176,7 +177,7 @@ func TestConflictInFnRetried(t *testing.T) {
 		return idempotency.Response{}, err
 	})
 	var pgErr *pgconn.PgError
-	if !errors.As(err, &pgErr) || pgErr.Code != "22012" || errors.Is(err, idempotency.ErrConflict) {
+	if !errors.As(err, &pgErr) || pgErr.Code != "22012" || errors.Is(err, backend.ErrConflict) {
 		t.Fatalf("division by zero in fn: got %v, want the 22012 error itself", err)
 	}
 }

@@ -10,6 +10,7 @@ import (
 	"github.com/jackc/pgx/v5/pgtype"
 
 	"github.com/go-idempotency/idempotency"
+	"github.com/go-idempotency/idempotency/backend"
 )
 
 // txn is a key held in an open transaction on one link: by the key's
@@ -31,7 +32,7 @@ type txn struct {
 // Complete writes the completed key row (or completes the pending one) and
 // commits, in one round trip.
 func (t *txn) Complete(ctx context.Context, resp idempotency.Response) error {
-	header := idempotency.MarshalHeader(resp.Header)
+	header := backend.MarshalHeader(resp.Header)
 	return t.finish(ctx, "complete", func(b *pgx.Batch, now any) {
 		switch {
 		case t.row.Valid:

@@ -8,9 +8,10 @@ import (
 	"time"
 
 	"github.com/go-idempotency/idempotency"
+	"github.com/go-idempotency/idempotency/backend"
 )
 
-var _ idempotency.KeyAdmin = (*Store)(nil)
+var _ backend.KeyAdmin = (*Store)(nil)
 
 // Replies of the administration script (see adminLua).
 const (
@@ -68,17 +69,17 @@ end
 return {'found', r[1], r[2], r[3] or '', r[4] or '', r[5], r[6], r[7], r[8], blen, lease, string.format('%.0f', now), body}
 `
 
-// Inspect implements [idempotency.KeyAdmin]. It reads the record in one
-// script (one round trip, no lock): a pending record is [idempotency.KeyHeld]
+// Inspect implements [backend.KeyAdmin]. It reads the record in one
+// script (one round trip, no lock): a pending record is [backend.KeyInProgress]
 // (a reservation holds it under a live lease), with its fingerprint, its
 // creation, its provisional expiry and the end of its lease (LeaseEnds, by
 // Redis's clock, as every lease); a completed one is
-// [idempotency.KeyCompleted], or [idempotency.KeyExpired] once its expiry
+// [backend.KeyCompleted], or [backend.KeyExpired] once its expiry
 // is not after the store's clock (Redis deletes it at least a minute after
 // its completion, so an expired record is seen only that long). The body
 // is read only when body is true. A key with no record gives an error
 // wrapping [idempotency.ErrNotFound].
-func (s *Store) Inspect(ctx context.Context, key idempotency.Key, body bool) (*idempotency.KeyInfo, error) {
+func (s *Store) Inspect(ctx context.Context, key idempotency.Key, body bool) (*backend.KeyInfo, error) {
 	mode := adminInspect
 	if body {
 		mode = adminInspectBody
@@ -86,19 +87,19 @@ func (s *Store) Inspect(ctx context.Context, key idempotency.Key, body bool) (*i
 	return s.admin(ctx, "inspect", key, mode)
 }
 
-// Forget implements [idempotency.KeyAdmin]. One script checks and deletes
+// Forget implements [backend.KeyAdmin]. One script checks and deletes
 // the record atomically: a pending record (a reservation holds the key
 // under a live lease) is refused with [idempotency.ErrInProgress] and left
 // as it is; a completed or expired one is deleted and returned, without
 // its body. A key with no record gives an error wrapping
 // [idempotency.ErrNotFound]. If the reply is lost, the record may be
 // deleted or not: asking again says which (ErrNotFound once it is gone).
-func (s *Store) Forget(ctx context.Context, key idempotency.Key) (*idempotency.KeyInfo, error) {
+func (s *Store) Forget(ctx context.Context, key idempotency.Key) (*backend.KeyInfo, error) {
 	return s.admin(ctx, "forget", key, adminForget)
 }
 
 // admin runs adminLua on key's record in mode and decodes its reply.
-func (s *Store) admin(ctx context.Context, op string, key idempotency.Key, mode string) (*idempotency.KeyInfo, error) {
+func (s *Store) admin(ctx context.Context, op string, key idempotency.Key, mode string) (*backend.KeyInfo, error) {
 	now, err := s.testNow()
 	if err != nil {
 		return nil, err
@@ -132,7 +133,7 @@ func (s *Store) admin(ctx context.Context, op string, key idempotency.Key, mode 
 	if err != nil {
 		return nil, fmt.Errorf("redis %s: record %s: %w", op, k.rec, err)
 	}
-	if mode == adminInspectBody && info.State != idempotency.KeyHeld {
+	if mode == adminInspectBody && info.State != backend.KeyInProgress {
 		info.Body = []byte(str(12))
 	}
 	return info, nil
@@ -140,7 +141,7 @@ func (s *Store) admin(ctx context.Context, op string, key idempotency.Key, mode 
 
 // decodeInfo builds a KeyInfo for key from the fields of a "found" reply
 // of adminLua, str(i) being its i-th element.
-func decodeInfo(key idempotency.Key, str func(int) string) (*idempotency.KeyInfo, error) {
+func decodeInfo(key idempotency.Key, str func(int) string) (*backend.KeyInfo, error) {
 	if got := (idempotency.Key{Scope: str(7), ID: str(8)}); got != key {
 		return nil, fmt.Errorf("holds key %v, not %v", got, key)
 	}
@@ -171,21 +172,21 @@ func decodeInfo(key idempotency.Key, str func(int) string) (*idempotency.KeyInfo
 	if err := errors.Join(errs...); err != nil {
 		return nil, err
 	}
-	info := &idempotency.KeyInfo{Key: key, Fingerprint: str(2), BodyLen: blen,
+	info := &backend.KeyInfo{Key: key, Fingerprint: str(2), BodyLen: blen,
 		CreatedAt: times[0], ExpiresAt: times[1], LeaseEnds: times[2]}
 	switch {
 	case str(1) == statePending:
-		info.State = idempotency.KeyHeld
+		info.State = backend.KeyInProgress
 		return info, nil
 	case times[1].After(times[3]):
-		info.State = idempotency.KeyCompleted
+		info.State = backend.KeyCompleted
 	default:
-		info.State = idempotency.KeyExpired
+		info.State = backend.KeyExpired
 	}
 	if info.Status, err = strconv.Atoi(str(3)); err != nil {
 		return nil, fmt.Errorf("bad status %q", str(3))
 	}
-	if info.Header, err = idempotency.UnmarshalHeader([]byte(str(4))); err != nil {
+	if info.Header, err = backend.UnmarshalHeader([]byte(str(4))); err != nil {
 		return nil, fmt.Errorf("bad header: %w", err)
 	}
 	return info, nil

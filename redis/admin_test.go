@@ -13,6 +13,7 @@ import (
 	goredis "github.com/redis/go-redis/v9"
 
 	"github.com/go-idempotency/idempotency"
+	"github.com/go-idempotency/idempotency/backend"
 	"github.com/go-idempotency/idempotency/internal/testkit"
 )
 
@@ -75,9 +76,9 @@ func (a *adminSetup) do(t *testing.T, ctx context.Context, key idempotency.Key, 
 }
 
 // reserve takes key for the test with fingerprint fp, by the store alone.
-func (a *adminSetup) reserve(t *testing.T, ctx context.Context, key idempotency.Key, fp string) idempotency.Txn[*Tx] {
+func (a *adminSetup) reserve(t *testing.T, ctx context.Context, key idempotency.Key, fp string) backend.Txn[*Tx] {
 	t.Helper()
-	txn, _, err := a.store.Reserve(ctx, idempotency.Reservation{Key: key, Fingerprint: fp, TTL: adminTTL})
+	txn, _, err := a.store.Reserve(ctx, backend.Reservation{Key: key, Fingerprint: fp, TTL: adminTTL})
 	if err != nil || txn == nil {
 		t.Fatalf("Reserve: %v, %v", txn, err)
 	}
@@ -105,7 +106,7 @@ func TestAdminInspect(t *testing.T) {
 	if err := txn.Complete(ctx, idempotency.Response{Status: http.StatusCreated, Header: http.Header{"X-Order": {"42", "b"}}, Body: []byte(body)}); err != nil {
 		t.Fatal(err)
 	}
-	want := &idempotency.KeyInfo{Key: key, State: idempotency.KeyCompleted, Fingerprint: "fp-inspect-1", Status: http.StatusCreated,
+	want := &backend.KeyInfo{Key: key, State: backend.KeyCompleted, Fingerprint: "fp-inspect-1", Status: http.StatusCreated,
 		Header: http.Header{"X-Order": {"42", "b"}}, BodyLen: len(body), CreatedAt: created, ExpiresAt: a.clock.at(adminTTL)}
 
 	t.Run("NoBody", func(t *testing.T) {
@@ -144,7 +145,7 @@ func TestAdminInspect(t *testing.T) {
 		}
 	})
 	t.Run("InvalidKey", func(t *testing.T) {
-		for _, bad := range []idempotency.Key{{ID: ""}, {ID: "a\nb"}, {ID: string(make([]byte, idempotency.MaxIDLen+1))}} {
+		for _, bad := range []idempotency.Key{{ID: ""}, {ID: "a\nb"}, {ID: string(make([]byte, backend.MaxIDLen+1))}} {
 			if _, err := a.g.Inspect(ctx, bad, false); !errors.Is(err, idempotency.ErrInvalidKey) {
 				t.Errorf("Inspect(%q): %v, want ErrInvalidKey", bad.ID, err)
 			}
@@ -157,7 +158,7 @@ func TestAdminInspect(t *testing.T) {
 			t.Fatal(err)
 		}
 		w := *want
-		w.State = idempotency.KeyExpired
+		w.State = backend.KeyExpired
 		if !reflect.DeepEqual(got, &w) {
 			t.Errorf("got  %+v\nwant %+v", got, &w)
 		}
@@ -185,7 +186,7 @@ func TestAdminInspectHeld(t *testing.T) {
 		t.Errorf("lease ends %v, want about %v after %v", lease, DefaultLease, before)
 	}
 	got.LeaseEnds = time.Time{}
-	want := &idempotency.KeyInfo{Key: key, State: idempotency.KeyHeld, Fingerprint: "fp-held",
+	want := &backend.KeyInfo{Key: key, State: backend.KeyInProgress, Fingerprint: "fp-held",
 		CreatedAt: a.clock.now(), ExpiresAt: a.clock.at(adminTTL)}
 	if !reflect.DeepEqual(got, want) {
 		t.Errorf("got  %+v\nwant %+v", got, want)
@@ -233,7 +234,7 @@ func TestAdminForget(t *testing.T) {
 		a.do(t, ctx, key, "x")
 		a.clock.add(2 * adminTTL)
 		got, err := a.store.Forget(ctx, key)
-		if err != nil || got.State != idempotency.KeyExpired {
+		if err != nil || got.State != backend.KeyExpired {
 			t.Fatalf("Forget: %+v, %v; want the expired record", got, err)
 		}
 		if a.exists(t, ctx, key) {
@@ -321,7 +322,7 @@ func TestAdminForgetConcurrent(t *testing.T) {
 		for i := range 30 {
 			key := keyN(i)
 			txn := a.reserve(t, ctx, key, "fp")
-			var forgot *idempotency.KeyInfo
+			var forgot *backend.KeyInfo
 			var ferr, cerr error
 			testkit.Together(2, func(j int) {
 				if j == 0 {
@@ -334,12 +335,12 @@ func TestAdminForgetConcurrent(t *testing.T) {
 				t.Fatalf("Complete: %v", cerr)
 			}
 			switch {
-			case ferr == nil && forgot.State == idempotency.KeyCompleted:
+			case ferr == nil && forgot.State == backend.KeyCompleted:
 				if a.exists(t, ctx, key) {
 					t.Fatalf("key %d: Forget deleted it, yet the record is there", i)
 				}
 			case errors.Is(ferr, idempotency.ErrInProgress):
-				if got, err := a.store.Inspect(ctx, key, false); err != nil || got.State != idempotency.KeyCompleted {
+				if got, err := a.store.Inspect(ctx, key, false); err != nil || got.State != backend.KeyCompleted {
 					t.Fatalf("key %d: after a refused Forget: %+v, %v; want completed", i, got, err)
 				}
 			default:
@@ -355,7 +356,7 @@ func TestAdminUnsupported(t *testing.T) {
 	t.Parallel()
 	ctx := testkit.Context(t, 30*time.Second)
 	a := newAdminSetup(t, singleClient(t))
-	if _, ok := any(a.store).(idempotency.KeyLister); ok {
+	if _, ok := any(a.store).(backend.KeyLister); ok {
 		t.Error("the Redis store implements KeyLister")
 	}
 	if _, err := a.g.List(ctx, idempotency.ListQuery{Scope: "orders", Limit: 10}); !errors.Is(err, errors.ErrUnsupported) {
@@ -406,7 +407,7 @@ func TestClusterAdmin(t *testing.T) {
 			t.Fatalf("complete %d: %v", i, err)
 		}
 		info, err := s.Inspect(ctx, key, true)
-		if err != nil || info.State != idempotency.KeyCompleted || info.Status != 201 || string(info.Body) != string(resp201(i).Body) {
+		if err != nil || info.State != backend.KeyCompleted || info.Status != 201 || string(info.Body) != string(resp201(i).Body) {
 			t.Fatalf("Inspect %d: %+v, %v", i, info, err)
 		}
 		if _, err := s.Forget(ctx, key); err != nil {

@@ -35,12 +35,12 @@
 // holder that dies stops renewing. Redis deletes the pending record when the
 // lease runs out, and the key is free again.
 //
-// Complete (see [idempotency.Txn]) watches the record (WATCH) and checks
+// Complete (see [backend.Txn]) watches the record (WATCH) and checks
 // that the token is still the caller's. Then it sends, in one MULTI/EXEC,
 // fn's queued commands, the completed record, its expiry and a wake-up
 // PUBLISH. If the lease was lost (expired and taken over), nothing is
 // applied. Complete then returns an error wrapping
-// [idempotency.ErrLeaseLost].
+// [backend.ErrLeaseLost].
 //
 // A completed record expires the TTL after its completion, by Redis's own
 // clock. That clock is TIME, read inside the scripts; [Config].Clock
@@ -91,7 +91,7 @@
 //
 // If the EXEC is refused (a lease renewal, a takeover), Complete checks the
 // token again under a fresh WATCH and retries. A lost lease then gives
-// [idempotency.ErrLeaseLost].
+// [backend.ErrLeaseLost].
 //
 // Replication in Redis is asynchronous. A failover (Sentinel, Cluster) can
 // lose the latest writes. So a key completed just before it can come back
@@ -137,13 +137,13 @@
 //
 // # Key administration
 //
-// [Store] implements [idempotency.KeyAdmin]: [idempotency.Guard.Inspect]
+// [Store] implements [backend.KeyAdmin]: [idempotency.Guard.Inspect]
 // and [idempotency.Guard.Forget] look at one key and delete it, each in one
 // script on the record's node. A pending record is reported held, and
 // Forget refuses it with [idempotency.ErrInProgress]. An expired record is
 // seen only until Redis deletes it, at least a minute after its completion.
 //
-// It does not implement [idempotency.KeyLister]: there is no listing of the
+// It does not implement [backend.KeyLister]: there is no listing of the
 // keys of a scope, nor counts by state. The only way to enumerate them is
 // SCAN over the key space of every node. On a Redis shared with other data,
 // let alone a Cluster, that walks every key of the server, may return a key
@@ -154,7 +154,7 @@
 //
 // # Multi-step operations
 //
-// [Store] does not implement [idempotency.Stepper], and
+// [Store] does not implement [backend.Stepper], and
 // [idempotency.Guard.Run] refuses it with an error wrapping
 // [errors.ErrUnsupported]. An operation saves its progress in the same
 // transaction as each step's effects, so that a crash resumes it at the

@@ -5,9 +5,8 @@ import (
 	"fmt"
 	"strings"
 
+	"github.com/go-idempotency/idempotency/backend"
 	goredis "github.com/redis/go-redis/v9"
-
-	"github.com/go-idempotency/idempotency"
 )
 
 // Prefixes of the Redis error replies that a retry of the whole attempt can
@@ -24,26 +23,26 @@ const (
 )
 
 // retryable lists the prefixes that [mapError] wraps with
-// [idempotency.ErrConflict].
+// [backend.ErrConflict].
 var retryable = [...]string{errBusy, errLoading, errTryAgain, errClusterDown, errMasterDown, errReadOnly, errAsk, errMoved}
 
 // mapError is the one place that classifies go-redis errors. An aborted
 // EXEC (a watched key changed) and the replies listed in retryable wrap
-// [idempotency.ErrConflict]. Everything else, connection errors and
+// [backend.ErrConflict]. Everything else, connection errors and
 // timeouts included, is returned wrapped as it is, so that Do fails closed.
 func mapError(op string, err error) error {
 	if err == nil {
 		return nil
 	}
 	if errors.Is(err, goredis.TxFailedErr) {
-		return fmt.Errorf("%w: redis %s: %w", idempotency.ErrConflict, op, err)
+		return fmt.Errorf("%w: redis %s: %w", backend.ErrConflict, op, err)
 	}
 	var rerr goredis.Error
 	if errors.As(err, &rerr) {
 		msg := rerr.Error()
 		for _, p := range retryable {
 			if strings.HasPrefix(msg, p) {
-				return fmt.Errorf("%w: redis %s: %w", idempotency.ErrConflict, op, err)
+				return fmt.Errorf("%w: redis %s: %w", backend.ErrConflict, op, err)
 			}
 		}
 	}

@@ -11,6 +11,7 @@ import (
 	goredis "github.com/redis/go-redis/v9"
 
 	"github.com/go-idempotency/idempotency"
+	"github.com/go-idempotency/idempotency/backend"
 	"github.com/go-idempotency/idempotency/internal/testenv"
 	"github.com/go-idempotency/idempotency/internal/testkit"
 )
@@ -146,13 +147,13 @@ func singleClient(t testing.TB) func(int) goredis.UniversalClient {
 	}
 }
 
-func reservation(key idempotency.Key, fp string, wait time.Duration) idempotency.Reservation {
-	return idempotency.Reservation{Key: key, Fingerprint: fp, TTL: time.Hour, Wait: wait}
+func reservation(key idempotency.Key, fp string, wait time.Duration) backend.Reservation {
+	return backend.Reservation{Key: key, Fingerprint: fp, TTL: time.Hour, Wait: wait}
 }
 
 // crash simulates the death of a reservation's holder: it stops renewing
 // and never completes nor rolls back.
-func crash(t *testing.T, held idempotency.Txn[*Tx]) {
+func crash(t *testing.T, held backend.Txn[*Tx]) {
 	t.Helper()
 	held.(*txn).stop()
 }

@@ -9,6 +9,7 @@ import (
 	goredis "github.com/redis/go-redis/v9"
 
 	"github.com/go-idempotency/idempotency"
+	"github.com/go-idempotency/idempotency/backend"
 	"github.com/go-idempotency/idempotency/internal/testenv"
 	"github.com/go-idempotency/idempotency/internal/testkit"
 )
@@ -87,7 +88,7 @@ func TestNoGoroutineGrowth(t *testing.T) {
 			}
 			time.Sleep(lease / 2)
 			return idempotency.Response{Status: 201}, nil
-		}); !errors.Is(err, idempotency.ErrLeaseLost) {
+		}); !errors.Is(err, backend.ErrLeaseLost) {
 			t.Fatalf("round %d, lease lost: got %v, want ErrLeaseLost", i, err)
 		}
 		// A reservation given up without a Do, as a crashed caller's.

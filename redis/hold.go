@@ -4,7 +4,7 @@ import (
 	"sync/atomic"
 	"time"
 
-	"github.com/go-idempotency/idempotency"
+	"github.com/go-idempotency/idempotency/backend"
 )
 
 // hold is a reservation this Store is making or holds. It serves two
@@ -23,7 +23,7 @@ type hold struct {
 	// waited. rec is the stored record, as the reservation script would
 	// return it. until is the monotonic instant it expires (by Redis's clock
 	// when it was written).
-	rec   *idempotency.Record
+	rec   *backend.Record
 	until time.Time
 }
 
@@ -56,7 +56,7 @@ func (s *Store) holdOf(token string) *hold {
 }
 
 // record returns a copy of the record the holder completed, or nil.
-func (h *hold) record() *idempotency.Record {
+func (h *hold) record() *backend.Record {
 	if h.rec == nil {
 		return nil
 	}

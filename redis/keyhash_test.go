@@ -9,7 +9,7 @@ import (
 // TestErrorsNameKeyHash: Do's errors on Redis (a stored mismatch, a key
 // held by a live reservation, a closed client) name the key by its hash,
 // never by its scope or id, and carry the raw key in an
-// idempotency.KeyError.
+// backend.KeyError.
 func TestErrorsNameKeyHash(t *testing.T) {
 	f := newFixture(t, singleClient(t), 0, nil)
 	closed := singleClient(t)(1)

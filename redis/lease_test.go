@@ -8,6 +8,7 @@ import (
 	"time"
 
 	"github.com/go-idempotency/idempotency"
+	"github.com/go-idempotency/idempotency/backend"
 	"github.com/go-idempotency/idempotency/internal/testkit"
 )
 
@@ -95,7 +96,7 @@ func TestStaleOwnerCompleteRefused(t *testing.T) {
 
 	// A wakes up while B holds the key, and again after B completed.
 	err = a.Complete(ctx, idempotency.Response{Status: 200, Body: []byte("A")})
-	if !errors.Is(err, idempotency.ErrLeaseLost) {
+	if !errors.Is(err, backend.ErrLeaseLost) {
 		t.Fatalf("stale A completes while B holds the key: got %v, want ErrLeaseLost", err)
 	}
 	if err := b.Complete(ctx, idempotency.Response{Status: 201, Body: []byte("B")}); err != nil {
@@ -122,7 +123,7 @@ func TestStaleOwnerCompleteRefused(t *testing.T) {
 	if err := d.Complete(ctx, idempotency.Response{Status: 201, Body: []byte("D")}); err != nil {
 		t.Fatal(err)
 	}
-	if err := c.Complete(ctx, idempotency.Response{Status: 200, Body: []byte("C")}); !errors.Is(err, idempotency.ErrLeaseLost) {
+	if err := c.Complete(ctx, idempotency.Response{Status: 200, Body: []byte("C")}); !errors.Is(err, backend.ErrLeaseLost) {
 		t.Fatalf("stale C completes after D completed: got %v, want ErrLeaseLost", err)
 	}
 

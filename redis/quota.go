@@ -9,12 +9,11 @@ import (
 	"strings"
 	"time"
 
+	"github.com/go-idempotency/idempotency/backend"
 	goredis "github.com/redis/go-redis/v9"
-
-	"github.com/go-idempotency/idempotency"
 )
 
-var _ idempotency.QuotaCounter = (*Store)(nil)
+var _ backend.QuotaCounter = (*Store)(nil)
 
 // The counters of one scope and window length live in one hash,
 // prefix + "quota:{" + a hash of the scope + "}:" + the length in ms, with
@@ -89,25 +88,25 @@ func (s *Store) sharedSlot() bool {
 	return s.cluster == nil || strings.Contains(s.prefix, "{")
 }
 
-// AdmitQuota implements [idempotency.QuotaCounter] in one script, which
+// AdmitQuota implements [backend.QuotaCounter] in one script, which
 // reads the key's record and updates the scope's counters atomically. On
 // Redis Cluster with a prefix without a hash tag, the record and the
 // counters are in different slots: the check is then two scripts, one on
 // each node, the record's first. A key completed between the two is
 // counted (and given back when its request ends) or refused with the rest.
-func (s *Store) AdmitQuota(ctx context.Context, q idempotency.QuotaCheck) (idempotency.QuotaAdmission, error) {
+func (s *Store) AdmitQuota(ctx context.Context, q backend.QuotaCheck) (backend.QuotaAdmission, error) {
 	now, err := s.testNow()
 	if err != nil {
-		return idempotency.QuotaAdmission{}, err
+		return backend.QuotaAdmission{}, err
 	}
 	keys := []string{s.quotaKey(q.Key.Scope, q.Quota.Window), s.keysFor(q.Key).rec}
 	if !s.sharedSlot() {
 		done, err := goredis.NewScript(completedLua).Run(ctx, s.client, keys[1:], now).Int64()
 		if err != nil {
-			return idempotency.QuotaAdmission{}, mapError(fmt.Sprintf("admit quota of key %v", q.Key), err)
+			return backend.QuotaAdmission{}, mapError(fmt.Sprintf("admit quota of key %v", q.Key), err)
 		}
 		if done == 1 {
-			return idempotency.QuotaAdmission{Replay: true}, nil
+			return backend.QuotaAdmission{Replay: true}, nil
 		}
 		keys = keys[:1]
 	}
@@ -115,30 +114,30 @@ func (s *Store) AdmitQuota(ctx context.Context, q idempotency.QuotaCheck) (idemp
 	vals, err := goredis.NewScript(quotaLua).Run(ctx, s.client, keys, now, q.Quota.Window.Milliseconds(),
 		maxKeys, maxInFlight, maxBytes).Slice()
 	if err != nil {
-		return idempotency.QuotaAdmission{}, mapError(fmt.Sprintf("admit quota of key %v", q.Key), err)
+		return backend.QuotaAdmission{}, mapError(fmt.Sprintf("admit quota of key %v", q.Key), err)
 	}
 	if len(vals) == 1 && vals[0] == "replay" {
-		return idempotency.QuotaAdmission{Replay: true}, nil
+		return backend.QuotaAdmission{Replay: true}, nil
 	}
 	if len(vals) != 4 {
-		return idempotency.QuotaAdmission{}, fmt.Errorf("redis: admit quota of key %v: unexpected reply %v", q.Key, vals)
+		return backend.QuotaAdmission{}, fmt.Errorf("redis: admit quota of key %v: unexpected reply %v", q.Key, vals)
 	}
 	start, err1 := strconv.ParseInt(fmt.Sprint(vals[1]), 10, 64)
 	verdict, ok2 := vals[2].(int64)
 	left, ok3 := vals[3].(int64)
 	if err1 != nil || !ok2 || !ok3 {
-		return idempotency.QuotaAdmission{}, fmt.Errorf("redis: admit quota of key %v: unexpected reply %v", q.Key, vals)
+		return backend.QuotaAdmission{}, fmt.Errorf("redis: admit quota of key %v: unexpected reply %v", q.Key, vals)
 	}
-	return idempotency.QuotaAdmission{
+	return backend.QuotaAdmission{
 		Counted:     verdict == 0,
-		Over:        idempotency.QuotaLimit(verdict),
+		Over:        backend.QuotaLimit(verdict),
 		WindowStart: time.UnixMilli(start),
 		RetryAfter:  time.Duration(left) * time.Millisecond,
 	}, nil
 }
 
-// EndQuota implements [idempotency.QuotaCounter] in one script.
-func (s *Store) EndQuota(ctx context.Context, e idempotency.QuotaEnd) error {
+// EndQuota implements [backend.QuotaCounter] in one script.
+func (s *Store) EndQuota(ctx context.Context, e backend.QuotaEnd) error {
 	uncount := "1"
 	if e.Created {
 		uncount = "0"
@@ -151,7 +150,7 @@ func (s *Store) EndQuota(ctx context.Context, e idempotency.QuotaEnd) error {
 	return nil
 }
 
-// PurgeQuota implements [idempotency.QuotaCounter]: the counters expire by
+// PurgeQuota implements [backend.QuotaCounter]: the counters expire by
 // themselves when their window ends, so it deletes nothing and returns 0.
 func (s *Store) PurgeQuota(ctx context.Context, _ int) (int, error) {
 	return 0, ctx.Err()

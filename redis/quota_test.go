@@ -9,6 +9,7 @@ import (
 	goredis "github.com/redis/go-redis/v9"
 
 	"github.com/go-idempotency/idempotency"
+	"github.com/go-idempotency/idempotency/backend"
 	"github.com/go-idempotency/idempotency/internal/testenv"
 	"github.com/go-idempotency/idempotency/internal/testkit"
 )
@@ -70,9 +71,9 @@ func TestQuotaHashBounded(t *testing.T) {
 	ctx := testkit.Context(t, 30*time.Second)
 	rig := quotaRig(t, func() goredis.UniversalClient { return goredis.NewClient(&goredis.Options{Addr: addr}) }, newPrefix())
 	s := rig.A.(*Store)
-	q := idempotency.Quota{Window: time.Second, MaxKeys: 100}
+	q := backend.Quota{Window: time.Second, MaxKeys: 100}
 	for range 3 {
-		adm, err := s.AdmitQuota(ctx, idempotency.QuotaCheck{Key: idempotency.Key{Scope: "s", ID: testkit.Name("k")}, Quota: q})
+		adm, err := s.AdmitQuota(ctx, backend.QuotaCheck{Key: idempotency.Key{Scope: "s", ID: testkit.Name("k")}, Quota: q})
 		if err != nil || !adm.Counted {
 			t.Fatalf("%+v, %v", adm, err)
 		}
@@ -82,7 +83,7 @@ func TestQuotaHashBounded(t *testing.T) {
 			t.Fatalf("HLEN %d, %v; want at most 3 fields", n, err)
 		}
 	}
-	if _, err := s.AdmitQuota(ctx, idempotency.QuotaCheck{Key: idempotency.Key{Scope: "s", ID: "k"}, Quota: q}); err != nil {
+	if _, err := s.AdmitQuota(ctx, backend.QuotaCheck{Key: idempotency.Key{Scope: "s", ID: "k"}, Quota: q}); err != nil {
 		t.Fatal(err)
 	}
 	if ttl, err := s.client.PTTL(ctx, s.quotaKey("s", q.Window)).Result(); err != nil || ttl <= 0 || ttl > time.Second {

@@ -6,10 +6,11 @@ import (
 	"time"
 
 	"github.com/go-idempotency/idempotency"
+	"github.com/go-idempotency/idempotency/backend"
 )
 
 // cloneRecord returns a copy of rec that shares nothing with it.
-func cloneRecord(rec *idempotency.Record) *idempotency.Record {
+func cloneRecord(rec *backend.Record) *backend.Record {
 	c := *rec
 	c.Header = rec.Header.Clone()
 	c.Body = append([]byte{}, rec.Body...)
@@ -18,7 +19,7 @@ func cloneRecord(rec *idempotency.Record) *idempotency.Record {
 
 // decodeRecord builds a Record from the fields the reservation script
 // returns.
-func decodeRecord(fp, status, hdr, body, created, expires, scope, id string) (*idempotency.Record, error) {
+func decodeRecord(fp, status, hdr, body, created, expires, scope, id string) (*backend.Record, error) {
 	st, err := strconv.Atoi(status)
 	if err != nil {
 		return nil, fmt.Errorf("bad status %q", status)
@@ -31,11 +32,11 @@ func decodeRecord(fp, status, hdr, body, created, expires, scope, id string) (*i
 	if err != nil {
 		return nil, fmt.Errorf("bad expires %q", expires)
 	}
-	h, err := idempotency.UnmarshalHeader([]byte(hdr))
+	h, err := backend.UnmarshalHeader([]byte(hdr))
 	if err != nil {
 		return nil, fmt.Errorf("bad header: %w", err)
 	}
-	return &idempotency.Record{
+	return &backend.Record{
 		Key:         idempotency.Key{Scope: scope, ID: id},
 		Fingerprint: fp,
 		Status:      st,

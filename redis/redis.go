@@ -18,6 +18,7 @@ import (
 	goredis "github.com/redis/go-redis/v9"
 
 	"github.com/go-idempotency/idempotency"
+	"github.com/go-idempotency/idempotency/backend"
 	"github.com/go-idempotency/idempotency/internal/redact"
 )
 
@@ -66,8 +67,8 @@ type Config struct {
 	// instance shares. No time of the application is ever sent. Leases and
 	// the records' own Redis expiry (PX, PEXPIRE: durations the server
 	// counts) are Redis's in either case. A test clock must never differ
-	// between instances; a reading outside [idempotency.MinClock] ..
-	// [idempotency.MaxExpiry] is refused with
+	// between instances; a reading outside [backend.MinClock] ..
+	// [backend.MaxExpiry] is refused with
 	// [idempotency.ErrInvalidConfig] before anything is written.
 	Clock func() time.Time
 }
@@ -280,7 +281,7 @@ func (s *Store) testNow() (string, error) {
 		return "", nil
 	}
 	now := s.clock()
-	if err := idempotency.CheckClock(now); err != nil {
+	if err := backend.CheckClock(now); err != nil {
 		return "", fmt.Errorf("redis: Config.Clock: %w", err)
 	}
 	return strconv.FormatInt(now.UnixMilli(), 10), nil
@@ -290,7 +291,7 @@ func (s *Store) testNow() (string, error) {
 // holder of this Store completed and hands its waiters in memory. It is
 // judged by the test clock, or else by the monotonic deadline until, taken
 // when Redis judged or wrote it.
-func (s *Store) liveInMemory(rec *idempotency.Record, until time.Time) bool {
+func (s *Store) liveInMemory(rec *backend.Record, until time.Time) bool {
 	if s.clock != nil {
 		return rec.ExpiresAt.UnixMilli() > s.clock().UnixMilli()
 	}

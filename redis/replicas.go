@@ -9,6 +9,7 @@ import (
 	goredis "github.com/redis/go-redis/v9"
 
 	"github.com/go-idempotency/idempotency"
+	"github.com/go-idempotency/idempotency/backend"
 )
 
 // DefaultReplicaTimeout is how long a completion waits for replicas when
@@ -95,7 +96,7 @@ func (r replication) wait(ctx context.Context, c replicaWaiter, key idempotency.
 // are required: the reservation script runs on a connection of its own,
 // and a completed record it returns is answered only once WAIT on that
 // connection counted the replicas (see replayReplicated).
-func (s *Store) tryReplicated(ctx context.Context, k keys, r idempotency.Reservation, token, dead string) (tryResult, error) {
+func (s *Store) tryReplicated(ctx context.Context, k keys, r backend.Reservation, token, dead string) (tryResult, error) {
 	args, err := s.reserveArgs(r, token, dead)
 	if err != nil {
 		return tryResult{}, err

@@ -9,6 +9,7 @@ import (
 	"time"
 
 	"github.com/go-idempotency/idempotency"
+	"github.com/go-idempotency/idempotency/backend"
 )
 
 // Reserve implements [idempotency.KeyStore]. One call of the reservation
@@ -24,7 +25,7 @@ import (
 // taken over at once, with or without r.Wait. No caller waits out the lease
 // of an owner that this Store knows is gone. The reservation script of a caller whose reply
 // is lost is abandoned before Reserve returns (see abandon).
-func (s *Store) Reserve(ctx context.Context, r idempotency.Reservation) (idempotency.Txn[*Tx], *idempotency.Record, error) {
+func (s *Store) Reserve(ctx context.Context, r backend.Reservation) (backend.Txn[*Tx], *backend.Record, error) {
 	k := s.keysFor(r.Key)
 	token := s.tokens + rand.Text()
 	var deadline time.Time
@@ -96,7 +97,7 @@ func (s *Store) Reserve(ctx context.Context, r idempotency.Reservation) (idempot
 // tryResult is what one run of the reservation script found.
 type tryResult struct {
 	reserved bool
-	rec      *idempotency.Record
+	rec      *backend.Record
 	pttl     time.Duration // pending: time left on the holder's lease, < 0 if unknown
 	until    time.Time     // completed: the monotonic instant rec expires, by Redis's clock when it was read
 	owner    string        // pending: the holder's token
@@ -107,7 +108,7 @@ type tryResult struct {
 
 // reserveArgs are the reservation script's ARGV: the clock is Redis's
 // (TIME in the script) unless a test clock is set.
-func (s *Store) reserveArgs(r idempotency.Reservation, token, dead string) ([]any, error) {
+func (s *Store) reserveArgs(r backend.Reservation, token, dead string) ([]any, error) {
 	now, err := s.testNow()
 	if err != nil {
 		return nil, err
@@ -124,7 +125,7 @@ func (s *Store) reserveArgs(r idempotency.Reservation, token, dead string) ([]an
 // from the token dead if Redis still names it. When the outcome is unknown
 // (no reply: a cut connection, a timeout, ctx done while the script may
 // have run), it abandons token before it returns.
-func (s *Store) try(ctx context.Context, k keys, r idempotency.Reservation, token, dead string) (tryResult, error) {
+func (s *Store) try(ctx context.Context, k keys, r backend.Reservation, token, dead string) (tryResult, error) {
 	if s.single != nil && r.Wait == 0 && dead == "" && !s.seen.has(k.id) {
 		return s.tryWatched(ctx, k, r, token)
 	}
@@ -152,7 +153,7 @@ func (s *Store) try(ctx context.Context, k keys, r idempotency.Reservation, toke
 }
 
 // parseReserve reads the reply of the reservation script, sent at sent.
-func (s *Store) parseReserve(k keys, r idempotency.Reservation, vals []any, sent time.Time) (tryResult, error) {
+func (s *Store) parseReserve(k keys, r backend.Reservation, vals []any, sent time.Time) (tryResult, error) {
 	str := func(i int) string {
 		if i < len(vals) {
 			if v, ok := vals[i].(string); ok {

@@ -31,7 +31,7 @@ end
 `, argv)
 }
 
-// maxExpiryMs is [idempotency.MaxExpiry] in Unix milliseconds, rounded
+// maxExpiryMs is [backend.MaxExpiry] in Unix milliseconds, rounded
 // down: the latest expiry a record gets.
 const maxExpiryMs = "9223372036854"
 

@@ -11,6 +11,7 @@ import (
 	goredis "github.com/redis/go-redis/v9"
 
 	"github.com/go-idempotency/idempotency"
+	"github.com/go-idempotency/idempotency/backend"
 	"github.com/go-idempotency/idempotency/internal/testenv"
 	"github.com/go-idempotency/idempotency/internal/testkit"
 )
@@ -147,7 +148,7 @@ func TestWatchRace(t *testing.T) {
 		}, nil, 1},
 		{"Takeover", func(s *Store, rec string) {
 			other.HSet(ctx, rec, "owner", "someone-else")
-		}, idempotency.ErrLeaseLost, 0},
+		}, backend.ErrLeaseLost, 0},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			h := &interfere{}

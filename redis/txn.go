@@ -13,6 +13,7 @@ import (
 	goredis "github.com/redis/go-redis/v9"
 
 	"github.com/go-idempotency/idempotency"
+	"github.com/go-idempotency/idempotency/backend"
 )
 
 // txn is one reservation: the key is held under token, and a timer renews
@@ -22,7 +23,7 @@ type txn struct {
 	k       keys
 	token   string
 	tx      *Tx
-	r       idempotency.Reservation
+	r       backend.Reservation
 	started time.Time
 	ended   bool
 	hold    *hold
@@ -43,7 +44,7 @@ type txn struct {
 }
 
 // newTxn starts the renewals of the reservation that h names.
-func (s *Store) newTxn(k keys, r idempotency.Reservation, h *hold, conn *pinned) *txn {
+func (s *Store) newTxn(k keys, r backend.Reservation, h *hold, conn *pinned) *txn {
 	t := &txn{
 		conn:    conn,
 		s:       s,
@@ -128,7 +129,7 @@ func (t *txn) stop() {
 // end tells the Store's waiters that the reservation is over in Redis.
 func (t *txn) end() { t.s.endHold(t.hold) }
 
-// Tx implements [idempotency.Txn].
+// Tx implements [backend.Txn].
 func (t *txn) Tx() *Tx { return t.tx }
 
 // minRecordTTL is the shortest Redis expiry of a completed record.
@@ -136,7 +137,7 @@ const minRecordTTL = time.Minute
 
 var errEnded = errors.New("redis: reservation already completed or rolled back")
 
-// Complete implements [idempotency.Txn]. It sends MULTI, fn's commands,
+// Complete implements [backend.Txn]. It sends MULTI, fn's commands,
 // the completed record, its expiry, PUBLISH and EXEC. They run under a
 // WATCH of the record, armed when the token was last seen to be the
 // caller's. That is by the reservation itself (one round trip), or else by
@@ -150,7 +151,7 @@ func (t *txn) Complete(ctx context.Context, resp idempotency.Response) error {
 	t.stop()
 	defer t.end()
 	err := t.commit(ctx, resp)
-	if err != nil && !errors.Is(err, idempotency.ErrLeaseLost) {
+	if err != nil && !errors.Is(err, backend.ErrLeaseLost) {
 		_ = t.release(ctx)
 	}
 	return err
@@ -176,7 +177,7 @@ func (t *txn) commit(ctx context.Context, resp idempotency.Response) error {
 		}
 		return err
 	}
-	hdr := idempotency.MarshalHeader(resp.Header)
+	hdr := backend.MarshalHeader(resp.Header)
 	body := resp.Body
 	if body == nil {
 		body = []byte{}
@@ -257,7 +258,7 @@ func (t *txn) commit(ctx context.Context, resp idempotency.Response) error {
 				// This Store's waiters take the record from here, as
 				// decodeRecord would give it.
 				created, expires, clock, ok := completedTimes(done)
-				rec := &idempotency.Record{
+				rec := &backend.Record{
 					Key:         t.r.Key,
 					Fingerprint: t.r.Fingerprint,
 					Status:      resp.Status,
@@ -265,7 +266,7 @@ func (t *txn) commit(ctx context.Context, resp idempotency.Response) error {
 					CreatedAt:   time.UnixMilli(created),
 					ExpiresAt:   time.UnixMilli(expires),
 				}
-				if h, err := idempotency.UnmarshalHeader(hdr); err == nil && ok {
+				if h, err := backend.UnmarshalHeader(hdr); err == nil && ok {
 					rec.Header = h
 					t.hold.rec = rec
 					t.hold.until = start.Add(time.Duration(expires-clock) * time.Millisecond)
@@ -273,7 +274,7 @@ func (t *txn) commit(ctx context.Context, resp idempotency.Response) error {
 			}
 			return nil
 		case errors.Is(err, errNotOwner):
-			return fmt.Errorf("%w: key %v", idempotency.ErrLeaseLost, t.r.Key)
+			return fmt.Errorf("%w: key %v", backend.ErrLeaseLost, t.r.Key)
 		case errors.Is(err, ErrNotReplicated):
 			return err
 		case applied(done):
@@ -345,7 +346,7 @@ func (s *Store) watchOwned(ctx context.Context, rec, token string, fn func(execC
 	})
 }
 
-// Rollback implements [idempotency.Txn]: the queued commands are discarded
+// Rollback implements [backend.Txn]: the queued commands are discarded
 // and the reservation deleted if the caller still owns it, which wakes the
 // waiters. It works with a cancelled ctx.
 func (t *txn) Rollback(ctx context.Context) error {

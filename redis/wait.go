@@ -4,9 +4,8 @@ import (
 	"context"
 	"time"
 
+	"github.com/go-idempotency/idempotency/backend"
 	goredis "github.com/redis/go-redis/v9"
-
-	"github.com/go-idempotency/idempotency"
 )
 
 // wait returns when the local holder h ends, with its record if it
@@ -14,7 +13,7 @@ import (
 // resubscription after a reconnect (which may have lost one). Otherwise it
 // returns after d, or with ctx's error. Either
 // h or w may be nil.
-func wait(ctx context.Context, h *hold, w *waiter, d time.Duration) (*idempotency.Record, error) {
+func wait(ctx context.Context, h *hold, w *waiter, d time.Duration) (*backend.Record, error) {
 	var done <-chan struct{}
 	if h != nil {
 		h.waiters.Add(1)

@@ -8,9 +8,8 @@ import (
 	"sync/atomic"
 	"time"
 
+	"github.com/go-idempotency/idempotency/backend"
 	goredis "github.com/redis/go-redis/v9"
-
-	"github.com/go-idempotency/idempotency"
 )
 
 // This file holds the reservation that arms Complete's WATCH in its own
@@ -89,7 +88,7 @@ func (s *seenKeys) has(id uint64) bool { return s.slots[id%seenSlots].Load() == 
 // its own, followed by WATCH on the record and a read of its owner. If it
 // reserved the key, the result keeps the connection, WATCH armed, for
 // Complete; otherwise the WATCH is cleared and the connection released.
-func (s *Store) tryWatched(ctx context.Context, k keys, r idempotency.Reservation, token string) (tryResult, error) {
+func (s *Store) tryWatched(ctx context.Context, k keys, r backend.Reservation, token string) (tryResult, error) {
 	cn, err := s.pin(ctx)
 	if err != nil {
 		return tryResult{}, err

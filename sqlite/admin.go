@@ -8,6 +8,7 @@ import (
 	"time"
 
 	"github.com/go-idempotency/idempotency"
+	"github.com/go-idempotency/idempotency/backend"
 )
 
 // readWait bounds how long the reads of key administration (Inspect,
@@ -47,8 +48,8 @@ func (r *keyRow) scan(row *sql.Row) error { return row.Scan(r.dest()...) }
 // info builds what the row says of its key, with the body if withBody
 // (the row was read with it). mine: the Store's write turn is held for the
 // key (an open transaction of Reserve or Acquire).
-func (r *keyRow) info(key idempotency.Key, mine, withBody bool) (*idempotency.KeyInfo, error) {
-	info := &idempotency.KeyInfo{
+func (r *keyRow) info(key idempotency.Key, mine, withBody bool) (*backend.KeyInfo, error) {
+	info := &backend.KeyInfo{
 		Key:         key,
 		Fingerprint: r.fp,
 		CreatedAt:   time.Unix(0, r.created).UTC(),
@@ -59,9 +60,9 @@ func (r *keyRow) info(key idempotency.Key, mine, withBody bool) (*idempotency.Ke
 	}
 	switch {
 	case !r.progressNull:
-		info.State = idempotency.KeyUnfinished
+		info.State = backend.KeyUnfinished
 		if mine || r.leaseEnds.Valid && r.leaseEnds.Int64 > r.now {
-			info.State = idempotency.KeyHeld
+			info.State = backend.KeyInProgress
 		}
 		info.Progress, info.Tries = r.progress, int(r.tries)
 		if info.Progress == nil {
@@ -71,20 +72,20 @@ func (r *keyRow) info(key idempotency.Key, mine, withBody bool) (*idempotency.Ke
 	case r.state != "completed":
 		// Committed pending rows come only from writers outside this
 		// package (or from fn committing Tx itself): held until expiry.
-		info.State = idempotency.KeyHeld
+		info.State = backend.KeyInProgress
 		if r.expires <= r.now {
-			info.State = idempotency.KeyExpired
+			info.State = backend.KeyExpired
 		}
 		return info, nil
 	case r.expires <= r.now:
-		info.State = idempotency.KeyExpired
+		info.State = backend.KeyExpired
 		if mine {
-			info.State = idempotency.KeyHeld // being taken over
+			info.State = backend.KeyInProgress // being taken over
 		}
 	default:
-		info.State = idempotency.KeyCompleted
+		info.State = backend.KeyCompleted
 	}
-	h, err := idempotency.UnmarshalHeader(r.header)
+	h, err := backend.UnmarshalHeader(r.header)
 	if err != nil {
 		return nil, fmt.Errorf("sqlite: key %v: stored header: %w", key, err)
 	}
@@ -105,11 +106,11 @@ func (s *Store) holds(key idempotency.Key) bool {
 	return k != nil && *k == key
 }
 
-// Inspect implements [idempotency.KeyAdmin] with one SELECT outside any
+// Inspect implements [backend.KeyAdmin] with one SELECT outside any
 // transaction. In WAL mode it waits for no writer. Outside WAL mode a
 // commit in progress makes a read fail with SQLITE_BUSY: Inspect then
 // retries for up to a second (waiting for that commit, never for a key's
-// holder), then reports [idempotency.ErrConflict]. The same holds for
+// holder), then reports [backend.ErrConflict]. The same holds for
 // List, Stats and Abandoned. The body is
 // read only when body is set. It needs the columns that [Store.Migrate]
 // adds to a v0.1.0 table.
@@ -118,14 +119,14 @@ func (s *Store) holds(key idempotency.Key) bool {
 // transaction's writes are invisible to other connections until it
 // commits, so Inspect reads the last committed row. A key whose
 // transaction is this Store's (Reserve or Acquire through this same Store
-// value: it holds the Store's write turn) is reported [idempotency.KeyHeld]:
+// value: it holds the Store's write turn) is reported [backend.KeyInProgress]:
 // a new key with its Key alone, an unfinished or expired one with its
 // committed row. A key held by a transaction of another Store or process
 // is reported as committed: a new key gives an error wrapping
 // [idempotency.ErrNotFound], an expired record being taken over
-// KeyExpired, and an unfinished key being resumed KeyHeld only while its
+// KeyExpired, and an unfinished key being resumed KeyInProgress only while its
 // committed lease is live (else KeyUnfinished).
-func (s *Store) Inspect(ctx context.Context, key idempotency.Key, body bool) (*idempotency.KeyInfo, error) {
+func (s *Store) Inspect(ctx context.Context, key idempotency.Key, body bool) (*backend.KeyInfo, error) {
 	now, err := s.testNow()
 	if err != nil {
 		return nil, err
@@ -141,7 +142,7 @@ func (s *Store) Inspect(ctx context.Context, key idempotency.Key, body bool) (*i
 	mine := s.holds(key)
 	switch {
 	case errors.Is(err, sql.ErrNoRows) && mine:
-		return &idempotency.KeyInfo{Key: key, State: idempotency.KeyHeld}, nil
+		return &backend.KeyInfo{Key: key, State: backend.KeyInProgress}, nil
 	case errors.Is(err, sql.ErrNoRows):
 		return nil, fmt.Errorf("sqlite: inspect key %v: %w", key, idempotency.ErrNotFound)
 	case err != nil:
@@ -150,7 +151,7 @@ func (s *Store) Inspect(ctx context.Context, key idempotency.Key, body bool) (*i
 	return row.info(key, mine, body)
 }
 
-// Forget implements [idempotency.KeyAdmin]: it deletes the key's row in a
+// Forget implements [backend.KeyAdmin]: it deletes the key's row in a
 // transaction of its own, whose one statement is a DELETE that skips a
 // held row. It needs the columns that [Store.Migrate] adds to a v0.1.0
 // table.
@@ -161,14 +162,14 @@ func (s *Store) Inspect(ctx context.Context, key idempotency.Key, body bool) (*i
 // Forget never waits for a key's holder. But SQLite has one writer at a
 // time, so the DELETE waits for the writers of other keys, up to one
 // second in all. The Store's write turn held that long by callers of other
-// keys gives [idempotency.ErrConflict] (the database is busy, the key is
+// keys gives [backend.ErrConflict] (the database is busy, the key is
 // not held: retry later). SQLite's write lock held that long by a writer
 // outside the Store (another Store, another process) gives
 // ErrInProgress: that writer may hold the key, and SQLite cannot tell
 // without waiting for it. A new key held by such a writer has no committed
 // row yet: Forget reports [idempotency.ErrNotFound] without waiting when it
 // gets the lock first, or ErrInProgress as above.
-func (s *Store) Forget(ctx context.Context, key idempotency.Key) (*idempotency.KeyInfo, error) {
+func (s *Store) Forget(ctx context.Context, key idempotency.Key) (*backend.KeyInfo, error) {
 	now, err := s.testNow()
 	if err != nil {
 		return nil, err
@@ -185,7 +186,7 @@ func (s *Store) Forget(ctx context.Context, key idempotency.Key) (*idempotency.K
 		}
 		return err == nil, err
 	}
-	r := idempotency.Reservation{Key: key, Deadline: time.Now().Add(forgetWait)}
+	r := backend.Reservation{Key: key, Deadline: time.Now().Add(forgetWait)}
 	o, _, err := s.openKey(ctx, st, r, now, false, del)
 	if o == nil {
 		return nil, fmt.Errorf("sqlite: forget: %w", err)
@@ -213,7 +214,7 @@ func (s *Store) Forget(ctx context.Context, key idempotency.Key) (*idempotency.K
 	return row.info(key, false, false)
 }
 
-// List implements [idempotency.KeyLister] with one SELECT outside any
+// List implements [backend.KeyLister] with one SELECT outside any
 // transaction (one snapshot): the keys of q.Scope that have progress
 // (unfinished, or held by a live lease) by id, then the others by id. Ids
 // compare byte by byte. A key held by an open transaction is listed as its
@@ -221,13 +222,13 @@ func (s *Store) Forget(ctx context.Context, key idempotency.Key) (*idempotency.K
 // listed. q.Limit must be 1 to 1000, else an error wraps
 // [idempotency.ErrInvalidConfig]. Bodies are not read. It needs the
 // columns that [Store.Migrate] adds to a v0.1.0 table.
-func (s *Store) List(ctx context.Context, q idempotency.ListQuery) (idempotency.KeyPage, error) {
+func (s *Store) List(ctx context.Context, q backend.ListQuery) (backend.KeyPage, error) {
 	if err := q.Validate(); err != nil {
-		return idempotency.KeyPage{}, fmt.Errorf("sqlite: list: %w", err)
+		return backend.KeyPage{}, fmt.Errorf("sqlite: list: %w", err)
 	}
 	now, err := s.testNow()
 	if err != nil {
-		return idempotency.KeyPage{}, err
+		return backend.KeyPage{}, err
 	}
 	// Ids are never empty: "" is before every id. NULL skips the
 	// unfinished keys.
@@ -240,11 +241,11 @@ func (s *Store) List(ctx context.Context, q idempotency.ListQuery) (idempotency.
 		}
 	}
 	var (
-		page  idempotency.KeyPage
+		page  backend.KeyPage
 		parts []bool
 	)
 	err = retryBusyFor(ctx, readWait, func() error {
-		page, parts = idempotency.KeyPage{}, nil
+		page, parts = backend.KeyPage{}, nil
 		rows, err := s.db.QueryContext(ctx, s.q.steps.list, q.Scope, afterFirst, afterRest, q.Limit+1, now)
 		if err != nil {
 			return err
@@ -269,37 +270,37 @@ func (s *Store) List(ctx context.Context, q idempotency.ListQuery) (idempotency.
 		return rows.Err()
 	})
 	if err != nil {
-		return idempotency.KeyPage{}, mapError(ctx, "list", err)
+		return backend.KeyPage{}, mapError(ctx, "list", err)
 	}
 	if len(page.Keys) > q.Limit {
 		page.Keys = page.Keys[:q.Limit]
-		page.Next = &idempotency.ListCursor{Unfinished: parts[q.Limit-1], ID: page.Keys[q.Limit-1].Key.ID}
+		page.Next = &backend.ListCursor{Unfinished: parts[q.Limit-1], ID: page.Keys[q.Limit-1].Key.ID}
 	}
 	return page, nil
 }
 
-// Stats implements [idempotency.KeyLister] with one SELECT over the whole
+// Stats implements [backend.KeyLister] with one SELECT over the whole
 // table outside any transaction, by the store's clock (SQLite's, or
 // [Config].Clock). Held counts the unfinished keys whose lease is live (and
 // pending rows committed by writers outside this package, until their
 // expiry); reservations in open transactions are not counted, since their
 // rows are not committed. It needs the columns that [Store.Migrate] adds to
 // a v0.1.0 table.
-func (s *Store) Stats(ctx context.Context) (idempotency.Stats, error) {
+func (s *Store) Stats(ctx context.Context) (backend.Stats, error) {
 	now, err := s.testNow()
 	if err != nil {
-		return idempotency.Stats{}, err
+		return backend.Stats{}, err
 	}
 	var (
-		st     idempotency.Stats
+		st     backend.Stats
 		oldest sql.NullInt64
 	)
 	err = retryBusyFor(ctx, readWait, func() error {
 		return s.db.QueryRowContext(ctx, s.q.steps.stats, now).
-			Scan(&st.Held, &st.Unfinished, &st.Completed, &st.Expired, &st.Failing, &oldest, &st.BodyBytes)
+			Scan(&st.InProgress, &st.Unfinished, &st.Completed, &st.Expired, &st.Failing, &oldest, &st.BodyBytes)
 	})
 	if err != nil {
-		return idempotency.Stats{}, mapError(ctx, "stats", err)
+		return backend.Stats{}, mapError(ctx, "stats", err)
 	}
 	if oldest.Valid {
 		st.OldestUnfinished = time.Unix(0, oldest.Int64).UTC()

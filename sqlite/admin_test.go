@@ -12,6 +12,7 @@ import (
 	"time"
 
 	"github.com/go-idempotency/idempotency"
+	"github.com/go-idempotency/idempotency/backend"
 	"github.com/go-idempotency/idempotency/internal/testkit"
 	"github.com/go-idempotency/idempotency/sqlite"
 )
@@ -33,7 +34,7 @@ func completeKey(t testing.TB, ctx context.Context, s *sqlite.Store, clock *test
 }
 
 // inspect calls Inspect and fails t on an error.
-func inspect(t testing.TB, ctx context.Context, s *sqlite.Store, id string, body bool) *idempotency.KeyInfo {
+func inspect(t testing.TB, ctx context.Context, s *sqlite.Store, id string, body bool) *backend.KeyInfo {
 	t.Helper()
 	info, err := s.Inspect(ctx, idempotency.Key{ID: id}, body)
 	if err != nil {
@@ -43,7 +44,7 @@ func inspect(t testing.TB, ctx context.Context, s *sqlite.Store, id string, body
 }
 
 // sameInfo fails t unless got is want, field by field.
-func sameInfo(t testing.TB, what string, got *idempotency.KeyInfo, want idempotency.KeyInfo) {
+func sameInfo(t testing.TB, what string, got *backend.KeyInfo, want backend.KeyInfo) {
 	t.Helper()
 	if !reflect.DeepEqual(*got, want) {
 		t.Fatalf("%s:\n got %+v\nwant %+v", what, *got, want)
@@ -52,7 +53,7 @@ func sameInfo(t testing.TB, what string, got *idempotency.KeyInfo, want idempote
 
 // TestInspect: every state with its fields exact; the body only when
 // asked, its length always (nil and empty bodies apart); a key held by an
-// open transaction of this Store is KeyHeld; one held by another Store's
+// open transaction of this Store is KeyInProgress; one held by another Store's
 // is not visible (ErrNotFound for a new key), and Inspect does not wait
 // for it.
 func TestInspect(t *testing.T) {
@@ -63,7 +64,7 @@ func TestInspect(t *testing.T) {
 	completeKey(t, ctx, f.store, clock, base, idempotency.Key{ID: "done"}, header, []byte{0, 1, 0xff})
 	completeKey(t, ctx, f.store, clock, base, idempotency.Key{ID: "empty"}, nil, []byte{})
 	completeKey(t, ctx, f.store, clock, base, idempotency.Key{ID: "nil"}, nil, nil)
-	done := idempotency.KeyInfo{Key: idempotency.Key{ID: "done"}, State: idempotency.KeyCompleted, Fingerprint: "fp", Status: 200,
+	done := backend.KeyInfo{Key: idempotency.Key{ID: "done"}, State: backend.KeyCompleted, Fingerprint: "fp", Status: 200,
 		Header: header, BodyLen: 3, CreatedAt: base, ExpiresAt: base.Add(time.Hour)}
 	sameInfo(t, "completed, no body", inspect(t, ctx, f.store, "done", false), done)
 	withBody := done
@@ -77,17 +78,17 @@ func TestInspect(t *testing.T) {
 	}
 	clock.set(base.Add(time.Hour))
 	expired := done
-	expired.State = idempotency.KeyExpired
+	expired.State = backend.KeyExpired
 	sameInfo(t, "expired", inspect(t, ctx, f.store, "done", false), expired)
 
 	savedKey(t, ctx, f, clock, base, "op", "A", []byte{9, 0})
-	held := idempotency.KeyInfo{Key: idempotency.Key{ID: "op"}, State: idempotency.KeyHeld, Fingerprint: "fp", CreatedAt: base,
-		ExpiresAt: idempotency.MaxExpiry(), Progress: []byte{9, 0}, LeaseEnds: base.Add(testLease)}
+	held := backend.KeyInfo{Key: idempotency.Key{ID: "op"}, State: backend.KeyInProgress, Fingerprint: "fp", CreatedAt: base,
+		ExpiresAt: backend.MaxExpiry(), Progress: []byte{9, 0}, LeaseEnds: base.Add(testLease)}
 	clock.set(base.Add(testLease - 1))
 	sameInfo(t, "live lease", inspect(t, ctx, f.store, "op", false), held)
 	clock.set(base.Add(testLease))
 	unfinished := held
-	unfinished.State = idempotency.KeyUnfinished
+	unfinished.State = backend.KeyUnfinished
 	sameInfo(t, "lease ended", inspect(t, ctx, f.store, "op", true), unfinished)
 	p := mustAcquire(t, ctx, f.store, acquisition("op", "B", 0))
 	sameInfo(t, "a phase of this Store open", inspect(t, ctx, f.store, "op", false), held) // as committed, but held
@@ -98,7 +99,7 @@ func TestInspect(t *testing.T) {
 
 	release := hold(t, f, idempotency.Key{ID: "new"})
 	sameInfo(t, "new key reserved by this Store", inspect(t, ctx, f.store, "new", false),
-		idempotency.KeyInfo{Key: idempotency.Key{ID: "new"}, State: idempotency.KeyHeld})
+		backend.KeyInfo{Key: idempotency.Key{ID: "new"}, State: backend.KeyInProgress})
 	release()
 
 	other := stores(t, ctx, f, 2)[1]
@@ -127,7 +128,7 @@ func TestForget(t *testing.T) {
 	ctx := testkit.Context(t, testTimeout)
 	clock := newTestClock(base)
 	f := openFixture(t, 0).clocked(t, clock.now)
-	forget := func(id string) (*idempotency.KeyInfo, time.Duration, error) {
+	forget := func(id string) (*backend.KeyInfo, time.Duration, error) {
 		start := time.Now()
 		info, err := f.store.Forget(ctx, idempotency.Key{ID: id})
 		return info, time.Since(start), err
@@ -169,7 +170,7 @@ func TestForget(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	sameInfo(t, "forgotten", info, idempotency.KeyInfo{Key: idempotency.Key{ID: "done"}, State: idempotency.KeyCompleted, Fingerprint: "fp",
+	sameInfo(t, "forgotten", info, backend.KeyInfo{Key: idempotency.Key{ID: "done"}, State: backend.KeyCompleted, Fingerprint: "fp",
 		Status: 201, Header: nil, BodyLen: 4, CreatedAt: base, ExpiresAt: base.Add(24 * time.Hour)})
 	if r, ok := readRow(t, ctx, f, "done"); ok {
 		t.Fatalf("row after Forget: %+v", r)
@@ -181,7 +182,7 @@ func TestForget(t *testing.T) {
 
 	clock.set(base.Add(testLease))
 	info, _, err = forget("leased")
-	if err != nil || info.State != idempotency.KeyUnfinished || string(info.Progress) != "s" || !info.LeaseEnds.Equal(base.Add(testLease)) {
+	if err != nil || info.State != backend.KeyUnfinished || string(info.Progress) != "s" || !info.LeaseEnds.Equal(base.Add(testLease)) {
 		t.Fatalf("lease ended: %+v, %v; want deleted as unfinished", info, err)
 	}
 	if _, _, err := forget("leased"); !errors.Is(err, idempotency.ErrNotFound) {
@@ -209,7 +210,7 @@ func TestForgetBounded(t *testing.T) {
 		if !errors.Is(err, want) || info != nil || took < 900*time.Millisecond || took > 2*time.Second {
 			t.Fatalf("%s: %v, %v after %v; want %v after about 1s", what, info, err, took, want)
 		}
-		if errors.Is(want, idempotency.ErrConflict) && errors.Is(err, idempotency.ErrInProgress) {
+		if errors.Is(want, backend.ErrConflict) && errors.Is(err, idempotency.ErrInProgress) {
 			t.Fatalf("%s: %v; want not ErrInProgress", what, err)
 		}
 		if _, ok := readRow(t, ctx, f, "done"); !ok {
@@ -217,7 +218,7 @@ func TestForgetBounded(t *testing.T) {
 		}
 	}
 	release := hold(t, f, idempotency.Key{ID: "other"})
-	check("write turn held for another key", idempotency.ErrConflict)
+	check("write turn held for another key", backend.ErrConflict)
 	release()
 
 	other := stores(t, ctx, f, 2)[1]
@@ -278,10 +279,10 @@ func TestList(t *testing.T) {
 			}
 		}
 	}
-	want := "Z:held:true b:unfinished:true A0:completed:false B:completed:false _:completed:false a:completed:false ~:completed:false"
+	want := "Z:in_progress:true b:unfinished:true A0:completed:false B:completed:false _:completed:false a:completed:false ~:completed:false"
 	for _, limit := range []int{1, 2, 3, 7, 1000} {
 		var got, pages []string
-		q := idempotency.ListQuery{Scope: "s", Limit: limit}
+		q := backend.ListQuery{Scope: "s", Limit: limit}
 		for range 10 {
 			page, err := f.store.List(ctx, q)
 			if err != nil {
@@ -311,11 +312,11 @@ func TestList(t *testing.T) {
 			t.Errorf("limit %d: pages %q; want %d", limit, pages, wantPages)
 		}
 	}
-	page, err := f.store.List(ctx, idempotency.ListQuery{Scope: "s", Limit: 3})
-	if err != nil || len(page.Keys) != 3 || page.Keys[2].BodyLen != 2 || page.Next == nil || *page.Next != (idempotency.ListCursor{ID: "A0"}) {
+	page, err := f.store.List(ctx, backend.ListQuery{Scope: "s", Limit: 3})
+	if err != nil || len(page.Keys) != 3 || page.Keys[2].BodyLen != 2 || page.Next == nil || *page.Next != (backend.ListCursor{ID: "A0"}) {
 		t.Fatalf("first page of 3: %+v, %v; want Z, b, A0 (BodyLen 2), next after A0 among the finished", page, err)
 	}
-	if page, err := f.store.List(ctx, idempotency.ListQuery{Scope: "none", Limit: 3}); err != nil || len(page.Keys) != 0 || page.Next != nil {
+	if page, err := f.store.List(ctx, backend.ListQuery{Scope: "none", Limit: 3}); err != nil || len(page.Keys) != 0 || page.Next != nil {
 		t.Fatalf("empty scope: %+v, %v", page, err)
 	}
 }
@@ -342,11 +343,11 @@ func TestStats(t *testing.T) {
 	completeKey(t, ctx, f.store, clock, base, idempotency.Key{ID: "c2"}, nil, []byte("12345"))
 	for _, c := range []struct {
 		at   time.Time
-		want idempotency.Stats
+		want backend.Stats
 	}{
-		{base, idempotency.Stats{Held: 1, Unfinished: 3, Completed: 2, Expired: 1, Failing: 2, OldestUnfinished: base.Add(-30 * time.Minute), BodyBytes: 8}},
-		{base.Add(testLease), idempotency.Stats{Held: 0, Unfinished: 4, Completed: 2, Expired: 1, Failing: 2, OldestUnfinished: base.Add(-30 * time.Minute), BodyBytes: 8}},
-		{base.Add(testTTL), idempotency.Stats{Held: 0, Unfinished: 4, Completed: 0, Expired: 3, Failing: 2, OldestUnfinished: base.Add(-30 * time.Minute), BodyBytes: 0}},
+		{base, backend.Stats{InProgress: 1, Unfinished: 3, Completed: 2, Expired: 1, Failing: 2, OldestUnfinished: base.Add(-30 * time.Minute), BodyBytes: 8}},
+		{base.Add(testLease), backend.Stats{InProgress: 0, Unfinished: 4, Completed: 2, Expired: 1, Failing: 2, OldestUnfinished: base.Add(-30 * time.Minute), BodyBytes: 8}},
+		{base.Add(testTTL), backend.Stats{InProgress: 0, Unfinished: 4, Completed: 0, Expired: 3, Failing: 2, OldestUnfinished: base.Add(-30 * time.Minute), BodyBytes: 0}},
 	} {
 		clock.set(c.at)
 		got, err := f.store.Stats(ctx)
@@ -356,14 +357,14 @@ func TestStats(t *testing.T) {
 	}
 	// An open reservation has no committed row: not counted.
 	release := hold(t, f, idempotency.Key{ID: "open"})
-	if got, err := f.store.Stats(ctx); err != nil || got.Held != 0 || got.Completed != 0 {
+	if got, err := f.store.Stats(ctx); err != nil || got.InProgress != 0 || got.Completed != 0 {
 		t.Errorf("with an open reservation: %+v, %v", got, err)
 	}
 	release()
 	if _, err := f.db.ExecContext(ctx, `DELETE FROM "`+f.table+`"`); err != nil {
 		t.Fatal(err)
 	}
-	if got, err := f.store.Stats(ctx); err != nil || got != (idempotency.Stats{}) {
+	if got, err := f.store.Stats(ctx); err != nil || got != (backend.Stats{}) {
 		t.Errorf("empty table: %+v, %v; want zero", got, err)
 	}
 }
@@ -405,13 +406,13 @@ func TestAdminReadsBareDSN(t *testing.T) {
 		if _, err := f.store.Inspect(ctx, idempotency.Key{ID: "op"}, true); err != nil {
 			t.Fatalf("Inspect after %d reads: %v", reads, err)
 		}
-		if _, err := f.store.List(ctx, idempotency.ListQuery{Limit: 5}); err != nil {
+		if _, err := f.store.List(ctx, backend.ListQuery{Limit: 5}); err != nil {
 			t.Fatalf("List after %d reads: %v", reads, err)
 		}
 		if _, err := f.store.Stats(ctx); err != nil {
 			t.Fatalf("Stats after %d reads: %v", reads, err)
 		}
-		if keys, err := f.store.Abandoned(ctx, idempotency.AbandonedQuery{MaxTries: 5, Limit: 5}); err != nil || len(keys) != 1 {
+		if keys, err := f.store.Abandoned(ctx, backend.AbandonedQuery{MaxTries: 5, Limit: 5}); err != nil || len(keys) != 1 {
 			t.Fatalf("Abandoned after %d reads: %v, %v", reads, keys, err)
 		}
 		reads++

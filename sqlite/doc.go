@@ -23,14 +23,14 @@
 // there too, as any two writers do. A Guard lets one of its callers of a
 // key reach the Store; the others wait for it in the Guard.
 //
-// Waiting for a key is bounded by [idempotency.Reservation.Wait] (the
+// Waiting for a key is bounded by [backend.Reservation.Wait] (the
 // Guard's WaitTimeout) and by ctx. Past the bound, [Store.Reserve] returns
 // an error wrapping [idempotency.ErrInProgress].
 //
 // Waiting for the write turn, which callers of other keys hold, is never
 // "key in progress". It lasts until the call's wait bound
-// ([idempotency.Reservation.Deadline]; without one, r.Wait or 5s, whichever
-// is longer). Then it gives [idempotency.ErrConflict]: a busy database. At
+// ([backend.Reservation.Deadline]; without one, r.Wait or 5s, whichever
+// is longer). Then it gives [backend.ErrConflict]: a busy database. At
 // the bound the Guard reports it with [idempotency.ErrStore].
 //
 // A caller that does not wait (a negative [idempotency.Config.WaitTimeout])
@@ -67,7 +67,7 @@
 //
 // A reservation made without the Guard (Reserve called directly) may have
 // r.Wait == 0 and no Deadline. It waits for that lock under the
-// connection's busy timeout, then reports [idempotency.ErrConflict].
+// connection's busy timeout, then reports [backend.ErrConflict].
 //
 // [Open] and [Store.Migrate] are safe to race from several processes on a
 // fresh file. Switching it to WAL and creating the table can meet
@@ -83,8 +83,8 @@
 //
 // # Multi-step operations and key administration
 //
-// The Store implements [idempotency.Stepper], [idempotency.KeyAdmin] and
-// [idempotency.KeyLister] on the same table, with four more columns:
+// The Store implements [backend.Stepper], [backend.KeyAdmin] and
+// [backend.KeyLister] on the same table, with four more columns:
 // progress (NOT NULL on an unfinished operation), owner and lease_ends (the
 // run that holds it, and until when by the store's clock) and tries.
 // [Store.Migrate] adds them to a table created by v0.1.0 ([Schema] shows
@@ -95,7 +95,7 @@
 // holds SQLite's write lock, for the whole database, from Acquire until
 // Save, Release, Complete or Rollback. Acquire waits for it, and reports
 // a key it may not take, exactly as Reserve does. An unfinished key is a
-// committed pending row whose expiry is [idempotency.MaxExpiry]: Reserve
+// committed pending row whose expiry is [backend.MaxExpiry]: Reserve
 // reports it with [idempotency.ErrInProgress] and never takes it over,
 // and Purge never deletes it.
 //

@@ -10,6 +10,7 @@ import (
 	sqlite3 "modernc.org/sqlite/lib"
 
 	"github.com/go-idempotency/idempotency"
+	"github.com/go-idempotency/idempotency/backend"
 )
 
 // The primary result codes (the low byte of an extended code) that a retry
@@ -47,7 +48,7 @@ func noProgressColumn(err error) bool {
 	return errors.As(err, &se) && se.Code()&0xff == sqlite3.SQLITE_ERROR && strings.Contains(se.Error(), "no such column: progress")
 }
 
-// IsConflict implements [idempotency.ConflictClassifier]: err (from fn's
+// IsConflict implements [backend.ConflictClassifier]: err (from fn's
 // own statements on the transaction) is SQLITE_BUSY or SQLITE_LOCKED, which
 // a retry of the whole attempt can cure.
 func (s *Store) IsConflict(err error) bool { return isBusy(err) }
@@ -56,7 +57,7 @@ func (s *Store) IsConflict(err error) bool { return isBusy(err) }
 // done the error carries ctx.Err(). (database/sql may report a transaction
 // it rolled back because ctx ended as sql.ErrTxDone alone.) Otherwise
 // SQLITE_BUSY and SQLITE_LOCKED are retryable conflicts
-// ([idempotency.ErrConflict]), a missing table or column of the store's
+// ([backend.ErrConflict]), a missing table or column of the store's
 // statements is [idempotency.ErrSchema] with what to run, and every other
 // error is returned as it is. Each gets op for context.
 func mapError(ctx context.Context, op string, err error) error {
@@ -67,7 +68,7 @@ func mapError(ctx context.Context, op string, err error) error {
 		return fmt.Errorf("sqlite: %s: %w: %w", op, cerr, err)
 	}
 	if isBusy(err) {
-		return fmt.Errorf("sqlite: %s: %w: %w", op, idempotency.ErrConflict, err)
+		return fmt.Errorf("sqlite: %s: %w: %w", op, backend.ErrConflict, err)
 	}
 	if what := schemaMissing(err); what != "" {
 		return fmt.Errorf("%w: sqlite: %s: %s: %s: %w", idempotency.ErrSchema, op, what, migrateHint, err)

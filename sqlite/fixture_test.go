@@ -12,6 +12,7 @@ import (
 	_ "modernc.org/sqlite"
 
 	"github.com/go-idempotency/idempotency"
+	"github.com/go-idempotency/idempotency/backend"
 	"github.com/go-idempotency/idempotency/conformance"
 	"github.com/go-idempotency/idempotency/internal/testkit"
 	"github.com/go-idempotency/idempotency/sqlite"
@@ -138,8 +139,8 @@ func guard(t testing.TB, s *sqlite.Store, cfg *idempotency.Config) *idempotency.
 	return g
 }
 
-func reservation(key idempotency.Key, now time.Time, wait time.Duration) idempotency.Reservation {
-	return idempotency.Reservation{Key: key, Fingerprint: "fp", TTL: time.Hour, Wait: wait}
+func reservation(key idempotency.Key, now time.Time, wait time.Duration) backend.Reservation {
+	return backend.Reservation{Key: key, Fingerprint: "fp", TTL: time.Hour, Wait: wait}
 }
 
 // hold reserves key through the store and keeps it until the returned

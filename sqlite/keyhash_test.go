@@ -11,7 +11,7 @@ import (
 // TestErrorsNameKeyHash: Do's errors on SQLite (a stored mismatch, a key
 // held by the Store's writer, a closed database) name the key by its hash,
 // never by its scope or id, and carry the raw key in an
-// idempotency.KeyError.
+// backend.KeyError.
 func TestErrorsNameKeyHash(t *testing.T) {
 	f := openFixture(t, 0)
 	closed := openBare(t, filepath.Join(t.TempDir(), "closed.db"))

@@ -9,6 +9,7 @@ import (
 	"time"
 
 	"github.com/go-idempotency/idempotency"
+	"github.com/go-idempotency/idempotency/backend"
 	"github.com/go-idempotency/idempotency/internal/testkit"
 )
 
@@ -53,7 +54,7 @@ func TestNoWaitOtherKeyBusy(t *testing.T) {
 			}
 			continue
 		}
-		if !errors.Is(err, idempotency.ErrStore) || errors.Is(err, idempotency.ErrInProgress) || errors.Is(err, idempotency.ErrConflict) {
+		if !errors.Is(err, idempotency.ErrStore) || errors.Is(err, idempotency.ErrInProgress) || errors.Is(err, backend.ErrConflict) {
 			t.Errorf("NoWait caller %d of another key: got %v, want ErrStore alone", i, err)
 		}
 	}

@@ -18,7 +18,7 @@ import (
 // batch. Each statement then waits for SQLite's lock against writers outside
 // the Store, under the busy timeout of the pool's connection and ctx. A
 // database still busy then gives an error wrapping
-// [idempotency.ErrConflict], with the count of keys deleted so far.
+// [backend.ErrConflict], with the count of keys deleted so far.
 func (s *Store) Purge(ctx context.Context, limit int) (int, error) {
 	before, err := s.testNow()
 	if err != nil {

@@ -7,14 +7,14 @@ import (
 	"fmt"
 	"time"
 
-	"github.com/go-idempotency/idempotency"
+	"github.com/go-idempotency/idempotency/backend"
 )
 
-var _ idempotency.QuotaCounter = (*Store)(nil)
+var _ backend.QuotaCounter = (*Store)(nil)
 
 // QuotaSchema returns the DDL of the quota table of the keys table named
 // table: table + "_quota", one row per scope and window (see
-// [idempotency.QuotaCounter]). [Store.Migrate] runs it; run it in your own
+// [backend.QuotaCounter]). [Store.Migrate] runs it; run it in your own
 // migrations if you use [Schema]. A bad table name gives an error wrapping
 // [idempotency.ErrInvalidConfig].
 func QuotaSchema(table string) (string, error) {
@@ -63,14 +63,14 @@ ON CONFLICT (scope, span, start) DO UPDATE SET
 RETURNING start, checked_at, verdict`
 }
 
-// AdmitQuota implements [idempotency.QuotaCounter] in one autocommit
+// AdmitQuota implements [backend.QuotaCounter] in one autocommit
 // statement (an UPSERT on the quota table that reads the keys table). It
 // is a write: it waits for SQLite's write lock within the connection's
-// busy timeout, then reports [idempotency.ErrConflict].
-func (s *Store) AdmitQuota(ctx context.Context, q idempotency.QuotaCheck) (idempotency.QuotaAdmission, error) {
+// busy timeout, then reports [backend.ErrConflict].
+func (s *Store) AdmitQuota(ctx context.Context, q backend.QuotaCheck) (backend.QuotaAdmission, error) {
 	now, err := s.testNow()
 	if err != nil {
-		return idempotency.QuotaAdmission{}, err
+		return backend.QuotaAdmission{}, err
 	}
 	maxKeys, maxInFlight, maxBytes := q.Quota.Limits()
 	var start, checked, verdict int64
@@ -78,26 +78,26 @@ func (s *Store) AdmitQuota(ctx context.Context, q idempotency.QuotaCheck) (idemp
 		maxKeys, maxInFlight, maxBytes, now).Scan(&start, &checked, &verdict)
 	switch {
 	case errors.Is(err, sql.ErrNoRows):
-		return idempotency.QuotaAdmission{Replay: true}, nil
+		return backend.QuotaAdmission{Replay: true}, nil
 	case err != nil:
-		return idempotency.QuotaAdmission{}, mapError(ctx, fmt.Sprintf("admit quota of key %v", q.Key), err)
+		return backend.QuotaAdmission{}, mapError(ctx, fmt.Sprintf("admit quota of key %v", q.Key), err)
 	}
 	return admission(start, checked, verdict, q.Quota.Window), nil
 }
 
 // admission builds the answer of AdmitQuota from the row: its start and
 // the clock of the check in Unix nanoseconds, and its verdict.
-func admission(start, checked, verdict int64, window time.Duration) idempotency.QuotaAdmission {
-	return idempotency.QuotaAdmission{
+func admission(start, checked, verdict int64, window time.Duration) backend.QuotaAdmission {
+	return backend.QuotaAdmission{
 		Counted:     verdict == 0,
-		Over:        idempotency.QuotaLimit(verdict),
+		Over:        backend.QuotaLimit(verdict),
 		WindowStart: time.Unix(0, start),
 		RetryAfter:  time.Duration(start + int64(window) - checked),
 	}
 }
 
-// EndQuota implements [idempotency.QuotaCounter] in one autocommit UPDATE.
-func (s *Store) EndQuota(ctx context.Context, e idempotency.QuotaEnd) error {
+// EndQuota implements [backend.QuotaCounter] in one autocommit UPDATE.
+func (s *Store) EndQuota(ctx context.Context, e backend.QuotaEnd) error {
 	uncount := 1
 	if e.Created {
 		uncount = 0
@@ -111,7 +111,7 @@ WHERE scope = ?1 AND span = ?2 AND start = ?3`, e.Scope, int64(e.Window), e.Wind
 	return nil
 }
 
-// PurgeQuota implements [idempotency.QuotaCounter]: it deletes up to limit
+// PurgeQuota implements [backend.QuotaCounter]: it deletes up to limit
 // rows of windows that ended by the store's clock.
 func (s *Store) PurgeQuota(ctx context.Context, limit int) (int, error) {
 	now, err := s.testNow()

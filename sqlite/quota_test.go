@@ -9,6 +9,7 @@ import (
 	"time"
 
 	"github.com/go-idempotency/idempotency"
+	"github.com/go-idempotency/idempotency/backend"
 	"github.com/go-idempotency/idempotency/internal/testkit"
 	"github.com/go-idempotency/idempotency/sqlite"
 )
@@ -55,7 +56,7 @@ func TestQuotaTestClock(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	adm, err := s.AdmitQuota(ctx, idempotency.QuotaCheck{Key: idempotency.Key{Scope: "s", ID: "k"}, Quota: idempotency.Quota{Window: time.Hour, MaxKeys: 1}})
+	adm, err := s.AdmitQuota(ctx, backend.QuotaCheck{Key: idempotency.Key{Scope: "s", ID: "k"}, Quota: backend.Quota{Window: time.Hour, MaxKeys: 1}})
 	if err != nil {
 		t.Fatal(err)
 	}

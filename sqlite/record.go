@@ -8,11 +8,12 @@ import (
 	"time"
 
 	"github.com/go-idempotency/idempotency"
+	"github.com/go-idempotency/idempotency/backend"
 )
 
 // read reads the key's row in tx: its record if it is completed, else an
 // error wrapping [idempotency.ErrInProgress].
-func (s *Store) read(ctx context.Context, tx *sql.Tx, key idempotency.Key) (*idempotency.Record, error) {
+func (s *Store) read(ctx context.Context, tx *sql.Tx, key idempotency.Key) (*backend.Record, error) {
 	var (
 		fp, state        string
 		status           int64
@@ -37,15 +38,15 @@ func (s *Store) read(ctx context.Context, tx *sql.Tx, key idempotency.Key) (*ide
 
 // record builds a Record from a row's columns: a NULL body is a nil Body,
 // an empty BLOB an empty non-nil one.
-func record(key idempotency.Key, fp string, status int64, header, body []byte, bodyNull bool, created, expires int64) (*idempotency.Record, error) {
-	h, err := idempotency.UnmarshalHeader(header)
+func record(key idempotency.Key, fp string, status int64, header, body []byte, bodyNull bool, created, expires int64) (*backend.Record, error) {
+	h, err := backend.UnmarshalHeader(header)
 	if err != nil {
 		return nil, fmt.Errorf("sqlite: key %v: stored header: %w", key, err)
 	}
 	if body == nil && !bodyNull {
 		body = []byte{}
 	}
-	return &idempotency.Record{
+	return &backend.Record{
 		Key:         key,
 		Fingerprint: fp,
 		Status:      int(status),
@@ -58,7 +59,7 @@ func record(key idempotency.Key, fp string, status int64, header, body []byte, b
 
 // copyRecord returns a copy of rec that shares no header map nor body
 // bytes with it (nil and empty kept apart).
-func copyRecord(rec *idempotency.Record) *idempotency.Record {
+func copyRecord(rec *backend.Record) *backend.Record {
 	c := *rec
 	c.Header = rec.Header.Clone()
 	c.Body = bytes.Clone(rec.Body)

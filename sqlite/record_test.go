@@ -9,6 +9,7 @@ import (
 	_ "modernc.org/sqlite"
 
 	"github.com/go-idempotency/idempotency"
+	"github.com/go-idempotency/idempotency/backend"
 	"github.com/go-idempotency/idempotency/internal/testkit"
 )
 
@@ -43,7 +44,7 @@ func TestStoreRecord(t *testing.T) {
 		if err != nil || txn != nil || rec == nil {
 			t.Fatalf("%s: second Reserve: %v, %v, %v; want the record", c.name, txn, rec, err)
 		}
-		want := &idempotency.Record{Key: key, Fingerprint: "fp", Status: 202, Header: c.header, Body: c.body,
+		want := &backend.Record{Key: key, Fingerprint: "fp", Status: 202, Header: c.header, Body: c.body,
 			CreatedAt: now.UTC(), ExpiresAt: now.Add(time.Hour).UTC()}
 		if !reflect.DeepEqual(rec, want) {
 			t.Fatalf("%s: record\n got %#v\nwant %#v", c.name, rec, want)

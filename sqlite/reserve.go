@@ -8,6 +8,7 @@ import (
 	"time"
 
 	"github.com/go-idempotency/idempotency"
+	"github.com/go-idempotency/idempotency/backend"
 )
 
 // Reserve implements [idempotency.KeyStore].
@@ -29,7 +30,7 @@ import (
 // A caller of another key may hold the write turn. A caller with r.NoWait
 // then gets an error wrapping [idempotency.ErrStore] at once. (The database
 // is busy, the key is not held; retrying later is safe.) Any other caller
-// waits for the turn until r.Deadline, then gets [idempotency.ErrConflict].
+// waits for the turn until r.Deadline, then gets [backend.ErrConflict].
 // Without a Deadline it waits for r.Wait or 5s, whichever is longer.
 //
 // Writers outside the Store (another Store, another process, plain
@@ -42,7 +43,7 @@ import (
 //     be held).
 //   - With r.NoWait it does not wait, and reports ErrInProgress.
 //   - With neither it waits under the connection's own busy timeout, then
-//     reports [idempotency.ErrConflict].
+//     reports [backend.ErrConflict].
 //
 // A key found completed after such a wait is returned instead.
 //
@@ -50,7 +51,7 @@ import (
 // pending row that never expires: Reserve reports it with
 // [idempotency.ErrInProgress] at once, whatever r.Wait, and never takes it
 // over.
-func (s *Store) Reserve(ctx context.Context, r idempotency.Reservation) (idempotency.Txn[*sql.Tx], *idempotency.Record, error) {
+func (s *Store) Reserve(ctx context.Context, r backend.Reservation) (backend.Txn[*sql.Tx], *backend.Record, error) {
 	if r.TTL <= 0 {
 		return nil, nil, fmt.Errorf("%w: sqlite: key %v: reservation TTL %v", idempotency.ErrInvalidConfig, r.Key, r.TTL)
 	}
@@ -89,9 +90,9 @@ func (s *Store) Reserve(ctx context.Context, r idempotency.Reservation) (idempot
 //
 // On success (o not nil) the caller holds the write turn and o's open
 // transaction: it ends both. Otherwise neither is held.
-func (s *Store) openKey(ctx context.Context, st *stmts, r idempotency.Reservation, now any, lookup bool, first firstStatement) (o *opened, rec *idempotency.Record, err error) {
+func (s *Store) openKey(ctx context.Context, st *stmts, r backend.Reservation, now any, lookup bool, first firstStatement) (o *opened, rec *backend.Record, err error) {
 	deadline := time.Now().Add(r.Wait)
-	look := func() *idempotency.Record {
+	look := func() *backend.Record {
 		if !lookup {
 			return nil
 		}
@@ -116,7 +117,7 @@ func (s *Store) openKey(ctx context.Context, st *stmts, r idempotency.Reservatio
 			}
 			return nil, nil, err
 		}
-		if errors.Is(err, idempotency.ErrConflict) || errors.Is(err, idempotency.ErrStore) {
+		if errors.Is(err, backend.ErrConflict) || errors.Is(err, idempotency.ErrStore) {
 			// The turn's holder may be stuck behind a writer outside the
 			// Store, which may hold this key too.
 			if started := s.lockWait.Load(); started != 0 && time.Since(time.Unix(0, started)) >= outsideAfter {
@@ -153,7 +154,7 @@ const outsideAfter = 2 * time.Millisecond
 // and for SQLite's write lock. It is the call's r.Deadline, or the end of
 // r.Wait (deadline) if that is later. It is zero when neither bounds it: a
 // first try without a Deadline waits under the connection's busy timeout.
-func lockBound(r idempotency.Reservation, deadline time.Time) time.Time {
+func lockBound(r backend.Reservation, deadline time.Time) time.Time {
 	by := r.Deadline
 	if r.Wait > 0 && deadline.After(by) {
 		by = deadline
@@ -165,7 +166,7 @@ func lockBound(r idempotency.Reservation, deadline time.Time) time.Time {
 // the database busy (a database not in WAL mode, during a commit) is
 // skipped: the reservation then waits for the lock properly. now is the
 // test clock's reading, nil for SQLite's clock.
-func (s *Store) lookup(ctx context.Context, st *stmts, r idempotency.Reservation, now any) (*idempotency.Record, error) {
+func (s *Store) lookup(ctx context.Context, st *stmts, r backend.Reservation, now any) (*backend.Record, error) {
 	var (
 		fp               string
 		status           int64
@@ -208,7 +209,7 @@ type firstStatement func(ctx context.Context, tx *sql.Tx) (bool, error)
 // insertReservation is the first statement of Reserve and of Acquire: it
 // inserts the reservation, or takes over an expired row; a live row (or an
 // unfinished one, whose expiry is MaxExpiry) is left as it is.
-func insertReservation(st *stmts, r idempotency.Reservation, now any) firstStatement {
+func insertReservation(st *stmts, r backend.Reservation, now any) firstStatement {
 	return func(ctx context.Context, tx *sql.Tx) (bool, error) {
 		var created int64
 		err := tx.StmtContext(ctx, st.reserve).QueryRowContext(ctx, r.Key.Scope, r.Key.ID, r.Fingerprint, now, int64(r.TTL)).Scan(&created)
@@ -229,7 +230,7 @@ func (o *opened) end() {
 // hold makes the transaction o opened for r a reservation: the busy
 // timeout is set back before the caller's statements run. On an error o
 // is ended.
-func (o *opened) hold(ctx context.Context, s *Store, st *stmts, r idempotency.Reservation) (*txn, error) {
+func (o *opened) hold(ctx context.Context, s *Store, st *stmts, r backend.Reservation) (*txn, error) {
 	if o.cur != o.orig {
 		// The wait bound must not apply to the caller's statements.
 		if _, err := o.tx.ExecContext(ctx, pragmaBusyTimeout(o.orig)); err != nil {
@@ -272,7 +273,7 @@ func (o *opened) hold(ctx context.Context, s *Store, st *stmts, r idempotency.Re
 // nothing on the connection, but modernc.org/sqlite then watches the
 // context with a goroutine and a progress handler in every statement of
 // the transaction.)
-func (s *Store) open(ctx context.Context, st *stmts, r idempotency.Reservation, by time.Time, first firstStatement) (*opened, error) {
+func (s *Store) open(ctx context.Context, st *stmts, r backend.Reservation, by time.Time, first firstStatement) (*opened, error) {
 	conn, err := s.db.Conn(ctx)
 	if err != nil {
 		return nil, mapError(ctx, "reserve: connection", err)

@@ -7,9 +7,10 @@ import (
 	"strings"
 
 	"github.com/go-idempotency/idempotency"
+	"github.com/go-idempotency/idempotency/backend"
 )
 
-var _ idempotency.SchemaChecker = (*Store)(nil)
+var _ backend.SchemaChecker = (*Store)(nil)
 
 // keyColumns are the columns of the keys table that this version's
 // statements name (see schema.sql); quotaColumns those of the quota table
@@ -20,13 +21,13 @@ var (
 	quotaColumns = []string{"scope", "span", "start", "keys", "in_flight", "bytes", "checked_at", "verdict"}
 )
 
-// CheckSchema implements [idempotency.SchemaChecker]: it reads the keys
+// CheckSchema implements [backend.SchemaChecker]: it reads the keys
 // table's columns (pragma table_info) in the database the Store's pool
 // opens, and with c.Quota the quota table's. A table or a column that is
 // missing gives an error wrapping [idempotency.ErrSchema] naming the table
 // and what is missing: run [Store.Migrate], or apply [Schema] (and
 // [QuotaSchema]).
-func (s *Store) CheckSchema(ctx context.Context, c idempotency.SchemaCheck) error {
+func (s *Store) CheckSchema(ctx context.Context, c backend.SchemaCheck) error {
 	if err := s.checkColumns(ctx, s.table, keyColumns, "Schema"); err != nil {
 		return err
 	}

@@ -8,9 +8,10 @@ import (
 	"time"
 
 	"github.com/go-idempotency/idempotency"
+	"github.com/go-idempotency/idempotency/backend"
 )
 
-// maxExpirySQL is [idempotency.MaxExpiry] in Unix nanoseconds: the expiry of
+// maxExpirySQL is [backend.MaxExpiry] in Unix nanoseconds: the expiry of
 // an unfinished row.
 const maxExpirySQL = "9223372036854775807"
 
@@ -90,7 +91,7 @@ FROM ` + t + `, (SELECT ` + nowSQL(1) + ` AS n)`,
 
 // checkAcquisition refuses, with [idempotency.ErrInvalidConfig], what
 // Acquire cannot store or judge.
-func checkAcquisition(a idempotency.Acquisition) error {
+func checkAcquisition(a backend.Acquisition) error {
 	if err := a.Validate(); err != nil {
 		return fmt.Errorf("sqlite: key %v: %w", a.Key, err)
 	}
@@ -100,13 +101,13 @@ func checkAcquisition(a idempotency.Acquisition) error {
 // checkProgress refuses, with [idempotency.ErrInvalidConfig], a progress
 // that a Phase cannot store.
 func checkProgress(k idempotency.Key, progress []byte) error {
-	if err := idempotency.CheckProgress(progress); err != nil {
+	if err := backend.CheckProgress(progress); err != nil {
 		return fmt.Errorf("sqlite: key %v: %w", k, err)
 	}
 	return nil
 }
 
-// Acquire implements [idempotency.Stepper]. It needs the columns that
+// Acquire implements [backend.Stepper]. It needs the columns that
 // [Store.Migrate] adds to a v0.1.0 table.
 //
 // It holds a key as [Store.Reserve] does, and waits as Reserve does: a
@@ -122,7 +123,7 @@ func checkProgress(k idempotency.Key, progress []byte) error {
 // holds the write lock, no other writer, in this process or another, can
 // take the lease in between. An unfinished key leased to another owner
 // until later is reported with [idempotency.ErrInProgress] at once.
-func (s *Store) Acquire(ctx context.Context, a idempotency.Acquisition) (idempotency.Phase[*sql.Tx], *idempotency.Record, error) {
+func (s *Store) Acquire(ctx context.Context, a backend.Acquisition) (backend.Phase[*sql.Tx], *backend.Record, error) {
 	if err := checkAcquisition(a); err != nil {
 		return nil, nil, err
 	}
@@ -162,7 +163,7 @@ func (s *Store) Acquire(ctx context.Context, a idempotency.Acquisition) (idempot
 
 // claim takes the lease of a's unfinished key in tx, if it is free, ended
 // or a.Owner's, and fills p from the row. It reports whether it took it.
-func (s *Store) claim(ctx context.Context, tx *sql.Tx, a idempotency.Acquisition, now any, p *phase) (bool, error) {
+func (s *Store) claim(ctx context.Context, tx *sql.Tx, a backend.Acquisition, now any, p *phase) (bool, error) {
 	var tries int64
 	err := tx.QueryRowContext(ctx, s.q.steps.claim, a.Key.Scope, a.Key.ID, a.Owner, now, int64(a.Lease)).Scan(&p.fp, &p.progress, &tries)
 	switch {
@@ -181,7 +182,7 @@ func (s *Store) claim(ctx context.Context, tx *sql.Tx, a idempotency.Acquisition
 // unclaimed reads key's row in tx, which holds the write lock, when
 // Acquire could neither insert nor lease it: the live record if it is
 // completed, else an error wrapping [idempotency.ErrInProgress].
-func (s *Store) unclaimed(ctx context.Context, tx *sql.Tx, key idempotency.Key, now any) (*idempotency.Record, error) {
+func (s *Store) unclaimed(ctx context.Context, tx *sql.Tx, key idempotency.Key, now any) (*backend.Record, error) {
 	var row keyRow
 	if err := row.scan(tx.QueryRowContext(ctx, s.q.steps.inspectBody, key.Scope, key.ID, now)); err != nil {
 		return nil, mapError(ctx, "acquire: read key", err)
@@ -197,12 +198,12 @@ func (s *Store) unclaimed(ctx context.Context, tx *sql.Tx, key idempotency.Key, 
 	return record(key, row.fp, row.status, row.header, row.body, row.bodyNull, row.created, row.expires)
 }
 
-// Abandoned implements [idempotency.Stepper]: one SELECT outside any
+// Abandoned implements [backend.Stepper]: one SELECT outside any
 // transaction, on the partial index of unfinished keys by lease end. In
 // WAL mode it waits for no writer (outside it, see [Store.Inspect]). q.Limit must be 1 to 1000, q.Grace and
 // q.MaxTries not negative, else an error wraps
 // [idempotency.ErrInvalidConfig].
-func (s *Store) Abandoned(ctx context.Context, q idempotency.AbandonedQuery) ([]idempotency.AbandonedKey, error) {
+func (s *Store) Abandoned(ctx context.Context, q backend.AbandonedQuery) ([]backend.AbandonedKey, error) {
 	if err := q.Validate(); err != nil {
 		return nil, fmt.Errorf("sqlite: abandoned: %w", err)
 	}
@@ -210,7 +211,7 @@ func (s *Store) Abandoned(ctx context.Context, q idempotency.AbandonedQuery) ([]
 	if err != nil {
 		return nil, err
 	}
-	var out []idempotency.AbandonedKey
+	var out []backend.AbandonedKey
 	err = retryBusyFor(ctx, readWait, func() error {
 		out = nil
 		rows, err := s.db.QueryContext(ctx, s.q.steps.abandoned, now, int64(q.Grace), q.MaxTries, q.Limit)
@@ -220,7 +221,7 @@ func (s *Store) Abandoned(ctx context.Context, q idempotency.AbandonedQuery) ([]
 		defer rows.Close()
 		for rows.Next() {
 			var (
-				k            idempotency.AbandonedKey
+				k            backend.AbandonedKey
 				tries, ended int64
 			)
 			if err := rows.Scan(&k.Key.Scope, &k.Key.ID, &k.Fingerprint, &k.Progress, &tries, &ended); err != nil {
@@ -244,7 +245,7 @@ func (s *Store) Abandoned(ctx context.Context, q idempotency.AbandonedQuery) ([]
 // ends with Save, Release, Complete or Rollback.
 type phase struct {
 	*txn
-	a        idempotency.Acquisition
+	a        backend.Acquisition
 	fp       string
 	progress []byte
 	tries    int
@@ -308,7 +309,7 @@ func (p *phase) Complete(ctx context.Context, resp idempotency.Response) error {
 	cur := p.commitBusyTimeout
 	err := p.commitWith(ctx, cur, func(now any) error {
 		var expires int64
-		err := p.tx.QueryRowContext(ctx, p.s.q.steps.complete, resp.Status, idempotency.MarshalHeader(resp.Header), resp.Body,
+		err := p.tx.QueryRowContext(ctx, p.s.q.steps.complete, resp.Status, backend.MarshalHeader(resp.Header), resp.Body,
 			p.key.Scope, p.key.ID, now, int64(p.ttl)).Scan(&expires)
 		if errors.Is(err, sql.ErrNoRows) {
 			return fmt.Errorf("sqlite: complete: the row of key %v is gone (no row changed)", p.key)

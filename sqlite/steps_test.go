@@ -13,6 +13,7 @@ import (
 	"time"
 
 	"github.com/go-idempotency/idempotency"
+	"github.com/go-idempotency/idempotency/backend"
 	"github.com/go-idempotency/idempotency/internal/testkit"
 	"github.com/go-idempotency/idempotency/sqlite"
 )
@@ -38,9 +39,9 @@ const (
 )
 
 // acquisition asks for key id for owner, waiting up to wait.
-func acquisition(id, owner string, wait time.Duration) idempotency.Acquisition {
-	return idempotency.Acquisition{
-		Reservation: idempotency.Reservation{Key: idempotency.Key{ID: id}, Fingerprint: "fp", TTL: testTTL, Wait: wait},
+func acquisition(id, owner string, wait time.Duration) backend.Acquisition {
+	return backend.Acquisition{
+		Reservation: backend.Reservation{Key: idempotency.Key{ID: id}, Fingerprint: "fp", TTL: testTTL, Wait: wait},
 		Owner:       owner,
 		Lease:       testLease,
 	}
@@ -91,14 +92,14 @@ func wantUnfinished(t testing.TB, ctx context.Context, f *fixture, id string, pr
 	r := mustRow(t, ctx, f, id)
 	if r.state != "pending" || r.progressNull || !bytes.Equal(r.progress, progress) || r.owner.Valid != (owner != "") || r.owner.String != owner ||
 		!r.leaseEnds.Valid || r.leaseEnds.Int64 != leaseEnds.UnixNano() || r.tries != tries ||
-		r.created != created.UnixNano() || r.expires != idempotency.MaxExpiry().UnixNano() || r.fp != "fp" {
+		r.created != created.UnixNano() || r.expires != backend.MaxExpiry().UnixNano() || r.fp != "fp" {
 		t.Fatalf("key %q: row %+v; want pending, fp, progress %q, owner %q, lease ends %d, tries %d, created %d, expires MaxExpiry",
 			id, r, progress, owner, leaseEnds.UnixNano(), tries, created.UnixNano())
 	}
 }
 
 // mustAcquire acquires a and fails t unless it gets a Phase.
-func mustAcquire(t testing.TB, ctx context.Context, s *sqlite.Store, a idempotency.Acquisition) idempotency.Phase[*sql.Tx] {
+func mustAcquire(t testing.TB, ctx context.Context, s *sqlite.Store, a backend.Acquisition) backend.Phase[*sql.Tx] {
 	t.Helper()
 	p, rec, err := s.Acquire(ctx, a)
 	if err != nil || p == nil || rec != nil {
@@ -179,7 +180,7 @@ func TestAcquireLeases(t *testing.T) {
 	ctx := testkit.Context(t, testTimeout)
 	clock := newTestClock(base)
 	f := openFixture(t, 0).clocked(t, clock.now)
-	big := bytes.Repeat([]byte{0, 0xff, 'x'}, idempotency.MaxProgressLen/3+1)[:idempotency.MaxProgressLen]
+	big := bytes.Repeat([]byte{0, 0xff, 'x'}, backend.MaxProgressLen/3+1)[:backend.MaxProgressLen]
 	savedKey(t, ctx, f, clock, base, "k", "A", big)
 
 	clock.set(base.Add(testLease - time.Millisecond))
@@ -290,7 +291,7 @@ func TestPhaseComplete(t *testing.T) {
 		t.Fatalf("completed row %+v; want completed 201, body, no progress/owner/lease, tries 0, created %d, expires %d",
 			r, base.UnixNano(), done.Add(testTTL).UnixNano())
 	}
-	check := func(what string, rec *idempotency.Record, err error) {
+	check := func(what string, rec *backend.Record, err error) {
 		t.Helper()
 		if err != nil || rec == nil || rec.Status != 201 || !bytes.Equal(rec.Body, body) || fmt.Sprint(rec.Header) != fmt.Sprint(header) ||
 			!rec.CreatedAt.Equal(base) || !rec.ExpiresAt.Equal(done.Add(testTTL)) {
@@ -309,11 +310,11 @@ func TestPhaseComplete(t *testing.T) {
 func TestPhaseEffects(t *testing.T) {
 	ctx := testkit.Context(t, testTimeout)
 	f := openFixture(t, 0)
-	end := map[string]func(p idempotency.Phase[*sql.Tx]) error{
-		"save":     func(p idempotency.Phase[*sql.Tx]) error { return p.Save(ctx, []byte("p")) },
-		"release":  func(p idempotency.Phase[*sql.Tx]) error { return p.Release(ctx, []byte("p")) },
-		"complete": func(p idempotency.Phase[*sql.Tx]) error { return p.Complete(ctx, idempotency.Response{Status: 200}) },
-		"rollback": func(p idempotency.Phase[*sql.Tx]) error { return p.Rollback(ctx) },
+	end := map[string]func(p backend.Phase[*sql.Tx]) error{
+		"save":     func(p backend.Phase[*sql.Tx]) error { return p.Save(ctx, []byte("p")) },
+		"release":  func(p backend.Phase[*sql.Tx]) error { return p.Release(ctx, []byte("p")) },
+		"complete": func(p backend.Phase[*sql.Tx]) error { return p.Complete(ctx, idempotency.Response{Status: 200}) },
+		"rollback": func(p backend.Phase[*sql.Tx]) error { return p.Rollback(ctx) },
 	}
 	for name, fn := range end {
 		for _, unfinished := range []bool{false, true} {
@@ -350,13 +351,13 @@ func TestPhaseEffects(t *testing.T) {
 func TestStepsValidation(t *testing.T) {
 	ctx := testkit.Context(t, testTimeout)
 	f := openFixture(t, 0)
-	for name, change := range map[string]func(*idempotency.Acquisition){
-		"empty owner":   func(a *idempotency.Acquisition) { a.Owner = "" },
-		"65-byte owner": func(a *idempotency.Acquisition) { a.Owner = strings.Repeat("o", 65) },
-		"owner \\x01":   func(a *idempotency.Acquisition) { a.Owner = "a\x01" },
-		"owner é":       func(a *idempotency.Acquisition) { a.Owner = "é" },
-		"lease 999µs":   func(a *idempotency.Acquisition) { a.Lease = time.Millisecond - time.Microsecond },
-		"no TTL":        func(a *idempotency.Acquisition) { a.TTL = 0 },
+	for name, change := range map[string]func(*backend.Acquisition){
+		"empty owner":   func(a *backend.Acquisition) { a.Owner = "" },
+		"65-byte owner": func(a *backend.Acquisition) { a.Owner = strings.Repeat("o", 65) },
+		"owner \\x01":   func(a *backend.Acquisition) { a.Owner = "a\x01" },
+		"owner é":       func(a *backend.Acquisition) { a.Owner = "é" },
+		"lease 999µs":   func(a *backend.Acquisition) { a.Lease = time.Millisecond - time.Microsecond },
+		"no TTL":        func(a *backend.Acquisition) { a.TTL = 0 },
 	} {
 		a := acquisition("bad", "A", 0)
 		change(&a)
@@ -370,7 +371,7 @@ func TestStepsValidation(t *testing.T) {
 	if err := p.Rollback(ctx); err != nil {
 		t.Fatal(err)
 	}
-	for name, progress := range map[string][]byte{"nil": nil, "MaxProgressLen+1": make([]byte, idempotency.MaxProgressLen+1)} {
+	for name, progress := range map[string][]byte{"nil": nil, "MaxProgressLen+1": make([]byte, backend.MaxProgressLen+1)} {
 		for _, op := range []string{"Save", "Release"} {
 			p := mustAcquire(t, ctx, f.store, acquisition("bad", "A", 0))
 			if err := f.fx.Effect(ctx, p.Tx(), "bad"); err != nil {
@@ -393,14 +394,14 @@ func TestStepsValidation(t *testing.T) {
 	}
 	testkit.MustCount(t, ctx, f.fx.Count, "bad", 0)
 	for _, limit := range []int{0, 1001} {
-		if _, err := f.store.Abandoned(ctx, idempotency.AbandonedQuery{Limit: limit, MaxTries: 1}); !errors.Is(err, idempotency.ErrInvalidConfig) {
+		if _, err := f.store.Abandoned(ctx, backend.AbandonedQuery{Limit: limit, MaxTries: 1}); !errors.Is(err, idempotency.ErrInvalidConfig) {
 			t.Errorf("Abandoned limit %d: %v; want ErrInvalidConfig", limit, err)
 		}
-		if _, err := f.store.List(ctx, idempotency.ListQuery{Limit: limit}); !errors.Is(err, idempotency.ErrInvalidConfig) {
+		if _, err := f.store.List(ctx, backend.ListQuery{Limit: limit}); !errors.Is(err, idempotency.ErrInvalidConfig) {
 			t.Errorf("List limit %d: %v; want ErrInvalidConfig", limit, err)
 		}
 	}
-	if _, err := f.store.Abandoned(ctx, idempotency.AbandonedQuery{Limit: 1, Grace: -1}); !errors.Is(err, idempotency.ErrInvalidConfig) {
+	if _, err := f.store.Abandoned(ctx, backend.AbandonedQuery{Limit: 1, Grace: -1}); !errors.Is(err, idempotency.ErrInvalidConfig) {
 		t.Errorf("Abandoned negative grace: %v; want ErrInvalidConfig", err)
 	}
 }
@@ -608,7 +609,7 @@ func TestAbandoned(t *testing.T) {
 		t.Fatal(err)
 	}
 	clock.set(base.Add(10 * time.Second))
-	list := func(q idempotency.AbandonedQuery) string {
+	list := func(q backend.AbandonedQuery) string {
 		t.Helper()
 		keys, err := f.store.Abandoned(ctx, q)
 		if err != nil {
@@ -624,23 +625,23 @@ func TestAbandoned(t *testing.T) {
 		return strings.Join(out, " ")
 	}
 	for _, c := range []struct {
-		q    idempotency.AbandonedQuery
+		q    backend.AbandonedQuery
 		want string
 	}{
-		{idempotency.AbandonedQuery{MaxTries: 10, Limit: 10}, "a1:1@1 a2:2@2 a3:3@3 a4:4@4"},
-		{idempotency.AbandonedQuery{MaxTries: 10, Limit: 2}, "a1:1@1 a2:2@2"},
-		{idempotency.AbandonedQuery{MaxTries: 3, Limit: 10}, "a1:1@1 a2:2@2"},
-		{idempotency.AbandonedQuery{Grace: 7 * time.Second, MaxTries: 10, Limit: 10}, "a1:1@1 a2:2@2 a3:3@3"},
-		{idempotency.AbandonedQuery{Grace: 9 * time.Second, MaxTries: 10, Limit: 10}, "a1:1@1"},
-		{idempotency.AbandonedQuery{Grace: 10 * time.Second, MaxTries: 10, Limit: 10}, ""},
-		{idempotency.AbandonedQuery{MaxTries: 0, Limit: 10}, ""},
+		{backend.AbandonedQuery{MaxTries: 10, Limit: 10}, "a1:1@1 a2:2@2 a3:3@3 a4:4@4"},
+		{backend.AbandonedQuery{MaxTries: 10, Limit: 2}, "a1:1@1 a2:2@2"},
+		{backend.AbandonedQuery{MaxTries: 3, Limit: 10}, "a1:1@1 a2:2@2"},
+		{backend.AbandonedQuery{Grace: 7 * time.Second, MaxTries: 10, Limit: 10}, "a1:1@1 a2:2@2 a3:3@3"},
+		{backend.AbandonedQuery{Grace: 9 * time.Second, MaxTries: 10, Limit: 10}, "a1:1@1"},
+		{backend.AbandonedQuery{Grace: 10 * time.Second, MaxTries: 10, Limit: 10}, ""},
+		{backend.AbandonedQuery{MaxTries: 0, Limit: 10}, ""},
 	} {
 		if got := list(c.q); got != c.want {
 			t.Errorf("Abandoned(%+v) = %q; want %q", c.q, got, c.want)
 		}
 	}
 	clock.set(base.Add(testLease)) // the leased key's lease ended just now
-	if got := list(idempotency.AbandonedQuery{MaxTries: 1, Limit: 10}); got != "leased:0@60" {
+	if got := list(backend.AbandonedQuery{MaxTries: 1, Limit: 10}); got != "leased:0@60" {
 		t.Errorf("after the lease ended: %q; want leased:0@60", got)
 	}
 	// No lease was taken: the rows are as released, and acquirable.
@@ -769,7 +770,7 @@ func TestMigrateV010(t *testing.T) {
 		t.Fatalf("old record after the upgrade: %+v, %v; want the replay", resp, err)
 	}
 	info, err := store.Inspect(ctx, idempotency.Key{ID: "old"}, true)
-	if err != nil || info.State != idempotency.KeyCompleted || info.Progress != nil || info.Tries != 0 || !bytes.Equal(info.Body, body) {
+	if err != nil || info.State != backend.KeyCompleted || info.Progress != nil || info.Tries != 0 || !bytes.Equal(info.Body, body) {
 		t.Fatalf("Inspect of the old record: %+v, %v", info, err)
 	}
 	a := acquisition("op", "A", 0)

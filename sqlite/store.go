@@ -10,13 +10,14 @@ import (
 	"time"
 
 	"github.com/go-idempotency/idempotency"
+	"github.com/go-idempotency/idempotency/backend"
 )
 
 var (
 	_ idempotency.KeyStore[*sql.Tx] = (*Store)(nil)
-	_ idempotency.Stepper[*sql.Tx]  = (*Store)(nil)
-	_ idempotency.KeyAdmin          = (*Store)(nil)
-	_ idempotency.KeyLister         = (*Store)(nil)
+	_ backend.Stepper[*sql.Tx]      = (*Store)(nil)
+	_ backend.KeyAdmin              = (*Store)(nil)
+	_ backend.KeyLister             = (*Store)(nil)
 )
 
 // Config tunes a [Store]. The zero value (or nil) means the defaults.
@@ -33,7 +34,7 @@ type Config struct {
 	// (unixepoch('subsec'), milliseconds): the clock of the host that every
 	// process on the file shares. No time of the application is ever sent.
 	// A test clock must never differ between processes; a reading outside
-	// [idempotency.MinClock] .. [idempotency.MaxExpiry] is refused with
+	// [backend.MinClock] .. [backend.MaxExpiry] is refused with
 	// [idempotency.ErrInvalidConfig] before anything is written.
 	Clock func() time.Time
 }
@@ -46,7 +47,7 @@ func nowSQL(n int) string {
 }
 
 // expirySQL is the clock now plus the TTL in parameter ?ttl (nanoseconds),
-// clamped to [idempotency.MaxExpiry] without leaving int64 (SQLite would
+// clamped to [backend.MaxExpiry] without leaving int64 (SQLite would
 // turn an overflowing sum into a REAL).
 func expirySQL(now string, ttl int) string {
 	return fmt.Sprintf("min(%s, 9223372036854775807 - ?%d) + ?%d", now, ttl, ttl)
@@ -235,7 +236,7 @@ func (s *Store) testNow() (any, error) {
 		return nil, nil
 	}
 	now := s.clock()
-	if err := idempotency.CheckClock(now); err != nil {
+	if err := backend.CheckClock(now); err != nil {
 		return nil, fmt.Errorf("sqlite: Config.Clock: %w", err)
 	}
 	return now.UnixNano(), nil

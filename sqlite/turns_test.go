@@ -10,6 +10,7 @@ import (
 	"time"
 
 	"github.com/go-idempotency/idempotency"
+	"github.com/go-idempotency/idempotency/backend"
 	"github.com/go-idempotency/idempotency/internal/testkit"
 	"github.com/go-idempotency/idempotency/sqlite"
 )
@@ -95,7 +96,7 @@ func TestExternalWriterBound(t *testing.T) {
 			}{
 				// No wait bound: the connection's own busy timeout bounds
 				// the wait, then a busy database, a conflict to retry.
-				{"Wait0", 0, 0, false, idempotency.ErrConflict, busy, busy + 2*time.Second},
+				{"Wait0", 0, 0, false, backend.ErrConflict, busy, busy + 2*time.Second},
 				// A wait bound: up to it, whatever the busy timeout.
 				{"Wait300ms", 300 * time.Millisecond, 0, false, idempotency.ErrInProgress, 300 * time.Millisecond, 300*time.Millisecond + 2*time.Second},
 				// A first try of a call whose bound ends in 300ms: up to
@@ -117,7 +118,7 @@ func TestExternalWriterBound(t *testing.T) {
 					t.Fatalf("%s while an external writer holds the lock: got %v, want %v", c.name, err, c.want)
 				}
 				if c.want != idempotency.ErrInProgress && errors.Is(err, idempotency.ErrInProgress) ||
-					c.want == idempotency.ErrStore && errors.Is(err, idempotency.ErrConflict) {
+					c.want == idempotency.ErrStore && errors.Is(err, backend.ErrConflict) {
 					t.Fatalf("%s: got %v; want %v alone", c.name, err, c.want)
 				}
 				if took < c.least || took > c.most {

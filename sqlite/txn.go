@@ -8,6 +8,7 @@ import (
 	"time"
 
 	"github.com/go-idempotency/idempotency"
+	"github.com/go-idempotency/idempotency/backend"
 )
 
 // txn is a reservation held in an open transaction on its own connection.
@@ -55,7 +56,7 @@ func (t *txn) Complete(ctx context.Context, resp idempotency.Response) error {
 // on an error the transaction is over.
 func (t *txn) completeAndCommit(ctx context.Context, resp idempotency.Response, cur int64) error {
 	return t.commitWith(ctx, cur, func(now any) error {
-		header := idempotency.MarshalHeader(resp.Header)
+		header := backend.MarshalHeader(resp.Header)
 		var expires int64
 		err := t.tx.StmtContext(ctx, t.complete).QueryRowContext(ctx, resp.Status, header, resp.Body, t.key.Scope, t.key.ID, now, int64(t.ttl)).Scan(&expires)
 		if errors.Is(err, sql.ErrNoRows) {

@@ -11,6 +11,7 @@ import (
 	"time"
 
 	"github.com/go-idempotency/idempotency"
+	"github.com/go-idempotency/idempotency/backend"
 )
 
 // writeTurnWait is the least time a caller waits for the Store's write
@@ -43,7 +44,7 @@ const busyUnknown = -1
 // A turn held by callers of other keys is a busy database, never "key in
 // progress". With noWait acquire reports it at once, wrapping
 // [idempotency.ErrStore]. Otherwise it waits up to d (forever: no bound)
-// while ctx lives, then reports [idempotency.ErrConflict].
+// while ctx lives, then reports [backend.ErrConflict].
 func (s *Store) acquire(ctx context.Context, key *idempotency.Key, noWait bool, keyBy time.Time, d time.Duration) error {
 	select {
 	case s.writer <- struct{}{}:
@@ -95,7 +96,7 @@ func (s *Store) acquire(ctx context.Context, key *idempotency.Key, noWait bool, 
 				return err
 			}
 			return fmt.Errorf("%w: sqlite: the database's one writer stayed busy with other keys for %v",
-				idempotency.ErrConflict, max(d, 0).Round(time.Millisecond))
+				backend.ErrConflict, max(d, 0).Round(time.Millisecond))
 		}
 	}
 }
@@ -112,7 +113,7 @@ const forever = time.Duration(math.MaxInt64)
 // turnWait is how long a reservation waits for the Store's write turn.
 // When the call gave a Deadline, it waits up to by, the call's wait bound.
 // Otherwise it waits for r.Wait or writeTurnWait, whichever is longer.
-func turnWait(r idempotency.Reservation, by time.Time) time.Duration {
+func turnWait(r backend.Reservation, by time.Time) time.Duration {
 	if r.Deadline.IsZero() {
 		return max(r.Wait, writeTurnWait)
 	}
@@ -121,7 +122,7 @@ func turnWait(r idempotency.Reservation, by time.Time) time.Duration {
 
 // waitErr reports a reservation that did not get SQLite's write lock. It
 // returns the error as mapError maps it (ctx's error once ctx is done).
-// The exception is a busy database ([idempotency.ErrConflict]) at the
+// The exception is a busy database ([backend.ErrConflict]) at the
 // bound. The write lock is then held by a writer outside the Store. (The
 // Store's own writers queue for its write turn before they reach the
 // lock.) That writer may hold this very key. SQLite cannot tell without
@@ -130,9 +131,9 @@ func turnWait(r idempotency.Reservation, by time.Time) time.Duration {
 // [idempotency.ErrInProgress]. That is the answer a caller of a held key
 // gets: ask again later with the same key. An SQLITE_BUSY before the bound, such as a deadlock SQLite refuses
 // to wait for, stays a conflict to retry.
-func waitErr(ctx context.Context, err error, r idempotency.Reservation, by time.Time) error {
+func waitErr(ctx context.Context, err error, r backend.Reservation, by time.Time) error {
 	werr := mapError(ctx, "reserve: waiting for the write lock", err)
-	if !errors.Is(werr, idempotency.ErrConflict) {
+	if !errors.Is(werr, backend.ErrConflict) {
 		return werr
 	}
 	switch {

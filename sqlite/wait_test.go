@@ -10,6 +10,7 @@ import (
 	_ "modernc.org/sqlite"
 
 	"github.com/go-idempotency/idempotency"
+	"github.com/go-idempotency/idempotency/backend"
 	"github.com/go-idempotency/idempotency/internal/testkit"
 )
 
@@ -77,7 +78,7 @@ func TestOtherKeyWaitsForWriter(t *testing.T) {
 	other := idempotency.Key{ID: "other"}
 	for _, wait := range []time.Duration{0, 100 * time.Millisecond} {
 		_, _, err := f.store.Reserve(ctx, reservation(other, time.Now(), wait))
-		if !errors.Is(err, idempotency.ErrConflict) || errors.Is(err, idempotency.ErrInProgress) {
+		if !errors.Is(err, backend.ErrConflict) || errors.Is(err, idempotency.ErrInProgress) {
 			t.Fatalf("other key, wait %v, while one is held: got %v, want ErrConflict only", wait, err)
 		}
 	}

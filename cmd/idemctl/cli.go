@@ -10,6 +10,7 @@ import (
 	"time"
 
 	"github.com/go-idempotency/idempotency"
+	"github.com/go-idempotency/idempotency/backend"
 	"github.com/go-idempotency/idempotency/internal/redact"
 	"github.com/go-idempotency/idempotency/internal/storedsn"
 	"github.com/go-idempotency/idempotency/sealed"
@@ -137,7 +138,7 @@ func parseArgs(args []string) (options, error) {
 		fs.StringVar(&scope, "scope", "", "the key's scope (required; '' is the empty scope)")
 	case "list":
 		fs.StringVar(&scope, "scope", "", "the scope to list (required; '' is the empty scope)")
-		fs.IntVar(&limit, "limit", limit, fmt.Sprintf("keys on the page, 1 to %d", idempotency.MaxListLimit))
+		fs.IntVar(&limit, "limit", limit, fmt.Sprintf("keys on the page, 1 to %d", backend.MaxListLimit))
 		fs.StringVar(&after, "after", "", "the cursor a page printed, to list the next one")
 	case "purge":
 		fs.BoolVar(&o.dryRun, "dry-run", false, "count the expired records; delete nothing")
@@ -240,8 +241,8 @@ func (o *options) finish(g globals, pos []string, scope string, scopeGiven bool,
 	}
 	switch o.cmd {
 	case "list":
-		if limit < 1 || limit > idempotency.MaxListLimit {
-			return usagef("-limit %d: want 1 to %d", limit, idempotency.MaxListLimit)
+		if limit < 1 || limit > backend.MaxListLimit {
+			return usagef("-limit %d: want 1 to %d", limit, backend.MaxListLimit)
 		}
 		o.list = idempotency.ListQuery{Scope: scope, Limit: limit}
 		if err := (idempotency.Key{Scope: scope, ID: "-"}).Validate(); err != nil {
@@ -282,7 +283,7 @@ const (
 	cursorRest       = "r:"
 )
 
-func formatCursor(c *idempotency.ListCursor) string {
+func formatCursor(c *backend.ListCursor) string {
 	if c == nil {
 		return ""
 	}
@@ -292,13 +293,13 @@ func formatCursor(c *idempotency.ListCursor) string {
 	return cursorRest + c.ID
 }
 
-func parseCursor(scope, s string) (*idempotency.ListCursor, error) {
-	var c idempotency.ListCursor
+func parseCursor(scope, s string) (*backend.ListCursor, error) {
+	var c backend.ListCursor
 	switch {
 	case strings.HasPrefix(s, cursorUnfinished):
-		c = idempotency.ListCursor{Unfinished: true, ID: s[len(cursorUnfinished):]}
+		c = backend.ListCursor{Unfinished: true, ID: s[len(cursorUnfinished):]}
 	case strings.HasPrefix(s, cursorRest):
-		c = idempotency.ListCursor{ID: s[len(cursorRest):]}
+		c = backend.ListCursor{ID: s[len(cursorRest):]}
 	default:
 		return nil, usagef("-after %q: want the cursor a page printed (u:ID or r:ID)", s)
 	}

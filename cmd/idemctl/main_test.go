@@ -17,6 +17,7 @@ import (
 	"time"
 
 	"github.com/go-idempotency/idempotency"
+	"github.com/go-idempotency/idempotency/backend"
 	"github.com/go-idempotency/idempotency/internal/testenv"
 	"github.com/go-idempotency/idempotency/internal/testkit"
 )
@@ -148,17 +149,17 @@ func (g *guards[Tx]) unfinished(ctx context.Context, key idempotency.Key) error 
 func (g *guards[Tx]) runs() int64 { return g.n.Load() }
 
 func (g *guards[Tx]) isAdmin() bool {
-	_, ok := g.store.(idempotency.KeyAdmin)
+	_, ok := g.store.(backend.KeyAdmin)
 	return ok
 }
 
 func (g *guards[Tx]) isLister() bool {
-	_, ok := g.store.(idempotency.KeyLister)
+	_, ok := g.store.(backend.KeyLister)
 	return ok
 }
 
 func (g *guards[Tx]) isStepper() bool {
-	_, ok := g.store.(idempotency.Stepper[Tx])
+	_, ok := g.store.(backend.Stepper[Tx])
 	return ok
 }
 
@@ -168,7 +169,7 @@ type storeCase struct {
 	name string
 	args []string
 	seed seeder
-	// held: what inspect reports for a key an open Do holds ("held", or
+	// held: what inspect reports for a key an open Do holds ("in_progress", or
 	// "notfound" for a store that cannot see an uncommitted row from
 	// another connection); several values when the store's docs allow both.
 	held []string
@@ -196,7 +197,7 @@ func forEachStore(t *testing.T, f func(t *testing.T, ctx context.Context, sc sto
 			ctx := testkit.Context(t, 60*time.Second)
 			sc := newStoreCase(t, ctx, name)
 			if !sc.seed.isAdmin() {
-				t.Fatalf("the %s store does not implement idempotency.KeyAdmin", name)
+				t.Fatalf("the %s store does not implement backend.KeyAdmin", name)
 			}
 			f(t, ctx, sc)
 		})
@@ -436,7 +437,7 @@ func TestUnfinished(t *testing.T) {
 		var got keyInfoJSON
 		outJSON(t, out, &got)
 		if code != 0 || got.State != "unfinished" || got.Operation != "payment" || got.Step != "charge" || got.Tries != 1 ||
-			!strings.Contains(got.Failure, "card processor down") || got.Expires == nil || got.Expires.Before(idempotency.MaxExpiry().Truncate(time.Millisecond)) {
+			!strings.Contains(got.Failure, "card processor down") || got.Expires == nil || got.Expires.Before(backend.MaxExpiry().Truncate(time.Millisecond)) {
 			t.Errorf("inspect: exit %d (%s): %+v", code, errs, got)
 		}
 		code, out, _ = cmd("inspect", "-scope", scope, "z-op")
@@ -498,7 +499,7 @@ func TestBadInput(t *testing.T) {
 		{[]string{"-store", rd, "inspect", "a", "b"}, "inspect takes one key ID, got 2 arguments"},
 		{[]string{"-store", rd, "inspect", "-scope", "", ""}, "id is empty"},
 		{[]string{"-store", rd, "forget", "-scope", "", "a\tb"}, "not printable ASCII"},
-		{[]string{"-store", rd, "forget", "-scope=", strings.Repeat("x", idempotency.MaxIDLen+1)}, "longer than"},
+		{[]string{"-store", rd, "forget", "-scope=", strings.Repeat("x", backend.MaxIDLen+1)}, "longer than"},
 		{[]string{"-store", rd, "inspect", "-scope", "a\x00b", "x"}, "NUL"},
 		{[]string{"-store", rd, "-table", "t", "inspect", "x"}, "-table is for the SQL stores"},
 		{[]string{"-store", db, "-prefix", "p:", "inspect", "x"}, "-prefix is for Redis"},
@@ -536,7 +537,7 @@ func TestBadInput(t *testing.T) {
 // TestCursor: a cursor printed by list parses back to itself.
 func TestCursor(t *testing.T) {
 	t.Parallel()
-	for _, c := range []idempotency.ListCursor{{Unfinished: true, ID: "a:b"}, {ID: "u:x"}, {ID: " "}} {
+	for _, c := range []backend.ListCursor{{Unfinished: true, ID: "a:b"}, {ID: "u:x"}, {ID: " "}} {
 		got, err := parseCursor("", formatCursor(&c))
 		if err != nil || *got != c {
 			t.Errorf("%+v -> %q -> %+v, %v", c, formatCursor(&c), got, err)
@@ -588,7 +589,7 @@ func TestHumanOutput(t *testing.T) {
 	t.Parallel()
 	created := time.Date(2026, 3, 1, 12, 0, 0, 250e6, time.UTC)
 	unfinished := idempotency.KeyInfo{Key: idempotency.Key{Scope: "s", ID: "op-1"}, State: idempotency.KeyUnfinished, Fingerprint: "fp1",
-		CreatedAt: created, ExpiresAt: idempotency.MaxExpiry(), Progress: []byte("p"), Tries: 2, LeaseEnds: created.Add(time.Minute),
+		CreatedAt: created, ExpiresAt: backend.MaxExpiry(), Tries: 2, LeaseEnds: created.Add(time.Minute),
 		Operation: "payment", Step: "charge", Failure: "charge: card processor down"}
 	done := idempotency.KeyInfo{Key: idempotency.Key{Scope: "s", ID: "k-2"}, State: idempotency.KeyCompleted, Fingerprint: "fp2",
 		Status: 201, Header: http.Header{"X-B": {"2"}, "X-A": {"1", "3"}}, BodyLen: 5, Body: []byte("hello"),
@@ -621,7 +622,7 @@ func TestHumanOutput(t *testing.T) {
 			"expires:     2026-03-02T12:00:00.250Z\n" +
 			"body:\nhello\n"},
 		"list": {func(b *bytes.Buffer) {
-			printList(b, idempotency.KeyPage{Keys: []idempotency.KeyInfo{unfinished, done}, Next: &idempotency.ListCursor{ID: "k-2"}})
+			printList(b, idempotency.KeyPage{Keys: []idempotency.KeyInfo{unfinished, done}, Next: &backend.ListCursor{ID: "k-2"}})
 		}, "" +
 			"STATE       ID    STEP            TRIES  STATUS  BODY  CREATED                   EXPIRES\n" +
 			"unfinished  op-1  payment/charge  2      -       0     2026-03-01T12:00:00.250Z  never\n" +
@@ -631,9 +632,9 @@ func TestHumanOutput(t *testing.T) {
 			"STATE  ID  STEP  TRIES  STATUS  BODY  CREATED  EXPIRES\n" +
 			"last page\n"},
 		"stats": {func(b *bytes.Buffer) {
-			printStats(b, idempotency.Stats{Held: 1, Completed: 20, Unfinished: 3, Expired: 4, OldestUnfinished: created, Failing: 2, BodyBytes: 1234})
+			printStats(b, idempotency.Stats{InProgress: 1, Completed: 20, Unfinished: 3, Expired: 4, OldestUnfinished: created, Failing: 2, BodyBytes: 1234})
 		}, "" +
-			"held:              1\n" +
+			"in_progress:       1\n" +
 			"unfinished:        3\n" +
 			"failing:           2\n" +
 			"completed:         20\n" +

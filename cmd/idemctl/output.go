@@ -13,6 +13,7 @@ import (
 	"time"
 
 	"github.com/go-idempotency/idempotency"
+	"github.com/go-idempotency/idempotency/backend"
 )
 
 // execute runs the parsed command o and prints its result to stdout.
@@ -100,12 +101,12 @@ func emit(w io.Writer, asJSON bool, v any, text func(io.Writer)) error {
 }
 
 // timeText formats t in UTC to the millisecond; "-" for the zero time and
-// "never" for idempotency.MaxExpiry.
+// "never" for backend.MaxExpiry.
 func timeText(t time.Time) string {
 	switch {
 	case t.IsZero():
 		return "-"
-	case !t.Before(idempotency.MaxExpiry().Truncate(time.Millisecond)):
+	case !t.Before(backend.MaxExpiry().Truncate(time.Millisecond)):
 		return "never"
 	}
 	return t.UTC().Format("2006-01-02T15:04:05.000Z")
@@ -117,7 +118,7 @@ func printInfo(w io.Writer, info *idempotency.KeyInfo, withBody bool) {
 	line := func(name, value string) { fmt.Fprintf(tw, "%s:\t%s\n", name, value) }
 	line("key", info.Key.String())
 	line("state", info.State.String())
-	if info.Progress != nil || info.Operation != "" {
+	if info.Operation != "" {
 		line("operation", info.Operation)
 		line("step", info.Step)
 		line("tries", strconv.Itoa(info.Tries))
@@ -166,7 +167,7 @@ func printList(w io.Writer, page idempotency.KeyPage) {
 	fmt.Fprintln(tw, "STATE\tID\tSTEP\tTRIES\tSTATUS\tBODY\tCREATED\tEXPIRES")
 	for _, k := range page.Keys {
 		step, tries, status := "-", "-", "-"
-		if k.Progress != nil {
+		if k.Operation != "" {
 			step, tries = k.Operation+"/"+k.Step, strconv.Itoa(k.Tries)
 		}
 		if k.Status != 0 {
@@ -187,7 +188,7 @@ func printStats(w io.Writer, st idempotency.Stats) {
 	for _, f := range []struct {
 		name string
 		n    int64
-	}{{"held", st.Held}, {"unfinished", st.Unfinished}, {"failing", st.Failing}, {"completed", st.Completed}, {"expired", st.Expired}, {"body bytes", st.BodyBytes}} {
+	}{{"in_progress", st.InProgress}, {"unfinished", st.Unfinished}, {"failing", st.Failing}, {"completed", st.Completed}, {"expired", st.Expired}, {"body bytes", st.BodyBytes}} {
 		fmt.Fprintf(tw, "%s:\t%d\n", f.name, f.n)
 	}
 	fmt.Fprintf(tw, "oldest unfinished:\t%s\n", timeText(st.OldestUnfinished))
@@ -262,7 +263,7 @@ func listJSON(page idempotency.KeyPage) pageJSON {
 
 // statsOut is stats' -json output.
 type statsOut struct {
-	Held             int64      `json:"held"`
+	InProgress       int64      `json:"in_progress"`
 	Unfinished       int64      `json:"unfinished"`
 	Failing          int64      `json:"failing"`
 	Completed        int64      `json:"completed"`
@@ -272,7 +273,7 @@ type statsOut struct {
 }
 
 func statsJSON(st idempotency.Stats) statsOut {
-	return statsOut{Held: st.Held, Unfinished: st.Unfinished, Failing: st.Failing, Completed: st.Completed,
+	return statsOut{InProgress: st.InProgress, Unfinished: st.Unfinished, Failing: st.Failing, Completed: st.Completed,
 		Expired: st.Expired, BodyBytes: st.BodyBytes, OldestUnfinished: timeJSON(st.OldestUnfinished)}
 }
 

@@ -68,7 +68,7 @@ func newStoreCase(t *testing.T, ctx context.Context, name string) storeCase {
 		if name == "postgres+sql" {
 			arg = strings.Replace(dsn, "://", "+sql://", 1)
 		}
-		return storeCase{name: name, args: []string{"-store", arg, "-table", table}, seed: newGuards(t, s), held: []string{"held"}}
+		return storeCase{name: name, args: []string{"-store", arg, "-table", table}, seed: newGuards(t, s), held: []string{"in_progress"}}
 	case "mysql":
 		dsn := testenv.MySQLDSN(t)
 		db, err := mysql.Open(ctx, dsn)
@@ -87,7 +87,7 @@ func newStoreCase(t *testing.T, ctx context.Context, name string) storeCase {
 		if err := s.Migrate(ctx); err != nil {
 			t.Fatal(err)
 		}
-		return storeCase{name: name, args: []string{"-store", dsn, "-table", table}, seed: newGuards(t, s), held: []string{"held"}}
+		return storeCase{name: name, args: []string{"-store", dsn, "-table", table}, seed: newGuards(t, s), held: []string{"in_progress"}}
 	case "redis":
 		addr := testenv.RedisAddr(t)
 		client := goredis.NewClient(&goredis.Options{Addr: addr})
@@ -105,7 +105,7 @@ func newStoreCase(t *testing.T, ctx context.Context, name string) storeCase {
 		if err != nil {
 			t.Fatal(err)
 		}
-		return storeCase{name: name, args: []string{"-store", "redis://" + addr, "-prefix", prefix}, seed: newGuards(t, s), held: []string{"held"}}
+		return storeCase{name: name, args: []string{"-store", "redis://" + addr, "-prefix", prefix}, seed: newGuards(t, s), held: []string{"in_progress"}}
 	}
 	t.Fatalf("unknown store %q", name)
 	return storeCase{}

@@ -158,7 +158,7 @@ func fifty(t *testing.T, sk storeKind) {
 	last := f.start(ctx, serviceOpts{addr: addr, grace: 100 * time.Millisecond})
 	testkit.WaitUntil(t, 60*time.Second, "the Completer finishing every unfinished key", func() bool {
 		st, err := f.app.stats(ctx)
-		return err == nil && st.Unfinished == 0 && st.Held == 0
+		return err == nil && st.Unfinished == 0 && st.InProgress == 0
 	})
 	t.Logf("the Completer finished in %v", time.Since(start).Round(time.Millisecond))
 	// A last request for every key: a replay, or the run of a key that no

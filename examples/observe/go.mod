@@ -5,7 +5,7 @@ go 1.26.0
 replace github.com/go-idempotency/idempotency => ../..
 
 require (
-	github.com/go-idempotency/idempotency v0.1.0
+	github.com/go-idempotency/idempotency v0.2.0
 	github.com/prometheus/client_golang v1.24.1
 	github.com/prometheus/client_model v0.6.3
 	go.opentelemetry.io/otel v1.47.0

@@ -5,7 +5,7 @@ go 1.26.0
 replace github.com/go-idempotency/idempotency => ../..
 
 require (
-	github.com/go-idempotency/idempotency v0.1.0
+	github.com/go-idempotency/idempotency v0.2.0
 	github.com/gofiber/fiber/v2 v2.52.15
 	github.com/jackc/pgx/v5 v5.13.0
 	github.com/valyala/fasthttp v1.78.0

@@ -6,7 +6,7 @@ replace github.com/go-idempotency/idempotency => ../..
 
 require (
 	github.com/gin-gonic/gin v1.12.0
-	github.com/go-idempotency/idempotency v0.1.0
+	github.com/go-idempotency/idempotency v0.2.0
 	github.com/jackc/pgx/v5 v5.13.0
 )
 

@@ -18,6 +18,7 @@ import (
 	"github.com/nats-io/nats.go/jetstream"
 
 	"github.com/go-idempotency/idempotency"
+	"github.com/go-idempotency/idempotency/backend"
 	"github.com/go-idempotency/idempotency/idemqueue"
 	"github.com/go-idempotency/idempotency/idemqueue/idemnats"
 )
@@ -340,7 +341,7 @@ func TestNewInvalid(t *testing.T) {
 
 type nopStore struct{}
 
-func (nopStore) Reserve(context.Context, idempotency.Reservation) (idempotency.Txn[pgx.Tx], *idempotency.Record, error) {
+func (nopStore) Reserve(context.Context, backend.Reservation) (backend.Txn[pgx.Tx], *backend.Record, error) {
 	return nil, nil, errors.New("unused")
 }
 func (nopStore) Purge(context.Context, int) (int, error) { return 0, nil }

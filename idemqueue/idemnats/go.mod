@@ -3,7 +3,7 @@ module github.com/go-idempotency/idempotency/idemqueue/idemnats
 go 1.26.0
 
 require (
-	github.com/go-idempotency/idempotency v0.1.0
+	github.com/go-idempotency/idempotency v0.2.0
 	github.com/jackc/pgx/v5 v5.12.0
 	github.com/nats-io/nats.go v1.55.0
 )

@@ -62,7 +62,7 @@ var pinMultiWriter = map[string]string{
 	// moment and finds the first one.
 	"FailedCompleteFreesKey": "a Complete whose reply was lost, then a Reserve of its key",
 	// Two purges on two nodes may delete the same expired rows: the second
-	// fails certification at COMMIT (idempotency.ErrConflict). One node
+	// fails certification at COMMIT (backend.ErrConflict). One node
 	// keeps the counts the case asserts exact.
 	"Purge": "Purge deletes exactly the expired keys",
 	// Acquire's uncommitted row (a new key) or lease (an unfinished one)

@@ -12,6 +12,7 @@ import (
 	gomysql "github.com/go-sql-driver/mysql"
 
 	"github.com/go-idempotency/idempotency"
+	"github.com/go-idempotency/idempotency/backend"
 	"github.com/go-idempotency/idempotency/internal/testkit"
 	"github.com/go-idempotency/idempotency/mysql"
 )
@@ -20,7 +21,7 @@ import (
 // mysql.Store (and pool) per node, as three service instances behind a
 // load balancer would be: each call goes to the next node in turn, or
 // always to node pin when pin >= 0. It is also the mysql store's
-// idempotency.Stepper, KeyAdmin and KeyLister, each call of those on the
+// backend.Stepper, KeyAdmin and KeyLister, each call of those on the
 // next node in the same way: the phases of one operation, an Abandoned
 // and the Acquires that follow it, an Inspect or a Forget of a key another
 // node holds, all meet on different nodes.
@@ -33,12 +34,12 @@ type spread struct {
 }
 
 var (
-	_ idempotency.KeyStore[*sql.Tx]  = (*spread)(nil)
-	_ idempotency.ConflictClassifier = (*spread)(nil)
-	_ idempotency.Migrator           = (*spread)(nil)
-	_ idempotency.Stepper[*sql.Tx]   = (*spread)(nil)
-	_ idempotency.KeyAdmin           = (*spread)(nil)
-	_ idempotency.KeyLister          = (*spread)(nil)
+	_ idempotency.KeyStore[*sql.Tx] = (*spread)(nil)
+	_ backend.ConflictClassifier    = (*spread)(nil)
+	_ backend.Migrator              = (*spread)(nil)
+	_ backend.Stepper[*sql.Tx]      = (*spread)(nil)
+	_ backend.KeyAdmin              = (*spread)(nil)
+	_ backend.KeyLister             = (*spread)(nil)
 )
 
 func (s *spread) node() int {
@@ -48,7 +49,7 @@ func (s *spread) node() int {
 	return int(s.next.Add(1) % uint64(len(s.stores)))
 }
 
-func (s *spread) Reserve(ctx context.Context, r idempotency.Reservation) (idempotency.Txn[*sql.Tx], *idempotency.Record, error) {
+func (s *spread) Reserve(ctx context.Context, r backend.Reservation) (backend.Txn[*sql.Tx], *backend.Record, error) {
 	i := s.node()
 	s.onNode[i].Add(1)
 	return s.stores[i].Reserve(ctx, r)
@@ -56,36 +57,36 @@ func (s *spread) Reserve(ctx context.Context, r idempotency.Reservation) (idempo
 
 // Acquire takes one phase on the next node: the Phase it returns runs
 // every statement of that phase there.
-func (s *spread) Acquire(ctx context.Context, a idempotency.Acquisition) (idempotency.Phase[*sql.Tx], *idempotency.Record, error) {
+func (s *spread) Acquire(ctx context.Context, a backend.Acquisition) (backend.Phase[*sql.Tx], *backend.Record, error) {
 	i := s.node()
 	s.onNode[i].Add(1)
 	return s.stores[i].Acquire(ctx, a)
 }
 
 // Abandoned lists the abandoned keys as the next node has them.
-func (s *spread) Abandoned(ctx context.Context, q idempotency.AbandonedQuery) ([]idempotency.AbandonedKey, error) {
+func (s *spread) Abandoned(ctx context.Context, q backend.AbandonedQuery) ([]backend.AbandonedKey, error) {
 	return s.stores[s.node()].Abandoned(ctx, q)
 }
 
 // Inspect reads the key on the next node: its probe for an open
 // transaction sees only that node's (see mysql.Store.Inspect).
-func (s *spread) Inspect(ctx context.Context, key idempotency.Key, body bool) (*idempotency.KeyInfo, error) {
+func (s *spread) Inspect(ctx context.Context, key idempotency.Key, body bool) (*backend.KeyInfo, error) {
 	return s.stores[s.node()].Inspect(ctx, key, body)
 }
 
 // Forget deletes the key on the next node, which refuses it only if a
 // transaction there (a local one, or an applier's) holds its row.
-func (s *spread) Forget(ctx context.Context, key idempotency.Key) (*idempotency.KeyInfo, error) {
+func (s *spread) Forget(ctx context.Context, key idempotency.Key) (*backend.KeyInfo, error) {
 	return s.stores[s.node()].Forget(ctx, key)
 }
 
 // List reads one page on the next node.
-func (s *spread) List(ctx context.Context, q idempotency.ListQuery) (idempotency.KeyPage, error) {
+func (s *spread) List(ctx context.Context, q backend.ListQuery) (backend.KeyPage, error) {
 	return s.stores[s.node()].List(ctx, q)
 }
 
 // Stats counts the records on the next node.
-func (s *spread) Stats(ctx context.Context) (idempotency.Stats, error) {
+func (s *spread) Stats(ctx context.Context) (backend.Stats, error) {
 	return s.stores[s.node()].Stats(ctx)
 }
 

@@ -14,6 +14,7 @@ import (
 	"time"
 
 	"github.com/go-idempotency/idempotency"
+	"github.com/go-idempotency/idempotency/backend"
 	"github.com/go-idempotency/idempotency/internal/testkit"
 )
 
@@ -179,7 +180,7 @@ func galeraFirstTry(t *testing.T, g *Galera) {
 	conflicts := 0
 	for round := range rounds {
 		key := idempotency.Key{Scope: "ft", ID: fmt.Sprintf("%s%d", testkit.Name("ft-"), round)}
-		r := idempotency.Reservation{Key: key, Fingerprint: "fp", TTL: time.Hour, Deadline: time.Now().Add(10 * time.Second)}
+		r := backend.Reservation{Key: key, Fingerprint: "fp", TTL: time.Hour, Deadline: time.Now().Add(10 * time.Second)}
 		txn, _, err := f.stores[0].Reserve(ctx, r)
 		if err != nil {
 			t.Fatal(err)

@@ -9,6 +9,7 @@ import (
 	"time"
 
 	"github.com/go-idempotency/idempotency"
+	"github.com/go-idempotency/idempotency/backend"
 )
 
 // forgetfulStore is a broken store, the catalogue's "blind-reserve" mistake
@@ -20,10 +21,10 @@ type forgetfulStore struct {
 	n atomic.Int64
 }
 
-func (s *forgetfulStore) Reserve(ctx context.Context, r idempotency.Reservation) (idempotency.Txn[*sql.Tx], *idempotency.Record, error) {
+func (s *forgetfulStore) Reserve(ctx context.Context, r backend.Reservation) (backend.Txn[*sql.Tx], *backend.Record, error) {
 	txn, rec, err := s.KeyStore.Reserve(ctx, r)
 	if rec != nil && s.n.Add(1)%2 == 0 {
-		if _, ferr := s.KeyStore.(idempotency.KeyAdmin).Forget(ctx, r.Key); ferr == nil {
+		if _, ferr := s.KeyStore.(backend.KeyAdmin).Forget(ctx, r.Key); ferr == nil {
 			return s.KeyStore.Reserve(ctx, r)
 		}
 	}
@@ -38,7 +39,7 @@ type staleStore struct {
 	n atomic.Int64
 }
 
-func (s *staleStore) Reserve(ctx context.Context, r idempotency.Reservation) (idempotency.Txn[*sql.Tx], *idempotency.Record, error) {
+func (s *staleStore) Reserve(ctx context.Context, r backend.Reservation) (backend.Txn[*sql.Tx], *backend.Record, error) {
 	txn, rec, err := s.KeyStore.Reserve(ctx, r)
 	if rec != nil && len(rec.Body) > 0 && s.n.Add(1)%2 == 0 {
 		rec.Body = rec.Body[:len(rec.Body)-1]

@@ -1,6 +1,6 @@
 // Package keyleak checks that the errors of [idempotency.Guard.Do] on a
 // store name the key by its hash only, never by its raw scope or id. They
-// give the raw key to code through [idempotency.KeyError]. Each store's
+// give the raw key to code through [backend.KeyError]. Each store's
 // tests run [Check] on a real store.
 package keyleak
 
@@ -12,6 +12,7 @@ import (
 	"time"
 
 	"github.com/go-idempotency/idempotency"
+	"github.com/go-idempotency/idempotency/backend"
 )
 
 // Distinctive parts of the keys checked: no error text may contain them.
@@ -30,7 +31,7 @@ func Key(tag string) idempotency.Key {
 
 // Err fails t unless all of these hold: err wraps want; its text contains
 // neither the key's scope nor its id (nor [Scope] nor [IDPrefix]) but
-// contains its hash; errors.As finds an [idempotency.KeyError] carrying
+// contains its hash; errors.As finds an [backend.KeyError] carrying
 // key.
 func Err(t testing.TB, what string, err error, want error, key idempotency.Key) {
 	t.Helper()
@@ -48,9 +49,9 @@ func Err(t testing.TB, what string, err error, want error, key idempotency.Key) 
 	if !strings.Contains(msg, key.Hash()) {
 		t.Errorf("%s: the error text lacks the key's hash %s: %s", what, key.Hash(), msg)
 	}
-	var ke *idempotency.KeyError
+	var ke *backend.KeyError
 	if !errors.As(err, &ke) {
-		t.Errorf("%s: no *idempotency.KeyError in the chain of %v", what, err)
+		t.Errorf("%s: no *backend.KeyError in the chain of %v", what, err)
 	} else if ke.Key != key {
 		t.Errorf("%s: KeyError.Key is %#v, want %#v", what, ke.Key, key)
 	}
@@ -83,7 +84,7 @@ func Check[Tx any](t *testing.T, store, broken idempotency.KeyStore[Tx]) {
 
 	// A key held by a reservation of the store.
 	key = Key("held")
-	txn, rec, err := store.Reserve(ctx, idempotency.Reservation{Key: key, Fingerprint: "fp", TTL: time.Minute})
+	txn, rec, err := store.Reserve(ctx, backend.Reservation{Key: key, Fingerprint: "fp", TTL: time.Minute})
 	if err != nil || txn == nil || rec != nil {
 		t.Fatalf("Reserve: %v, %v, %v; want a reservation", txn, rec, err)
 	}

@@ -6,6 +6,7 @@ import (
 	"time"
 
 	"github.com/go-idempotency/idempotency"
+	"github.com/go-idempotency/idempotency/backend"
 )
 
 // With Store.StepLeases, a Phase holds its key by its Acquisition's lease
@@ -82,7 +83,7 @@ func (p *phase) stale() error {
 	if p.s.holds(p.r.Key, p.gen) || p.s.StaleStepCommits {
 		return nil
 	}
-	return fmt.Errorf("%w: memstore: key %v: the phase's lease ran out and another run took the key", idempotency.ErrLeaseLost, p.r.Key)
+	return fmt.Errorf("%w: memstore: key %v: the phase's lease ran out and another run took the key", backend.ErrLeaseLost, p.r.Key)
 }
 
 // releasePhase ends the phase's hold, if it still holds the key; s.mu is

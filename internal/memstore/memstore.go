@@ -11,6 +11,7 @@ import (
 	"time"
 
 	"github.com/go-idempotency/idempotency"
+	"github.com/go-idempotency/idempotency/backend"
 )
 
 // Tx buffers the effects of one reservation.
@@ -24,7 +25,7 @@ func (tx *Tx) Effect(tag string) { tx.effects = append(tx.effects, tag) }
 // Store is the in-memory store. The zero value is not usable; call New.
 type Store struct {
 	mu      sync.Mutex
-	records map[idempotency.Key]*idempotency.Record
+	records map[idempotency.Key]*backend.Record
 	held    map[idempotency.Key]chan struct{} // closed when the holder ends
 	ops     map[idempotency.Key]*opRow        // unfinished operations
 	counts  map[string]int
@@ -35,7 +36,7 @@ type Store struct {
 	Conflict func(error) bool
 	// SchemaErr, when set, is what CheckSchema returns (to test the
 	// core's start-up check); nil passes it.
-	SchemaErr func(idempotency.SchemaCheck) error
+	SchemaErr func(backend.SchemaCheck) error
 	// Clock, when set, is the store's clock, read instead of time.Now (the
 	// clock of this process, which is the store's own): a test clock.
 	Clock func() time.Time
@@ -56,19 +57,19 @@ func (s *Store) now() (time.Time, error) {
 		return time.Now(), nil
 	}
 	now := s.Clock()
-	return now, idempotency.CheckClock(now)
+	return now, backend.CheckClock(now)
 }
 
-// IsConflict implements [idempotency.ConflictClassifier] through s.Conflict.
+// IsConflict implements [backend.ConflictClassifier] through s.Conflict.
 func (s *Store) IsConflict(err error) bool { return s.Conflict != nil && s.Conflict(err) }
 
 var _ idempotency.KeyStore[*Tx] = (*Store)(nil)
 
-var _ idempotency.SchemaChecker = (*Store)(nil)
+var _ backend.SchemaChecker = (*Store)(nil)
 
-// CheckSchema implements [idempotency.SchemaChecker]: an in-memory store
+// CheckSchema implements [backend.SchemaChecker]: an in-memory store
 // has no schema, so it returns what s.SchemaErr returns, nil without one.
-func (s *Store) CheckSchema(_ context.Context, c idempotency.SchemaCheck) error {
+func (s *Store) CheckSchema(_ context.Context, c backend.SchemaCheck) error {
 	if s.SchemaErr != nil {
 		return s.SchemaErr(c)
 	}
@@ -77,7 +78,7 @@ func (s *Store) CheckSchema(_ context.Context, c idempotency.SchemaCheck) error 
 
 // New returns an empty store.
 func New() *Store {
-	return &Store{records: map[idempotency.Key]*idempotency.Record{}, held: map[idempotency.Key]chan struct{}{},
+	return &Store{records: map[idempotency.Key]*backend.Record{}, held: map[idempotency.Key]chan struct{}{},
 		ops: map[idempotency.Key]*opRow{}, counts: map[string]int{}}
 }
 
@@ -89,7 +90,7 @@ func (s *Store) Count(tag string) int {
 }
 
 // Reserve implements [idempotency.KeyStore].
-func (s *Store) Reserve(ctx context.Context, r idempotency.Reservation) (idempotency.Txn[*Tx], *idempotency.Record, error) {
+func (s *Store) Reserve(ctx context.Context, r backend.Reservation) (backend.Txn[*Tx], *backend.Record, error) {
 	if s.ReserveErr != nil {
 		if err := s.ReserveErr(); err != nil {
 			return nil, nil, err
@@ -114,7 +115,7 @@ func (s *Store) Reserve(ctx context.Context, r idempotency.Reservation) (idempot
 // then a holder makes it wait for the key's release, up to wait (0: not at
 // all), and a free key becomes the caller's, held until its transaction
 // ends.
-func (s *Store) take(ctx context.Context, key idempotency.Key, wait time.Duration, claim func(now time.Time, busy bool) error) (*idempotency.Record, time.Time, error) {
+func (s *Store) take(ctx context.Context, key idempotency.Key, wait time.Duration, claim func(now time.Time, busy bool) error) (*backend.Record, time.Time, error) {
 	deadline := time.NewTimer(wait)
 	defer deadline.Stop()
 	for {
@@ -182,7 +183,7 @@ func (s *Store) Purge(_ context.Context, limit int) (int, error) {
 
 type txn struct {
 	s       *Store
-	r       idempotency.Reservation
+	r       backend.Reservation
 	created time.Time // the store's clock at the reservation
 	tx      *Tx
 }
@@ -210,10 +211,10 @@ func (t *txn) commit(now time.Time, resp idempotency.Response) {
 	for _, e := range t.tx.effects {
 		s.counts[e]++
 	}
-	s.records[t.r.Key] = &idempotency.Record{
+	s.records[t.r.Key] = &backend.Record{
 		Key: t.r.Key, Fingerprint: t.r.Fingerprint, Status: resp.Status,
 		Header: resp.Header.Clone(), Body: append([]byte{}, resp.Body...),
-		CreatedAt: t.created, ExpiresAt: idempotency.Expiry(now, t.r.TTL),
+		CreatedAt: t.created, ExpiresAt: backend.Expiry(now, t.r.TTL),
 	}
 }
 

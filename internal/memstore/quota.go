@@ -4,10 +4,10 @@ import (
 	"context"
 	"time"
 
-	"github.com/go-idempotency/idempotency"
+	"github.com/go-idempotency/idempotency/backend"
 )
 
-var _ idempotency.QuotaCounter = (*Store)(nil)
+var _ backend.QuotaCounter = (*Store)(nil)
 
 // quotaRow names one window's counters of one scope.
 type quotaRow struct {
@@ -28,19 +28,19 @@ func windowStart(now time.Time, w time.Duration) int64 {
 	return ms - ((ms%span)+span)%span
 }
 
-// AdmitQuota implements [idempotency.QuotaCounter].
-func (s *Store) AdmitQuota(ctx context.Context, q idempotency.QuotaCheck) (idempotency.QuotaAdmission, error) {
+// AdmitQuota implements [backend.QuotaCounter].
+func (s *Store) AdmitQuota(ctx context.Context, q backend.QuotaCheck) (backend.QuotaAdmission, error) {
 	if err := ctx.Err(); err != nil {
-		return idempotency.QuotaAdmission{}, err
+		return backend.QuotaAdmission{}, err
 	}
 	now, err := s.now()
 	if err != nil {
-		return idempotency.QuotaAdmission{}, err
+		return backend.QuotaAdmission{}, err
 	}
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	if rec, ok := s.records[q.Key]; ok && rec.ExpiresAt.After(now) {
-		return idempotency.QuotaAdmission{Replay: true}, nil
+		return backend.QuotaAdmission{Replay: true}, nil
 	}
 	start := windowStart(now, q.Quota.Window)
 	row := quotaRow{q.Key.Scope, q.Quota.Window, start}
@@ -52,15 +52,15 @@ func (s *Store) AdmitQuota(ctx context.Context, q idempotency.QuotaCheck) (idemp
 		c = &quotaCount{end: time.UnixMilli(start).Add(q.Quota.Window)}
 		s.quota[row] = c
 	}
-	adm := idempotency.QuotaAdmission{WindowStart: time.UnixMilli(start), RetryAfter: c.end.Sub(now)}
+	adm := backend.QuotaAdmission{WindowStart: time.UnixMilli(start), RetryAfter: c.end.Sub(now)}
 	maxKeys, maxInFlight, maxBytes := q.Quota.Limits()
 	switch {
 	case c.keys >= maxKeys:
-		adm.Over = idempotency.QuotaKeys
+		adm.Over = backend.QuotaKeys
 	case c.inFlight >= maxInFlight:
-		adm.Over = idempotency.QuotaInFlight
+		adm.Over = backend.QuotaInFlight
 	case c.bytes >= maxBytes:
-		adm.Over = idempotency.QuotaBytes
+		adm.Over = backend.QuotaBytes
 	default:
 		c.keys++
 		c.inFlight++
@@ -69,8 +69,8 @@ func (s *Store) AdmitQuota(ctx context.Context, q idempotency.QuotaCheck) (idemp
 	return adm, nil
 }
 
-// EndQuota implements [idempotency.QuotaCounter].
-func (s *Store) EndQuota(_ context.Context, e idempotency.QuotaEnd) error {
+// EndQuota implements [backend.QuotaCounter].
+func (s *Store) EndQuota(_ context.Context, e backend.QuotaEnd) error {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	c := s.quota[quotaRow{e.Scope, e.Window, e.WindowStart.UnixMilli()}]
@@ -85,7 +85,7 @@ func (s *Store) EndQuota(_ context.Context, e idempotency.QuotaEnd) error {
 	return nil
 }
 
-// PurgeQuota implements [idempotency.QuotaCounter].
+// PurgeQuota implements [backend.QuotaCounter].
 func (s *Store) PurgeQuota(_ context.Context, limit int) (int, error) {
 	now, err := s.now()
 	if err != nil {

@@ -9,12 +9,13 @@ import (
 	"time"
 
 	"github.com/go-idempotency/idempotency"
+	"github.com/go-idempotency/idempotency/backend"
 )
 
 var (
-	_ idempotency.Stepper[*Tx] = (*Store)(nil)
-	_ idempotency.KeyAdmin     = (*Store)(nil)
-	_ idempotency.KeyLister    = (*Store)(nil)
+	_ backend.Stepper[*Tx] = (*Store)(nil)
+	_ backend.KeyAdmin     = (*Store)(nil)
+	_ backend.KeyLister    = (*Store)(nil)
 )
 
 // opRow is an unfinished operation's committed row.
@@ -28,7 +29,7 @@ type opRow struct {
 }
 
 // checkAcquisition refuses an Acquisition outside the contract's bounds.
-func checkAcquisition(a idempotency.Acquisition) error {
+func checkAcquisition(a backend.Acquisition) error {
 	if err := a.Validate(); err != nil {
 		return fmt.Errorf("memstore: %w", err)
 	}
@@ -37,14 +38,14 @@ func checkAcquisition(a idempotency.Acquisition) error {
 
 // checkProgress refuses a nil or oversized progress.
 func checkProgress(progress []byte) error {
-	if err := idempotency.CheckProgress(progress); err != nil {
+	if err := backend.CheckProgress(progress); err != nil {
 		return fmt.Errorf("memstore: %w", err)
 	}
 	return nil
 }
 
-// Acquire implements [idempotency.Stepper].
-func (s *Store) Acquire(ctx context.Context, a idempotency.Acquisition) (idempotency.Phase[*Tx], *idempotency.Record, error) {
+// Acquire implements [backend.Stepper].
+func (s *Store) Acquire(ctx context.Context, a backend.Acquisition) (backend.Phase[*Tx], *backend.Record, error) {
 	if err := checkAcquisition(a); err != nil {
 		return nil, nil, err
 	}
@@ -74,8 +75,8 @@ func (s *Store) Acquire(ctx context.Context, a idempotency.Acquisition) (idempot
 	return p, nil, nil
 }
 
-// Abandoned implements [idempotency.Stepper].
-func (s *Store) Abandoned(_ context.Context, q idempotency.AbandonedQuery) ([]idempotency.AbandonedKey, error) {
+// Abandoned implements [backend.Stepper].
+func (s *Store) Abandoned(_ context.Context, q backend.AbandonedQuery) ([]backend.AbandonedKey, error) {
 	if err := q.Validate(); err != nil {
 		return nil, err
 	}
@@ -85,21 +86,21 @@ func (s *Store) Abandoned(_ context.Context, q idempotency.AbandonedQuery) ([]id
 	}
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	var out []idempotency.AbandonedKey
+	var out []backend.AbandonedKey
 	for k, row := range s.ops {
 		if row.leaseEnds.After(now.Add(-q.Grace)) || row.tries >= q.MaxTries {
 			continue
 		}
-		out = append(out, idempotency.AbandonedKey{Key: k, Fingerprint: row.fp, Progress: bytes.Clone(row.progress), Tries: row.tries, LeaseEnded: row.leaseEnds})
+		out = append(out, backend.AbandonedKey{Key: k, Fingerprint: row.fp, Progress: bytes.Clone(row.progress), Tries: row.tries, LeaseEnded: row.leaseEnds})
 	}
-	slices.SortFunc(out, func(a, b idempotency.AbandonedKey) int { return a.LeaseEnded.Compare(b.LeaseEnded) })
+	slices.SortFunc(out, func(a, b backend.AbandonedKey) int { return a.LeaseEnded.Compare(b.LeaseEnded) })
 	return out[:min(len(out), q.Limit)], nil
 }
 
 // phase is a transaction of [Store.Acquire].
 type phase struct {
 	txn
-	a        idempotency.Acquisition
+	a        backend.Acquisition
 	fp       string
 	progress []byte
 	tries    int
@@ -167,8 +168,8 @@ func (p *phase) Complete(ctx context.Context, resp idempotency.Response) error {
 	return nil
 }
 
-// Inspect implements [idempotency.KeyAdmin].
-func (s *Store) Inspect(_ context.Context, key idempotency.Key, body bool) (*idempotency.KeyInfo, error) {
+// Inspect implements [backend.KeyAdmin].
+func (s *Store) Inspect(_ context.Context, key idempotency.Key, body bool) (*backend.KeyInfo, error) {
 	now, err := s.now()
 	if err != nil {
 		return nil, err
@@ -179,39 +180,39 @@ func (s *Store) Inspect(_ context.Context, key idempotency.Key, body bool) (*ide
 	if info == nil {
 		return nil, fmt.Errorf("memstore: %w", idempotency.ErrNotFound)
 	}
-	if rec, ok := s.records[key]; body && ok && info.State != idempotency.KeyHeld {
+	if rec, ok := s.records[key]; body && ok && info.State != backend.KeyInProgress {
 		info.Body = bytes.Clone(rec.Body)
 	}
 	return info, nil
 }
 
 // info describes key; s.mu is held.
-func (s *Store) info(key idempotency.Key, now time.Time) *idempotency.KeyInfo {
+func (s *Store) info(key idempotency.Key, now time.Time) *backend.KeyInfo {
 	if row, ok := s.ops[key]; ok {
-		st := idempotency.KeyUnfinished
+		st := backend.KeyUnfinished
 		if _, busy := s.held[key]; busy || row.leaseEnds.After(now) {
-			st = idempotency.KeyHeld
+			st = backend.KeyInProgress
 		}
-		return &idempotency.KeyInfo{Key: key, State: st, Fingerprint: row.fp, CreatedAt: row.created, ExpiresAt: idempotency.MaxExpiry(),
+		return &backend.KeyInfo{Key: key, State: st, Fingerprint: row.fp, CreatedAt: row.created, ExpiresAt: backend.MaxExpiry(),
 			Progress: bytes.Clone(row.progress), Tries: row.tries, LeaseEnds: row.leaseEnds}
 	}
 	if _, busy := s.held[key]; busy {
-		return &idempotency.KeyInfo{Key: key, State: idempotency.KeyHeld}
+		return &backend.KeyInfo{Key: key, State: backend.KeyInProgress}
 	}
 	rec, ok := s.records[key]
 	if !ok {
 		return nil
 	}
-	st := idempotency.KeyCompleted
+	st := backend.KeyCompleted
 	if !rec.ExpiresAt.After(now) {
-		st = idempotency.KeyExpired
+		st = backend.KeyExpired
 	}
-	return &idempotency.KeyInfo{Key: key, State: st, Fingerprint: rec.Fingerprint, Status: rec.Status, Header: rec.Header.Clone(),
+	return &backend.KeyInfo{Key: key, State: st, Fingerprint: rec.Fingerprint, Status: rec.Status, Header: rec.Header.Clone(),
 		BodyLen: len(rec.Body), CreatedAt: rec.CreatedAt, ExpiresAt: rec.ExpiresAt}
 }
 
-// Forget implements [idempotency.KeyAdmin].
-func (s *Store) Forget(_ context.Context, key idempotency.Key) (*idempotency.KeyInfo, error) {
+// Forget implements [backend.KeyAdmin].
+func (s *Store) Forget(_ context.Context, key idempotency.Key) (*backend.KeyInfo, error) {
 	now, err := s.now()
 	if err != nil {
 		return nil, err
@@ -222,7 +223,7 @@ func (s *Store) Forget(_ context.Context, key idempotency.Key) (*idempotency.Key
 	switch {
 	case info == nil:
 		return nil, fmt.Errorf("memstore: %w", idempotency.ErrNotFound)
-	case info.State == idempotency.KeyHeld:
+	case info.State == backend.KeyInProgress:
 		return nil, fmt.Errorf("memstore: key %v: %w", key, idempotency.ErrInProgress)
 	}
 	delete(s.ops, key)
@@ -230,14 +231,14 @@ func (s *Store) Forget(_ context.Context, key idempotency.Key) (*idempotency.Key
 	return info, nil
 }
 
-// List implements [idempotency.KeyLister].
-func (s *Store) List(_ context.Context, q idempotency.ListQuery) (idempotency.KeyPage, error) {
+// List implements [backend.KeyLister].
+func (s *Store) List(_ context.Context, q backend.ListQuery) (backend.KeyPage, error) {
 	if err := q.Validate(); err != nil {
-		return idempotency.KeyPage{}, err
+		return backend.KeyPage{}, err
 	}
 	now, err := s.now()
 	if err != nil {
-		return idempotency.KeyPage{}, err
+		return backend.KeyPage{}, err
 	}
 	s.mu.Lock()
 	defer s.mu.Unlock()
@@ -248,14 +249,14 @@ func (s *Store) List(_ context.Context, q idempotency.ListQuery) (idempotency.Ke
 	for k := range s.records {
 		keys[k] = true
 	}
-	var all []idempotency.KeyInfo
+	var all []backend.KeyInfo
 	for k := range keys {
 		if k.Scope == q.Scope {
 			all = append(all, *s.info(k, now))
 		}
 	}
-	first := func(i idempotency.KeyInfo) bool { return i.Progress != nil || i.State == idempotency.KeyHeld }
-	slices.SortFunc(all, func(a, b idempotency.KeyInfo) int {
+	first := func(i backend.KeyInfo) bool { return i.Progress != nil || i.State == backend.KeyInProgress }
+	slices.SortFunc(all, func(a, b backend.KeyInfo) int {
 		if fa, fb := first(a), first(b); fa != fb {
 			if fa {
 				return -1
@@ -265,7 +266,7 @@ func (s *Store) List(_ context.Context, q idempotency.ListQuery) (idempotency.Ke
 		return cmp.Compare(a.Key.ID, b.Key.ID)
 	})
 	if c := q.After; c != nil {
-		i := slices.IndexFunc(all, func(k idempotency.KeyInfo) bool {
+		i := slices.IndexFunc(all, func(k backend.KeyInfo) bool {
 			return (first(k) == c.Unfinished && k.Key.ID > c.ID) || (c.Unfinished && !first(k))
 		})
 		if i < 0 {
@@ -273,29 +274,29 @@ func (s *Store) List(_ context.Context, q idempotency.ListQuery) (idempotency.Ke
 		}
 		all = all[i:]
 	}
-	var page idempotency.KeyPage
+	var page backend.KeyPage
 	if len(all) > q.Limit {
 		all = all[:q.Limit]
 		last := all[len(all)-1]
-		page.Next = &idempotency.ListCursor{Unfinished: first(last), ID: last.Key.ID}
+		page.Next = &backend.ListCursor{Unfinished: first(last), ID: last.Key.ID}
 	}
 	page.Keys = all
 	return page, nil
 }
 
-// Stats implements [idempotency.KeyLister].
-func (s *Store) Stats(context.Context) (idempotency.Stats, error) {
+// Stats implements [backend.KeyLister].
+func (s *Store) Stats(context.Context) (backend.Stats, error) {
 	now, err := s.now()
 	if err != nil {
-		return idempotency.Stats{}, err
+		return backend.Stats{}, err
 	}
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	var st idempotency.Stats
+	var st backend.Stats
 	for k := range s.ops {
 		i := s.info(k, now)
-		if i.State == idempotency.KeyHeld {
-			st.Held++
+		if i.State == backend.KeyInProgress {
+			st.InProgress++
 		} else {
 			st.Unfinished++
 		}

@@ -18,6 +18,7 @@ import (
 	"github.com/jackc/pgx/v5"
 
 	"github.com/go-idempotency/idempotency"
+	"github.com/go-idempotency/idempotency/backend"
 	"github.com/go-idempotency/idempotency/conformance"
 	"github.com/go-idempotency/idempotency/internal/testkit"
 	"github.com/go-idempotency/idempotency/postgres"
@@ -237,6 +238,6 @@ func Conformance(t *testing.T, driver, dsn string) {
 		conformance.Run(t, Harness(driver, WithParams(t, dsn, "default_transaction_isolation=repeatable read"), postgres.Config{}))
 	})
 	t.Run("LookupAlways", func(t *testing.T) {
-		conformance.Run(t, Harness(driver, dsn, postgres.Config{Lookup: idempotency.LookupAlways}))
+		conformance.Run(t, Harness(driver, dsn, postgres.Config{Lookup: backend.LookupAlways}))
 	})
 }

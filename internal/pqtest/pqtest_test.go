@@ -13,6 +13,7 @@ import (
 	"github.com/lib/pq" // the "postgres" database/sql driver
 
 	"github.com/go-idempotency/idempotency"
+	"github.com/go-idempotency/idempotency/backend"
 	"github.com/go-idempotency/idempotency/conformance"
 	"github.com/go-idempotency/idempotency/conformance/faultproxy"
 	"github.com/go-idempotency/idempotency/internal/pgdbtest"
@@ -109,7 +110,7 @@ func TestErrorsMapped(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	txn, _, err := s.Reserve(ctx, idempotency.Reservation{Key: idempotency.Key{ID: "k"}, Fingerprint: "fp", TTL: time.Hour})
+	txn, _, err := s.Reserve(ctx, backend.Reservation{Key: idempotency.Key{ID: "k"}, Fingerprint: "fp", TTL: time.Hour})
 	if txn != nil {
 		_ = txn.Rollback(ctx)
 	}

@@ -8,13 +8,14 @@ import (
 	"time"
 
 	"github.com/go-idempotency/idempotency"
+	"github.com/go-idempotency/idempotency/backend"
 )
 
 // QuotaRig is what [QuotaCounter] runs its cases on: two instances of one
 // store (two pools or clients on the same tables), and a way to complete a
 // key on them.
 type QuotaRig struct {
-	A, B idempotency.QuotaCounter
+	A, B backend.QuotaCounter
 	// Complete stores a completed record for key (through a Guard on A).
 	Complete func(ctx context.Context, key idempotency.Key) error
 	// SelfExpiring: the store's counters expire by themselves (Redis) and
@@ -22,7 +23,7 @@ type QuotaRig struct {
 	SelfExpiring bool
 }
 
-// QuotaCounter runs the cases every [idempotency.QuotaCounter] must pass:
+// QuotaCounter runs the cases every [backend.QuotaCounter] must pass:
 // 20 callers over two instances against MaxKeys 7 (exactly 7 counted),
 // EndQuota giving back a key not created, MaxInFlight, MaxBytes, a
 // replay that is neither counted nor refused, and PurgeQuota.
@@ -38,24 +39,24 @@ func QuotaCounter(t *testing.T, rig QuotaRig) {
 const quotaWindow = time.Hour
 
 // admit admits key on c and fails t on an error.
-func admit(t *testing.T, ctx context.Context, c idempotency.QuotaCounter, key idempotency.Key, q idempotency.Quota) idempotency.QuotaAdmission {
+func admit(t *testing.T, ctx context.Context, c backend.QuotaCounter, key idempotency.Key, q backend.Quota) backend.QuotaAdmission {
 	t.Helper()
-	adm, err := c.AdmitQuota(ctx, idempotency.QuotaCheck{Key: key, Quota: q})
+	adm, err := c.AdmitQuota(ctx, backend.QuotaCheck{Key: key, Quota: q})
 	if err != nil {
 		t.Fatalf("AdmitQuota: %v", err)
 	}
 	return adm
 }
 
-func end(t *testing.T, ctx context.Context, c idempotency.QuotaCounter, key idempotency.Key, q idempotency.Quota, adm idempotency.QuotaAdmission, created bool, bytes int64) {
+func end(t *testing.T, ctx context.Context, c backend.QuotaCounter, key idempotency.Key, q backend.Quota, adm backend.QuotaAdmission, created bool, bytes int64) {
 	t.Helper()
-	err := c.EndQuota(ctx, idempotency.QuotaEnd{Scope: key.Scope, Window: q.Window, WindowStart: adm.WindowStart, Created: created, Bytes: bytes})
+	err := c.EndQuota(ctx, backend.QuotaEnd{Scope: key.Scope, Window: q.Window, WindowStart: adm.WindowStart, Created: created, Bytes: bytes})
 	if err != nil {
 		t.Fatalf("EndQuota: %v", err)
 	}
 }
 
-func wantOver(t *testing.T, adm idempotency.QuotaAdmission, limit idempotency.QuotaLimit, window time.Duration) {
+func wantOver(t *testing.T, adm backend.QuotaAdmission, limit backend.QuotaLimit, window time.Duration) {
 	t.Helper()
 	if adm.Counted || adm.Replay || adm.Over != limit {
 		t.Fatalf("admission %+v, want refused by %v", adm, limit)
@@ -67,7 +68,7 @@ func wantOver(t *testing.T, adm idempotency.QuotaAdmission, limit idempotency.Qu
 
 func quotaKeys(t *testing.T, rig QuotaRig) {
 	ctx := Context(t, 60*time.Second)
-	q := idempotency.Quota{Window: quotaWindow, MaxKeys: 7}
+	q := backend.Quota{Window: quotaWindow, MaxKeys: 7}
 	// A window boundary in the middle of the round splits it: try again.
 	for range 3 {
 		scope := Name("scope_")
@@ -79,13 +80,13 @@ func quotaKeys(t *testing.T, rig QuotaRig) {
 			if i%2 == 1 {
 				c = rig.B
 			}
-			adm, err := c.AdmitQuota(ctx, idempotency.QuotaCheck{Key: idempotency.Key{Scope: scope, ID: Name("k")}, Quota: q})
+			adm, err := c.AdmitQuota(ctx, backend.QuotaCheck{Key: idempotency.Key{Scope: scope, ID: Name("k")}, Quota: q})
 			errs[i], starts[i] = err, adm.WindowStart
 			switch {
 			case err != nil:
 			case adm.Counted:
 				counted.Add(1)
-			case adm.Over == idempotency.QuotaKeys && adm.RetryAfter > 0 && adm.RetryAfter <= q.Window:
+			case adm.Over == backend.QuotaKeys && adm.RetryAfter > 0 && adm.RetryAfter <= q.Window:
 				over.Add(1)
 			}
 		})
@@ -112,7 +113,7 @@ func quotaKeys(t *testing.T, rig QuotaRig) {
 
 func quotaEnd(t *testing.T, rig QuotaRig) {
 	ctx := Context(t, 60*time.Second)
-	q := idempotency.Quota{Window: quotaWindow, MaxKeys: 2}
+	q := backend.Quota{Window: quotaWindow, MaxKeys: 2}
 	scope := Name("scope_")
 	k := func() idempotency.Key { return idempotency.Key{Scope: scope, ID: Name("k")} }
 	k1, k2 := k(), k()
@@ -120,19 +121,19 @@ func quotaEnd(t *testing.T, rig QuotaRig) {
 	if !a1.Counted || !a2.Counted || !a1.WindowStart.Equal(a2.WindowStart) {
 		t.Fatalf("two admissions %+v %+v, want both counted in one window", a1, a2)
 	}
-	wantOver(t, admit(t, ctx, rig.A, k(), q), idempotency.QuotaKeys, q.Window)
+	wantOver(t, admit(t, ctx, rig.A, k(), q), backend.QuotaKeys, q.Window)
 	end(t, ctx, rig.B, k1, q, a1, true, 0) // created: still counts
-	wantOver(t, admit(t, ctx, rig.B, k(), q), idempotency.QuotaKeys, q.Window)
+	wantOver(t, admit(t, ctx, rig.B, k(), q), backend.QuotaKeys, q.Window)
 	end(t, ctx, rig.A, k2, q, a2, false, 0) // not created: given back
 	if a := admit(t, ctx, rig.B, k(), q); !a.Counted {
 		t.Fatalf("after a key not created: %+v, want counted", a)
 	}
-	wantOver(t, admit(t, ctx, rig.A, k(), q), idempotency.QuotaKeys, q.Window)
+	wantOver(t, admit(t, ctx, rig.A, k(), q), backend.QuotaKeys, q.Window)
 }
 
 func quotaInFlight(t *testing.T, rig QuotaRig) {
 	ctx := Context(t, 60*time.Second)
-	q := idempotency.Quota{Window: quotaWindow, MaxInFlight: 2}
+	q := backend.Quota{Window: quotaWindow, MaxInFlight: 2}
 	scope := Name("scope_")
 	k := func() idempotency.Key { return idempotency.Key{Scope: scope, ID: Name("k")} }
 	k1 := k()
@@ -141,17 +142,17 @@ func quotaInFlight(t *testing.T, rig QuotaRig) {
 	if !a1.Counted || !a2.Counted {
 		t.Fatalf("%+v %+v, want counted", a1, a2)
 	}
-	wantOver(t, admit(t, ctx, rig.A, k(), q), idempotency.QuotaInFlight, q.Window)
+	wantOver(t, admit(t, ctx, rig.A, k(), q), backend.QuotaInFlight, q.Window)
 	end(t, ctx, rig.B, k1, q, a1, true, 0)
 	if a := admit(t, ctx, rig.A, k(), q); !a.Counted {
 		t.Fatalf("after one ended: %+v, want counted", a)
 	}
-	wantOver(t, admit(t, ctx, rig.B, k(), q), idempotency.QuotaInFlight, q.Window)
+	wantOver(t, admit(t, ctx, rig.B, k(), q), backend.QuotaInFlight, q.Window)
 }
 
 func quotaBytes(t *testing.T, rig QuotaRig) {
 	ctx := Context(t, 60*time.Second)
-	q := idempotency.Quota{Window: quotaWindow, MaxBytes: 10}
+	q := backend.Quota{Window: quotaWindow, MaxBytes: 10}
 	scope := Name("scope_")
 	k := func() idempotency.Key { return idempotency.Key{Scope: scope, ID: Name("k")} }
 	k1 := k()
@@ -163,13 +164,13 @@ func quotaBytes(t *testing.T, rig QuotaRig) {
 		t.Fatalf("%+v %+v, want counted under 10 bytes", a1, a2)
 	}
 	end(t, ctx, rig.B, k2, q, a2, true, 1)
-	wantOver(t, admit(t, ctx, rig.A, k(), q), idempotency.QuotaBytes, q.Window)
-	wantOver(t, admit(t, ctx, rig.B, k(), q), idempotency.QuotaBytes, q.Window)
+	wantOver(t, admit(t, ctx, rig.A, k(), q), backend.QuotaBytes, q.Window)
+	wantOver(t, admit(t, ctx, rig.B, k(), q), backend.QuotaBytes, q.Window)
 }
 
 func quotaReplay(t *testing.T, rig QuotaRig) {
 	ctx := Context(t, 60*time.Second)
-	q := idempotency.Quota{Window: quotaWindow, MaxKeys: 1}
+	q := backend.Quota{Window: quotaWindow, MaxKeys: 1}
 	scope := Name("scope_")
 	done := idempotency.Key{Scope: scope, ID: Name("done")}
 	if err := rig.Complete(ctx, done); err != nil {
@@ -181,12 +182,12 @@ func quotaReplay(t *testing.T, rig QuotaRig) {
 	}
 	// The quota is used up; the completed key replays on both instances,
 	// again and again, and counts nothing.
-	for _, c := range []idempotency.QuotaCounter{rig.A, rig.B, rig.A} {
+	for _, c := range []backend.QuotaCounter{rig.A, rig.B, rig.A} {
 		if a := admit(t, ctx, c, done, q); !a.Replay || a.Counted || a.Over != 0 {
 			t.Fatalf("completed key: %+v, want a replay, not counted", a)
 		}
 	}
-	wantOver(t, admit(t, ctx, rig.B, idempotency.Key{Scope: scope, ID: Name("new")}, q), idempotency.QuotaKeys, q.Window)
+	wantOver(t, admit(t, ctx, rig.B, idempotency.Key{Scope: scope, ID: Name("new")}, q), backend.QuotaKeys, q.Window)
 	// Same id in another scope is another key: counted there.
 	if a := admit(t, ctx, rig.B, idempotency.Key{Scope: Name("scope_"), ID: done.ID}, q); !a.Counted {
 		t.Fatalf("the id in another scope: %+v, want counted", a)
@@ -195,7 +196,7 @@ func quotaReplay(t *testing.T, rig QuotaRig) {
 
 func quotaPurge(t *testing.T, rig QuotaRig) {
 	ctx := Context(t, 60*time.Second)
-	q := idempotency.Quota{Window: time.Second, MaxKeys: 5}
+	q := backend.Quota{Window: time.Second, MaxKeys: 5}
 	scope := Name("scope_")
 	key := idempotency.Key{Scope: scope, ID: Name("k")}
 	a := admit(t, ctx, rig.A, key, q)

@@ -1,4 +1,4 @@
-package idempotency
+package backend
 
 import "fmt"
 
@@ -33,9 +33,9 @@ func (p LookupPolicy) String() string {
 	return fmt.Sprintf("LookupPolicy(%d)", int(p))
 }
 
-// Check returns an error wrapping [ErrInvalidConfig] unless p is one of
+// Validate returns an error wrapping [ErrInvalidConfig] unless p is one of
 // the policies above. A store calls it in its constructor.
-func (p LookupPolicy) Check() error {
+func (p LookupPolicy) Validate() error {
 	switch p {
 	case LookupAdaptive, LookupAlways, LookupNever:
 		return nil

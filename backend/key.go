@@ -1,4 +1,4 @@
-package idempotency
+package backend
 
 import (
 	"crypto/sha256"
@@ -51,19 +51,6 @@ func (k Key) Validate() error {
 		if k.Scope[i] == 0 {
 			return fmt.Errorf("%w: scope contains NUL at byte %d", ErrInvalidKey, i)
 		}
-	}
-	return nil
-}
-
-func validateFingerprint(fp string) error {
-	switch {
-	case len(fp) == 0:
-		return fmt.Errorf("%w: empty", ErrInvalidFingerprint)
-	case len(fp) > MaxFingerprintLen:
-		return fmt.Errorf("%w: %d bytes, longer than %d", ErrInvalidFingerprint, len(fp), MaxFingerprintLen)
-	}
-	if i := indexNotPrintable(fp); i >= 0 {
-		return fmt.Errorf("%w: byte %d is %#02x, not printable ASCII", ErrInvalidFingerprint, i, fp[i])
 	}
 	return nil
 }

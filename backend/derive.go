@@ -1,4 +1,4 @@
-package idempotency
+package backend
 
 import (
 	"crypto/sha256"
