@@ -7,6 +7,7 @@ import (
 	"time"
 
 	"github.com/go-idempotency/idempotency/backend"
+	"github.com/go-idempotency/idempotency/observe"
 )
 
 // Inspect returns what the store holds for key: its state, fingerprint,
@@ -69,7 +70,7 @@ func (g *Guard[Tx]) inspect(ctx context.Context, key Key, body bool) (*KeyInfo, 
 // on. A key held (by a running call of this Guard, a transaction of the
 // store, or a live lease) is refused with [ErrInProgress] and nothing
 // changes; Forget never waits. It returns what it deleted (no body), and
-// tells the [Observer] an Event with Outcome [Forgotten]. The store must
+// tells the [observe.Observer] an Event with Outcome [observe.Forgotten]. The store must
 // implement [backend.KeyAdmin].
 func (g *Guard[Tx]) Forget(ctx context.Context, key Key) (*KeyInfo, error) {
 	if err := key.Validate(); err != nil {
@@ -95,7 +96,7 @@ func (g *Guard[Tx]) Forget(ctx context.Context, key Key) (*KeyInfo, error) {
 		err = &backend.KeyError{Key: key, Err: err}
 	}
 	if g.cfg.Observer != nil {
-		ev := Event{Key: key, Outcome: Forgotten, Duration: time.Since(start), Err: err}
+		ev := observe.Event{Key: key, Outcome: observe.Forgotten, Duration: time.Since(start), Err: err}
 		if err != nil {
 			ev.Outcome = outcomeOf(Response{}, err)
 		} else {
@@ -151,7 +152,6 @@ func (g *Guard[Tx]) inFlight(key Key) (*call, bool) {
 	c, ok := g.fl.calls[key]
 	return c, ok
 }
-
 
 // Answer returns the answer stored for key, opened by [Config.Codec], as a
 // replay, without running anything and without a fingerprint: for a status

@@ -7,6 +7,7 @@ import (
 	"time"
 
 	"github.com/go-idempotency/idempotency/backend"
+	"github.com/go-idempotency/idempotency/observe"
 )
 
 // CompleterConfig tunes a [Completer]. The zero value (or nil) means the
@@ -23,7 +24,7 @@ type CompleterConfig struct {
 	// to 100.
 	Batch int
 	// MaxTries is how many failed runs an operation may have before the
-	// Completer stops resuming it and reports it [Exhausted]. Such a key
+	// Completer stops resuming it and reports it [observe.Exhausted]. Such a key
 	// stays unfinished, never purged, for an operator: a client's retry
 	// still resumes it, and [Guard.Forget] deletes it. Defaults to 10.
 	MaxTries int
@@ -120,12 +121,12 @@ func NewCompleter[Tx any](g *Guard[Tx], cfg *CompleterConfig, ops ...*Operation[
 
 // Run makes a pass every Interval until ctx ends, and returns ctx's error.
 // A pass that fails (the store is down) is retried at the next interval;
-// its error goes to the Guard's [Observer] as an Event with Outcome
-// [StoreError] and no key.
+// its error goes to the Guard's [observe.Observer] as an Event with Outcome
+// [observe.StoreError] and no key.
 func (c *Completer[Tx]) Run(ctx context.Context) error {
 	for {
 		if _, err := c.Once(ctx); err != nil && ctx.Err() == nil && c.g.cfg.Observer != nil {
-			c.g.cfg.Observer(ctx, Event{Outcome: StoreError, Err: err, Operation: "*"})
+			c.g.cfg.Observer(ctx, observe.Event{Outcome: observe.StoreError, Err: err, Operation: "*"})
 		}
 		if err := sleep(ctx, c.cfg.Interval); err != nil {
 			return err
@@ -136,8 +137,8 @@ func (c *Completer[Tx]) Run(ctx context.Context) error {
 // Once makes one pass: it lists up to Batch keys abandoned for at least
 // Grace with fewer than MaxTries failed runs, oldest first, and resumes
 // each to the end or to its next failure. Each run is told to the Guard's
-// [Observer] as [Guard.Run] tells it; a run that makes its key reach
-// MaxTries is told with Outcome [Exhausted]. It returns the error of the
+// [observe.Observer] as [Guard.Run] tells it; a run that makes its key reach
+// MaxTries is told with Outcome [observe.Exhausted]. It returns the error of the
 // listing, or ctx's once it ends; a key's failure is counted, not
 // returned.
 //
@@ -194,7 +195,7 @@ func (c *Completer[Tx]) resume(ctx context.Context, k backend.AbandonedKey, rep 
 	}
 	start := time.Now()
 	resp, step, err := c.g.runOp(ctx, k.Key, k.Fingerprint, nil, op, true)
-	ev := Event{Key: k.Key, Outcome: runOutcome(resp, err), Duration: time.Since(start), Attempts: 1, Err: err, Operation: op.Name, Step: step}
+	ev := observe.Event{Key: k.Key, Outcome: runOutcome(resp, err), Duration: time.Since(start), Attempts: 1, Err: err, Operation: op.Name, Step: step}
 	ran := true
 	switch {
 	case err == nil && resp.Replayed: // finished by another run meanwhile
@@ -205,7 +206,7 @@ func (c *Completer[Tx]) resume(ctx context.Context, k backend.AbandonedKey, rep 
 		rep.Failed++
 		if k.Tries+1 >= c.cfg.MaxTries {
 			rep.Exhausted++
-			ev.Outcome = Exhausted
+			ev.Outcome = observe.Exhausted
 		}
 	default:
 		rep.Skipped++

@@ -10,6 +10,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/go-idempotency/idempotency/observe"
+
 	"github.com/go-idempotency/idempotency/backend"
 )
 
@@ -438,7 +440,7 @@ func TestWaitTimeoutBoundsConflicts(t *testing.T) {
 	for _, held := range []bool{false, true} {
 		s := &slowConflicts{wait: each, heldAt: held}
 		var attempts int
-		g := mustNew(t, s, &Config{WaitTimeout: bound, Observer: func(_ context.Context, ev Event) { attempts = ev.Attempts }})
+		g := mustNew(t, s, &Config{WaitTimeout: bound, Observer: func(_ context.Context, ev observe.Event) { attempts = ev.Attempts }})
 		start := time.Now()
 		_, err := g.Do(context.Background(), Key{ID: "k"}, "fp", answer200)
 		took := time.Since(start)

@@ -14,24 +14,26 @@ import (
 	"time"
 
 	"github.com/go-idempotency/idempotency"
+
 	"github.com/go-idempotency/idempotency/internal/memstore"
 	"github.com/go-idempotency/idempotency/internal/testkit"
+	"github.com/go-idempotency/idempotency/observe"
 	"github.com/go-idempotency/idempotency/sqlite"
 )
 
 // events records what an Observer is told, safe for concurrent calls.
 type events struct {
 	mu  sync.Mutex
-	evs []idempotency.Event
+	evs []observe.Event
 }
 
-func (e *events) observe(_ context.Context, ev idempotency.Event) {
+func (e *events) observe(_ context.Context, ev observe.Event) {
 	e.mu.Lock()
 	defer e.mu.Unlock()
 	e.evs = append(e.evs, ev)
 }
 
-func (e *events) all() []idempotency.Event {
+func (e *events) all() []observe.Event {
 	e.mu.Lock()
 	defer e.mu.Unlock()
 	return slices.Clone(e.evs)
@@ -111,27 +113,27 @@ func TestEventWaited(t *testing.T) {
 	if len(evs) != 4 {
 		t.Fatalf("%d events, want 4: %+v", len(evs), evs)
 	}
-	byOutcome := map[idempotency.Outcome][]idempotency.Event{}
+	byOutcome := map[observe.Outcome][]observe.Event{}
 	for _, ev := range evs {
 		byOutcome[ev.Outcome] = append(byOutcome[ev.Outcome], ev)
 		if ev.AfterFn || ev.Deleted != 0 {
 			t.Errorf("event %+v: AfterFn or Deleted set", ev)
 		}
 	}
-	if len(byOutcome[idempotency.Executed]) != 1 || len(byOutcome[idempotency.Replayed]) != 2 || len(byOutcome[idempotency.InProgress]) != 1 {
+	if len(byOutcome[observe.Executed]) != 1 || len(byOutcome[observe.Replayed]) != 2 || len(byOutcome[observe.InProgress]) != 1 {
 		t.Fatalf("outcomes %v, want 1 executed, 2 replayed, 1 in_progress", byOutcome)
 	}
-	if ex := byOutcome[idempotency.Executed][0]; ex.Waited != 0 || ex.RecordAge != 0 {
+	if ex := byOutcome[observe.Executed][0]; ex.Waited != 0 || ex.RecordAge != 0 {
 		t.Errorf("the holder reports Waited %v, RecordAge %v; want 0, 0", ex.Waited, ex.RecordAge)
 	}
-	for _, ev := range byOutcome[idempotency.Replayed] {
+	for _, ev := range byOutcome[observe.Replayed] {
 		// Each waited from its start (after started) until the holder
 		// committed (after hold), less the scheduling of its goroutine.
 		if ev.Waited < hold/2 || ev.Waited > ev.Duration {
 			t.Errorf("replay after a wait reports Waited %v (Duration %v), want about %v", ev.Waited, ev.Duration, hold)
 		}
 	}
-	ip := byOutcome[idempotency.InProgress][0]
+	ip := byOutcome[observe.InProgress][0]
 	if !errors.Is(ip.Err, idempotency.ErrInProgress) || ip.Waited < 60*time.Millisecond || ip.Waited > ip.Duration {
 		t.Errorf("refusal: Waited %v (Duration %v), err %v; want about 80ms and ErrInProgress", ip.Waited, ip.Duration, ip.Err)
 	}
@@ -142,7 +144,7 @@ func TestEventWaited(t *testing.T) {
 	resp, ev, err := g2.DoEvent(ctx, key, "fp", func(*sql.Tx) (idempotency.Response, error) {
 		return idempotency.Response{}, errors.New("fn ran twice")
 	})
-	if err != nil || !resp.Replayed || ev.Outcome != idempotency.Replayed || ev.Waited != 0 {
+	if err != nil || !resp.Replayed || ev.Outcome != observe.Replayed || ev.Waited != 0 {
 		t.Errorf("DoEvent: %+v, %+v, %v; want a replay that did not wait", resp, ev, err)
 	}
 	if got := obs.all(); len(got) != 6 || got[5].Outcome != ev.Outcome || got[5].Duration != ev.Duration {
@@ -169,7 +171,7 @@ func TestEventRecordAge(t *testing.T) {
 		}
 	}
 	evs := obs.all()
-	if len(evs) != 2 || evs[0].Outcome != idempotency.Executed || evs[1].Outcome != idempotency.Replayed {
+	if len(evs) != 2 || evs[0].Outcome != observe.Executed || evs[1].Outcome != observe.Replayed {
 		t.Fatalf("events %+v", evs)
 	}
 	if evs[0].RecordAge != 0 {
@@ -186,7 +188,7 @@ func TestEventRecordAge(t *testing.T) {
 			t.Fatal(err)
 		}
 	}
-	if evs := obs.all(); evs[3].Outcome != idempotency.Replayed || evs[3].RecordAge != 0 {
+	if evs := obs.all(); evs[3].Outcome != observe.Replayed || evs[3].RecordAge != 0 {
 		t.Errorf("replay of a record from the future: %+v, want RecordAge 0", evs[3])
 	}
 }
@@ -222,10 +224,10 @@ func TestEventAfterFn(t *testing.T) {
 	if len(evs) != 2 {
 		t.Fatalf("events %+v", evs)
 	}
-	if ev := evs[0]; ev.Outcome != idempotency.Failed || !ev.AfterFn || !errors.Is(ev.Err, idempotency.ErrStore) {
+	if ev := evs[0]; ev.Outcome != observe.StoreError || !ev.AfterFn || !errors.Is(ev.Err, idempotency.ErrStore) {
 		t.Errorf("failed commit: %+v, want Failed with AfterFn", ev)
 	}
-	if ev := evs[1]; ev.Outcome != idempotency.Executed || ev.AfterFn {
+	if ev := evs[1]; ev.Outcome != observe.Executed || ev.AfterFn {
 		t.Errorf("retry: %+v, want Executed without AfterFn", ev)
 	}
 	// An error of fn's own is not a failure after fn.
@@ -235,7 +237,7 @@ func TestEventAfterFn(t *testing.T) {
 	}); err == nil {
 		t.Fatal("fn's error was not returned")
 	}
-	if ev := obs.all()[2]; ev.Outcome != idempotency.Failed || ev.AfterFn {
+	if ev := obs.all()[2]; ev.Outcome != observe.HandlerError || ev.AfterFn {
 		t.Errorf("fn's own error: %+v, want Failed without AfterFn", ev)
 	}
 }
@@ -267,7 +269,7 @@ func TestPurgeEvents(t *testing.T) {
 	}
 	var deleted []int
 	for _, ev := range obs.all()[5:] {
-		if ev.Outcome != idempotency.Purged || ev.Err != nil || ev.Key != (idempotency.Key{}) || ev.Duration <= 0 {
+		if ev.Outcome != observe.Purged || ev.Err != nil || ev.Key != (idempotency.Key{}) || ev.Duration <= 0 {
 			t.Errorf("purge event %+v", ev)
 		}
 		deleted = append(deleted, ev.Deleted)
@@ -275,7 +277,7 @@ func TestPurgeEvents(t *testing.T) {
 	if !slices.Equal(deleted, []int{2, 2, 1}) {
 		t.Errorf("batches deleted %v, want [2 2 1]", deleted)
 	}
-	if s := idempotency.Purged.String(); s != "purged" {
+	if s := observe.Purged.String(); s != "purged" {
 		t.Errorf("Purged.String() = %q", s)
 	}
 	// A failing batch is told too, with its error.
@@ -284,7 +286,7 @@ func TestPurgeEvents(t *testing.T) {
 		t.Fatal("Purge on a closed database succeeded")
 	}
 	last := obs.all()[len(obs.all())-1]
-	if last.Outcome != idempotency.Purged || last.Err == nil || last.Deleted != 0 {
+	if last.Outcome != observe.Purged || last.Err == nil || last.Deleted != 0 {
 		t.Errorf("failed batch: %+v", last)
 	}
 }

@@ -20,6 +20,7 @@ import (
 	"time"
 
 	"github.com/go-idempotency/idempotency/backend"
+	"github.com/go-idempotency/idempotency/observe"
 )
 
 // Errors returned by [Guard.Do]; match them with errors.Is.
@@ -112,19 +113,19 @@ func (g *Guard[Tx]) Do(ctx context.Context, key Key, fingerprint string, fn func
 	return resp, err
 }
 
-// DoEvent is [Guard.Do] that also returns the call's [Event], as the
-// [Observer] (if set) is told it. Integrations such as idemhttp use it to
+// DoEvent is [Guard.Do] that also returns the call's [observe.Event], as the
+// [observe.Observer] (if set) is told it. Integrations such as idemhttp use it to
 // report a call's waits, the age of a replayed record and failures after
 // fn in events of their own.
-func (g *Guard[Tx]) DoEvent(ctx context.Context, key Key, fingerprint string, fn func(tx Tx) (Response, error)) (Response, Event, error) {
+func (g *Guard[Tx]) DoEvent(ctx context.Context, key Key, fingerprint string, fn func(tx Tx) (Response, error)) (Response, observe.Event, error) {
 	return g.observed(ctx, key, fingerprint, fn)
 }
 
 // observed is Do with its Event; apart from Do, so that Do's own stack
 // frame stays small (callers often run it on a fresh goroutine).
-func (g *Guard[Tx]) observed(ctx context.Context, key Key, fingerprint string, fn func(tx Tx) (Response, error)) (_ Response, ev Event, _ error) {
+func (g *Guard[Tx]) observed(ctx context.Context, key Key, fingerprint string, fn func(tx Tx) (Response, error)) (_ Response, ev observe.Event, _ error) {
 	start := time.Now()
-	ev = Event{Key: key, Outcome: Failed, Err: errPanicked}
+	ev = observe.Event{Key: key, Outcome: observe.HandlerError, Err: errPanicked}
 	var tr trace
 	defer func() {
 		ev.Duration = time.Since(start)
@@ -255,18 +256,30 @@ type fnError struct{ fn, err error }
 func (e fnError) Error() string { return e.err.Error() }
 func (e fnError) Unwrap() error { return e.err }
 
-func outcomeOf(resp Response, err error) Outcome {
+// outcomeOf is the Outcome of a call that returned resp and err: the one
+// its error names, HandlerError for an error of fn's own.
+func outcomeOf(resp Response, err error) observe.Outcome {
 	switch {
 	case err == nil && resp.Replayed:
-		return Replayed
+		return observe.Replayed
 	case err == nil:
-		return Executed
+		return observe.Executed
 	case errors.Is(err, ErrMismatch):
-		return Mismatch
+		return observe.Mismatch
 	case errors.Is(err, ErrInProgress):
-		return InProgress
+		return observe.InProgress
+	case errors.Is(err, ErrStore), errors.Is(err, ErrCodec):
+		return observe.StoreError
+	case errors.Is(err, ErrOverQuota):
+		return observe.OverQuota
+	case errors.Is(err, ErrInvalidKey), errors.Is(err, ErrInvalidFingerprint), errors.Is(err, ErrInvalidInput):
+		return observe.Rejected
+	case errors.Is(err, ErrSchema), errors.Is(err, ErrInvalidConfig), errors.Is(err, errors.ErrUnsupported):
+		return observe.Internal
+	case errors.Is(err, context.Canceled), errors.Is(err, context.DeadlineExceeded):
+		return observe.Canceled
 	}
-	return Failed
+	return observe.HandlerError
 }
 
 // attempt is one reservation and, if it is won, one run of fn.
@@ -395,8 +408,8 @@ func sleep(ctx context.Context, d time.Duration) error {
 // [Config.PurgePause] says. A batch that meets a store
 // conflict ([backend.ErrConflict]) is retried like a call of [Guard.Do] (up to
 // [Config.MaxRetries] times in a row). It returns how many keys it
-// deleted. The [Observer] is told one Event per batch (each call of the
-// store's Purge, a retried one included): Outcome [Purged], Deleted,
+// deleted. The [observe.Observer] is told one Event per batch (each call of the
+// store's Purge, a retried one included): Outcome [observe.Purged], Deleted,
 // Duration, and Err if the batch failed.
 func (g *Guard[Tx]) Purge(ctx context.Context) (int, error) {
 	total := 0
@@ -468,7 +481,7 @@ var (
 // help until the schema is fixed, so it is never wrapped in [ErrStore]
 // (whose message says a retry is safe). Nothing was written: the key is
 // not taken, fn did not run, and after the migration the same key runs as
-// a new one. [Event].Outcome is [Failed]; idemhttp answers it with 500,
+// a new one. [observe.Event].Outcome is [observe.Failed]; idemhttp answers it with 500,
 // not 503 with Retry-After.
 var ErrSchema = backend.ErrSchema
 

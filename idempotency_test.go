@@ -9,8 +9,10 @@ import (
 	"time"
 
 	"github.com/go-idempotency/idempotency"
+
 	"github.com/go-idempotency/idempotency/backend"
 	"github.com/go-idempotency/idempotency/internal/memstore"
+	"github.com/go-idempotency/idempotency/observe"
 )
 
 func newGuard(t *testing.T, s *memstore.Store, cfg *idempotency.Config) *idempotency.Guard[*memstore.Tx] {
@@ -39,7 +41,7 @@ func TestConflictsAreRetried(t *testing.T) {
 		return nil
 	}
 	var attempts int
-	g := newGuard(t, s, &idempotency.Config{Observer: func(_ context.Context, ev idempotency.Event) { attempts = ev.Attempts }})
+	g := newGuard(t, s, &idempotency.Config{Observer: func(_ context.Context, ev observe.Event) { attempts = ev.Attempts }})
 	resp, err := g.Do(context.Background(), idempotency.Key{ID: "k"}, "fp", ok("pay"))
 	if err != nil || resp.Replayed || string(resp.Body) != "pay" {
 		t.Fatalf("got %+v, %v; want executed after 3 conflicts", resp, err)
@@ -96,14 +98,14 @@ func TestCancelledContextDoesNotRun(t *testing.T) {
 }
 
 func TestObserverSeesPanic(t *testing.T) {
-	var ev idempotency.Event
-	g := newGuard(t, memstore.New(), &idempotency.Config{Observer: func(_ context.Context, e idempotency.Event) { ev = e }})
+	var ev observe.Event
+	g := newGuard(t, memstore.New(), &idempotency.Config{Observer: func(_ context.Context, e observe.Event) { ev = e }})
 	func() {
 		defer func() { _ = recover() }()
 		_, _ = g.Do(context.Background(), idempotency.Key{ID: "k"}, "fp", func(*memstore.Tx) (idempotency.Response, error) { panic("boom") })
 	}()
-	if ev.Outcome != idempotency.Failed || ev.Err == nil {
-		t.Fatalf("observer after a panic: got %+v, want Failed with an error", ev)
+	if ev.Outcome != observe.HandlerError || ev.Err == nil {
+		t.Fatalf("observer after a panic: got %+v, want HandlerError with an error", ev)
 	}
 }
 
@@ -117,10 +119,10 @@ func TestNewRefusesBadConfig(t *testing.T) {
 }
 
 func TestOutcomeString(t *testing.T) {
-	for o, want := range map[idempotency.Outcome]string{idempotency.Executed: "executed", idempotency.Replayed: "replayed",
-		idempotency.Mismatch: "mismatch", idempotency.InProgress: "in_progress", idempotency.Failed: "failed",
-		idempotency.NotStored: "not_stored", idempotency.HandlerError: "handler_error", idempotency.Rejected: "rejected",
-		idempotency.StoreError: "store_error", idempotency.Canceled: "canceled", idempotency.Internal: "internal",
+	for o, want := range map[observe.Outcome]string{observe.Executed: "executed", observe.Replayed: "replayed",
+		observe.Mismatch: "mismatch", observe.InProgress: "in_progress",
+		observe.NotStored: "not_stored", observe.HandlerError: "handler_error", observe.Rejected: "rejected",
+		observe.StoreError: "store_error", observe.Canceled: "canceled", observe.Internal: "internal",
 		0: "Outcome(0)", 99: "Outcome(99)"} {
 		if o.String() != want {
 			t.Errorf("%d: got %q, want %q", int(o), o.String(), want)

@@ -19,12 +19,18 @@ import (
 // modulePath is the path of this module (and of its core package).
 const modulePath = "github.com/go-idempotency/idempotency"
 
-// backendPath is the store contract's package: with the root package, the
-// core, which imports only the standard library.
-const backendPath = modulePath + "/backend"
+// backendPath and observePath are the store contract's package and the
+// observer's: with the root package, the core, which imports only the
+// standard library.
+const (
+	backendPath = modulePath + "/backend"
+	observePath = modulePath + "/observe"
+)
 
-// isCore reports whether path is one of the core's two packages.
-func isCore(path string) bool { return path == modulePath || path == backendPath }
+// isCore reports whether path is one of the core's three packages.
+func isCore(path string) bool {
+	return path == modulePath || path == backendPath || path == observePath
+}
 
 // importRules lists, for each library package of the module, the modules
 // it may import besides the standard library and the core package: a
@@ -35,6 +41,7 @@ func isCore(path string) bool { return path == modulePath || path == backendPath
 var importRules = map[string][]string{
 	modulePath:                  nil,
 	backendPath:                 nil,
+	observePath:                 nil,
 	modulePath + "/sqlite":      {"modernc.org/sqlite"},
 	modulePath + "/postgres":    {"github.com/jackc/pgx/v5"},
 	modulePath + "/mysql":       {"github.com/go-sql-driver/mysql"},
@@ -149,7 +156,7 @@ func checkImports(pkgs map[string]*listedPackage, rules map[string][]string) []s
 			switch {
 			case dep == nil:
 				problems = append(problems, fmt.Sprintf("%s imports %s, which go list did not describe", path, imp))
-			case dep.Standard, isCore(imp) && imp != path && path != backendPath:
+			case dep.Standard, isCore(imp) && imp != path && imp != modulePath || imp == modulePath && !isCore(path):
 			case dep.Module != nil && slices.Contains(drivers, dep.Module.Path):
 			case !listed && dep.Module != nil && dep.Module.Path == modulePath && !isTestKit(dep):
 			case strings.HasPrefix(imp, path+"/") && isLibrary(dep): // its own subpackage, checked in turn

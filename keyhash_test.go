@@ -11,9 +11,11 @@ import (
 	"time"
 
 	"github.com/go-idempotency/idempotency"
+
 	"github.com/go-idempotency/idempotency/backend"
 	"github.com/go-idempotency/idempotency/internal/keyleak"
 	"github.com/go-idempotency/idempotency/internal/memstore"
+	"github.com/go-idempotency/idempotency/observe"
 )
 
 // TestKeyHash pins Key.Hash: the first 16 hex digits of the SHA-256 of the
@@ -47,7 +49,7 @@ func TestKeyHash(t *testing.T) {
 // slog (text and JSON) shows the key's hash, never its scope or id.
 func TestKeyPrintsItsHash(t *testing.T) {
 	key := keyleak.Key("print")
-	ev := idempotency.Event{Key: key, Outcome: idempotency.Executed}
+	ev := observe.Event{Key: key, Outcome: observe.Executed}
 	if ev.KeyHash() != key.Hash() {
 		t.Fatalf("Event.KeyHash() = %q, want %q", ev.KeyHash(), key.Hash())
 	}
@@ -77,9 +79,9 @@ func TestKeyPrintsItsHash(t *testing.T) {
 func TestDoErrorsNameKeyHash(t *testing.T) {
 	ctx := context.Background()
 	s := memstore.New()
-	var events []idempotency.Event
-	observe := func(_ context.Context, ev idempotency.Event) { events = append(events, ev) }
-	g := newGuard(t, s, &idempotency.Config{Observer: observe})
+	var events []observe.Event
+	record := func(_ context.Context, ev observe.Event) { events = append(events, ev) }
+	g := newGuard(t, s, &idempotency.Config{Observer: record})
 
 	// Against the stored record (another Guard: nothing in memory).
 	key := keyleak.Key("stored")
@@ -90,7 +92,7 @@ func TestDoErrorsNameKeyHash(t *testing.T) {
 	keyleak.Err(t, "stored mismatch", err, idempotency.ErrMismatch, key)
 	_, err = g.Do(ctx, key, "fp-b", ok("b"))
 	keyleak.Err(t, "stored mismatch, observed", err, idempotency.ErrMismatch, key)
-	if ev := events[len(events)-1]; ev.KeyHash() != key.Hash() || ev.Err != err || ev.Outcome != idempotency.Mismatch {
+	if ev := events[len(events)-1]; ev.KeyHash() != key.Hash() || ev.Err != err || ev.Outcome != observe.Mismatch {
 		t.Errorf("event %+v; want hash %s, outcome mismatch and Do's error", ev, key.Hash())
 	}
 

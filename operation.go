@@ -9,6 +9,7 @@ import (
 	"time"
 
 	"github.com/go-idempotency/idempotency/backend"
+	"github.com/go-idempotency/idempotency/observe"
 )
 
 // Operation is a sequence of named steps run under one idempotency key, for
@@ -251,7 +252,7 @@ func (g *Guard[Tx]) Run(ctx context.Context, key Key, fingerprint string, input 
 	start := time.Now()
 	resp, step, err := g.runOp(ctx, key, fingerprint, input, op, false)
 	if g.cfg.Observer != nil {
-		ev := Event{Key: key, Outcome: runOutcome(resp, err), Duration: time.Since(start), Attempts: 1, Err: err, Step: step}
+		ev := observe.Event{Key: key, Outcome: runOutcome(resp, err), Duration: time.Since(start), Attempts: 1, Err: err, Step: step}
 		if op != nil {
 			ev.Operation, ev.TTL = op.Name, op.TTL
 			if ev.TTL == 0 {
@@ -263,9 +264,9 @@ func (g *Guard[Tx]) Run(ctx context.Context, key Key, fingerprint string, input 
 	return resp, err
 }
 
-func runOutcome(resp Response, err error) Outcome {
+func runOutcome(resp Response, err error) observe.Outcome {
 	if errors.Is(err, ErrUnfinished) {
-		return Unfinished
+		return observe.Unfinished
 	}
 	return outcomeOf(resp, err)
 }

@@ -12,9 +12,11 @@ import (
 	"time"
 
 	"github.com/go-idempotency/idempotency"
+
 	"github.com/go-idempotency/idempotency/backend"
 	"github.com/go-idempotency/idempotency/internal/cardstub"
 	"github.com/go-idempotency/idempotency/internal/memstore"
+	"github.com/go-idempotency/idempotency/observe"
 )
 
 // processor is the stub card processor with a switch that makes it decline.
@@ -121,8 +123,8 @@ func TestRunConcurrentCallersOneCharge(t *testing.T) {
 func TestRunTransientFailureResumes(t *testing.T) {
 	ctx := context.Background()
 	s := memstore.New()
-	var events []idempotency.Event
-	g := newGuard(t, s, &idempotency.Config{Observer: func(_ context.Context, ev idempotency.Event) { events = append(events, ev) }})
+	var events []observe.Event
+	g := newGuard(t, s, &idempotency.Config{Observer: func(_ context.Context, ev observe.Event) { events = append(events, ev) }})
 	p := newProcessor()
 	p.Fail.Store(1)
 	var locals atomic.Int64
@@ -137,7 +139,7 @@ func TestRunTransientFailureResumes(t *testing.T) {
 		info.Operation != "checkout" || !strings.Contains(info.Failure, cardstub.ErrDown.Error()) {
 		t.Fatalf("after the failure: %+v, %v", info, err)
 	}
-	if ev := events[0]; ev.Outcome != idempotency.Unfinished || ev.Operation != "checkout" || ev.Step != "charge" {
+	if ev := events[0]; ev.Outcome != observe.Unfinished || ev.Operation != "checkout" || ev.Step != "charge" {
 		t.Fatalf("event %+v", ev)
 	}
 	// A Do with the key meanwhile is refused: the operation holds it.
@@ -273,8 +275,8 @@ func TestCompleter(t *testing.T) {
 	ctx := context.Background()
 	s := memstore.New()
 	advance := testClock(s)
-	var events []idempotency.Event
-	g := newGuard(t, s, &idempotency.Config{Observer: func(_ context.Context, ev idempotency.Event) { events = append(events, ev) }})
+	var events []observe.Event
+	g := newGuard(t, s, &idempotency.Config{Observer: func(_ context.Context, ev observe.Event) { events = append(events, ev) }})
 	p := newProcessor()
 	var locals atomic.Int64
 	op := checkout(p, &locals)
@@ -300,7 +302,7 @@ func TestCompleter(t *testing.T) {
 	}
 	var exhausted idempotency.Key
 	for _, ev := range events {
-		if ev.Outcome == idempotency.Exhausted && ev.Operation == "checkout" && ev.Step == "charge" {
+		if ev.Outcome == observe.Exhausted && ev.Operation == "checkout" && ev.Step == "charge" {
 			exhausted = ev.Key
 		}
 	}
@@ -398,8 +400,8 @@ func newGuardOn(t *testing.T, s idempotency.KeyStore[*memstore.Tx]) *idempotency
 func TestForget(t *testing.T) {
 	ctx := context.Background()
 	s := memstore.New()
-	var events []idempotency.Event
-	g := newGuard(t, s, &idempotency.Config{Observer: func(_ context.Context, ev idempotency.Event) { events = append(events, ev) }})
+	var events []observe.Event
+	g := newGuard(t, s, &idempotency.Config{Observer: func(_ context.Context, ev observe.Event) { events = append(events, ev) }})
 	key := idempotency.Key{Scope: "a", ID: "f"}
 	if _, err := g.Do(ctx, key, "fp", ok("once")); err != nil {
 		t.Fatal(err)
@@ -408,7 +410,7 @@ func TestForget(t *testing.T) {
 	if err != nil || info.State != idempotency.KeyCompleted || info.Status != 201 || info.BodyLen != 4 {
 		t.Fatalf("forget: %+v, %v", info, err)
 	}
-	if ev := events[len(events)-1]; ev.Outcome != idempotency.Forgotten || ev.Key != key {
+	if ev := events[len(events)-1]; ev.Outcome != observe.Forgotten || ev.Key != key {
 		t.Fatalf("event %+v", ev)
 	}
 	resp, err := g.Do(ctx, key, "fp", ok("once"))

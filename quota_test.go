@@ -8,8 +8,10 @@ import (
 	"time"
 
 	"github.com/go-idempotency/idempotency"
+
 	"github.com/go-idempotency/idempotency/backend"
 	"github.com/go-idempotency/idempotency/internal/memstore"
+	"github.com/go-idempotency/idempotency/observe"
 )
 
 // noQuota hides the in-memory store's QuotaCounter.
@@ -75,7 +77,7 @@ func TestGuardAdmit(t *testing.T) {
 			t.Errorf("%d.String() = %q, want %q", int(l), l.String(), want)
 		}
 	}
-	if idempotency.OverQuota.String() != "over_quota" {
-		t.Errorf("OverQuota.String() = %q", idempotency.OverQuota.String())
+	if observe.OverQuota.String() != "over_quota" {
+		t.Errorf("OverQuota.String() = %q", observe.OverQuota.String())
 	}
 }

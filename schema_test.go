@@ -9,8 +9,10 @@ import (
 	"time"
 
 	"github.com/go-idempotency/idempotency"
+
 	"github.com/go-idempotency/idempotency/backend"
 	"github.com/go-idempotency/idempotency/internal/memstore"
+	"github.com/go-idempotency/idempotency/observe"
 )
 
 // errNoTable is what a store returns for its missing table: ErrSchema with
@@ -28,8 +30,8 @@ func TestSchemaErrorIsNotStoreError(t *testing.T) {
 	s := memstore.New()
 	reserves := 0
 	s.ReserveErr = func() error { reserves++; return errNoTable }
-	var events []idempotency.Event
-	g := newGuard(t, s, &idempotency.Config{Observer: func(_ context.Context, ev idempotency.Event) { events = append(events, ev) }})
+	var events []observe.Event
+	g := newGuard(t, s, &idempotency.Config{Observer: func(_ context.Context, ev observe.Event) { events = append(events, ev) }})
 	key := idempotency.Key{ID: "k"}
 
 	ran := false
@@ -41,7 +43,7 @@ func TestSchemaErrorIsNotStoreError(t *testing.T) {
 	if ran || reserves != 1 {
 		t.Fatalf("Do: fn ran %v after %d reservations; want not run after 1", ran, reserves)
 	}
-	if len(events) != 1 || events[0].Outcome != idempotency.Failed || !errors.Is(events[0].Err, idempotency.ErrSchema) {
+	if len(events) != 1 || events[0].Outcome != observe.Internal || !errors.Is(events[0].Err, idempotency.ErrSchema) {
 		t.Fatalf("Do's events: %+v; want one Failed with ErrSchema", events)
 	}
 
@@ -61,8 +63,8 @@ func TestSchemaErrorIsNotStoreError(t *testing.T) {
 	if ran {
 		t.Fatal("Run: a step ran on a store without its table")
 	}
-	if len(events) != 2 || events[1].Outcome != idempotency.Failed {
-		t.Fatalf("Run's events: %+v; want a second one, Failed", events)
+	if len(events) != 2 || events[1].Outcome != observe.Internal {
+		t.Fatalf("Run's events: %+v; want a second one, Internal", events)
 	}
 }
 

@@ -5,9 +5,10 @@ import (
 	"time"
 
 	"github.com/go-idempotency/idempotency/backend"
+	"github.com/go-idempotency/idempotency/observe"
 )
 
-// trace gathers what a call's [Event] reports besides its outcome. The
+// trace gathers what a call's [observe.Event] reports besides its outcome. The
 // goroutine of the call that owns it is the only one that touches it.
 type trace struct {
 	waited  time.Duration // waits for another holder of the key
@@ -29,5 +30,5 @@ func (g *Guard[Tx]) observePurge(ctx context.Context, deleted int, took time.Dur
 	if g.cfg.Observer == nil {
 		return
 	}
-	g.cfg.Observer(ctx, Event{Outcome: Purged, Deleted: deleted, Duration: took, Attempts: 1, Err: err})
+	g.cfg.Observer(ctx, observe.Event{Outcome: observe.Purged, Deleted: deleted, Duration: took, Attempts: 1, Err: err})
 }

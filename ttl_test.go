@@ -11,7 +11,9 @@ import (
 	"time"
 
 	"github.com/go-idempotency/idempotency"
+
 	"github.com/go-idempotency/idempotency/internal/memstore"
+	"github.com/go-idempotency/idempotency/observe"
 )
 
 func TestWithTTLValidates(t *testing.T) {
@@ -51,9 +53,9 @@ func TestWithTTLRecordsAndExpiry(t *testing.T) {
 	clock := &offsetClock{}
 	s := memstore.New()
 	s.Clock = clock.now
-	var events []idempotency.Event
+	var events []observe.Event
 	var mu sync.Mutex
-	g := newGuard(t, s, &idempotency.Config{TTL: time.Hour, Observer: func(_ context.Context, ev idempotency.Event) {
+	g := newGuard(t, s, &idempotency.Config{TTL: time.Hour, Observer: func(_ context.Context, ev observe.Event) {
 		mu.Lock()
 		events = append(events, ev)
 		mu.Unlock()

@@ -10,14 +10,16 @@ import (
 	"time"
 
 	"github.com/go-idempotency/idempotency"
+
 	"github.com/go-idempotency/idempotency/backend"
+	"github.com/go-idempotency/idempotency/observe"
 )
 
 func (s *suite[Tx]) observer(t *testing.T) {
 	e := s.setup(t, Options{})
 	var mu sync.Mutex
-	var events []idempotency.Event
-	g := e.guard(&idempotency.Config{Observer: func(_ context.Context, ev idempotency.Event) {
+	var events []observe.Event
+	g := e.guard(&idempotency.Config{Observer: func(_ context.Context, ev observe.Event) {
 		mu.Lock()
 		defer mu.Unlock()
 		events = append(events, ev)
@@ -30,7 +32,7 @@ func (s *suite[Tx]) observer(t *testing.T) {
 	_, _ = g.Do(e.ctx, idempotency.Key{ID: uniq("k")}, "fp", func(Tx) (idempotency.Response, error) {
 		return idempotency.Response{}, errFnFails
 	})
-	want := []idempotency.Outcome{idempotency.Executed, idempotency.Replayed, idempotency.Mismatch, idempotency.Failed}
+	want := []observe.Outcome{observe.Executed, observe.Replayed, observe.Mismatch, observe.HandlerError}
 	mu.Lock()
 	defer mu.Unlock()
 	if len(events) != len(want) {

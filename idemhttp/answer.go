@@ -8,7 +8,9 @@ import (
 	"time"
 
 	"github.com/go-idempotency/idempotency"
+
 	"github.com/go-idempotency/idempotency/backend"
+	"github.com/go-idempotency/idempotency/observe"
 )
 
 // problem answers p through the renderer and records in ev the status
@@ -77,7 +79,7 @@ func (s *statusWriter) Unwrap() http.ResponseWriter { return s.ResponseWriter }
 // refuseInvalid answers a guarded request of a middleware mounted with a
 // [Config] field out of range: nothing ran, nothing was stored.
 func (h *handler[Tx]) refuseInvalid(w http.ResponseWriter, r *http.Request, ev *Event) {
-	ev.Outcome, ev.Err = idempotency.Internal, h.c.invalid
+	ev.Outcome, ev.Err = observe.Internal, h.c.invalid
 	h.warnOnce(&h.st.invalid, r, h.c.invalid)
 	h.problem(w, r, ev, &Problem{Type: ProblemInternal, Title: "Idempotency middleware failed", Status: http.StatusInternalServerError,
 		Detail: "The idempotency middleware is misconfigured; the request was not processed."})
@@ -86,7 +88,7 @@ func (h *handler[Tx]) refuseInvalid(w http.ResponseWriter, r *http.Request, ev *
 // refuseNoScope answers a guarded request of a middleware mounted without
 // [Config].Scope: nothing ran, nothing was stored.
 func (h *handler[Tx]) refuseNoScope(w http.ResponseWriter, r *http.Request, ev *Event) {
-	ev.Outcome, ev.Err = idempotency.Internal, ErrNoScope
+	ev.Outcome, ev.Err = observe.Internal, ErrNoScope
 	h.warnOnce(&h.st.noScope, r, ErrNoScope)
 	h.problem(w, r, ev, &Problem{Type: ProblemInternal, Title: "Idempotency middleware failed", Status: http.StatusInternalServerError,
 		Detail: "The idempotency middleware is mounted without a key scope; the request was not processed."})
@@ -94,7 +96,7 @@ func (h *handler[Tx]) refuseNoScope(w http.ResponseWriter, r *http.Request, ev *
 
 // reject answers a refusal that happened before the store was reached.
 func (h *handler[Tx]) reject(w http.ResponseWriter, r *http.Request, ev *Event, p *Problem, cause error) {
-	ev.Outcome, ev.Err = idempotency.Rejected, cause
+	ev.Outcome, ev.Err = observe.Rejected, cause
 	if cause == nil {
 		ev.Err = p
 	}
@@ -115,7 +117,7 @@ func (h *handler[Tx]) invalidKey(w http.ResponseWriter, r *http.Request, ev *Eve
 
 // internal answers 500 [ProblemInternal] for a misconfiguration.
 func (h *handler[Tx]) internal(w http.ResponseWriter, r *http.Request, ev *Event, err error) {
-	ev.Outcome, ev.Err = idempotency.Internal, err
+	ev.Outcome, ev.Err = observe.Internal, err
 	if h.c.onError != nil {
 		h.c.onError(r, err)
 	}
@@ -128,9 +130,9 @@ func (h *handler[Tx]) fail(w http.ResponseWriter, r *http.Request, ev *Event, er
 	ev.Err = err
 	if f, ok := errors.AsType[*handlerFailure](err); ok {
 		// The handler's own response, rolled back and not stored.
-		ev.Outcome, ev.Status = idempotency.NotStored, f.c.status
+		ev.Outcome, ev.Status = observe.NotStored, f.c.status
 		if f.c.status >= 500 {
-			ev.Outcome = idempotency.HandlerError
+			ev.Outcome = observe.HandlerError
 		} else {
 			ev.Err = nil
 		}
@@ -148,7 +150,7 @@ func (h *handler[Tx]) fail(w http.ResponseWriter, r *http.Request, ev *Event, er
 		h.invalidInput(w, r, ev, err)
 		return
 	case errors.Is(err, idempotency.ErrMismatch):
-		ev.Outcome = idempotency.Mismatch
+		ev.Outcome = observe.Mismatch
 		h.problem(w, r, ev, &Problem{Type: ProblemKeyReused, Title: h.c.header + " is already used", Status: http.StatusUnprocessableEntity,
 			Detail: "This key was used with a different request (method, route or body); use a new key for a new request."})
 		return
@@ -158,7 +160,7 @@ func (h *handler[Tx]) fail(w http.ResponseWriter, r *http.Request, ev *Event, er
 		// The holder answers after this request arrived: its answer is
 		// kept at least the TTL from then (if it holds the key on this
 		// route's TTL), a lower bound of the key's expiry.
-		ev.Outcome = idempotency.InProgress
+		ev.Outcome = observe.InProgress
 		if h.c.onHeld != nil {
 			sw := &statusWriter{ResponseWriter: w}
 			if h.c.onHeld(sw, r, ev.Key) {
@@ -180,33 +182,33 @@ func (h *handler[Tx]) fail(w http.ResponseWriter, r *http.Request, ev *Event, er
 	}
 	switch {
 	case errors.Is(err, ErrNoResponse):
-		ev.Outcome = idempotency.HandlerError
+		ev.Outcome = observe.HandlerError
 		h.problem(w, r, ev, &Problem{Type: ProblemNoResponse, Title: "The handler wrote no response", Status: http.StatusInternalServerError,
 			Detail: "The operation was rolled back; retry with the same key."})
 	case errors.Is(err, errResponseTooLarge):
-		ev.Outcome = idempotency.HandlerError
+		ev.Outcome = observe.HandlerError
 		h.problem(w, r, ev, &Problem{Type: ProblemResponseTooLarge, Title: "Response too large to store", Status: http.StatusInternalServerError,
 			Detail: "The response was larger than the idempotency store accepts; the operation was rolled back."})
 	case errors.Is(err, idempotency.ErrUnfinished): // an operation's step failed: a retry resumes it
-		ev.Outcome = idempotency.Unfinished
+		ev.Outcome = observe.Unfinished
 		h.problem(w, r, ev, &Problem{Type: ProblemUnfinished, Title: "The operation did not finish", Status: http.StatusServiceUnavailable,
 			Detail: unfinishedDetail, Header: retryAfterHeader()})
 	case errors.Is(err, idempotency.ErrInvalidResponse), errors.Is(err, idempotency.ErrInvalidKey), errors.Is(err, idempotency.ErrInvalidFingerprint),
 		errors.Is(err, idempotency.ErrInvalidConfig):
-		ev.Outcome = idempotency.Internal
+		ev.Outcome = observe.Internal
 		h.problem(w, r, ev, &Problem{Type: ProblemInternal, Title: "Idempotency middleware failed", Status: http.StatusInternalServerError})
 	case errors.Is(err, idempotency.ErrSchema):
 		// The store's table is missing or out of date: no retry cures it,
 		// so no 503 and no Retry-After. OnError has the table's name.
-		ev.Outcome = idempotency.Internal
+		ev.Outcome = observe.Internal
 		h.problem(w, r, ev, &Problem{Type: ProblemInternal, Title: "Idempotency middleware failed", Status: http.StatusInternalServerError,
 			Detail: "The idempotency store is not set up for this service (its schema is missing or out of date); nothing was applied."})
 	default:
 		// idempotency.ErrStore (connection cut, timeout, busy database,
 		// conflicts past the retries) and any other store error: fail closed.
-		ev.Outcome = idempotency.StoreError
+		ev.Outcome = observe.StoreError
 		if canceled {
-			ev.Outcome = idempotency.Canceled
+			ev.Outcome = observe.Canceled
 		}
 		h.problem(w, r, ev, &Problem{Type: ProblemStoreUnavailable, Title: "Idempotency store busy or unavailable", Status: http.StatusServiceUnavailable,
 			Detail: storeDetail, Header: retryAfterHeader()})

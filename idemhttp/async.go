@@ -10,6 +10,8 @@ import (
 	"time"
 
 	"github.com/go-idempotency/idempotency"
+
+	"github.com/go-idempotency/idempotency/observe"
 )
 
 // ProblemUnknownOperation (404): the status resource of [AsyncStatus] names
@@ -194,7 +196,7 @@ type ran struct {
 
 func (a *asyncHandler[Tx]) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	h := a.h
-	ev := &Event{Method: r.Method, Outcome: idempotency.HandlerError}
+	ev := &Event{Method: r.Method, Outcome: observe.HandlerError}
 	defer h.observe(r, ev)()
 	key, body, fp, ok := h.admit(w, r, r.Header.Values(h.c.header), ev)
 	if !ok {
@@ -227,17 +229,17 @@ func (a *asyncHandler[Tx]) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		case ended:
 			a.answer(w, r, ev, key, fp, res)
 		case r.Context().Err() != nil:
-			ev.Outcome, ev.Err = idempotency.Canceled, r.Context().Err() // the run goes on
+			ev.Outcome, ev.Err = observe.Canceled, r.Context().Err() // the run goes on
 		case st == storedOther:
 			h.fail(w, r, ev, fmt.Errorf("idemhttp: %w: the key's operation runs with another request", idempotency.ErrMismatch), time.Now())
 		case st == storedSame:
-			ev.Outcome, ev.Status = idempotency.InProgress, http.StatusAccepted
+			ev.Outcome, ev.Status = observe.InProgress, http.StatusAccepted
 			a.accepted(w, key)
 		default:
 			h.fail(w, r, ev, fmt.Errorf("idemhttp: %w: the operation is not stored yet", idempotency.ErrInProgress), time.Now())
 		}
 	case <-r.Context().Done():
-		ev.Outcome, ev.Err = idempotency.Canceled, r.Context().Err() // the run goes on
+		ev.Outcome, ev.Err = observe.Canceled, r.Context().Err() // the run goes on
 	}
 }
 
@@ -307,7 +309,7 @@ func (a *asyncHandler[Tx]) answer(w http.ResponseWriter, r *http.Request, ev *Ev
 		switch a.stored(r.Context(), key, fp) {
 		case storedSame:
 			// Stored and resumable: a retry or the Completer finishes it.
-			ev.Outcome, ev.Status, ev.Err = idempotency.InProgress, http.StatusAccepted, res.err
+			ev.Outcome, ev.Status, ev.Err = observe.InProgress, http.StatusAccepted, res.err
 			a.accepted(w, key)
 			return
 		case storedOther:
@@ -318,14 +320,14 @@ func (a *asyncHandler[Tx]) answer(w http.ResponseWriter, r *http.Request, ev *Ev
 	}
 	switch {
 	case res.err == nil:
-		ev.Outcome, ev.Status = idempotency.Executed, res.resp.Status
+		ev.Outcome, ev.Status = observe.Executed, res.resp.Status
 		if res.resp.Replayed {
-			ev.Outcome = idempotency.Replayed
+			ev.Outcome = observe.Replayed
 		}
 		writeResponse(w, res.resp.Status, h.c.storedHeader(res.resp.Header), res.resp.Body, res.resp.Replayed, h.lifetime(res.resp.ExpiresAt))
 	case errors.Is(res.err, idempotency.ErrUnfinished):
 		// Stored and resumable: a retry or the Completer finishes it.
-		ev.Outcome, ev.Status, ev.Err = idempotency.InProgress, http.StatusAccepted, res.err
+		ev.Outcome, ev.Status, ev.Err = observe.InProgress, http.StatusAccepted, res.err
 		a.accepted(w, key)
 	default:
 		h.fail(w, r, ev, res.err, time.Now())
@@ -382,7 +384,7 @@ type statusHandler[Tx any] struct {
 
 func (s *statusHandler[Tx]) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	h := s.h
-	ev := &Event{Method: r.Method, Outcome: idempotency.HandlerError}
+	ev := &Event{Method: r.Method, Outcome: observe.HandlerError}
 	defer h.observe(r, ev)()
 	unknown := func(err error) {
 		h.reject(w, r, ev, &Problem{Type: ProblemUnknownOperation, Title: "No such operation", Status: http.StatusNotFound,
@@ -411,10 +413,10 @@ func (s *statusHandler[Tx]) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	resp, _, err := h.g.Answer(r.Context(), key)
 	switch {
 	case err == nil:
-		ev.Outcome, ev.Status = idempotency.Replayed, resp.Status
+		ev.Outcome, ev.Status = observe.Replayed, resp.Status
 		writeResponse(w, resp.Status, h.c.storedHeader(resp.Header), resp.Body, true, h.lifetime(resp.ExpiresAt))
 	case errors.Is(err, idempotency.ErrInProgress):
-		ev.Outcome, ev.Status = idempotency.InProgress, http.StatusAccepted
+		ev.Outcome, ev.Status = observe.InProgress, http.StatusAccepted
 		w.Header().Set("Retry-After", s.cfg.retryAfter())
 		writeStatusBody(w, http.StatusAccepted, "in_progress")
 	case errors.Is(err, idempotency.ErrNotFound):

@@ -8,7 +8,7 @@ import (
 	"slices"
 	"sync/atomic"
 
-	"github.com/go-idempotency/idempotency"
+	"github.com/go-idempotency/idempotency/observe"
 )
 
 // ErrBypassRefused: the request was refused with 500 [ProblemInternal]
@@ -221,7 +221,7 @@ func (h *handler[Tx]) newBypass(p *outerProbe, partial bool) *bypassError {
 // such as gin's c.Status(201) must not go out when the handler's writes
 // were rolled back.
 func (h *handler[Tx]) answerBypass(w http.ResponseWriter, r *http.Request, ev *Event, p *outerProbe, err *bypassError) {
-	ev.Outcome, ev.Err = idempotency.Internal, err
+	ev.Outcome, ev.Err = observe.Internal, err
 	h.warn(r, err)
 	if err.sent {
 		ev.Status = err.status
@@ -235,7 +235,7 @@ func (h *handler[Tx]) answerBypass(w http.ResponseWriter, r *http.Request, ev *E
 // refuseBypassed answers a request refused after a bypass: the handler
 // did not run, the key was released.
 func (h *handler[Tx]) refuseBypassed(w http.ResponseWriter, r *http.Request, ev *Event) {
-	ev.Outcome, ev.Err = idempotency.Internal, ErrBypassRefused
+	ev.Outcome, ev.Err = observe.Internal, ErrBypassRefused
 	h.problem(w, r, ev, &Problem{Type: ProblemInternal, Title: "Idempotency middleware failed", Status: http.StatusInternalServerError,
 		Detail: "The idempotency middleware is mounted so that it cannot see the handler's answer; the request was not processed."})
 }

@@ -14,9 +14,9 @@ import (
 	"sync/atomic"
 	"testing"
 
-	"github.com/go-idempotency/idempotency"
 	"github.com/go-idempotency/idempotency/idemhttp"
 	"github.com/go-idempotency/idempotency/internal/testkit"
+	"github.com/go-idempotency/idempotency/observe"
 )
 
 // TestWriterBypassSQLite and TestWriterBypassPostgres: a handler that
@@ -204,15 +204,15 @@ func testBypassRefusedAfter[Tx any](t *testing.T, e env[Tx]) {
 	if len(events) != 7 {
 		t.Fatalf("%d events, want 7", len(events))
 	}
-	if events[0].Outcome != idempotency.Executed || events[5].Outcome != idempotency.Replayed {
+	if events[0].Outcome != observe.Executed || events[5].Outcome != observe.Replayed {
 		t.Errorf("events %+v; want ok-1 executed, then replayed", events)
 	}
 	events = append(events[1:5], events[6])
-	if ev := events[0]; ev.Outcome != idempotency.Internal || !errors.Is(ev.Err, idemhttp.ErrWriterBypassed) || ev.Key.ID != "pay-1" {
+	if ev := events[0]; ev.Outcome != observe.Internal || !errors.Is(ev.Err, idemhttp.ErrWriterBypassed) || ev.Key.ID != "pay-1" {
 		t.Errorf("first event %+v; want outcome internal, ErrWriterBypassed, key pay-1", ev)
 	}
 	for _, ev := range events[1:] {
-		if ev.Outcome != idempotency.Internal || ev.Status != 500 || ev.Key.ID == "" || !errors.Is(ev.Err, idemhttp.ErrBypassRefused) || errors.Is(ev.Err, idemhttp.ErrWriterBypassed) {
+		if ev.Outcome != observe.Internal || ev.Status != 500 || ev.Key.ID == "" || !errors.Is(ev.Err, idemhttp.ErrBypassRefused) || errors.Is(ev.Err, idemhttp.ErrWriterBypassed) {
 			t.Errorf("later event %+v; want outcome internal, 500, ErrBypassRefused", ev)
 		}
 	}

@@ -11,7 +11,9 @@ import (
 	"time"
 
 	"github.com/go-idempotency/idempotency"
+
 	"github.com/go-idempotency/idempotency/idemhttp"
+	"github.com/go-idempotency/idempotency/observe"
 )
 
 // do sends one request with the given header fields (name, value pairs).
@@ -265,7 +267,7 @@ func testObserver[Tx any](t *testing.T, e env[Tx]) {
 			created(n, w, r)
 		}
 	})
-	check := func(res result, outcome idempotency.Outcome, status int, id string, wantErr bool) {
+	check := func(res result, outcome observe.Outcome, status int, id string, wantErr bool) {
 		t.Helper()
 		ev := rc.last(t)
 		if ev.Outcome != outcome || ev.Status != status || ev.Key.ID != id || (ev.Err != nil) != wantErr || ev.Duration <= 0 || ev.Method != http.MethodPost {
@@ -275,15 +277,15 @@ func testObserver[Tx any](t *testing.T, e env[Tx]) {
 			t.Errorf("sent %d, event says %d", res.status, status)
 		}
 	}
-	check(s.post(t, `{}`), idempotency.Rejected, 400, "", true)
-	check(s.post(t, `{}`, "a", "b"), idempotency.Rejected, 400, "", true)
-	check(s.post(t, `{"a":"0123456789012345678901234567890"}`, "big"), idempotency.Rejected, 413, "big", true)
-	check(s.post(t, `{"a":`, "bad"), idempotency.Rejected, 400, "bad", true)
-	check(s.post(t, `{}`, "ok"), idempotency.Executed, 201, "ok", false)
-	check(s.post(t, `{}`, "ok"), idempotency.Replayed, 201, "ok", false)
-	check(s.post(t, `{"x":1}`, "ok"), idempotency.Mismatch, 422, "ok", true)
-	check(s.send(t, http.MethodPost, "/fail", "application/json", `{}`, "f"), idempotency.HandlerError, 502, "f", true)
-	check(s.send(t, http.MethodPost, "/invalid", "application/json", `{}`, "i"), idempotency.NotStored, 422, "i", false)
+	check(s.post(t, `{}`), observe.Rejected, 400, "", true)
+	check(s.post(t, `{}`, "a", "b"), observe.Rejected, 400, "", true)
+	check(s.post(t, `{"a":"0123456789012345678901234567890"}`, "big"), observe.Rejected, 413, "big", true)
+	check(s.post(t, `{"a":`, "bad"), observe.Rejected, 400, "bad", true)
+	check(s.post(t, `{}`, "ok"), observe.Executed, 201, "ok", false)
+	check(s.post(t, `{}`, "ok"), observe.Replayed, 201, "ok", false)
+	check(s.post(t, `{"x":1}`, "ok"), observe.Mismatch, 422, "ok", true)
+	check(s.send(t, http.MethodPost, "/fail", "application/json", `{}`, "f"), observe.HandlerError, 502, "f", true)
+	check(s.send(t, http.MethodPost, "/invalid", "application/json", `{}`, "i"), observe.NotStored, 422, "i", false)
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancel()
 	req, _ := http.NewRequestWithContext(ctx, http.MethodPost, s.URL+"/panic", strings.NewReader(`{}`))
@@ -291,7 +293,7 @@ func testObserver[Tx any](t *testing.T, e env[Tx]) {
 	if resp, err := s.Client().Do(req); err == nil {
 		resp.Body.Close()
 	}
-	check(result{}, idempotency.HandlerError, 0, "p", true)
+	check(result{}, observe.HandlerError, 0, "p", true)
 	// Unguarded methods are not events.
 	rc.mu.Lock()
 	n := len(rc.evs)
@@ -312,7 +314,7 @@ func testObserverStoreDown[Tx any](t *testing.T, e env[Tx]) {
 	e.breakStore()
 	res := s.post(t, `{}`, "down")
 	wantProblem(t, res, http.StatusServiceUnavailable, idemhttp.ProblemStoreUnavailable)
-	if ev := rc.last(t); ev.Outcome != idempotency.StoreError || ev.Status != 503 || ev.Err == nil {
+	if ev := rc.last(t); ev.Outcome != observe.StoreError || ev.Status != 503 || ev.Err == nil {
 		t.Errorf("event %+v; want store_error 503 with the cause", ev)
 	}
 }

@@ -65,7 +65,7 @@
 // [MinKeyLength]) and render problems ([Config].RenderProblem). They shape
 // the fingerprint ([Config].FingerprintHeaders, [Config].IgnoreFields,
 // [Config].Fingerprint). They observe every guarded request, refusals
-// included ([Config].Observer, [Event], [idempotency.Outcome]).
+// included ([Config].Observer, [Event], [observe.Outcome]).
 //
 // A later request with the same key and the same fingerprint does not run
 // the handler. It gets the stored status and the body byte-exact, with the

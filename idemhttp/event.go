@@ -4,6 +4,8 @@ import (
 	"time"
 
 	"github.com/go-idempotency/idempotency"
+
+	"github.com/go-idempotency/idempotency/observe"
 )
 
 // Event describes one guarded request, once answered; see
@@ -17,8 +19,8 @@ type Event struct {
 	Method, Route string
 	// Outcome says how the request ended: Executed, Replayed, NotStored,
 	// HandlerError, Mismatch, InProgress, Rejected, StoreError, Canceled,
-	// OverQuota or Internal ([idempotency.Outcome]). Its String is the metric label.
-	Outcome idempotency.Outcome
+	// OverQuota or Internal ([observe.Outcome]). Its String is the metric label.
+	Outcome observe.Outcome
 	// Status is the status sent to the client. For an answer of the
 	// middleware's own, it is the one [Config].RenderProblem wrote, which
 	// may differ from the problem's. It is 0 after a panic, or after a
@@ -34,7 +36,7 @@ type Event struct {
 	// wrote around the middleware: then it wraps [ErrWriterBypassed].
 	Err error
 	// Waited, RecordAge and AfterFn are those of the guard's call
-	// ([idempotency.Event]): how long the request waited for another
+	// ([observe.Event]): how long the request waited for another
 	// holder of its key, how old the replayed record was, and whether
 	// the handler ran and storing its answer failed. Zero when the
 	// request did not reach the guard.

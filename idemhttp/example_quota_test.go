@@ -10,7 +10,9 @@ import (
 	"time"
 
 	"github.com/go-idempotency/idempotency"
+
 	"github.com/go-idempotency/idempotency/idemhttp"
+	"github.com/go-idempotency/idempotency/observe"
 )
 
 // A quota per account, kept in the store: two new keys an hour, five
@@ -32,7 +34,7 @@ func ExampleConfig_quota() {
 			MaxBytes:    1 << 20,   // bytes of stored answers per window
 		},
 		Observer: func(_ context.Context, ev idemhttp.Event) {
-			if ev.Outcome == idempotency.OverQuota {
+			if ev.Outcome == observe.OverQuota {
 				overQuota.WithLabelValues(ev.QuotaLimit).Inc() // "keys", "in_flight", "bytes"
 			}
 		},

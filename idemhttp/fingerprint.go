@@ -9,6 +9,8 @@ import (
 	"strings"
 
 	"github.com/go-idempotency/idempotency"
+
+	"github.com/go-idempotency/idempotency/observe"
 )
 
 // fingerprint hashes method, route, media type and body (canonical JSON for
@@ -71,8 +73,8 @@ func (h *handler[Tx]) hash(r *http.Request, media string, body []byte) string {
 // The try is not counted by [Config].Quota: it replays, or refuses, a key
 // the first try already counted.
 func (h *handler[Tx]) byteForm(r *http.Request, key idempotency.Key, body []byte, fp string,
-	fn func(Tx) (idempotency.Response, error), resp idempotency.Response, gev idempotency.Event, err error,
-) (idempotency.Response, idempotency.Event, error) {
+	fn func(Tx) (idempotency.Response, error), resp idempotency.Response, gev observe.Event, err error,
+) (idempotency.Response, observe.Event, error) {
 	media, _, perr := mime.ParseMediaType(r.Header.Get("Content-Type"))
 	if h.c.fpFunc != nil || perr != nil || media != formMedia || len(body) == 0 {
 		return resp, gev, err

@@ -15,6 +15,8 @@ import (
 	"time"
 
 	"github.com/go-idempotency/idempotency"
+
+	"github.com/go-idempotency/idempotency/observe"
 )
 
 // The fuzz targets of idemhttp's parsers, so that the next edge case is
@@ -131,12 +133,12 @@ func FuzzKeyHeader(f *testing.F) {
 			t.Fatalf("answer %d %q is not a problem: %v", rec.Code, rec.Body.Bytes(), jerr)
 		}
 		if refused {
-			if rec.Code != http.StatusBadRequest || p.Type != ProblemInvalidKey || ev.Outcome != idempotency.Rejected || !errors.Is(ev.Err, idempotency.ErrInvalidKey) {
+			if rec.Code != http.StatusBadRequest || p.Type != ProblemInvalidKey || ev.Outcome != observe.Rejected || !errors.Is(ev.Err, idempotency.ErrInvalidKey) {
 				t.Fatalf("%q %q: %d %s, event %+v; want 400 %s with an error wrapping ErrInvalidKey", v1, v2, rec.Code, p.Type, ev, ProblemInvalidKey)
 			}
 			return
 		}
-		if rec.Code != http.StatusInternalServerError || p.Type != ProblemInternal || ev.Key.ID != id || ev.Outcome != idempotency.Internal {
+		if rec.Code != http.StatusInternalServerError || p.Type != ProblemInternal || ev.Key.ID != id || ev.Outcome != observe.Internal {
 			t.Fatalf("%q: %d %s, event %+v; want the key %q through to the (nil) guard", v1, rec.Code, p.Type, ev, id)
 		}
 	})

@@ -8,8 +8,10 @@ import (
 	"time"
 
 	"github.com/go-idempotency/idempotency"
+
 	"github.com/go-idempotency/idempotency/idemhttp"
 	"github.com/go-idempotency/idempotency/internal/testkit"
+	"github.com/go-idempotency/idempotency/observe"
 )
 
 func TestMetricEventsSQLite(t *testing.T) {
@@ -62,11 +64,11 @@ func testMetricEvents[Tx any](t *testing.T, e env[Tx]) {
 	var executed, waited, stored int
 	for _, ev := range got {
 		switch {
-		case ev.Outcome == idempotency.Executed:
+		case ev.Outcome == observe.Executed:
 			executed++
-		case ev.Outcome == idempotency.Replayed && ev.Waited >= 50*time.Millisecond && ev.RecordAge == 0:
+		case ev.Outcome == observe.Replayed && ev.Waited >= 50*time.Millisecond && ev.RecordAge == 0:
 			waited++ // handed the answer in memory after waiting for it
-		case ev.Outcome == idempotency.Replayed && ev.Waited == 0 && ev.RecordAge >= 40*time.Millisecond && ev.RecordAge < 10*time.Second:
+		case ev.Outcome == observe.Replayed && ev.Waited == 0 && ev.RecordAge >= 40*time.Millisecond && ev.RecordAge < 10*time.Second:
 			stored++
 		}
 	}
@@ -76,8 +78,8 @@ func testMetricEvents[Tx any](t *testing.T, e env[Tx]) {
 
 	// Purge: one event per batch, with what it deleted.
 	var batches []int
-	g := e.newGuard(&idempotency.Config{PurgeBatch: 1, PurgePause: -1, Observer: func(_ context.Context, ev idempotency.Event) {
-		if ev.Outcome == idempotency.Purged {
+	g := e.newGuard(&idempotency.Config{PurgeBatch: 1, PurgePause: -1, Observer: func(_ context.Context, ev observe.Event) {
+		if ev.Outcome == observe.Purged {
 			batches = append(batches, ev.Deleted)
 		}
 	}})

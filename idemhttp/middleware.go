@@ -11,6 +11,8 @@ import (
 	"time"
 
 	"github.com/go-idempotency/idempotency"
+
+	"github.com/go-idempotency/idempotency/observe"
 )
 
 // Errors the middleware reports to [Config].OnError and in [Event].Err;
@@ -139,7 +141,7 @@ func (h *handler[Tx]) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		h.next.ServeHTTP(w, r)
 		return
 	}
-	ev := &Event{Method: r.Method, Outcome: idempotency.HandlerError}
+	ev := &Event{Method: r.Method, Outcome: observe.HandlerError}
 	if h.c.observer == nil {
 		h.serve(w, r, values, ev)
 		return
@@ -148,7 +150,7 @@ func (h *handler[Tx]) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	finished := false
 	defer func() {
 		if !finished { // the handler panicked (re-raised): rolled back
-			ev.Outcome, ev.Status, ev.Err = idempotency.HandlerError, 0, errors.New("idemhttp: the handler panicked")
+			ev.Outcome, ev.Status, ev.Err = observe.HandlerError, 0, errors.New("idemhttp: the handler panicked")
 		}
 		report()
 	}()
@@ -318,10 +320,10 @@ func (h *handler[Tx]) serve(w http.ResponseWriter, r *http.Request, values []str
 	}
 	switch {
 	case err == nil && resp.Replayed:
-		ev.Outcome, ev.Status = idempotency.Replayed, resp.Status
+		ev.Outcome, ev.Status = observe.Replayed, resp.Status
 		writeResponse(w, resp.Status, h.c.storedHeader(resp.Header), resp.Body, true, h.lifetime(resp.ExpiresAt))
 	case err == nil:
-		ev.Outcome, ev.Status = idempotency.Executed, first.status
+		ev.Outcome, ev.Status = observe.Executed, first.status
 		writeResponse(w, first.status, first.sent, first.body.Bytes(), false, h.lifetime(resp.ExpiresAt))
 	default:
 		h.fail(w, r, ev, err, arrived)

@@ -7,8 +7,8 @@ import (
 	"sync"
 	"testing"
 
-	"github.com/go-idempotency/idempotency"
 	"github.com/go-idempotency/idempotency/idemhttp"
+	"github.com/go-idempotency/idempotency/observe"
 )
 
 // testNoScope: client B sends client A's key and body. Mounted without a
@@ -73,7 +73,7 @@ func testNoScope[Tx any](t *testing.T, e env[Tx]) {
 				return
 			}
 			ev := rc.last(t)
-			if ev.Outcome != idempotency.Internal || ev.Status != http.StatusInternalServerError || !errors.Is(ev.Err, idemhttp.ErrNoScope) {
+			if ev.Outcome != observe.Internal || ev.Status != http.StatusInternalServerError || !errors.Is(ev.Err, idemhttp.ErrNoScope) {
 				t.Errorf("event %+v; want internal, 500, ErrNoScope", ev)
 			}
 			mu.Lock()

@@ -8,6 +8,8 @@ import (
 	"time"
 
 	"github.com/go-idempotency/idempotency"
+
+	"github.com/go-idempotency/idempotency/observe"
 )
 
 // ProblemUnfinished (503, with Retry-After): an operation's step failed
@@ -86,7 +88,7 @@ type opHandler[Tx any] struct {
 
 func (o *opHandler[Tx]) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	h := o.h
-	ev := &Event{Method: r.Method, Outcome: idempotency.HandlerError}
+	ev := &Event{Method: r.Method, Outcome: observe.HandlerError}
 	defer h.observe(r, ev)()
 	key, body, fp, ok := h.admit(w, r, r.Header.Values(h.c.header), ev)
 	if !ok {
@@ -104,9 +106,9 @@ func (o *opHandler[Tx]) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		h.fail(w, r, ev, err, arrived)
 		return
 	}
-	ev.Outcome, ev.Status = idempotency.Executed, resp.Status
+	ev.Outcome, ev.Status = observe.Executed, resp.Status
 	if resp.Replayed {
-		ev.Outcome = idempotency.Replayed
+		ev.Outcome = observe.Replayed
 	}
 	writeResponse(w, resp.Status, h.c.storedHeader(resp.Header), resp.Body, resp.Replayed, h.lifetime(resp.ExpiresAt))
 }

@@ -9,6 +9,8 @@ import (
 	"time"
 
 	"github.com/go-idempotency/idempotency"
+
+	"github.com/go-idempotency/idempotency/observe"
 )
 
 // quotaEndTimeout bounds the statement that ends a request's admission. It
@@ -31,7 +33,7 @@ func (e *quotaSetupError) Unwrap() error { return e.err }
 // its connection, another ends the admission after Do returned. A key
 // refused by the quota gives an error wrapping
 // [idempotency.ErrOverQuota]; nothing was written.
-func (h *handler[Tx]) do(r *http.Request, key idempotency.Key, fp string, fn func(Tx) (idempotency.Response, error)) (idempotency.Response, idempotency.Event, error) {
+func (h *handler[Tx]) do(r *http.Request, key idempotency.Key, fp string, fn func(Tx) (idempotency.Response, error)) (idempotency.Response, observe.Event, error) {
 	ctx, q := r.Context(), h.c.quota
 	if q == nil {
 		return h.g.DoEvent(ctx, key, fp, fn)
@@ -39,9 +41,9 @@ func (h *handler[Tx]) do(r *http.Request, key idempotency.Key, fp string, fn fun
 	adm, err := h.g.AdmitQuota(ctx, key, q)
 	switch {
 	case errors.Is(err, idempotency.ErrInvalidConfig), errors.Is(err, errors.ErrUnsupported):
-		return idempotency.Response{}, idempotency.Event{}, &quotaSetupError{err: err}
+		return idempotency.Response{}, observe.Event{}, &quotaSetupError{err: err}
 	case err != nil:
-		return idempotency.Response{}, idempotency.Event{}, err
+		return idempotency.Response{}, observe.Event{}, err
 	}
 	resp, gev, err := h.g.DoEvent(ctx, key, fp, fn)
 	if adm.Counted {
@@ -70,7 +72,7 @@ func (h *handler[Tx]) quotaFail(w http.ResponseWriter, r *http.Request, ev *Even
 		if h.c.onError != nil {
 			h.c.onError(r, se)
 		}
-		ev.Outcome = idempotency.Internal
+		ev.Outcome = observe.Internal
 		h.problem(w, r, ev, &Problem{Type: ProblemInternal, Title: "Idempotency middleware failed", Status: http.StatusInternalServerError})
 		return true
 	}
@@ -78,7 +80,7 @@ func (h *handler[Tx]) quotaFail(w http.ResponseWriter, r *http.Request, ev *Even
 	if !ok {
 		return false
 	}
-	ev.Outcome, ev.QuotaLimit = idempotency.OverQuota, qe.Limit
+	ev.Outcome, ev.QuotaLimit = observe.OverQuota, qe.Limit
 	secs := int64((qe.RetryAfter + time.Second - 1) / time.Second)
 	h.problem(w, r, ev, &Problem{Type: ProblemOverQuota, Title: "Quota exceeded", Status: http.StatusTooManyRequests,
 		Detail: quotaDetail(h.c.quota, qe.Limit, secs), Header: http.Header{"Retry-After": {strconv.FormatInt(max(1, secs), 10)}}})

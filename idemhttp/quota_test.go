@@ -18,10 +18,12 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/go-idempotency/idempotency"
+
 	"github.com/go-idempotency/idempotency/idemhttp"
 	"github.com/go-idempotency/idempotency/internal/testenv"
 	"github.com/go-idempotency/idempotency/internal/testkit"
 	"github.com/go-idempotency/idempotency/internal/testkit/pgkit"
+	"github.com/go-idempotency/idempotency/observe"
 	"github.com/go-idempotency/idempotency/postgres"
 	"github.com/go-idempotency/idempotency/sqlite"
 )
@@ -257,7 +259,7 @@ func testQuotaKeys[Tx any](t *testing.T, e quotaEnv[Tx]) {
 	over := 0
 	for range n {
 		ev := <-events
-		if ev.Outcome == idempotency.OverQuota {
+		if ev.Outcome == observe.OverQuota {
 			over++
 			if ev.QuotaLimit != "keys" || !errors.Is(ev.Err, idempotency.ErrOverQuota) || ev.Status != http.StatusTooManyRequests {
 				t.Errorf("refusal event %+v, want limit keys, ErrOverQuota, 429", ev)
@@ -332,7 +334,7 @@ func testQuotaInFlight[Tx any](t *testing.T, e quotaEnv[Tx]) {
 	}
 	close(events)
 	for ev := range events {
-		if ev.Outcome == idempotency.OverQuota && ev.QuotaLimit != "in_flight" {
+		if ev.Outcome == observe.OverQuota && ev.QuotaLimit != "in_flight" {
 			t.Errorf("refusal event limit %v, want in_flight", ev.QuotaLimit)
 		}
 	}

@@ -5,8 +5,8 @@ import (
 	"net/http"
 	"testing"
 
-	"github.com/go-idempotency/idempotency"
 	"github.com/go-idempotency/idempotency/idemhttp"
+	"github.com/go-idempotency/idempotency/observe"
 )
 
 // testRenderProblemStatus: Event.Status is the status the client got, also
@@ -34,14 +34,14 @@ func testRenderProblemStatus[Tx any](t *testing.T, e env[Tx]) {
 	if res.status != http.StatusConflict {
 		t.Fatalf("the renderer's answer: %d %q, want 409", res.status, res.body)
 	}
-	if ev := rc.last(t); ev.Outcome != idempotency.Mismatch || ev.Status != http.StatusConflict {
+	if ev := rc.last(t); ev.Outcome != observe.Mismatch || ev.Status != http.StatusConflict {
 		t.Errorf("event %+v; want mismatch with Status 409, the status sent", ev)
 	}
 	// A missing key (400) through a renderer that writes nothing: the
 	// client gets the 400 problem, and the event says 400.
 	res = s.send(t, http.MethodPost, "/silent", "application/json", `{}`)
 	wantProblem(t, res, http.StatusBadRequest, idemhttp.ProblemMissingKey)
-	if ev := rc.last(t); ev.Outcome != idempotency.Rejected || ev.Status != http.StatusBadRequest {
+	if ev := rc.last(t); ev.Outcome != observe.Rejected || ev.Status != http.StatusBadRequest {
 		t.Errorf("event %+v; want rejected with Status 400", ev)
 	}
 	s.wantCalls(t, 1)

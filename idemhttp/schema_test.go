@@ -18,10 +18,12 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/go-idempotency/idempotency"
+
 	"github.com/go-idempotency/idempotency/idemhttp"
 	"github.com/go-idempotency/idempotency/internal/testenv"
 	"github.com/go-idempotency/idempotency/internal/testkit"
 	"github.com/go-idempotency/idempotency/internal/testkit/pgkit"
+	"github.com/go-idempotency/idempotency/observe"
 	"github.com/go-idempotency/idempotency/postgres"
 	"github.com/go-idempotency/idempotency/sqlite"
 )
@@ -171,7 +173,7 @@ func schemaAnswers500[Tx any](t *testing.T, s idempotency.KeyStore[Tx], q *idemp
 		!strings.Contains(causes[0].Error(), table) {
 		t.Errorf("OnError got %v; want one ErrSchema naming %s, not ErrStore", causes, table)
 	}
-	if len(events) != 1 || events[0].Outcome != idempotency.Internal || events[0].Status != http.StatusInternalServerError {
+	if len(events) != 1 || events[0].Outcome != observe.Internal || events[0].Status != http.StatusInternalServerError {
 		t.Errorf("events %+v; want one Internal with status 500", events)
 	}
 }

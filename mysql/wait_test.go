@@ -15,8 +15,10 @@ import (
 	gomysql "github.com/go-sql-driver/mysql"
 
 	"github.com/go-idempotency/idempotency"
+
 	"github.com/go-idempotency/idempotency/backend"
 	"github.com/go-idempotency/idempotency/internal/testkit"
+	"github.com/go-idempotency/idempotency/observe"
 )
 
 // TestWaitBoundRestored checks that the reservation's lock wait bound maps
@@ -341,7 +343,7 @@ func winnerFails(t *testing.T, iso sql.IsolationLevel, p path) {
 	var retries atomic.Int64
 	guards := make([]*idempotency.Guard[*sql.Tx], callers)
 	for i := range guards {
-		g, err := idempotency.New(s, &idempotency.Config{Observer: func(_ context.Context, ev idempotency.Event) {
+		g, err := idempotency.New(s, &idempotency.Config{Observer: func(_ context.Context, ev observe.Event) {
 			retries.Add(int64(ev.Attempts - 1))
 		}})
 		if err != nil {

@@ -13,8 +13,10 @@ import (
 	goredis "github.com/redis/go-redis/v9"
 
 	"github.com/go-idempotency/idempotency"
+
 	"github.com/go-idempotency/idempotency/backend"
 	"github.com/go-idempotency/idempotency/internal/testkit"
+	"github.com/go-idempotency/idempotency/observe"
 )
 
 // adminClock is a test clock (Config.Clock) that moves only when told.
@@ -37,7 +39,7 @@ type adminSetup struct {
 	clock  *adminClock
 	g      *idempotency.Guard[*Tx]
 	mu     sync.Mutex
-	events []idempotency.Event
+	events []observe.Event
 }
 
 const adminTTL = time.Hour
@@ -46,8 +48,8 @@ func newAdminSetup(t *testing.T, newClient func(int) goredis.UniversalClient) *a
 	t.Helper()
 	a := &adminSetup{clock: newAdminClock(time.Date(2026, 3, 1, 12, 0, 0, 0, time.UTC))}
 	a.fixture = newFixture(t, newClient, 0, &Config{Clock: a.clock.now})
-	g, err := idempotency.New(a.store, &idempotency.Config{TTL: adminTTL, Observer: func(_ context.Context, ev idempotency.Event) {
-		if ev.Outcome == idempotency.Forgotten || ev.Err != nil && ev.Outcome != idempotency.Executed {
+	g, err := idempotency.New(a.store, &idempotency.Config{TTL: adminTTL, Observer: func(_ context.Context, ev observe.Event) {
+		if ev.Outcome == observe.Forgotten || ev.Err != nil && ev.Outcome != observe.Executed {
 			a.mu.Lock()
 			a.events = append(a.events, ev)
 			a.mu.Unlock()
@@ -223,7 +225,7 @@ func TestAdminForget(t *testing.T) {
 		testkit.MustCount(t, ctx, a.count, key.ID, 2)
 		a.mu.Lock()
 		defer a.mu.Unlock()
-		if len(a.events) != 2 || a.events[0].Outcome != idempotency.Forgotten || a.events[0].Key != key ||
+		if len(a.events) != 2 || a.events[0].Outcome != observe.Forgotten || a.events[0].Key != key ||
 			a.events[0].Err != nil || !errors.Is(a.events[1].Err, idempotency.ErrNotFound) {
 			t.Errorf("events %+v, want Forgotten then a failure with ErrNotFound", a.events)
 		}

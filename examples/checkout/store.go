@@ -13,8 +13,10 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/go-idempotency/idempotency"
+
 	"github.com/go-idempotency/idempotency/internal/redact"
 	"github.com/go-idempotency/idempotency/mysql"
+	"github.com/go-idempotency/idempotency/observe"
 	"github.com/go-idempotency/idempotency/outbox"
 	"github.com/go-idempotency/idempotency/postgres"
 	"github.com/go-idempotency/idempotency/sqlite"
@@ -113,8 +115,8 @@ func build[Tx any](store idempotency.KeyStore[Tx], adapt func(Tx) db, names tabl
 
 // logEvent is an Observer that logs every run of the operation: the key
 // by its hash, how the run ended and at which step.
-func logEvent(logf func(string, ...any)) idempotency.Observer {
-	return func(_ context.Context, ev idempotency.Event) {
+func logEvent(logf func(string, ...any)) observe.Observer {
+	return func(_ context.Context, ev observe.Event) {
 		if ev.Err != nil {
 			logf("run %v: %v at step %q: %v", ev.Key, ev.Outcome, ev.Step, ev.Err)
 			return

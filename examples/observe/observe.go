@@ -34,14 +34,14 @@ import (
 	"go.opentelemetry.io/otel/attribute"
 	"go.opentelemetry.io/otel/metric"
 
-	"github.com/go-idempotency/idempotency"
 	"github.com/go-idempotency/idempotency/idemhttp"
+	"github.com/go-idempotency/idempotency/observe"
 )
 
 // Metric names.
 const (
 	// RequestsMetric counts guarded requests, with the attributes
-	// idempotency.outcome (an [idempotency.Outcome] label), http.request.method and
+	// idempotency.outcome (an [observe.Outcome] label), http.request.method and
 	// http.response.status_code.
 	RequestsMetric = "idempotency.http.requests"
 	// DurationMetric is the time from the middleware's start to its
@@ -112,7 +112,7 @@ func New(logger *slog.Logger, meter metric.Meter) (func(context.Context, idemhtt
 			if ev.Waited > 0 {
 				wait.Record(ctx, ev.Waited.Seconds(), metric.WithAttributes(outcome))
 			}
-			if ev.Outcome == idempotency.Replayed && ev.RecordAge > 0 {
+			if ev.Outcome == observe.Replayed && ev.RecordAge > 0 {
 				age.Record(ctx, ev.RecordAge.Seconds())
 			}
 			if ev.AfterFn {
@@ -124,9 +124,9 @@ func New(logger *slog.Logger, meter metric.Meter) (func(context.Context, idemhtt
 		}
 		level := slog.LevelDebug
 		switch ev.Outcome {
-		case idempotency.HandlerError, idempotency.StoreError, idempotency.Internal:
+		case observe.HandlerError, observe.StoreError, observe.Internal:
 			level = slog.LevelError
-		case idempotency.Rejected, idempotency.Mismatch, idempotency.InProgress:
+		case observe.Rejected, observe.Mismatch, observe.InProgress:
 			level = slog.LevelInfo
 		}
 		attrs := []slog.Attr{
@@ -163,7 +163,7 @@ func New(logger *slog.Logger, meter metric.Meter) (func(context.Context, idemhtt
 // (Outcome purged) on [PurgeDeletedMetric] and [PurgeDurationMetric], and
 // logs a failed batch at Error level. The guard's other events are the
 // middleware's requests, which [New] records: it ignores them.
-func Guard(logger *slog.Logger, meter metric.Meter) (idempotency.Observer, error) {
+func Guard(logger *slog.Logger, meter metric.Meter) (observe.Observer, error) {
 	var deleted metric.Int64Counter
 	var took metric.Float64Histogram
 	if meter != nil {
@@ -177,8 +177,8 @@ func Guard(logger *slog.Logger, meter metric.Meter) (idempotency.Observer, error
 			return nil, fmt.Errorf("observe: %w", err)
 		}
 	}
-	return func(ctx context.Context, ev idempotency.Event) {
-		if ev.Outcome != idempotency.Purged {
+	return func(ctx context.Context, ev observe.Event) {
+		if ev.Outcome != observe.Purged {
 			return
 		}
 		if meter != nil {

@@ -15,11 +15,11 @@ import (
 
 	"github.com/gin-gonic/gin"
 
-	"github.com/go-idempotency/idempotency"
 	"github.com/go-idempotency/idempotency/idemhttp"
 	"github.com/go-idempotency/idempotency/idemhttp/idemgin"
 	"github.com/go-idempotency/idempotency/internal/frameworktest"
 	"github.com/go-idempotency/idempotency/internal/testkit"
+	"github.com/go-idempotency/idempotency/observe"
 )
 
 // adapters are the ways people mount a net/http middleware on gin; each
@@ -188,7 +188,7 @@ func TestUsualAdapterBypass(t *testing.T) {
 					t.Fatalf("%d events, want 4: %+v", len(events), events)
 				}
 				wantStatus := map[bool]int{true: http.StatusInternalServerError, false: http.StatusCreated}[st.pending]
-				if ev := events[0]; !errors.Is(ev.Err, idemhttp.ErrWriterBypassed) || ev.Outcome != idempotency.Internal || ev.Status != wantStatus {
+				if ev := events[0]; !errors.Is(ev.Err, idemhttp.ErrWriterBypassed) || ev.Outcome != observe.Internal || ev.Status != wantStatus {
 					t.Errorf("first event %+v; want internal, ErrWriterBypassed, status %d", ev, wantStatus)
 				}
 				for _, ev := range events[1:] {
@@ -373,7 +373,7 @@ func TestSplitAdapter(t *testing.T) {
 	if len(errs) != 1 || !errors.Is(errs[0], idemhttp.ErrWriterBypassed) {
 		t.Fatalf("OnError got %v; want one ErrWriterBypassed", errs)
 	}
-	if ev := events[2]; ev.Outcome != idempotency.Executed || ev.Status != http.StatusOK || !errors.Is(ev.Err, idemhttp.ErrWriterBypassed) {
+	if ev := events[2]; ev.Outcome != observe.Executed || ev.Status != http.StatusOK || !errors.Is(ev.Err, idemhttp.ErrWriterBypassed) {
 		t.Errorf("abort event %+v; want executed, status 200 (what the client got), ErrWriterBypassed", ev)
 	}
 }

@@ -7,6 +7,9 @@ import (
 	"go/parser"
 	"go/token"
 	"io/fs"
+	"os"
+	"path"
+	"path/filepath"
 	"slices"
 	"strings"
 )
@@ -55,11 +58,18 @@ func Surface(dir string, exclude ...string) ([]string, error) {
 	for _, f := range d.Funcs {
 		names = append(names, f.Name)
 	}
+	aliases, err := aliasMethods(dir, files)
+	if err != nil {
+		return nil, err
+	}
 	for _, t := range d.Types {
 		if slices.Contains(exclude, t.Name) {
 			continue
 		}
 		names = append(names, t.Name)
+		for _, m := range aliases[t.Name] {
+			names = append(names, t.Name+"."+m)
+		}
 		values(t.Consts)
 		values(t.Vars)
 		for _, f := range t.Funcs {
@@ -88,4 +98,116 @@ func Surface(dir string, exclude ...string) ([]string, error) {
 	}
 	slices.Sort(names)
 	return names, nil
+}
+
+// aliasMethods returns, for each exported alias of a type of another
+// package of the same module (type Key = backend.Key), the exported
+// methods of that type: a user reads them on the alias.
+func aliasMethods(dir string, files []*ast.File) (map[string][]string, error) {
+	out := map[string][]string{}
+	for _, f := range files {
+		imports := map[string]string{}
+		for _, imp := range f.Imports {
+			p := strings.Trim(imp.Path.Value, `"`)
+			name := path.Base(p)
+			if imp.Name != nil {
+				name = imp.Name.Name
+			}
+			imports[name] = p
+		}
+		for _, decl := range f.Decls {
+			gd, ok := decl.(*ast.GenDecl)
+			if !ok || gd.Tok != token.TYPE {
+				continue
+			}
+			for _, spec := range gd.Specs {
+				ts := spec.(*ast.TypeSpec)
+				sel, ok := ts.Type.(*ast.SelectorExpr)
+				if !ts.Assign.IsValid() || !ok || !ts.Name.IsExported() {
+					continue
+				}
+				pkg, ok := sel.X.(*ast.Ident)
+				if !ok {
+					continue
+				}
+				target, err := moduleDir(dir, imports[pkg.Name])
+				if err != nil {
+					return nil, err
+				}
+				if target == "" {
+					continue
+				}
+				ms, err := methodsOf(target, sel.Sel.Name)
+				if err != nil {
+					return nil, err
+				}
+				out[ts.Name.Name] = ms
+			}
+		}
+	}
+	return out, nil
+}
+
+// moduleDir is the directory of importPath if it belongs to the module
+// that holds dir, "" otherwise.
+func moduleDir(dir, importPath string) (string, error) {
+	root, err := filepath.Abs(dir)
+	if err != nil {
+		return "", err
+	}
+	for {
+		if b, err := os.ReadFile(filepath.Join(root, "go.mod")); err == nil {
+			mod := modfileModule(string(b))
+			if rest, ok := strings.CutPrefix(importPath, mod+"/"); ok {
+				return filepath.Join(root, filepath.FromSlash(rest)), nil
+			}
+			return "", nil
+		}
+		up := filepath.Dir(root)
+		if up == root {
+			return "", fmt.Errorf("%s: no go.mod above it", dir)
+		}
+		root = up
+	}
+}
+
+// modfileModule is the module path a go.mod declares.
+func modfileModule(gomod string) string {
+	for _, line := range strings.Split(gomod, "\n") {
+		if rest, ok := strings.CutPrefix(strings.TrimSpace(line), "module "); ok {
+			return strings.Trim(strings.TrimSpace(rest), `"`)
+		}
+	}
+	return ""
+}
+
+// methodsOf lists the exported methods of the type name declared in dir.
+func methodsOf(dir, name string) ([]string, error) {
+	fset := token.NewFileSet()
+	pkgs, err := parser.ParseDir(fset, dir, func(fi fs.FileInfo) bool {
+		return !strings.HasSuffix(fi.Name(), "_test.go")
+	}, parser.ParseComments)
+	if err != nil {
+		return nil, err
+	}
+	var ms []string
+	for _, p := range pkgs {
+		for _, f := range p.Files {
+			for _, decl := range f.Decls {
+				fd, ok := decl.(*ast.FuncDecl)
+				if !ok || fd.Recv == nil || !fd.Name.IsExported() {
+					continue
+				}
+				rt := fd.Recv.List[0].Type
+				if st, ok := rt.(*ast.StarExpr); ok {
+					rt = st.X
+				}
+				if id, ok := rt.(*ast.Ident); ok && id.Name == name {
+					ms = append(ms, fd.Name.Name)
+				}
+			}
+		}
+	}
+	slices.Sort(ms)
+	return ms, nil
 }

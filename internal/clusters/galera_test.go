@@ -13,7 +13,9 @@ import (
 	"time"
 
 	"github.com/go-idempotency/idempotency"
+
 	"github.com/go-idempotency/idempotency/internal/testkit"
+	"github.com/go-idempotency/idempotency/observe"
 )
 
 // streaming is the DSN suffix that turns on Galera's streaming replication
@@ -110,7 +112,7 @@ func galeraSameKey(t *testing.T, g *Galera, dsnExtra string) {
 	guards := make([]*idempotency.Guard[*sql.Tx], GaleraNodes)
 	var retried atomic.Int64
 	for i := range guards {
-		gd, err := idempotency.New[*sql.Tx](f.spread(i), &idempotency.Config{Observer: func(_ context.Context, ev idempotency.Event) {
+		gd, err := idempotency.New[*sql.Tx](f.spread(i), &idempotency.Config{Observer: func(_ context.Context, ev observe.Event) {
 			if ev.Attempts > 1 {
 				retried.Add(1)
 			}
@@ -211,7 +213,7 @@ func galeraCertification(t *testing.T, g *Galera) {
 			defer cancel()
 			f := newGaleraFixture(t, g, 0, "", nil)
 			var attempts1 atomic.Int64
-			g1, err := idempotency.New[*sql.Tx](f.spread(0), &idempotency.Config{Observer: func(_ context.Context, ev idempotency.Event) {
+			g1, err := idempotency.New[*sql.Tx](f.spread(0), &idempotency.Config{Observer: func(_ context.Context, ev observe.Event) {
 				attempts1.Store(int64(ev.Attempts))
 			}})
 			if err != nil {

@@ -21,10 +21,12 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/go-idempotency/idempotency"
+
 	"github.com/go-idempotency/idempotency/idemhttp"
 	"github.com/go-idempotency/idempotency/internal/testenv"
 	"github.com/go-idempotency/idempotency/internal/testkit"
 	"github.com/go-idempotency/idempotency/internal/testkit/pgkit"
+	"github.com/go-idempotency/idempotency/observe"
 	"github.com/go-idempotency/idempotency/postgres"
 )
 
@@ -153,14 +155,14 @@ func customers(table string, held *holds) http.HandlerFunc {
 // outcomes counts the middleware's answers by outcome.
 type outcomes struct {
 	mu sync.Mutex
-	n  map[idempotency.Outcome]int
+	n  map[observe.Outcome]int
 }
 
 func (o *outcomes) observe(_ context.Context, ev idemhttp.Event) {
 	o.mu.Lock()
 	defer o.mu.Unlock()
 	if o.n == nil {
-		o.n = map[idempotency.Outcome]int{}
+		o.n = map[observe.Outcome]int{}
 	}
 	o.n[ev.Outcome]++
 }
