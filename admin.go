@@ -152,32 +152,3 @@ func (g *Guard[Tx]) inFlight(key Key) (*call, bool) {
 	c, ok := g.fl.calls[key]
 	return c, ok
 }
-
-// Answer returns the answer stored for key, opened by [Config.Codec], as a
-// replay, without running anything and without a fingerprint: for a status
-// resource that a client polls after a 202 Accepted (see idemhttp). info
-// says what the store holds. A key held or unfinished gives info and an
-// error wrapping [ErrInProgress]; a key with no live record (absent,
-// expired) an error wrapping [ErrNotFound]. Only a caller entitled to the
-// key's scope may be given its answer. The store must implement
-// [backend.KeyAdmin].
-func (g *Guard[Tx]) Answer(ctx context.Context, key Key) (Response, *KeyInfo, error) {
-	info, err := g.inspect(ctx, key, true)
-	if err != nil {
-		return Response{}, nil, err
-	}
-	switch info.State {
-	case KeyInProgress, KeyUnfinished:
-		return Response{}, info, &backend.KeyError{Key: key, Err: fmt.Errorf("%w: the key is %s", ErrInProgress, info.State)}
-	case KeyCompleted:
-	default:
-		return Response{}, nil, &backend.KeyError{Key: key, Err: fmt.Errorf("%w: the key is %s", ErrNotFound, info.State)}
-	}
-	resp, err := g.open(ctx, key, info.Sealed, info.Status, info.Header, info.Body)
-	info.Body = nil
-	if err != nil {
-		return Response{}, info, &backend.KeyError{Key: key, Err: err}
-	}
-	resp.Replayed, resp.ExpiresAt = true, info.ExpiresAt
-	return resp, info, nil
-}

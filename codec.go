@@ -21,7 +21,7 @@ var ErrCodec = errors.New("idempotency: the stored answer could not be sealed or
 // Codec transforms the answers a [Guard] stores and reads back: encryption
 // at rest, or an answer stored as a reference to a resource (package
 // sealed provides both). The Guard seals every answer it stores (the
-// answer of [Guard.Do]'s fn, of an [Operation]'s Finish or Stop) and opens
+// answer of [Guard.Do]'s fn, of an [Operation]'s Finish or FinalAnswer) and opens
 // every answer it replays from the store. Callers handed an answer in
 // memory by the call that made it get it as fn returned it, never sealed.
 // The key and the fingerprint are never given to the codec: look-ups stay
@@ -30,6 +30,21 @@ var ErrCodec = errors.New("idempotency: the stored answer could not be sealed or
 // Seal and Open run on the calling goroutine, Seal inside the store's
 // transaction (before its commit), Open after the store's connection was
 // released. They must be safe for concurrent use.
+//
+// A Codec given to a Guard that runs operations ([Guard.Run], the
+// [Completer]) must also seal what an unfinished [Operation] stores
+// between its steps, the caller's input and the steps' data ([State.Set]),
+// with two more methods:
+//
+//	SealData(ctx context.Context, key Key, data []byte) ([]byte, error)
+//	OpenData(ctx context.Context, key Key, sealed []byte) ([]byte, error)
+//
+// They run on the calling goroutine, inside the store's transaction, and
+// must be safe for concurrent use; OpenData fails, rather than guess, for
+// data it cannot authenticate as sealed for key. Without them, Run and
+// the Completer fail with [ErrInvalidConfig] before anything is written,
+// so that an input such as a card token is never stored in clear beside
+// sealed answers. sealed.Codec (and a sealed.Chain holding one) has them.
 type Codec interface {
 	// Seal returns what is stored for resp, the answer of key. Its Status
 	// must be in 100..599; its Header and Body may be anything the store
@@ -42,18 +57,9 @@ type Codec interface {
 	Open(ctx context.Context, key Key, stored Response) (Response, error)
 }
 
-// DataSealer is implemented by a [Codec] that also seals what an
-// unfinished [Operation] stores between its steps: the caller's input and
-// the steps' data ([State.Set]). A [Guard] whose Codec does not implement
-// it refuses to run operations ([Guard.Run] and the [Completer] fail with
-// [ErrInvalidConfig] before anything is written), so that an input such
-// as a card token is never stored in clear beside sealed answers.
-// sealed.Codec implements it.
-//
-// SealData and OpenData run on the calling goroutine, inside the store's
-// transaction, and must be safe for concurrent use. OpenData fails, rather
-// than guess, for data it cannot authenticate as sealed for key.
-type DataSealer interface {
+// dataSealer is the optional part of a [Codec] that seals an
+// operation's input and step data (see Codec).
+type dataSealer interface {
 	SealData(ctx context.Context, key Key, data []byte) ([]byte, error)
 	OpenData(ctx context.Context, key Key, sealed []byte) ([]byte, error)
 }
@@ -146,15 +152,15 @@ func (g *Guard[Tx]) open(ctx context.Context, key Key, sealed bool, status int, 
 	return out, nil
 }
 
-// dataSealer returns the Codec's [DataSealer]: nil without a Codec, an
+// dataSealer returns the Codec's SealData and OpenData: nil without a Codec, an
 // error wrapping [ErrInvalidConfig] for a Codec that cannot seal data.
-func (g *Guard[Tx]) dataSealer() (DataSealer, error) {
+func (g *Guard[Tx]) dataSealer() (dataSealer, error) {
 	if g.cfg.Codec == nil {
 		return nil, nil
 	}
-	ds, ok := g.cfg.Codec.(DataSealer)
+	ds, ok := g.cfg.Codec.(dataSealer)
 	if !ok {
-		return nil, fmt.Errorf("%w: Config.Codec %T cannot seal an operation's input and step data (it does not implement DataSealer), "+
+		return nil, fmt.Errorf("%w: Config.Codec %T cannot seal an operation's input and step data (it has no SealData and OpenData methods), "+
 			"so operations would store them in clear; chain it with sealed.Codec, or run operations on a Guard without a Codec", ErrInvalidConfig, g.cfg.Codec)
 	}
 	return ds, nil

@@ -17,7 +17,7 @@ type CompleterConfig struct {
 	// the key after a failure) the Completer takes over: clients retrying
 	// with the key come first. Defaults to 1 minute.
 	Grace time.Duration
-	// Interval is the pause between two passes of [Completer.Run].
+	// Interval is the pause between two passes of [Completer.Serve].
 	// Defaults to 30 seconds.
 	Interval time.Duration
 	// Batch bounds how many keys one pass resumes: 1 to 1000. Defaults
@@ -32,10 +32,10 @@ type CompleterConfig struct {
 
 // Defaults of [CompleterConfig].
 const (
-	DefaultGrace    = time.Minute
-	DefaultInterval = 30 * time.Second
-	DefaultBatch    = 100
-	DefaultMaxTries = 10
+	defaultGrace    = time.Minute
+	defaultInterval = 30 * time.Second
+	defaultBatch    = 100
+	defaultMaxTries = 10
 )
 
 // Completer finishes the operations that runs left unfinished: a process
@@ -95,16 +95,16 @@ func NewCompleter[Tx any](g *Guard[Tx], cfg *CompleterConfig, ops ...*Operation[
 		return nil, fmt.Errorf("%w: no operations", ErrInvalidConfig)
 	}
 	if c.Grace == 0 {
-		c.Grace = DefaultGrace
+		c.Grace = defaultGrace
 	}
 	if c.Interval == 0 {
-		c.Interval = DefaultInterval
+		c.Interval = defaultInterval
 	}
 	if c.Batch == 0 {
-		c.Batch = DefaultBatch
+		c.Batch = defaultBatch
 	}
 	if c.MaxTries == 0 {
-		c.MaxTries = DefaultMaxTries
+		c.MaxTries = defaultMaxTries
 	}
 	byName := make(map[string]*Operation[Tx], len(ops))
 	for _, op := range ops {
@@ -119,11 +119,11 @@ func NewCompleter[Tx any](g *Guard[Tx], cfg *CompleterConfig, ops ...*Operation[
 	return &Completer[Tx]{g: g, ss: ss, cfg: c, ops: byName}, nil
 }
 
-// Run makes a pass every Interval until ctx ends, and returns ctx's error.
+// Serve makes a pass every Interval until ctx ends, and returns ctx's error.
 // A pass that fails (the store is down) is retried at the next interval;
 // its error goes to the Guard's [observe.Observer] as an Event with Outcome
 // [observe.StoreError] and no key.
-func (c *Completer[Tx]) Run(ctx context.Context) error {
+func (c *Completer[Tx]) Serve(ctx context.Context) error {
 	for {
 		if _, err := c.Once(ctx); err != nil && ctx.Err() == nil && c.g.cfg.Observer != nil {
 			c.g.cfg.Observer(ctx, observe.Event{Outcome: observe.StoreError, Err: err, Operation: "*"})

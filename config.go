@@ -34,7 +34,7 @@ type Config struct {
 	// fn with the same key. On SQLite it also does so when another process
 	// holds the database's one write lock: that process may hold the key,
 	// and SQLite cannot tell without waiting. Conflicts are then still
-	// retried within [DefaultWaitTimeout].
+	// retried within the default 30s.
 	WaitTimeout time.Duration
 	// MaxWaiters bounds how many calls of this Guard may wait inside the
 	// store at once for keys held elsewhere (by another process or
@@ -51,7 +51,7 @@ type Config struct {
 	MaxRetries int
 	// RetryBackoff is the base of the exponential backoff (full jitter)
 	// between retries, capped at 32 times the base. Defaults to 2ms; at
-	// most [MaxRetryBackoff].
+	// most one minute.
 	RetryBackoff time.Duration
 	// PurgeBatch is how many keys one batch of [Guard.Purge] deletes.
 	// Defaults to 1000.
@@ -72,14 +72,14 @@ type Config struct {
 
 // Defaults of [Config].
 const (
-	DefaultTTL          = 24 * time.Hour
-	DefaultWaitTimeout  = 30 * time.Second
-	DefaultMaxRetries   = 10
-	DefaultRetryBackoff = 2 * time.Millisecond
-	DefaultPurgeBatch   = 1000
-	DefaultMaxWaiters   = 2
-	// MaxRetryBackoff is the longest [Config.RetryBackoff] accepted.
-	MaxRetryBackoff = time.Minute
+	defaultTTL          = 24 * time.Hour
+	defaultWaitTimeout  = 30 * time.Second
+	defaultMaxRetries   = 10
+	defaultRetryBackoff = 2 * time.Millisecond
+	defaultPurgeBatch   = 1000
+	defaultMaxWaiters   = 2
+	// maxRetryBackoff is the longest [Config.RetryBackoff] accepted.
+	maxRetryBackoff = time.Minute
 )
 
 // New returns a Guard on store. A nil cfg means the defaults; a field out of
@@ -104,34 +104,34 @@ func New[Tx any](store KeyStore[Tx], cfg *Config) (*Guard[Tx], error) {
 	switch {
 	case c.RetryBackoff < 0:
 		return nil, fmt.Errorf("%w: negative RetryBackoff %v", ErrInvalidConfig, c.RetryBackoff)
-	case c.RetryBackoff > MaxRetryBackoff:
-		return nil, fmt.Errorf("%w: RetryBackoff %v longer than %v", ErrInvalidConfig, c.RetryBackoff, MaxRetryBackoff)
+	case c.RetryBackoff > maxRetryBackoff:
+		return nil, fmt.Errorf("%w: RetryBackoff %v longer than %v", ErrInvalidConfig, c.RetryBackoff, maxRetryBackoff)
 	case c.PurgeBatch < 0:
 		return nil, fmt.Errorf("%w: negative PurgeBatch %d", ErrInvalidConfig, c.PurgeBatch)
 	}
 	if c.TTL == 0 {
-		c.TTL = DefaultTTL
+		c.TTL = defaultTTL
 	}
 	noWait := c.WaitTimeout < 0
 	if c.WaitTimeout <= 0 {
-		c.WaitTimeout = DefaultWaitTimeout // also the bound of a no-wait call's retries
+		c.WaitTimeout = defaultWaitTimeout // also the bound of a no-wait call's retries
 	}
 	if c.MaxRetries < 0 {
 		c.MaxRetries = 0 // no retries
 	} else if c.MaxRetries == 0 {
-		c.MaxRetries = DefaultMaxRetries
+		c.MaxRetries = defaultMaxRetries
 	}
 	if c.RetryBackoff == 0 {
-		c.RetryBackoff = DefaultRetryBackoff
+		c.RetryBackoff = defaultRetryBackoff
 	}
 	if c.PurgeBatch == 0 {
-		c.PurgeBatch = DefaultPurgeBatch
+		c.PurgeBatch = defaultPurgeBatch
 	}
 	var waiters chan struct{} // nil: no bound
 	switch {
 	case c.MaxWaiters < 0:
 	case c.MaxWaiters == 0:
-		c.MaxWaiters = DefaultMaxWaiters
+		c.MaxWaiters = defaultMaxWaiters
 		fallthrough
 	default:
 		waiters = make(chan struct{}, c.MaxWaiters)
@@ -155,7 +155,7 @@ func checkTTL(ttl time.Duration) error {
 // WithTTL returns a view of g that stores the answers it completes with
 // ttl instead of [Config.TTL]: a route or an operation whose keys must be
 // remembered longer (a payment: 72h) or shorter than the rest. Zero means
-// [DefaultTTL]; a TTL [New] would refuse gives an error wrapping
+// the default TTL (24h); a TTL [New] would refuse gives an error wrapping
 // [ErrInvalidConfig].
 //
 // The view shares everything else with g: the store, the rest of the
@@ -170,7 +170,7 @@ func (g *Guard[Tx]) WithTTL(ttl time.Duration) (*Guard[Tx], error) {
 		return nil, err
 	}
 	if ttl == 0 {
-		ttl = DefaultTTL
+		ttl = defaultTTL
 	}
 	v := *g
 	v.cfg.TTL = ttl

@@ -33,7 +33,7 @@ func WithTx[Tx any](ctx context.Context, tx Tx, key Key) context.Context {
 //
 // Asking for another type than the one the context carries (TxFrom[*sql.Tx]
 // under a Guard of pgx.Tx) is a programming error that no request can
-// cause or cure: TxFrom panics with a *[TxTypeError] that names both types,
+// cause or cure: TxFrom panics with a *[txTypeError] that names both types,
 // at its call, before the handler's first write, rather than return a nil
 // transaction that the handler would use.
 func TxFrom[Tx any](ctx context.Context) (tx Tx, ok bool) {
@@ -44,13 +44,13 @@ func TxFrom[Tx any](ctx context.Context) (tx Tx, ok bool) {
 	if tx, ok = v.tx.(Tx); ok || (v.tx == nil && v.typ == reflect.TypeFor[Tx]()) {
 		return tx, ok
 	}
-	panic(&TxTypeError{Want: reflect.TypeFor[Tx]().String(), Have: v.typ.String()})
+	panic(&txTypeError{Want: reflect.TypeFor[Tx]().String(), Have: v.typ.String()})
 }
 
-// TxTypeError is the panic of [TxFrom] asked for a transaction type other
+// txTypeError is the panic of [TxFrom] asked for a transaction type other
 // than the one the context carries: the type parameter of TxFrom differs
 // from the Guard's Tx. Recover middleware logs it as an error.
-type TxTypeError struct {
+type txTypeError struct {
 	// Want is the type TxFrom was asked for, as Go writes it ("*sql.Tx").
 	Want string
 	// Have is the type of the transaction the context carries: the Guard's
@@ -58,7 +58,7 @@ type TxTypeError struct {
 	Have string
 }
 
-func (e *TxTypeError) Error() string {
+func (e *txTypeError) Error() string {
 	return fmt.Sprintf("idempotency: TxFrom[%s] called on a context whose transaction is a %s (the Guard's Tx type): call TxFrom[%s]",
 		e.Want, e.Have, e.Have)
 }

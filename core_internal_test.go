@@ -74,13 +74,13 @@ func mustNew(t *testing.T, s KeyStore[int], cfg *Config) *Guard[int] {
 func TestNewDefaults(t *testing.T) {
 	g := mustNew(t, &fakeStore{}, nil)
 	c := g.cfg
-	if c.TTL != DefaultTTL || c.WaitTimeout != DefaultWaitTimeout || c.MaxRetries != DefaultMaxRetries ||
-		c.RetryBackoff != DefaultRetryBackoff || c.PurgeBatch != DefaultPurgeBatch || c.MaxWaiters != DefaultMaxWaiters ||
-		cap(g.fl.waiters) != DefaultMaxWaiters {
+	if c.TTL != defaultTTL || c.WaitTimeout != defaultWaitTimeout || c.MaxRetries != defaultMaxRetries ||
+		c.RetryBackoff != defaultRetryBackoff || c.PurgeBatch != defaultPurgeBatch || c.MaxWaiters != defaultMaxWaiters ||
+		cap(g.fl.waiters) != defaultMaxWaiters {
 		t.Fatalf("defaults: got %+v (waiter slots %d)", c, cap(g.fl.waiters))
 	}
-	if DefaultTTL != 24*time.Hour || DefaultWaitTimeout != 30*time.Second || DefaultMaxRetries != 10 ||
-		DefaultRetryBackoff != 2*time.Millisecond || DefaultPurgeBatch != 1000 || DefaultMaxWaiters != 2 {
+	if defaultTTL != 24*time.Hour || defaultWaitTimeout != 30*time.Second || defaultMaxRetries != 10 ||
+		defaultRetryBackoff != 2*time.Millisecond || defaultPurgeBatch != 1000 || defaultMaxWaiters != 2 {
 		t.Fatal("a documented default changed: update the docs and this test together")
 	}
 	set := Config{TTL: time.Millisecond, WaitTimeout: time.Nanosecond, MaxRetries: 3, RetryBackoff: time.Nanosecond,
@@ -90,7 +90,7 @@ func TestNewDefaults(t *testing.T) {
 		c.PurgeBatch != 1 || c.MaxWaiters != 5 {
 		t.Fatalf("explicit values must be kept: got %+v", c)
 	}
-	if g := mustNew(t, &fakeStore{}, &Config{RetryBackoff: MaxRetryBackoff}); g.cfg.RetryBackoff != time.Minute {
+	if g := mustNew(t, &fakeStore{}, &Config{RetryBackoff: maxRetryBackoff}); g.cfg.RetryBackoff != time.Minute {
 		t.Fatalf("RetryBackoff at its maximum: got %v", g.cfg.RetryBackoff)
 	}
 	g = mustNew(t, &fakeStore{}, &Config{MaxRetries: -1, MaxWaiters: -1})
@@ -98,15 +98,15 @@ func TestNewDefaults(t *testing.T) {
 		t.Fatalf("negative MaxRetries/MaxWaiters: got %d retries, waiter slots %v; want 0 and no bound", g.cfg.MaxRetries, g.fl.waiters)
 	}
 	g = mustNew(t, &fakeStore{}, &Config{WaitTimeout: -1})
-	if !g.noWait || g.cfg.WaitTimeout != DefaultWaitTimeout {
-		t.Fatalf("negative WaitTimeout: got noWait %v, retry bound %v; want true, %v", g.noWait, g.cfg.WaitTimeout, DefaultWaitTimeout)
+	if !g.noWait || g.cfg.WaitTimeout != defaultWaitTimeout {
+		t.Fatalf("negative WaitTimeout: got noWait %v, retry bound %v; want true, %v", g.noWait, g.cfg.WaitTimeout, defaultWaitTimeout)
 	}
 }
 
 func TestNewRefusesOutOfRange(t *testing.T) {
 	for _, cfg := range []Config{
 		{TTL: -1}, {TTL: time.Millisecond - 1}, {TTL: 1}, {RetryBackoff: -1}, {PurgeBatch: -1},
-		{RetryBackoff: MaxRetryBackoff + 1},
+		{RetryBackoff: maxRetryBackoff + 1},
 	} {
 		if _, err := New[int](&fakeStore{}, &cfg); !errors.Is(err, ErrInvalidConfig) {
 			t.Errorf("New(%+v) = %v, want ErrInvalidConfig", cfg, err)
@@ -307,8 +307,8 @@ func TestTakeWaiterBound(t *testing.T) {
 
 func TestBackoffLargestBase(t *testing.T) {
 	for range 100 {
-		if d := backoff(MaxRetryBackoff, 50); d < 0 || d >= 32*MaxRetryBackoff {
-			t.Fatalf("backoff(MaxRetryBackoff, 50) = %v", d)
+		if d := backoff(maxRetryBackoff, 50); d < 0 || d >= 32*maxRetryBackoff {
+			t.Fatalf("backoff(maxRetryBackoff, 50) = %v", d)
 		}
 	}
 }

@@ -21,7 +21,7 @@ func ExampleFingerprintJSON() {
 	b, _ := idempotency.FingerprintJSON([]byte(`{"amount":100,"orderId":42}`))
 	c, _ := idempotency.FingerprintJSON([]byte(`{"orderId": 42, "amount": 999}`))
 	_, err := idempotency.FingerprintJSON([]byte(`{"orderId": 42,`))
-	fmt.Println(a == b, a == c, errors.Is(err, idempotency.ErrInvalidJSON))
+	fmt.Println(a == b, a == c, errors.Is(err, idempotency.ErrInvalidBody))
 	// Output: true false true
 }
 

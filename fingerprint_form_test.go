@@ -64,7 +64,7 @@ func TestFingerprintFormValuesMatter(t *testing.T) {
 func TestFingerprintFormInvalid(t *testing.T) {
 	for _, in := range []string{"a=%", "a=%4", "a=%zz", "%g0=1", "a=1;b=2", "a=1&b;=2"} {
 		_, err := idempotency.FingerprintForm([]byte(in))
-		if !errors.Is(err, idempotency.ErrInvalidForm) {
+		if !errors.Is(err, idempotency.ErrInvalidBody) {
 			t.Errorf("FingerprintForm(%q): got %v, want ErrInvalidForm", in, err)
 		}
 		if _, refErr := url.ParseQuery(in); refErr == nil {
@@ -97,7 +97,7 @@ func FuzzCanonicalForm(f *testing.F) {
 func checkCanonicalForm(t *testing.T, data []byte) {
 	t.Helper()
 	got, err := idempotency.CanonicalForm(data)
-	if err != nil && !errors.Is(err, idempotency.ErrInvalidForm) {
+	if err != nil && !errors.Is(err, idempotency.ErrInvalidBody) {
 		t.Fatalf("CanonicalForm(%q): error %v does not wrap ErrInvalidForm", data, err)
 	}
 	if strings.Count(string(data), "&") >= 1000 {

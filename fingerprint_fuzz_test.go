@@ -17,7 +17,7 @@ func checkCanonical(t *testing.T, data []byte) {
 	t.Helper()
 	ref, refErr := refParse(data)
 	got, err := idempotency.CanonicalJSON(data)
-	if err != nil && !errors.Is(err, idempotency.ErrInvalidJSON) {
+	if err != nil && !errors.Is(err, idempotency.ErrInvalidBody) {
 		t.Fatalf("CanonicalJSON(%q): error %v does not wrap ErrInvalidJSON", data, err)
 	}
 	if errors.Is(refErr, errRefDepth) {

@@ -55,7 +55,7 @@ func TestFingerprintJSONValuesMatter(t *testing.T) {
 
 func TestFingerprintJSONInvalid(t *testing.T) {
 	for _, in := range []string{``, `{`, `{"a":1}x`, `{"a":1} {"b":2}`, `{'a':1}`, `{"a":1,"a":2}`, `[{"k":1,"k":1}]`, `01`, `NaN`} {
-		if _, err := idempotency.FingerprintJSON([]byte(in)); !errors.Is(err, idempotency.ErrInvalidJSON) {
+		if _, err := idempotency.FingerprintJSON([]byte(in)); !errors.Is(err, idempotency.ErrInvalidBody) {
 			t.Errorf("FingerprintJSON(%q): got %v, want ErrInvalidJSON", in, err)
 		}
 	}
@@ -189,7 +189,7 @@ func TestCanonicalJSONRefusesInvalidText(t *testing.T) {
 		{"\"\xc3\"", "not valid UTF-8"},
 	} {
 		_, err := idempotency.CanonicalJSON([]byte(c.in))
-		if want := "idempotency: invalid JSON: " + c.msg; err == nil || err.Error() != want || !errors.Is(err, idempotency.ErrInvalidJSON) {
+		if want := "idempotency: invalid JSON: " + c.msg; err == nil || err.Error() != want || !errors.Is(err, idempotency.ErrInvalidBody) {
 			t.Errorf("CanonicalJSON(%q): got %v, want %s", c.in, err, want)
 		}
 	}
@@ -204,7 +204,7 @@ func TestCanonicalJSONLayout(t *testing.T) {
 		t.Fatalf("got %s, %v; want %s", got, err, want)
 	}
 	for _, in := range []string{`[1 2]`, `{"a":1 "b":2}`, `{"a":1,}`, `{"a",1}`, `[1]]`, `{}}`, `1e`, `.5`, `+1`, "\"a\x01\""} {
-		if _, err := idempotency.CanonicalJSON([]byte(in)); !errors.Is(err, idempotency.ErrInvalidJSON) {
+		if _, err := idempotency.CanonicalJSON([]byte(in)); !errors.Is(err, idempotency.ErrInvalidBody) {
 			t.Errorf("CanonicalJSON(%q): got %v, want ErrInvalidJSON", in, err)
 		}
 	}
@@ -217,7 +217,7 @@ func TestFingerprintJSONIsSHA256OfCanonical(t *testing.T) {
 	if err != nil || got != hex.EncodeToString(sum[:]) {
 		t.Fatalf("got %s, %v", got, err)
 	}
-	if fp, err := idempotency.FingerprintJSON([]byte(`{`)); fp != "" || !errors.Is(err, idempotency.ErrInvalidJSON) {
+	if fp, err := idempotency.FingerprintJSON([]byte(`{`)); fp != "" || !errors.Is(err, idempotency.ErrInvalidBody) {
 		t.Fatalf("invalid JSON: got %q, %v", fp, err)
 	}
 }

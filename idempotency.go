@@ -20,6 +20,7 @@ import (
 	"time"
 
 	"github.com/go-idempotency/idempotency/backend"
+	"github.com/go-idempotency/idempotency/internal/canonical"
 	"github.com/go-idempotency/idempotency/observe"
 )
 
@@ -35,9 +36,11 @@ var (
 	// ErrMismatch: the key was completed by a request with another
 	// fingerprint. fn was not called. (HTTP 422.)
 	ErrMismatch = errors.New("idempotency: key reused with a different request")
-	// ErrInvalidJSON: [FingerprintJSON] was given bytes that are not one
-	// valid JSON value.
-	ErrInvalidJSON = errors.New("idempotency: invalid JSON")
+	// ErrInvalidBody: [FingerprintJSON] or [FingerprintForm] was given
+	// bytes that are not one valid JSON value, or not an
+	// application/x-www-form-urlencoded body as net/url parses it.
+	// (HTTP 400.)
+	ErrInvalidBody = canonical.ErrInvalid
 	// ErrStore: the store failed (a cut connection, a timeout, a busy
 	// database, conflicts still failing after every retry, a lost commit
 	// reply). The driver's error stays in the chain. Whatever the store did,
@@ -50,7 +53,7 @@ var (
 	// written for the input; a step that sets too much fails, rolled back.
 	ErrTooLarge = errors.New("idempotency: operation input and step data too large")
 	// ErrUnfinished: a run of an [Operation] failed between two steps with
-	// an error that is not [Stop]. Every step before it is committed; the
+	// an error that is not [FinalAnswer]. Every step before it is committed; the
 	// key is unfinished, and a retry with the same key (or the
 	// [Completer]) resumes it at the step that failed. (HTTP 503.)
 	ErrUnfinished = errors.New("idempotency: operation unfinished; retrying with the same key resumes it")
@@ -385,7 +388,7 @@ func (g *Guard[Tx]) run(ctx context.Context, txn backend.Txn[Tx], key Key, fn fu
 }
 
 // backoff is a random wait in [0, base<<(attempt-1)), the exponent capped
-// at 5 (full jitter). base is at most [MaxRetryBackoff], so it cannot
+// at 5 (full jitter). base is at most maxRetryBackoff, so it cannot
 // overflow.
 func backoff(base time.Duration, attempt int) time.Duration {
 	return rand.N(base << min(attempt-1, 5))

@@ -117,13 +117,14 @@ func isLibrary(p *listedPackage) bool {
 }
 
 // isStdlibHelper reports whether p is a non-test package of this module's
-// internal/ tree that imports only the standard library.
+// internal/ tree that imports only the standard library (and backend, the
+// store contract).
 func isStdlibHelper(p *listedPackage, pkgs map[string]*listedPackage) bool {
 	if p.Module == nil || p.Module.Path != modulePath || !strings.Contains(p.ImportPath+"/", "/internal/") || isTestKit(p) {
 		return false
 	}
 	for _, imp := range p.Imports {
-		if dep := pkgs[imp]; dep == nil || !dep.Standard {
+		if dep := pkgs[imp]; dep == nil || !dep.Standard && imp != backendPath {
 			return false
 		}
 	}
@@ -160,7 +161,7 @@ func checkImports(pkgs map[string]*listedPackage, rules map[string][]string) []s
 			case dep.Module != nil && slices.Contains(drivers, dep.Module.Path):
 			case !listed && dep.Module != nil && dep.Module.Path == modulePath && !isTestKit(dep):
 			case strings.HasPrefix(imp, path+"/") && isLibrary(dep): // its own subpackage, checked in turn
-			case !isCore(path) && isStdlibHelper(dep, pkgs): // internal/sqlident and the like
+			case isStdlibHelper(dep, pkgs): // internal/sqlident, internal/canonical and the like // internal/sqlident and the like
 			default:
 				allowed := "the standard library"
 				switch {
@@ -182,7 +183,7 @@ func checkImports(pkgs map[string]*listedPackage, rules map[string][]string) []s
 		}
 		if isCore(path) {
 			for _, d := range p.Deps {
-				if dep := pkgs[d]; dep != nil && !dep.Standard && !isCore(d) {
+				if dep := pkgs[d]; dep != nil && !dep.Standard && !isCore(d) && !isStdlibHelper(dep, pkgs) {
 					problems = append(problems, fmt.Sprintf("the core depends on %s, outside the standard library", d))
 				}
 			}

@@ -13,7 +13,7 @@ import (
 )
 
 // TestRunValidateStoresNothing: an input the operation's Validate refuses
-// returns ErrInvalidInput (an *InputError holding Validate's error) with
+// returns ErrInvalidInput (an *inputError holding Validate's error) with
 // nothing stored and no step run, so the corrected input with the same
 // key runs. Refused in the first step with a Stop(400), the key stored
 // the 400 and the corrected retry got ErrMismatch.
@@ -44,9 +44,8 @@ func TestRunValidateStoresNothing(t *testing.T) {
 	}
 	key := idempotency.Key{Scope: "acct", ID: "k1"}
 	_, err = g.Run(ctx, key, "fp-bad", []byte(`{"amount":0}`), op)
-	ie, ok := errors.AsType[*idempotency.InputError](err)
-	if !errors.Is(err, idempotency.ErrInvalidInput) || !errors.Is(err, errAmount) || !ok || ie.Operation != "pay" {
-		t.Fatalf("Run with a bad input: %v; want an *InputError of pay wrapping Validate's error", err)
+	if !errors.Is(err, idempotency.ErrInvalidInput) || !errors.Is(err, errAmount) {
+		t.Fatalf("Run with a bad input: %v; want ErrInvalidInput wrapping Validate's error", err)
 	}
 	if err.Error() != `idempotency: operation "pay": invalid input: amount must be positive` {
 		t.Fatalf("text %q", err)

@@ -58,20 +58,20 @@ type Operation[Tx any] struct {
 	// store's clock. While it lasts, other processes wait for the run or
 	// get [ErrInProgress]; a run that died (a crash, a kill) holds the key
 	// until it ends. Make it longer than the slowest Foreign step. Defaults
-	// to [DefaultLease].
+	// to one minute.
 	Lease time.Duration
 	// Validate, if set, checks the input of [Guard.Run] before the key is
-	// taken: an error returns from Run as an *[InputError] (it matches
+	// taken: an error returns from Run as an *[inputError] (it matches
 	// [ErrInvalidInput]) with nothing stored, so the corrected request
-	// with the same key runs. (A step's [Stop] with a 400 is stored, and
+	// with the same key runs. (A step's [FinalAnswer] with a 400 is stored, and
 	// the corrected retry, another fingerprint, gets [ErrMismatch].) It
 	// runs on every call of Run, not when the [Completer] resumes a key:
 	// keep it accepting what it accepted before.
 	Validate func(ctx context.Context, input []byte) error
 }
 
-// DefaultLease is the [Operation.Lease] used when it is zero.
-const DefaultLease = time.Minute
+// defaultLease is the [Operation.Lease] used when it is zero.
+const defaultLease = time.Minute
 
 // maxOperationName is the longest [Operation.Name] and step name.
 const maxOperationName = 64
@@ -79,8 +79,8 @@ const maxOperationName = 64
 // Step is one step of an [Operation]: exactly one of Local or Foreign is
 // set.
 //
-// A step that returns an error made with [Stop] finishes the operation with
-// the Stop's answer (a processor's decline, for instance): a Local step's
+// A step that returns an error made with [FinalAnswer] finishes the operation with
+// that answer (a processor's decline, for instance): a Local step's
 // writes commit with it. Any other error is transient: a Local step's
 // writes roll back, the key stays at the last recovery point, and
 // [Guard.Run] returns an error wrapping [ErrUnfinished].
@@ -94,17 +94,17 @@ type Step[Tx any] struct {
 	Foreign func(ctx context.Context, s *State) error
 }
 
-// Stop returns an error that finishes an [Operation] with resp as its
+// FinalAnswer returns an error that finishes an [Operation] with resp as its
 // stored answer: a permanent outcome, such as a declined card.
-func Stop(resp Response) error { return &StopError{Response: resp} }
+func FinalAnswer(resp Response) error { return &stopError{Response: resp} }
 
-// StopError is the error [Stop] returns.
-type StopError struct {
+// stopError is the error [FinalAnswer] returns.
+type stopError struct {
 	// Response is the operation's answer.
 	Response Response
 }
 
-func (e *StopError) Error() string {
+func (e *stopError) Error() string {
 	return fmt.Sprintf("idempotency: operation stopped with status %d", e.Response.Status)
 }
 
@@ -200,7 +200,7 @@ func (op *Operation[Tx]) ttl(g *Guard[Tx]) time.Duration {
 
 func (op *Operation[Tx]) lease() time.Duration {
 	if op.Lease == 0 {
-		return DefaultLease
+		return defaultLease
 	}
 	return op.Lease
 }
@@ -234,7 +234,7 @@ func (op *Operation[Tx]) index(name string) (int, error) {
 //     [Config.WaitTimeout], as Do does, then [ErrInProgress].
 //  5. A step's transient error: the key is released at its last recovery
 //     point and Run returns an error wrapping [ErrUnfinished] and the
-//     step's error. A [Stop] finishes the operation with its answer. So
+//     step's error. A [FinalAnswer] finishes the operation with its answer. So
 //     does a run whose ctx ends, or whose store fails, between two steps
 //     after it committed one: it releases the key when the store answers.
 //  6. Store failures wrap [ErrStore]: retrying with the same key resumes.
@@ -547,7 +547,7 @@ func (r *runner[Tx]) foreign(ctx context.Context, i int) (*Response, error) {
 	r.st.p.Step = st.Name
 	data := clonedData(r.st.p.Data)
 	err := st.Foreign(ctx, r.st)
-	var stop *StopError
+	var stop *stopError
 	if errors.As(err, &stop) {
 		r.st.p.Data = data // what the call set is not committed
 		return &stop.Response, nil
@@ -565,7 +565,7 @@ func (r *runner[Tx]) foreign(ctx context.Context, i int) (*Response, error) {
 func (r *runner[Tx]) finish(ctx context.Context, ph backend.Phase[Tx]) (Response, error) {
 	r.st.p.Step = ""
 	resp, err := r.op.Finish(ctx, ph.Tx(), r.st)
-	var stop *StopError
+	var stop *stopError
 	if errors.As(err, &stop) {
 		resp, err = stop.Response, nil
 	}
@@ -582,9 +582,9 @@ func (r *runner[Tx]) finish(ctx context.Context, ph backend.Phase[Tx]) (Response
 
 // isConflict reports whether err, a step's or Finish's, is a conflict
 // that the store classifies as retryable ([backend.ConflictClassifier]), as
-// [Guard.Do] retries fn's: never a [Stop].
+// [Guard.Do] retries fn's: never a [FinalAnswer].
 func (r *runner[Tx]) isConflict(err error) bool {
-	var stop *StopError
+	var stop *stopError
 	if errors.As(err, &stop) {
 		return false
 	}
@@ -619,7 +619,7 @@ func (r *runner[Tx]) complete(ctx context.Context, ph backend.Phase[Tx], resp Re
 // back and releases the key at its last recovery point. ph is nil after a
 // Foreign step.
 func (r *runner[Tx]) failed(ctx context.Context, ph backend.Phase[Tx], err error) (Response, error) {
-	var stop *StopError
+	var stop *stopError
 	if ph != nil && errors.As(err, &stop) {
 		return r.complete(ctx, ph, stop.Response)
 	}

@@ -278,7 +278,7 @@ func TestRunStopAfterTakeover(t *testing.T) {
 					inA = false
 					advance(2 * time.Minute) // A's call is slow: its lease ran out
 					_, bErr = gB.Run(ctx, key, "fp", nil, op)
-					return idempotency.Stop(idempotency.Response{Status: 402, Body: []byte("declined")})
+					return idempotency.FinalAnswer(idempotency.Response{Status: 402, Body: []byte("declined")})
 				}
 				st.Set("charge", "ch_1")
 				return nil
@@ -301,7 +301,7 @@ func TestRunStopAfterTakeover(t *testing.T) {
 
 // TestRunCancelledReleasesLease: a Run whose ctx ends between two phases
 // ends its lease and says ErrUnfinished: a retry right after resumes at
-// once instead of waiting for the lease (DefaultLease) to run out.
+// once instead of waiting for the lease (defaultLease) to run out.
 func TestRunCancelledReleasesLease(t *testing.T) {
 	s := memstore.New()
 	g := newGuard(t, s, &idempotency.Config{WaitTimeout: 200 * time.Millisecond})
@@ -428,11 +428,11 @@ func TestRunStopKeptAfterFailedTakeover(t *testing.T) {
 				case 1:
 					advance(2 * time.Minute)
 					_, bErr = gB.Run(ctx, key, "fp", nil, op)
-					return idempotency.Stop(idempotency.Response{Status: 402})
+					return idempotency.FinalAnswer(idempotency.Response{Status: 402})
 				case 2:
 					return errors.New("processor timeout")
 				}
-				return idempotency.Stop(idempotency.Response{Status: 402})
+				return idempotency.FinalAnswer(idempotency.Response{Status: 402})
 			}},
 		}, Finish: func(context.Context, *memstore.Tx, *idempotency.State) (idempotency.Response, error) {
 			return idempotency.Response{Status: 201}, nil

@@ -41,7 +41,7 @@ func checkout(p *processor, localRuns *atomic.Int64) *idempotency.Operation[*mem
 			}},
 			{Name: "charge", Foreign: func(_ context.Context, s *idempotency.State) error {
 				if p.decline {
-					return idempotency.Stop(idempotency.Response{Status: 402, Body: []byte("declined")})
+					return idempotency.FinalAnswer(idempotency.Response{Status: 402, Body: []byte("declined")})
 				}
 				id, err := p.Charge(s.Key().Derive("charge"))
 				if err != nil {
@@ -181,7 +181,7 @@ func TestRunStop(t *testing.T) {
 		Name: "refuse",
 		Steps: []idempotency.Step[*memstore.Tx]{{Name: "check", Local: func(_ context.Context, tx *memstore.Tx, _ *idempotency.State) error {
 			tx.Effect("refused")
-			return idempotency.Stop(idempotency.Response{Status: 409, Body: []byte("no")})
+			return idempotency.FinalAnswer(idempotency.Response{Status: 409, Body: []byte("no")})
 		}}},
 		Finish: func(context.Context, *memstore.Tx, *idempotency.State) (idempotency.Response, error) {
 			t.Error("Finish ran after a Stop")
@@ -491,7 +491,10 @@ func TestList(t *testing.T) {
 	}
 }
 
-func TestAnswer(t *testing.T) {
+// TestInspectOperation: Inspect tells an unfinished operation (its step)
+// from a completed one (its answer, opened), and another scope finds
+// nothing.
+func TestInspectOperation(t *testing.T) {
 	ctx := context.Background()
 	s := memstore.New()
 	g := newGuard(t, s, nil)
@@ -503,19 +506,19 @@ func TestAnswer(t *testing.T) {
 	if _, err := g.Run(ctx, key, "fp", []byte("3"), op); !errors.Is(err, idempotency.ErrUnfinished) {
 		t.Fatal(err)
 	}
-	_, info, err := g.Answer(ctx, key)
-	if !errors.Is(err, idempotency.ErrInProgress) || info == nil || info.State != idempotency.KeyUnfinished || info.Step != "charge" {
-		t.Fatalf("unfinished: %+v, %v; want ErrInProgress with the step", info, err)
+	info, err := g.Inspect(ctx, key, true)
+	if err != nil || info.State != idempotency.KeyUnfinished || info.Step != "charge" || info.Body != nil {
+		t.Fatalf("unfinished: %+v, %v; want unfinished at charge, no answer", info, err)
 	}
 	want, err := g.Run(ctx, key, "fp", nil, op)
 	if err != nil {
 		t.Fatal(err)
 	}
-	got, info, err := g.Answer(ctx, key)
-	if err != nil || !got.Replayed || got.Status != want.Status || !bytes.Equal(got.Body, want.Body) || info.State != idempotency.KeyCompleted {
-		t.Fatalf("completed: %+v, %+v, %v; want %+v", got, info, err, want)
+	info, err = g.Inspect(ctx, key, true)
+	if err != nil || info.State != idempotency.KeyCompleted || info.Status != want.Status || !bytes.Equal(info.Body, want.Body) {
+		t.Fatalf("completed: %+v, %v; want %+v", info, err, want)
 	}
-	if _, _, err := g.Answer(ctx, idempotency.Key{Scope: "b", ID: "status"}); !errors.Is(err, idempotency.ErrNotFound) {
+	if _, err := g.Inspect(ctx, idempotency.Key{Scope: "b", ID: "status"}, true); !errors.Is(err, idempotency.ErrNotFound) {
 		t.Fatalf("another scope: %v; want ErrNotFound", err)
 	}
 }

@@ -17,7 +17,7 @@ type progress struct {
 	Input   []byte
 	Data    map[string]string
 	Failure string
-	// sealed, when set, is Input and Data as a [DataSealer] sealed them
+	// sealed, when set, is Input and Data as the Codec's SealData sealed them
 	// (Input and Data are then unset): the progress of a Guard with a
 	// Codec, read back and not yet opened ([Guard.openProgress]).
 	sealed []byte
@@ -34,7 +34,7 @@ type progress struct {
 //
 //	"ids1" || field(op) || field(step) || field(failure) || field(sealed)
 //
-// where sealed is what [DataSealer.SealData] returned for the clear
+// where sealed is what the Codec's SealData returned for the clear
 // encoding of a progress holding only the input and the data. The
 // operation, the step and the failure stay in clear, as a sealed answer's
 // status does: the [Completer] and operators read them without the keys.

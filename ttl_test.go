@@ -24,8 +24,8 @@ func TestWithTTLValidates(t *testing.T) {
 		}
 	}
 	v, err := g.WithTTL(0)
-	if err != nil || v.TTL() != idempotency.DefaultTTL {
-		t.Fatalf("WithTTL(0): %v, %v; want the default %v", v, err, idempotency.DefaultTTL)
+	if err != nil || v.TTL() != 24*time.Hour {
+		t.Fatalf("WithTTL(0): %v, %v; want the default %v", v, err, 24*time.Hour)
 	}
 	v, err = g.WithTTL(72 * time.Hour)
 	if err != nil || v.TTL() != 72*time.Hour || g.TTL() != time.Hour {

@@ -23,6 +23,8 @@ import (
 	"google.golang.org/protobuf/types/known/durationpb"
 
 	"github.com/go-idempotency/idempotency"
+
+	"github.com/go-idempotency/idempotency/internal/certscope"
 )
 
 // Metadata keys and values of this package.
@@ -102,7 +104,7 @@ type server struct {
 // call whose context is ctx. ok is false outside a guarded call (a method
 // not guarded, an optional key left out): check it, and do not act
 // without the transaction. A Tx other than the guard's transaction type
-// is a programming error: TxFrom panics with a *[idempotency.TxTypeError]
+// is a programming error: TxFrom panics with an error
 // naming both types, before the handler's first write (gRPC does not
 // recover a handler's panic: install a recovery interceptor outside this
 // one to answer Internal instead).
@@ -132,7 +134,7 @@ func PeerScope(ctx context.Context) (string, error) {
 	if !ok || len(info.State.VerifiedChains) == 0 || len(info.State.PeerCertificates) == 0 {
 		return "", status.Error(codes.Unauthenticated, "idemgrpc: the peer has no verified TLS client certificate to scope idempotency keys by (set ServerConfig.Scope)")
 	}
-	return idempotency.CertScope(info.State.PeerCertificates[0]), nil
+	return certscope.Of(info.State.PeerCertificates[0]), nil
 }
 
 // UnaryServerInterceptor returns an interceptor that runs guarded unary

@@ -410,7 +410,7 @@ func (s *statusHandler[Tx]) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	}
 	key := idempotency.Key{Scope: scope, ID: id}
 	ev.Key.ID = id
-	resp, _, err := h.g.Answer(r.Context(), key)
+	resp, err := h.answer(r.Context(), key)
 	switch {
 	case err == nil:
 		ev.Outcome, ev.Status = observe.Replayed, resp.Status
@@ -424,4 +424,29 @@ func (s *statusHandler[Tx]) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	default:
 		h.fail(w, r, ev, err, time.Now())
 	}
+}
+
+// answer is the answer stored for key, opened by the Guard's Codec, as a
+// replay, without running anything and without a fingerprint: what the
+// status resource serves. A key in progress or unfinished gives an error
+// wrapping [idempotency.ErrInProgress]; one with no live record (absent,
+// expired) [idempotency.ErrNotFound]. A sealed answer that the Guard has
+// no Codec to open fails closed with [idempotency.ErrCodec]: the sealed
+// bytes are never served.
+func (h *handler[Tx]) answer(ctx context.Context, key idempotency.Key) (idempotency.Response, error) {
+	info, err := h.g.Inspect(ctx, key, true)
+	if err != nil {
+		return idempotency.Response{}, err
+	}
+	switch info.State {
+	case idempotency.KeyInProgress, idempotency.KeyUnfinished:
+		return idempotency.Response{}, fmt.Errorf("%w: the key %v is %s", idempotency.ErrInProgress, key, info.State)
+	case idempotency.KeyCompleted:
+	default:
+		return idempotency.Response{}, fmt.Errorf("%w: the key %v is %s", idempotency.ErrNotFound, key, info.State)
+	}
+	if info.Sealed && info.Body == nil {
+		return idempotency.Response{}, fmt.Errorf("%w: the answer of %v is sealed and the Guard has no Codec to open it", idempotency.ErrCodec, key)
+	}
+	return idempotency.Response{Status: info.Status, Header: info.Header, Body: info.Body, Replayed: true, ExpiresAt: info.ExpiresAt}, nil
 }

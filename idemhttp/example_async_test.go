@@ -62,7 +62,7 @@ func ExampleAsync() {
 	}
 	ctx, stop := context.WithCancel(context.Background())
 	defer stop()
-	go completer.Run(ctx)
+	go completer.Serve(ctx)
 	// readme:end http-async
 
 	srv := httptest.NewServer(mux)

@@ -10,6 +10,8 @@ import (
 
 	"github.com/go-idempotency/idempotency"
 
+	"github.com/go-idempotency/idempotency/internal/canonical"
+
 	"github.com/go-idempotency/idempotency/observe"
 )
 
@@ -31,7 +33,7 @@ func (h *handler[Tx]) fingerprint(r *http.Request, body []byte) (string, error) 
 		media = strings.ToLower(strings.TrimSpace(ct))
 	}
 	if len(body) > 0 && isJSON(media) {
-		canon, err := idempotency.CanonicalJSON(body)
+		canon, err := canonical.JSON(body)
 		if err != nil {
 			return "", err
 		}
@@ -42,7 +44,7 @@ func (h *handler[Tx]) fingerprint(r *http.Request, body []byte) (string, error) 
 		}
 		body = canon
 	} else if len(body) > 0 && media == formMedia {
-		canon, err := idempotency.CanonicalForm(body)
+		canon, err := canonical.Form(body)
 		if err != nil {
 			return "", err
 		}
@@ -93,7 +95,7 @@ func dropFields(canon []byte, paths [][]string) ([]byte, error) {
 	dec.UseNumber()
 	var v any
 	if err := dec.Decode(&v); err != nil {
-		return nil, fmt.Errorf("%w: %w", idempotency.ErrInvalidJSON, err)
+		return nil, fmt.Errorf("%w: %w", idempotency.ErrInvalidBody, err)
 	}
 	for _, p := range paths {
 		obj, ok := v.(map[string]any)
@@ -106,9 +108,9 @@ func dropFields(canon []byte, paths [][]string) ([]byte, error) {
 	}
 	out, err := json.Marshal(v)
 	if err != nil {
-		return nil, fmt.Errorf("%w: %w", idempotency.ErrInvalidJSON, err)
+		return nil, fmt.Errorf("%w: %w", idempotency.ErrInvalidBody, err)
 	}
-	return idempotency.CanonicalJSON(out)
+	return canonical.JSON(out)
 }
 
 // formMedia is the media type whose bodies are fingerprinted as forms.

@@ -65,9 +65,9 @@ var (
 // of the operation through it. The fingerprint is the method, the route
 // ([Config].Route), the media type and the body, plus
 // [Config].FingerprintHeaders. The body counts as canonical JSON for
-// application/json and +json types ([idempotency.CanonicalJSON]), as its
+// application/json and +json types (the canonical JSON of [idempotency.FingerprintJSON]), as its
 // canonical form for application/x-www-form-urlencoded
-// ([idempotency.CanonicalForm]), and as its bytes otherwise. An empty
+// (the canonical form of [idempotency.FingerprintForm]), and as its bytes otherwise. An empty
 // body is never parsed.
 //
 // cfg.Scope is required: it says whose key space a request's key is in.
@@ -108,8 +108,8 @@ type handler[Tx any] struct {
 // context is ctx. ok is false outside a guarded request: another method,
 // or an optional key left out; check it, and answer without acting.
 // A Tx other than the guard's transaction type (TxFrom[*sql.Tx] under a
-// pgx Guard) is a programming error: TxFrom panics with a
-// *[idempotency.TxTypeError] naming both types, before the handler's
+// pgx Guard) is a programming error: TxFrom panics with an
+// error naming both types, before the handler's
 // first write; the middleware rolls back and re-raises it.
 // It reads what [idempotency.WithTx] stored, as [idempotency.TxFrom] does.
 func TxFrom[Tx any](ctx context.Context) (tx Tx, ok bool) {
@@ -235,7 +235,7 @@ func (h *handler[Tx]) admit(w http.ResponseWriter, r *http.Request, values []str
 		p, ok := errors.AsType[*Problem](err)
 		if !ok {
 			title := "Request body is not valid JSON"
-			if errors.Is(err, idempotency.ErrInvalidForm) {
+			if errors.Is(err, idempotency.ErrInvalidBody) {
 				title = "Request body is not a valid form"
 			}
 			p = &Problem{Type: ProblemInvalidBody, Title: title, Status: http.StatusBadRequest, Detail: err.Error()}

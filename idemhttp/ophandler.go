@@ -35,7 +35,7 @@ const unfinishedDetail = "The operation stopped after a transient failure; its c
 //     corrected request with the same key runs;
 //   - the operation finished (now, or earlier: a replay): its answer, byte
 //     for byte, as [Middleware] answers (Idempotent-Replayed on a replay,
-//     the key's lifetime header). A [idempotency.Stop] is an answer;
+//     the key's lifetime header). A [idempotency.FinalAnswer] is an answer;
 //   - the key used with another request: 422 [ProblemKeyReused], also
 //     while the first request's operation runs (after the Guard's
 //     [idempotency.Config].WaitTimeout, its stored fingerprint read);
@@ -122,10 +122,11 @@ func (h *handler[Tx]) invalidInput(w http.ResponseWriter, r *http.Request, ev *E
 		return
 	}
 	detail := err.Error()
-	if ie, ok := errors.AsType[*idempotency.InputError](err); ok {
-		detail = ie.Err.Error()
+	// Run's error reads `idempotency: operation "name": invalid input:
+	// <Validate's text>`: the client is shown Validate's text.
+	if _, after, ok := strings.Cut(detail, "invalid input: "); ok {
+		detail = after
 	}
-	detail = strings.TrimPrefix(detail, idempotency.ErrInvalidInput.Error()+": ")
 	h.reject(w, r, ev, &Problem{Type: ProblemInvalidBody, Title: "Request body is invalid", Status: http.StatusBadRequest,
 		Detail: detail}, err)
 }

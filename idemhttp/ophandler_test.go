@@ -81,7 +81,7 @@ func payOp[Tx any](e env[Tx], failing *atomic.Bool) *idempotency.Operation[Tx] {
 					return errors.New("processor timed out")
 				}
 				if p, _ := parse(s.Input()); p.Amount == 666 {
-					return idempotency.Stop(idempotency.Response{Status: http.StatusPaymentRequired, Body: []byte(`{"declined":true}`)})
+					return idempotency.FinalAnswer(idempotency.Response{Status: http.StatusPaymentRequired, Body: []byte(`{"declined":true}`)})
 				}
 				return nil
 			}},

@@ -24,7 +24,7 @@ import (
 func TestWaitersHoldNoPool(t *testing.T) {
 	t.Parallel()
 	const waiters = 50
-	bound := int32(idempotency.DefaultMaxWaiters + 1)
+	bound := int32(defaultMaxWaiters + 1)
 	d := newPoolDB(t)
 	hs := &holds{}
 	cfg := &idempotency.Config{WaitTimeout: 2 * time.Minute} // MaxWaiters: the default
@@ -103,7 +103,7 @@ func beyondMaxWaiters(t *testing.T, hc *http.Client, a, b *poolService, d *poolD
 		go func() { answers <- call(hc, http.MethodPost, a.url+"/pay", "A", k, time.Minute) }()
 	}
 	var refused []reply
-	for range len(keys) - idempotency.DefaultMaxWaiters {
+	for range len(keys) - defaultMaxWaiters {
 		select {
 		case r := <-answers:
 			refused = append(refused, r)
@@ -121,15 +121,15 @@ func beyondMaxWaiters(t *testing.T, hc *http.Client, a, b *poolService, d *poolD
 			t.Errorf("past MaxWaiters: problem %q (%v), want type %s", r.body, err, idemhttp.ProblemInProgress)
 		}
 	}
-	testkit.WaitUntil(t, 30*time.Second, "MaxWaiters calls waiting", func() bool { return a.inflight.Load() == int64(idempotency.DefaultMaxWaiters) })
-	if most := maxAcquired(a.pool, 300*time.Millisecond); most > int32(idempotency.DefaultMaxWaiters) {
-		t.Errorf("%d connections acquired by calls waiting for keys held elsewhere, want at most MaxWaiters = %d", most, idempotency.DefaultMaxWaiters)
+	testkit.WaitUntil(t, 30*time.Second, "MaxWaiters calls waiting", func() bool { return a.inflight.Load() == int64(defaultMaxWaiters) })
+	if most := maxAcquired(a.pool, 300*time.Millisecond); most > int32(defaultMaxWaiters) {
+		t.Errorf("%d connections acquired by calls waiting for keys held elsewhere, want at most MaxWaiters = %d", most, defaultMaxWaiters)
 	}
 	unrelated(t, hc, a, d, "new-beyond")
 	for _, h := range hl {
 		h.free()
 	}
-	for range idempotency.DefaultMaxWaiters {
+	for range defaultMaxWaiters {
 		r := <-answers
 		if r.err != nil || r.status != http.StatusCreated || r.header.Get(idemhttp.HeaderReplayed) != "true" {
 			t.Errorf("a waiting call: %d %q %v; want the holder's 201 replayed", r.status, r.body, r.err)
@@ -162,3 +162,6 @@ func unrelated(t *testing.T, hc *http.Client, s *poolService, d *poolDB, key str
 		t.Errorf("%d effects for tenant B's key, want 1", n)
 	}
 }
+
+// defaultMaxWaiters is idempotency.Config's default MaxWaiters.
+const defaultMaxWaiters = 2

@@ -25,7 +25,7 @@ const (
 	// ProblemInvalidBody (400): the request has a JSON content type and its
 	// body is not exactly one valid JSON value (duplicate object keys
 	// included), or the form content type and a body net/url refuses
-	// ([idempotency.ErrInvalidForm]), or the body could not be read.
+	// ([idempotency.ErrInvalidBody]), or the body could not be read.
 	// Nothing was stored.
 	ProblemInvalidBody = problemBase + "ProblemInvalidBody"
 	// ProblemInProgress (409): a request with the same key is still being

@@ -5,7 +5,7 @@ import (
 	"fmt"
 	"net/http"
 
-	"github.com/go-idempotency/idempotency"
+	"github.com/go-idempotency/idempotency/internal/certscope"
 )
 
 // ErrNoScope: [Middleware] was mounted without [Config].Scope (nil
@@ -66,5 +66,5 @@ func ClientCertScope(r *http.Request) (string, error) {
 		return "", &Problem{Type: "about:blank", Title: "Unauthorized", Status: http.StatusUnauthorized,
 			Detail: "This resource requires a verified TLS client certificate."}
 	}
-	return idempotency.CertScope(r.TLS.PeerCertificates[0]), nil
+	return certscope.Of(r.TLS.PeerCertificates[0]), nil
 }

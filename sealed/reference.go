@@ -163,7 +163,7 @@ func parseReference(body []byte) (string, error) {
 // Chain returns a codec that seals with each of codecs in order and opens
 // in the reverse order: Chain(reference, aead) stores a reference whose
 // resource id and headers are encrypted. Nil codecs are skipped. It seals
-// an operation's input and step data ([idempotency.DataSealer]) with those
+// an operation's input and step data (the SealData of an [idempotency.Codec]) with those
 // of codecs that can, in the same orders; with none that can, an
 // operation fails with [idempotency.ErrCodec] before anything is stored.
 func Chain(codecs ...idempotency.Codec) idempotency.Codec {
@@ -204,7 +204,7 @@ func (cs chain) Open(ctx context.Context, key idempotency.Key, stored idempotenc
 func (cs chain) SealData(ctx context.Context, key idempotency.Key, data []byte) ([]byte, error) {
 	sealed := false
 	for _, c := range cs {
-		if ds, ok := c.(idempotency.DataSealer); ok {
+		if ds, ok := c.(dataSealer); ok {
 			var err error
 			if data, err = ds.SealData(ctx, key, data); err != nil {
 				return nil, err
@@ -222,7 +222,7 @@ func (cs chain) SealData(ctx context.Context, key idempotency.Key, data []byte) 
 func (cs chain) OpenData(ctx context.Context, key idempotency.Key, sealed []byte) ([]byte, error) {
 	opened := false
 	for i := len(cs) - 1; i >= 0; i-- {
-		if ds, ok := cs[i].(idempotency.DataSealer); ok {
+		if ds, ok := cs[i].(dataSealer); ok {
 			var err error
 			if sealed, err = ds.OpenData(ctx, key, sealed); err != nil {
 				return nil, err
@@ -234,4 +234,11 @@ func (cs chain) OpenData(ctx context.Context, key idempotency.Key, sealed []byte
 		return nil, fmt.Errorf("sealed: no codec of the chain opens an operation's data: %w", errors.ErrUnsupported)
 	}
 	return sealed, nil
+}
+
+// dataSealer is the part of an [idempotency.Codec] that seals an
+// operation's input and step data.
+type dataSealer interface {
+	SealData(ctx context.Context, key idempotency.Key, data []byte) ([]byte, error)
+	OpenData(ctx context.Context, key idempotency.Key, sealed []byte) ([]byte, error)
 }

@@ -172,7 +172,7 @@ func (c *Codec) Open(_ context.Context, key idempotency.Key, stored idempotency.
 }
 
 // SealData encrypts an unfinished operation's input and step data with
-// the current key, bound to key ([idempotency.DataSealer]). The result is
+// the current key, bound to key (the SealData of an [idempotency.Codec]). The result is
 //
 //	"\x00ISD" | len(id) (1 byte) | id | nonce (12 bytes) | ciphertext | tag (16 bytes)
 //

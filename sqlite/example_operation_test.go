@@ -115,7 +115,7 @@ func ExampleStore_operation() {
 	if err != nil {
 		log.Fatal(err)
 	}
-	report, err := completer.Once(ctx) // or go completer.Run(ctx): a pass every Interval
+	report, err := completer.Once(ctx) // or go completer.Serve(ctx): a pass every Interval
 	fmt.Println("abandoned:", report.Listed, err)
 	// readme:end operations-completer
 

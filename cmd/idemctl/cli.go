@@ -142,7 +142,7 @@ func parseArgs(args []string) (options, error) {
 		fs.StringVar(&after, "after", "", "the cursor a page printed, to list the next one")
 	case "purge":
 		fs.BoolVar(&o.dryRun, "dry-run", false, "count the expired records; delete nothing")
-		fs.IntVar(&o.batch, "batch", idempotency.DefaultPurgeBatch, "records deleted per transaction")
+		fs.IntVar(&o.batch, "batch", 1000, "records deleted per transaction")
 	case "stats":
 	default:
 		return options{}, &usageError{fmt.Sprintf("unknown command %q", o.cmd), topUsage}

@@ -181,7 +181,7 @@ func (s *service[Tx]) insertReceipt(ctx context.Context, tx Tx, st *idempotency.
 			return fmt.Errorf("decline order: %w", err)
 		}
 		body, _ := json.Marshal(map[string]string{"order_id": st.Get("order"), "status": "declined", "error": st.Get("declined")})
-		return idempotency.Stop(jsonResponse(http.StatusPaymentRequired, body))
+		return idempotency.FinalAnswer(jsonResponse(http.StatusPaymentRequired, body))
 	}
 	in, err := input(st)
 	if err != nil {

@@ -177,7 +177,7 @@ func (w *writer) Write(p []byte) (int, error) {
 
 // TxFrom returns the transaction the middleware opened for c's request
 // (in c.UserContext()); see [idemhttp.TxFrom]: check ok, and call it with
-// the Guard's Tx (another type panics with a *[idempotency.TxTypeError]).
+// the Guard's Tx (another type panics with an error).
 func TxFrom[Tx any](c *fiber.Ctx) (Tx, bool) {
 	return idemhttp.TxFrom[Tx](c.UserContext())
 }

@@ -90,7 +90,7 @@ func Middleware[Tx any](g *idempotency.Guard[Tx], cfg *idemhttp.Config) gin.Hand
 
 // TxFrom returns the transaction the middleware opened for c's request;
 // see [idemhttp.TxFrom]: check ok, and call it with the Guard's Tx (another
-// type panics with a *[idempotency.TxTypeError] naming both).
+// type panics with an error naming both).
 func TxFrom[Tx any](c *gin.Context) (Tx, bool) {
 	return idemhttp.TxFrom[Tx](c.Request.Context())
 }

@@ -1,34 +1,12 @@
-package idempotency
+package canonical
 
 import (
-	"crypto/sha256"
-	"encoding/hex"
-	"errors"
 	"fmt"
 	"slices"
 	"strings"
 )
 
-// ErrInvalidForm: [FingerprintForm] or [CanonicalForm] was given bytes that
-// are not an application/x-www-form-urlencoded body as net/url parses it.
-var ErrInvalidForm = errors.New("idempotency: invalid form body")
-
-// FingerprintForm returns the hex SHA-256 of the canonical form of the
-// application/x-www-form-urlencoded body in data (see [CanonicalForm]). Two
-// bodies get the same fingerprint exactly when they hold the same
-// parameters, in the same order under each name, whatever the order of the
-// names and however their bytes are percent-encoded. A body net/url refuses
-// gives an error wrapping [ErrInvalidForm].
-func FingerprintForm(data []byte) (string, error) {
-	c, err := CanonicalForm(data)
-	if err != nil {
-		return "", err
-	}
-	sum := sha256.Sum256(c)
-	return hex.EncodeToString(sum[:]), nil
-}
-
-// CanonicalForm rewrites an application/x-www-form-urlencoded body
+// Form rewrites an application/x-www-form-urlencoded body
 // canonically, so that two bodies give the same bytes exactly when
 // [net/url.ParseQuery] (what http.Request.ParseForm uses) reads the same
 // url.Values from them:
@@ -43,7 +21,7 @@ func FingerprintForm(data []byte) (string, error) {
 //     ("a" and "a=" are the same parameter with an empty value); empty
 //     pieces ("a=1&&b=2", a trailing "&") dropped, as ParseQuery drops them.
 //
-// It refuses, with an error wrapping [ErrInvalidForm], what ParseQuery
+// It refuses, with an error wrapping [ErrInvalid], what ParseQuery
 // refuses: a "%" not followed by two hexadecimal digits, and a ";" (no
 // longer a separator since Go 1.17). Decoded bytes are compared as bytes:
 // they need not be UTF-8. The empty body is the empty form.
@@ -52,7 +30,7 @@ func FingerprintForm(data []byte) (string, error) {
 // reads the raw body's order across names (a parser of "items[]" names that
 // pairs each item[]price with the item[]qty after it, as Rails does) must
 // fingerprint the body as bytes instead.
-func CanonicalForm(data []byte) ([]byte, error) {
+func Form(data []byte) ([]byte, error) {
 	type pair struct{ name, value string }
 	var pairs []pair
 	for rest := string(data); rest != ""; {
@@ -62,7 +40,7 @@ func CanonicalForm(data []byte) ([]byte, error) {
 			continue
 		}
 		if strings.Contains(piece, ";") {
-			return nil, fmt.Errorf("%w: a ';' in %q (not a separator; send it as %%3B)", ErrInvalidForm, clip(piece))
+			return nil, fmt.Errorf("%w: a ';' in %q (not a separator; send it as %%3B)", errInvalidForm, clip(piece))
 		}
 		rawName, rawValue, _ := strings.Cut(piece, "=")
 		name, err := formUnescape(rawName)
@@ -101,7 +79,7 @@ func formUnescape(s string) (string, error) {
 			b = append(b, ' ')
 		case '%':
 			if i+2 >= len(s) || !isHex(s[i+1]) || !isHex(s[i+2]) {
-				return "", fmt.Errorf("%w: a '%%' not followed by two hexadecimal digits in %q", ErrInvalidForm, clip(s[i:]))
+				return "", fmt.Errorf("%w: a '%%' not followed by two hexadecimal digits in %q", errInvalidForm, clip(s[i:]))
 			}
 			b = append(b, unhex(s[i+1])<<4|unhex(s[i+2]))
 			i += 2

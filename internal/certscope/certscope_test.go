@@ -1,4 +1,4 @@
-package idempotency_test
+package certscope_test
 
 import (
 	"crypto/x509"
@@ -9,6 +9,7 @@ import (
 
 	"github.com/go-idempotency/idempotency"
 	"github.com/go-idempotency/idempotency/backend"
+	"github.com/go-idempotency/idempotency/internal/certscope"
 )
 
 // TestCertScope: the first URI SAN, else the subject; a name longer than
@@ -26,7 +27,7 @@ func TestCertScope(t *testing.T) {
 		{"uri", &x509.Certificate{Subject: subject, URIs: []*url.URL{spiffe}}, "spiffe://acme/billing"},
 		{"long", &x509.Certificate{URIs: []*url.URL{long}}, ""},
 	} {
-		got := idempotency.CertScope(c.cert)
+		got := certscope.Of(c.cert)
 		if c.want != "" && got != c.want {
 			t.Errorf("%s: got %q, want %q", c.name, got, c.want)
 		}
