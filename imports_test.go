@@ -161,7 +161,7 @@ func checkImports(pkgs map[string]*listedPackage, rules map[string][]string) []s
 			case dep.Module != nil && slices.Contains(drivers, dep.Module.Path):
 			case !listed && dep.Module != nil && dep.Module.Path == modulePath && !isTestKit(dep):
 			case strings.HasPrefix(imp, path+"/") && isLibrary(dep): // its own subpackage, checked in turn
-			case isStdlibHelper(dep, pkgs): // internal/sqlident, internal/canonical and the like // internal/sqlident and the like
+			case isStdlibHelper(dep, pkgs): // internal/sqlident, internal/canonical and the like
 			default:
 				allowed := "the standard library"
 				switch {
