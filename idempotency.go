@@ -8,8 +8,19 @@
 // back without running the effect again. The same key with another
 // fingerprint is refused with [ErrMismatch].
 //
-// The storage is a [KeyStore]. Backends live in the sqlite, postgres, mysql
-// and redis packages, and the conformance package checks any implementation.
+// An effect in several steps, one of them a call to another system, is an
+// [Operation], run by [Guard.Run] and finished after a crash by a
+// [Completer]. An operator looks at keys with [Guard.Inspect] and
+// [Guard.List], releases one with [Guard.Forget], and deletes expired ones
+// with [Guard.Purge]; [Guard.AdmitQuota] bounds what one scope may do.
+//
+// The storage is a [KeyStore]: stores live in the sqlite, postgres, mysql
+// and redis packages. Writing a store of your own starts at [KeyStore] and
+// package backend, which holds the rest of the store's contract (what
+// its methods take and return, the optional capabilities, the helpers
+// only a store calls); package conformance checks any implementation.
+// What a Guard tells its [Config].Observer (one event per call, with its
+// outcome) is in package observe.
 package idempotency
 
 import (

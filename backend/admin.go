@@ -7,9 +7,9 @@ import (
 	"time"
 )
 
-// KeyAdmin is an optional interface of a [KeyStore]: what an operator needs
+// KeyAdmin is an optional interface of a idempotency.KeyStore: what an operator needs
 // to look at one key and release it. Every store of this module implements
-// it. [Guard.Inspect] and [Guard.Forget] validate the key first and call
+// it. Guard.Inspect and Guard.Forget validate the key first and call
 // it.
 type KeyAdmin interface {
 	// Inspect returns what the store holds for key, with its body only if
@@ -34,7 +34,7 @@ type KeyAdmin interface {
 	Forget(ctx context.Context, key Key) (*KeyInfo, error)
 }
 
-// KeyLister is an optional interface of a [KeyStore] that can enumerate
+// KeyLister is an optional interface of a idempotency.KeyStore that can enumerate
 // its keys: the SQL stores implement it, Redis does not.
 type KeyLister interface {
 	// List returns one page of the keys of q.Scope: the unfinished and
@@ -50,13 +50,13 @@ type KeyState int
 
 // The states of a record.
 const (
-	// KeyInProgress: a call of [Guard.Do] holds the key in an open transaction,
-	// or a run of an [Operation] holds its live lease.
+	// KeyInProgress: a call of Guard.Do holds the key in an open transaction,
+	// or a run of an Operation holds its live lease.
 	KeyInProgress KeyState = iota + 1
 	// KeyCompleted: the key's answer is stored and replayed.
 	KeyCompleted
 	// KeyUnfinished: an operation stopped between two steps and nobody
-	// holds it: a retry with the key or the [Completer] resumes it.
+	// holds it: a retry with the key or the Completer resumes it.
 	KeyUnfinished
 	// KeyExpired: past its expiry by the store's clock, not yet purged; it
 	// counts as absent.
@@ -162,5 +162,5 @@ type Stats struct {
 	BodyBytes int64
 }
 
-// MaxListLimit is the largest page [Guard.List] returns.
+// MaxListLimit is the largest page Guard.List returns.
 const MaxListLimit = 1000

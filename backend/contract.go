@@ -8,7 +8,7 @@ import (
 )
 
 // Txn is a reservation held in an open transaction, returned by
-// [KeyStore.Reserve]. Exactly one of Complete or Rollback is called, once,
+// idempotency.KeyStore.Reserve. Exactly one of Complete or Rollback is called, once,
 // by the goroutine that called Reserve.
 type Txn[Tx any] interface {
 	// Tx is the native transaction handle; the caller's effect runs on it.
@@ -60,7 +60,7 @@ type Txn[Tx any] interface {
 	Rollback(ctx context.Context) error
 }
 
-// Reservation is what [KeyStore.Reserve] is asked to reserve. The core fills
+// Reservation is what idempotency.KeyStore.Reserve is asked to reserve. The core fills
 // it; every field is already validated.
 type Reservation struct {
 	Key         Key
@@ -75,12 +75,12 @@ type Reservation struct {
 	// zero means do not wait.
 	Wait time.Duration
 	// NoWait is set when the caller does not wait at all (a negative
-	// [Config.WaitTimeout]); Wait is then zero. Every store honours it as it
+	// Config.WaitTimeout); Wait is then zero. Every store honours it as it
 	// honours Wait == 0: a key held gives [ErrInProgress] at once. A store
 	// that would wait for a lock on a first try (see Deadline) waits for
 	// none either. While a caller of another key that it knows of (in the
 	// same store value) holds the lock, it reports an error wrapping
-	// [ErrStore] at once. The store is busy, the key is not held, and
+	// ErrStore at once. The store is busy, the key is not held, and
 	// retrying later is safe. While a writer it cannot see into holds the
 	// lock (SQLite: another process or connection), that writer may hold
 	// the key. The store then reports [ErrInProgress] at once, unless the
@@ -89,8 +89,8 @@ type Reservation struct {
 	// Deadline stays the bound of the call's conflict retries, so NoWait is
 	// a field of its own rather than a Deadline already passed.
 	NoWait bool
-	// Deadline is when the whole call's wait bound ([Config.WaitTimeout],
-	// counted from the start of [Guard.Do]) runs out; zero means no bound
+	// Deadline is when the whole call's wait bound (Config.WaitTimeout,
+	// counted from the start of Guard.Do) runs out; zero means no bound
 	// was given. A store that waits for a lock on a first try (Wait == 0),
 	// such as SQLite's one write lock held by other writers, waits no later
 	// than Deadline. There it reports [ErrInProgress] if the lock may be
@@ -140,10 +140,10 @@ func CheckClock(now time.Time) error {
 	return nil
 }
 
-// ConflictClassifier is an optional interface of a [KeyStore]. IsConflict
+// ConflictClassifier is an optional interface of a idempotency.KeyStore. IsConflict
 // reports whether an error fn returned is a retryable conflict of the
 // store: a deadlock or serialization failure met by one of fn's own
-// statements on Tx. For such an error, [Guard.Do] rolls back and retries
+// statements on Tx. For such an error, Guard.Do rolls back and retries
 // the whole attempt, fn included, as it does for [ErrConflict]. The
 // rolled-back attempt left no effect through Tx, and callers do not see
 // conflicts unless the retries are exhausted.
@@ -151,7 +151,7 @@ type ConflictClassifier interface {
 	IsConflict(err error) bool
 }
 
-// Migrator is an optional interface of a [KeyStore] that keeps its records
+// Migrator is an optional interface of a idempotency.KeyStore that keeps its records
 // in a schema of its own, as the SQL stores do.
 type Migrator interface {
 	// Schema returns the DDL that Migrate runs, for the caller's own
@@ -163,23 +163,23 @@ type Migrator interface {
 	Migrate(ctx context.Context) error
 }
 
-// SchemaChecker is an optional interface of a [KeyStore] that keeps its
+// SchemaChecker is an optional interface of a idempotency.KeyStore that keeps its
 // records in a schema of its own ([Migrator]). CheckSchema reads the
 // database's catalog, writes nothing, and returns nil when the store's
 // keys table exists with every column this version's statements use (and,
 // with c.Quota, its quota table with its columns). Otherwise it returns an
 // error wrapping [ErrSchema] that names the missing table (or its missing
 // columns) and says to run Migrate or apply Schema. Any other failure (a
-// cut connection) is returned as it is. [Guard.CheckSchema] calls it; a
+// cut connection) is returned as it is. Guard.CheckSchema calls it; a
 // store without it passes that check.
 type SchemaChecker interface {
 	CheckSchema(ctx context.Context, c SchemaCheck) error
 }
 
-// SchemaCheck says what [Guard.CheckSchema] (and
+// SchemaCheck says what Guard.CheckSchema (and
 // [SchemaChecker.CheckSchema]) verifies besides the keys table.
 type SchemaCheck struct {
-	// Quota: the service uses quotas ([Guard.AdmitQuota], idemhttp's
+	// Quota: the service uses quotas (Guard.AdmitQuota, idemhttp's
 	// Config.Quota), so the store's quota table must exist too. A service
 	// without quotas may have applied Schema without the quota table's
 	// DDL; it leaves Quota false.

@@ -101,12 +101,12 @@ func (k Key) String() string { return "#" + k.Hash() }
 // handler (a JSON handler would otherwise log its fields).
 func (k Key) LogValue() slog.Value { return slog.StringValue(k.String()) }
 
-// KeyError is the error [Guard.Do] returns for a call that reached the
+// KeyError is the error Guard.Do returns for a call that reached the
 // store or waited for its key. That is every error but the validation of
 // its arguments and fn's own error, which Do returns as fn returned it. Its
 // text names the key by its [Key.Hash] only; code gets the raw key with
 // errors.As. It unwraps to the cause, so errors.Is finds every sentinel
-// ([ErrMismatch], [ErrInProgress], [ErrStore]...) as before.
+// (ErrMismatch, [ErrInProgress], ErrStore...) as before.
 type KeyError struct {
 	// Key is the key of the call, scope and id as the caller passed them.
 	Key Key

@@ -7,7 +7,7 @@ import (
 	"time"
 )
 
-// QuotaCounter is an optional interface of a [KeyStore]: per-scope counters
+// QuotaCounter is an optional interface of a idempotency.KeyStore: per-scope counters
 // of a [Quota], kept in the store so that every instance of a service
 // shares them. Every store of this module implements it. The counters of
 // one scope live in one row (SQL) or hash (Redis) per window, named by the

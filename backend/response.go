@@ -19,12 +19,12 @@ type Response struct {
 	// read back from the store.
 	Replayed bool
 	// TTL and ExpiresAt say how long the key keeps this answer. They are
-	// set by [Guard.Do] on the answers it returns, never stored and never
+	// set by Guard.Do on the answers it returns, never stored and never
 	// compared: the stored answer is Status, Header and Body, and what fn
 	// puts in these two fields is ignored.
 	//
 	// TTL is the lifetime the answer's record was completed with: the
-	// Guard's ([Config.TTL] or [Guard.WithTTL]) when this call ran fn, or
+	// Guard's (Config.TTL or Guard.WithTTL) when this call ran fn, or
 	// the leading call's when the answer was handed in memory by the call
 	// of the same key that ran fn. Stores do not keep the TTL: for a replay
 	// read from the store it is the TTL of the Guard that read it, and the

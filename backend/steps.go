@@ -6,23 +6,23 @@ import (
 	"time"
 )
 
-// Stepper is an optional interface of a [KeyStore]: the primitives of
-// multi-step operations ([Operation]). The SQL stores implement it; a store
+// Stepper is an optional interface of a idempotency.KeyStore: the primitives of
+// multi-step operations (Operation). The SQL stores implement it; a store
 // that cannot share a transaction with the caller's effects (Redis) does
-// not, and [Operation.Run] refuses it with [errors.ErrUnsupported].
+// not, and Operation.Run refuses it with [errors.ErrUnsupported].
 //
 // An operation's key lives in the same row (record) as a key of
-// [Guard.Do], with three more things: its progress (bytes the core encodes:
+// Guard.Do, with three more things: its progress (bytes the core encodes:
 // the next step, the step data, the caller's input), its owner (a token of
 // the run that drives it) with the end of that owner's lease, and how many
 // runs failed on it (tries). A key with progress is unfinished: the
 // operation stopped between two steps, committed at a recovery point.
 //
-// Rules, besides those of [KeyStore]:
+// Rules, besides those of idempotency.KeyStore:
 //
 //   - An unfinished key is never expired and never purged: its expiry is
-//     [MaxExpiry] until it completes, and [KeyStore.Purge] skips it.
-//   - [KeyStore.Reserve] treats an unfinished key as held: it reports
+//     [MaxExpiry] until it completes, and idempotency.KeyStore.Purge skips it.
+//   - idempotency.KeyStore.Reserve treats an unfinished key as held: it reports
 //     [ErrInProgress], at once or after waiting, and never takes it over.
 //   - Every phase is one transaction of the store on the key's row: the
 //     caller's writes through [Phase.Tx], the progress and the lease commit
@@ -49,7 +49,7 @@ type Stepper[Tx any] interface {
 	//   - (phase, nil, nil): the key is the caller's in phase's open
 	//     transaction, which the caller ends with Save, Release, Complete or
 	//     Rollback. Either no live record existed (phase.Progress() is nil:
-	//     a new key, held as [KeyStore.Reserve] holds it, so Rollback frees
+	//     a new key, held as idempotency.KeyStore.Reserve holds it, so Rollback frees
 	//     it), or the key is unfinished and its lease was free, ended (by
 	//     the store's clock), or already a.Owner's. Then phase.Progress()
 	//     is the progress last saved, phase.Fingerprint() the fingerprint

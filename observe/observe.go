@@ -1,5 +1,5 @@
 // Package observe describes what a Guard of package idempotency tells its
-// Observer ([idempotency.Config].Observer): one [Event] per finished call,
+// Observer (idempotency.Config.Observer): one [Event] per finished call,
 // with the [Outcome] that a metric counts by. Integrations (idemhttp,
 // idemgrpc, the broker consumers) report their requests with the same
 // outcomes.
@@ -14,7 +14,7 @@ import (
 	"github.com/go-idempotency/idempotency/backend"
 )
 
-// Outcome says how a guarded operation ended: a call of [Guard.Do] (see
+// Outcome says how a guarded operation ended: a call of Guard.Do (see
 // [Event]) or a request an integration such as idemhttp answered.
 type Outcome int
 
@@ -44,7 +44,7 @@ const (
 	// Rejected: the request was refused before the store was reached (a
 	// missing or invalid key, an invalid body).
 	Rejected
-	// StoreError: the key store failed ([ErrStore]); fn did not run or
+	// StoreError: the key store failed (ErrStore); fn did not run or
 	// was rolled back.
 	StoreError
 	// Canceled: the caller went away before an answer; nothing was stored.
@@ -52,21 +52,21 @@ const (
 	// Internal: the integration is misconfigured, so the request was
 	// refused without running fn.
 	Internal
-	// Unfinished: a run of an [Operation] stopped at a step after a
-	// transient failure; the key resumes on a retry or in the [Completer].
+	// Unfinished: a run of an Operation stopped at a step after a
+	// transient failure; the key resumes on a retry or in the Completer.
 	Unfinished
-	// Forgotten: an operator deleted the key ([Guard.Forget]); the next
+	// Forgotten: an operator deleted the key (Guard.Forget); the next
 	// call with it runs fn again, as for a new key.
 	Forgotten
-	// Exhausted: the [Completer] gave up on an unfinished operation after
+	// Exhausted: the Completer gave up on an unfinished operation after
 	// its MaxTries failed runs. The key stays unfinished (never purged) for
 	// an operator to inspect, finish by a retry, or forget.
 	Exhausted
-	// Purged: one batch of [Guard.Purge] ended; [Event].Deleted says how
+	// Purged: one batch of Guard.Purge ended; [Event].Deleted says how
 	// many records it deleted, Duration how long it took, Err why it
 	// failed (nil for a batch that succeeded).
 	Purged
-	// OverQuota: the request was refused by its scope's [Quota] before
+	// OverQuota: the request was refused by its scope's Quota before
 	// anything was written.
 	OverQuota
 )
@@ -111,8 +111,8 @@ func (o Outcome) String() string {
 	return fmt.Sprintf("Outcome(%d)", int(o))
 }
 
-// Event describes one finished call of [Guard.Do], or of the other calls
-// the [Outcome] constants name (one per batch of [Guard.Purge]).
+// Event describes one finished call of Guard.Do, or of the other calls
+// the [Outcome] constants name (one per batch of Guard.Purge).
 //
 // Log a call by [Event.KeyHash], not by Key's fields: the raw key is a
 // client's secret-ish input (and often personal data), and log lines
@@ -128,14 +128,14 @@ type Event struct {
 	// Attempts counts reservations tried, retries of [backend.ErrConflict] included.
 	Attempts int
 	// TTL is the lifetime the Guard that handled the call gives the
-	// answers it completes ([Config.TTL], or [Guard.WithTTL]'s): a label
+	// answers it completes (Config.TTL, or Guard.WithTTL's): a label
 	// of how long the route keeps its keys, not of this key.
 	TTL time.Duration
 	// Err is the error Do returned, nil for Executed and Replayed.
 	Err error
-	// Operation and Step name the [Operation] of a call of [Operation.Run]
-	// or of the [Completer], and the step it stopped at (its last step
-	// when it finished); both are "" for a call of [Guard.Do].
+	// Operation and Step name the Operation of a call of Operation.Run
+	// or of the Completer, and the step it stopped at (its last step
+	// when it finished); both are "" for a call of Guard.Do.
 	Operation string
 	Step      string
 
@@ -157,10 +157,10 @@ type Event struct {
 	// store's Complete returned the call's error: a cut connection, a
 	// lost commit reply, a lease lost). The core cannot tell whether the
 	// commit landed; a retry with the same key replays it or runs fn
-	// once. Set only on a call that failed: Err wraps [ErrStore], or the
+	// once. Set only on a call that failed: Err wraps ErrStore, or the
 	// context's error when ctx ended during the commit.
 	AfterFn bool
-	// Deleted is how many records a batch of [Guard.Purge] deleted
+	// Deleted is how many records a batch of Guard.Purge deleted
 	// (Outcome Purged); zero for other events.
 	Deleted int
 }
@@ -199,6 +199,6 @@ func (e Event) LogValue() slog.Value {
 	return slog.GroupValue(attrs...)
 }
 
-// Observer is told about every call of [Guard.Do] once it ends, on the
+// Observer is told about every call of Guard.Do once it ends, on the
 // calling goroutine. It must not block for long.
 type Observer func(ctx context.Context, ev Event)

@@ -1,11 +1,12 @@
 // Command apisurface prints how many exported identifiers a user of a
-// package must read: its exported types, funcs, methods, consts and vars,
-// each counted once (a const block's names one by one), and the methods of
-// its exported interfaces. Struct fields are not counted. Names listed with
+// package must read: its exported types, funcs, methods (those of the
+// types its aliases name included), consts and vars, each counted once (a
+// const block's names one by one); the methods of its exported interfaces
+// are counted apart. Struct fields are not counted. Names listed with
 // -exclude (a type and everything it declares) are left out: the root
 // package's store contract (KeyStore) is for store authors, not users.
 //
-//	go run ./internal/apisurface -exclude KeyStore . ./idemhttp
+//	go run ./internal/apisurface -exclude KeyStore . ./idemhttp ./backend
 //	go run ./internal/apisurface -v .     # lists the names too
 //
 // The limits the project keeps are checked by this package's test.
@@ -34,7 +35,8 @@ func main() {
 			failed = true
 			continue
 		}
-		fmt.Printf("%s: %d exported identifiers\n", dir, len(names))
+		n, im := Count(names)
+		fmt.Printf("%s: %d exported identifiers (and %d methods of its interfaces)\n", dir, n, im)
 		if *verbose {
 			for _, n := range names {
 				fmt.Println("\t" + n)

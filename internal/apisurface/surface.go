@@ -16,9 +16,10 @@ import (
 
 // Surface returns the exported identifiers of the package in dir (its
 // non-test files), sorted: "Name" for a package-level name, "Type.Method"
-// for a method, of a concrete type or of an interface. The types named in
-// exclude are left out, with their methods and the constructors go/doc
-// files under them.
+// for a method of a concrete type (or of the type an alias names), and
+// "Type.Method()" for a method of an interface. The types named in exclude
+// are left out, with their methods and the constructors go/doc files
+// under them.
 func Surface(dir string, exclude ...string) ([]string, error) {
 	fset := token.NewFileSet()
 	pkgs, err := parser.ParseDir(fset, dir, func(fi fs.FileInfo) bool {
@@ -90,7 +91,7 @@ func Surface(dir string, exclude ...string) ([]string, error) {
 			for _, m := range it.Methods.List {
 				for _, n := range m.Names {
 					if n.IsExported() {
-						names = append(names, t.Name+"."+n.Name)
+						names = append(names, t.Name+"."+n.Name+"()")
 					}
 				}
 			}
@@ -210,4 +211,18 @@ func methodsOf(dir, name string) ([]string, error) {
 	}
 	slices.Sort(ms)
 	return ms, nil
+}
+
+// Count is how many of names are not methods of an interface (the count
+// the project's limits apply to, as issue 31 counted: types, funcs,
+// methods, consts, vars), and how many are.
+func Count(names []string) (identifiers, interfaceMethods int) {
+	for _, n := range names {
+		if strings.HasSuffix(n, "()") {
+			interfaceMethods++
+		} else {
+			identifiers++
+		}
+	}
+	return identifiers, interfaceMethods
 }
