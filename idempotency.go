@@ -127,8 +127,8 @@ func (g *Guard[Tx]) Do(ctx context.Context, key Key, fingerprint string, fn func
 	return resp, err
 }
 
-// DoEvent is [Guard.Do] that also returns the call's [observe.Event], as the
-// [observe.Observer] (if set) is told it. Integrations such as idemhttp use it to
+// DoEvent is [Guard.Do] for integrations: it also returns the call's
+// [observe.Event], as the [observe.Observer] (if set) is told it. Integrations such as idemhttp use it to
 // report a call's waits, the age of a replayed record and failures after
 // fn in events of their own.
 func (g *Guard[Tx]) DoEvent(ctx context.Context, key Key, fingerprint string, fn func(tx Tx) (Response, error)) (Response, observe.Event, error) {

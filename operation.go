@@ -43,10 +43,6 @@ type Operation[Tx any] struct {
 	// Finish runs in the last transaction and returns the answer, which
 	// commits with its writes and the completed key. Required.
 	Finish func(ctx context.Context, tx Tx, s *State) (Response, error)
-	// TTL is how long the operation's answer is remembered once it
-	// completes, by the store's clock, as [Config.TTL] is for the Guard's
-	// calls; zero means the Guard's TTL.
-	TTL time.Duration
 	// Durable commits a new key, with its input, before the first step
 	// runs, at the cost of one more transaction: the operation is then in
 	// the store from its start, so a run that dies or fails in its first
@@ -155,9 +151,6 @@ func (op *Operation[Tx]) validate() error {
 	if op.Finish == nil {
 		return fmt.Errorf("%w: operation %q: nil Finish", ErrInvalidConfig, op.Name)
 	}
-	if op.TTL < 0 || (op.TTL > 0 && op.TTL < time.Millisecond) {
-		return fmt.Errorf("%w: operation %q: TTL %v under 1ms", ErrInvalidConfig, op.Name, op.TTL)
-	}
 	if op.Lease < 0 || (op.Lease > 0 && op.Lease < time.Millisecond) {
 		return fmt.Errorf("%w: operation %q: Lease %v under 1ms", ErrInvalidConfig, op.Name, op.Lease)
 	}
@@ -190,13 +183,10 @@ func checkName(s string) error {
 	return nil
 }
 
-// ttl is the TTL of the operation's answer under g.
-func (op *Operation[Tx]) ttl(g *Guard[Tx]) time.Duration {
-	if op.TTL == 0 {
-		return g.cfg.TTL
-	}
-	return op.TTL
-}
+// ttl is the TTL of the operation's answer under g: the Guard's, as for
+// its calls of Do (run the operation on a [Guard.WithTTL] view to keep its
+// keys longer or shorter).
+func (op *Operation[Tx]) ttl(g *Guard[Tx]) time.Duration { return g.cfg.TTL }
 
 func (op *Operation[Tx]) lease() time.Duration {
 	if op.Lease == 0 {
@@ -254,10 +244,7 @@ func (g *Guard[Tx]) Run(ctx context.Context, key Key, fingerprint string, input 
 	if g.cfg.Observer != nil {
 		ev := observe.Event{Key: key, Outcome: runOutcome(resp, err), Duration: time.Since(start), Attempts: 1, Err: err, Step: step}
 		if op != nil {
-			ev.Operation, ev.TTL = op.Name, op.TTL
-			if ev.TTL == 0 {
-				ev.TTL = g.cfg.TTL
-			}
+			ev.Operation, ev.TTL = op.Name, g.cfg.TTL
 		}
 		g.cfg.Observer(ctx, ev)
 	}

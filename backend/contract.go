@@ -122,14 +122,16 @@ func (rec *Record) Response() Response {
 	return Response{Status: rec.Status, Header: rec.Header, Body: rec.Body, Replayed: true, ExpiresAt: rec.ExpiresAt}
 }
 
-// Expiry is now plus ttl, clamped to [MaxExpiry]: the expiry a store
-// gives a record completed at now (its own clock) with [Reservation].TTL.
+// Expiry computes the expiry a store writes for a record completed at now
+// (by its own clock) with [Reservation].TTL: now plus ttl, clamped to
+// [MaxExpiry].
 // A negative ttl counts as zero.
 func Expiry(now time.Time, ttl time.Duration) time.Time {
 	return now.Add(max(0, min(ttl, MaxExpiry().Sub(now))))
 }
 
-// CheckClock returns an error wrapping [ErrInvalidConfig] unless now is a
+// CheckClock is the check a store that reads a test clock runs on each
+// reading: it returns an error wrapping [ErrInvalidConfig] unless now is a
 // clock reading the contract covers, from [MinClock]() to just before
 // [MaxExpiry](). A store that reads a test clock calls it on every reading
 // before it writes anything.

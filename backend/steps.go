@@ -187,8 +187,9 @@ type AbandonedKey struct {
 // step data of an operation, its input and its position together.
 const MaxProgressLen = 1 << 20
 
-// CheckProgress returns an error wrapping [ErrInvalidConfig] for a progress
-// a [Phase] cannot store: nil, or longer than [MaxProgressLen].
+// CheckProgress is the check a store runs on the progress given to
+// [Phase].Save and Release: it returns an error wrapping
+// [ErrInvalidConfig] for a progress a Phase cannot store: nil, or longer than [MaxProgressLen].
 func CheckProgress(progress []byte) error {
 	switch {
 	case progress == nil:

@@ -69,10 +69,11 @@ type FaultHarness[Tx any] struct {
 	// known failure is logged, and the scenario is reported as skipped
 	// with that reason unless another check failed.
 	Known func(step string, a faultproxy.Action, check string) string
-	// KnownSteps, if not nil, names the steps of the traced call that are
-	// expected never to fire when armed, with the reason. It is given a
-	// step's label (such as "reserve#3") and the printable head of its
-	// bytes, and returns why, or "". A client that multiplexes calls over one
+	// KnownSteps, if not nil, excuses the steps of the traced call that a
+	// later call need not send again, so that a fault armed at one and never
+	// firing skips its scenario instead of failing. It is given a step's
+	// label (such as "reserve#3") and the printable head of its bytes, and
+	// returns why the step may not fire, or "". A client that multiplexes calls over one
 	// connection (gRPC, HTTP/2) sends control frames: SETTINGS, PING,
 	// WINDOW_UPDATE and their acknowledgements. The trace sees them as
 	// steps, but a later call need not send them again. A known step is

@@ -127,9 +127,10 @@ type Event struct {
 	Duration time.Duration
 	// Attempts counts reservations tried, retries of [backend.ErrConflict] included.
 	Attempts int
-	// TTL is the lifetime the Guard that handled the call gives the
-	// answers it completes (Config.TTL, or Guard.WithTTL's): a label
-	// of how long the route keeps its keys, not of this key.
+	// TTL is how long the Guard that handled the call keeps the answers
+	// it completes (Config.TTL, or that of the Guard.WithTTL view it was
+	// called on): a metric label for a route's retention. The key's own
+	// expiry is the answer's Response.ExpiresAt.
 	TTL time.Duration
 	// Err is the error Do returned, nil for Executed and Replayed.
 	Err error
