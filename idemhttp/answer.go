@@ -19,10 +19,10 @@ import (
 // empty 200 for an error: the middleware answers p with [WriteProblem].
 //
 // The problem goes out with the fields the configuration adds: the Link
-// to [Config].ProblemDocs and, with [Config].ExposeHeaders, the
+// to [Options].ProblemDocs and, with [Options].ExposeHeaders, the
 // Access-Control-Expose-Headers naming what a browser may read. p itself
 // (which may be the caller's, from Scope or ValidateKey) is not changed.
-func (h *handler[Tx]) problem(w http.ResponseWriter, r *http.Request, ev *Event, p *Problem) {
+func (h *handler[Tx]) problem(w http.ResponseWriter, r *http.Request, ev *RequestEvent, p *Problem) {
 	if h.c.link != "" || h.c.expose {
 		cp := *p
 		cp.Header = p.Header.Clone()
@@ -77,25 +77,25 @@ func (s *statusWriter) Write(p []byte) (int, error) {
 func (s *statusWriter) Unwrap() http.ResponseWriter { return s.ResponseWriter }
 
 // refuseInvalid answers a guarded request of a middleware mounted with a
-// [Config] field out of range: nothing ran, nothing was stored.
-func (h *handler[Tx]) refuseInvalid(w http.ResponseWriter, r *http.Request, ev *Event) {
+// [Options] field out of range: nothing ran, nothing was stored.
+func (h *handler[Tx]) refuseInvalid(w http.ResponseWriter, r *http.Request, ev *RequestEvent) {
 	ev.Outcome, ev.Err = observe.Internal, h.c.invalid
 	h.warnOnce(&h.st.invalid, r, h.c.invalid)
-	h.problem(w, r, ev, &Problem{Type: ProblemInternal, Title: "Idempotency middleware failed", Status: http.StatusInternalServerError,
+	h.problem(w, r, ev, &Problem{Type: problemInternal, Title: "Idempotency middleware failed", Status: http.StatusInternalServerError,
 		Detail: "The idempotency middleware is misconfigured; the request was not processed."})
 }
 
 // refuseNoScope answers a guarded request of a middleware mounted without
-// [Config].Scope: nothing ran, nothing was stored.
-func (h *handler[Tx]) refuseNoScope(w http.ResponseWriter, r *http.Request, ev *Event) {
+// [Options].Scope: nothing ran, nothing was stored.
+func (h *handler[Tx]) refuseNoScope(w http.ResponseWriter, r *http.Request, ev *RequestEvent) {
 	ev.Outcome, ev.Err = observe.Internal, ErrNoScope
 	h.warnOnce(&h.st.noScope, r, ErrNoScope)
-	h.problem(w, r, ev, &Problem{Type: ProblemInternal, Title: "Idempotency middleware failed", Status: http.StatusInternalServerError,
+	h.problem(w, r, ev, &Problem{Type: problemInternal, Title: "Idempotency middleware failed", Status: http.StatusInternalServerError,
 		Detail: "The idempotency middleware is mounted without a key scope; the request was not processed."})
 }
 
 // reject answers a refusal that happened before the store was reached.
-func (h *handler[Tx]) reject(w http.ResponseWriter, r *http.Request, ev *Event, p *Problem, cause error) {
+func (h *handler[Tx]) reject(w http.ResponseWriter, r *http.Request, ev *RequestEvent, p *Problem, cause error) {
 	ev.Outcome, ev.Err = observe.Rejected, cause
 	if cause == nil {
 		ev.Err = p
@@ -103,30 +103,30 @@ func (h *handler[Tx]) reject(w http.ResponseWriter, r *http.Request, ev *Event, 
 	h.problem(w, r, ev, p)
 }
 
-// invalidKey answers 400 [ProblemInvalidKey] (or the *Problem err wraps);
+// invalidKey answers 400 ProblemInvalidKey (or the *Problem err wraps);
 // err wraps idempotency.ErrInvalidKey.
-func (h *handler[Tx]) invalidKey(w http.ResponseWriter, r *http.Request, ev *Event, err error) {
+func (h *handler[Tx]) invalidKey(w http.ResponseWriter, r *http.Request, ev *RequestEvent, err error) {
 	if p, ok := errors.AsType[*Problem](err); ok {
 		h.reject(w, r, ev, p, err)
 		return
 	}
 	reason := strings.TrimPrefix(err.Error(), idempotency.ErrInvalidKey.Error()+": ")
-	h.reject(w, r, ev, &Problem{Type: ProblemInvalidKey, Title: h.c.header + " is invalid", Status: http.StatusBadRequest,
+	h.reject(w, r, ev, &Problem{Type: problemInvalidKey, Title: h.c.header + " is invalid", Status: http.StatusBadRequest,
 		Detail: reason + "; send 1 to 255 printable ASCII characters, bare or as a quoted sf-string."}, err)
 }
 
-// internal answers 500 [ProblemInternal] for a misconfiguration.
-func (h *handler[Tx]) internal(w http.ResponseWriter, r *http.Request, ev *Event, err error) {
+// internal answers 500 ProblemInternal for a misconfiguration.
+func (h *handler[Tx]) internal(w http.ResponseWriter, r *http.Request, ev *RequestEvent, err error) {
 	ev.Outcome, ev.Err = observe.Internal, err
 	if h.c.onError != nil {
 		h.c.onError(r, err)
 	}
-	h.problem(w, r, ev, &Problem{Type: ProblemInternal, Title: "Idempotency middleware failed", Status: http.StatusInternalServerError})
+	h.problem(w, r, ev, &Problem{Type: problemInternal, Title: "Idempotency middleware failed", Status: http.StatusInternalServerError})
 }
 
 // fail answers an error returned by Guard.Do; arrived is when the request
 // reached the middleware, before Do.
-func (h *handler[Tx]) fail(w http.ResponseWriter, r *http.Request, ev *Event, err error, arrived time.Time) {
+func (h *handler[Tx]) fail(w http.ResponseWriter, r *http.Request, ev *RequestEvent, err error, arrived time.Time) {
 	ev.Err = err
 	if f, ok := errors.AsType[*handlerFailure](err); ok {
 		// The handler's own response, rolled back and not stored.
@@ -151,7 +151,7 @@ func (h *handler[Tx]) fail(w http.ResponseWriter, r *http.Request, ev *Event, er
 		return
 	case errors.Is(err, idempotency.ErrMismatch):
 		ev.Outcome = observe.Mismatch
-		h.problem(w, r, ev, &Problem{Type: ProblemKeyReused, Title: h.c.header + " is already used", Status: http.StatusUnprocessableEntity,
+		h.problem(w, r, ev, &Problem{Type: ProblemMismatch, Title: h.c.header + " is already used", Status: http.StatusUnprocessableEntity,
 			Detail: "This key was used with a different request (method, route or body); use a new key for a new request."})
 		return
 	case errors.Is(err, idempotency.ErrInProgress) && !errors.Is(err, idempotency.ErrStore):
@@ -183,25 +183,25 @@ func (h *handler[Tx]) fail(w http.ResponseWriter, r *http.Request, ev *Event, er
 	switch {
 	case errors.Is(err, ErrNoResponse):
 		ev.Outcome = observe.HandlerError
-		h.problem(w, r, ev, &Problem{Type: ProblemNoResponse, Title: "The handler wrote no response", Status: http.StatusInternalServerError,
+		h.problem(w, r, ev, &Problem{Type: problemNoResponse, Title: "The handler wrote no response", Status: http.StatusInternalServerError,
 			Detail: "The operation was rolled back; retry with the same key."})
 	case errors.Is(err, errResponseTooLarge):
 		ev.Outcome = observe.HandlerError
-		h.problem(w, r, ev, &Problem{Type: ProblemResponseTooLarge, Title: "Response too large to store", Status: http.StatusInternalServerError,
+		h.problem(w, r, ev, &Problem{Type: problemResponseTooLarge, Title: "Response too large to store", Status: http.StatusInternalServerError,
 			Detail: "The response was larger than the idempotency store accepts; the operation was rolled back."})
 	case errors.Is(err, idempotency.ErrUnfinished): // an operation's step failed: a retry resumes it
 		ev.Outcome = observe.Unfinished
-		h.problem(w, r, ev, &Problem{Type: ProblemUnfinished, Title: "The operation did not finish", Status: http.StatusServiceUnavailable,
+		h.problem(w, r, ev, &Problem{Type: problemUnfinished, Title: "The operation did not finish", Status: http.StatusServiceUnavailable,
 			Detail: unfinishedDetail, Header: retryAfterHeader()})
 	case errors.Is(err, idempotency.ErrInvalidResponse), errors.Is(err, idempotency.ErrInvalidKey), errors.Is(err, idempotency.ErrInvalidFingerprint),
 		errors.Is(err, idempotency.ErrInvalidConfig):
 		ev.Outcome = observe.Internal
-		h.problem(w, r, ev, &Problem{Type: ProblemInternal, Title: "Idempotency middleware failed", Status: http.StatusInternalServerError})
+		h.problem(w, r, ev, &Problem{Type: problemInternal, Title: "Idempotency middleware failed", Status: http.StatusInternalServerError})
 	case errors.Is(err, idempotency.ErrSchema):
 		// The store's table is missing or out of date: no retry cures it,
 		// so no 503 and no Retry-After. OnError has the table's name.
 		ev.Outcome = observe.Internal
-		h.problem(w, r, ev, &Problem{Type: ProblemInternal, Title: "Idempotency middleware failed", Status: http.StatusInternalServerError,
+		h.problem(w, r, ev, &Problem{Type: problemInternal, Title: "Idempotency middleware failed", Status: http.StatusInternalServerError,
 			Detail: "The idempotency store is not set up for this service (its schema is missing or out of date); nothing was applied."})
 	default:
 		// idempotency.ErrStore (connection cut, timeout, busy database,
@@ -210,7 +210,7 @@ func (h *handler[Tx]) fail(w http.ResponseWriter, r *http.Request, ev *Event, er
 		if canceled {
 			ev.Outcome = observe.Canceled
 		}
-		h.problem(w, r, ev, &Problem{Type: ProblemStoreUnavailable, Title: "Idempotency store busy or unavailable", Status: http.StatusServiceUnavailable,
+		h.problem(w, r, ev, &Problem{Type: problemStoreUnavailable, Title: "Idempotency store busy or unavailable", Status: http.StatusServiceUnavailable,
 			Detail: storeDetail, Header: retryAfterHeader()})
 	}
 }

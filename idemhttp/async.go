@@ -14,23 +14,23 @@ import (
 	"github.com/go-idempotency/idempotency/observe"
 )
 
-// ProblemUnknownOperation (404): the status resource of [AsyncStatus] names
+// problemUnknownOperation (404): the status resource of [AsyncStatus] names
 // no operation of the caller's scope (none was started with that key, or
 // its answer expired).
-const ProblemUnknownOperation = problemBase + "ProblemUnknownOperation"
+const problemUnknownOperation = problemBase + "ProblemUnknownOperation"
 
-// DefaultAsyncWait is the [AsyncConfig].Wait used when it is zero.
-const DefaultAsyncWait = time.Second
+// defaultAsyncWait is the [AsyncOptions].Wait used when it is zero.
+const defaultAsyncWait = time.Second
 
-// AsyncConfig configures [Async] and [AsyncStatus].
-type AsyncConfig struct {
-	// Config is the key header, scope, fingerprint, limits and problems, as
+// AsyncOptions configures [Async] and [AsyncStatus].
+type AsyncOptions struct {
+	// Options is the key header, scope, fingerprint, limits and problems, as
 	// for [Middleware]. Required, with its Scope: the status resource
 	// answers a key only to a caller of the key's scope. Its TTL, if set,
 	// is the TTL of the operation's answer when [idempotency.Operation].TTL
 	// is zero. KeyOptional and Quota are refused: Async has no handler to
 	// run without a key, and does not count quotas.
-	Config *Config
+	Options *Options
 	// StatusPath is the path of the status resources: the status of an
 	// operation is at StatusPath + its status id, the Location of every
 	// 202. Required; it starts and ends with "/".
@@ -40,7 +40,7 @@ type AsyncConfig struct {
 	// histories record URLs), and only a caller of the key's scope can use
 	// it: the id is the key's id encrypted and authenticated with
 	// AES-256-GCM under a key derived from the secret, bound to the scope.
-	// Required: each secret is at least [MinStatusSecretLen] random bytes
+	// Required: each secret is at least 32 random bytes
 	// (crypto/rand), kept with the service's other secrets. Every instance
 	// of the service that serves the same status resources has the same
 	// Secrets, or a 202 from one instance is a 404 on another (and after
@@ -61,30 +61,30 @@ type AsyncConfig struct {
 // Validate reports whether [Async] and [AsyncStatus] would refuse c: an
 // error wrapping [idempotency.ErrInvalidConfig] (or [ErrNoScope]) that
 // names the field.
-func (c *AsyncConfig) Validate() error {
+func (c *AsyncOptions) Validate() error {
 	switch {
 	case c == nil:
-		return fmt.Errorf("%w: idemhttp: nil AsyncConfig", idempotency.ErrInvalidConfig)
-	case c.Config == nil || c.Config.Scope == nil:
-		return fmt.Errorf("idemhttp: AsyncConfig.Config: %w", ErrNoScope)
-	case c.Config.KeyOptional:
-		return fmt.Errorf("%w: idemhttp: AsyncConfig.Config.KeyOptional: Async runs its operation only under a key", idempotency.ErrInvalidConfig)
-	case c.Config.Quota != nil:
-		return fmt.Errorf("%w: idemhttp: AsyncConfig.Config.Quota: Async does not count quotas; put it on a Middleware", idempotency.ErrInvalidConfig)
+		return fmt.Errorf("%w: idemhttp: nil AsyncOptions", idempotency.ErrInvalidConfig)
+	case c.Options == nil || c.Options.Scope == nil:
+		return fmt.Errorf("idemhttp: AsyncOptions.Options: %w", ErrNoScope)
+	case c.Options.KeyOptional:
+		return fmt.Errorf("%w: idemhttp: AsyncOptions.Options.KeyOptional: Async runs its operation only under a key", idempotency.ErrInvalidConfig)
+	case c.Options.Quota != nil:
+		return fmt.Errorf("%w: idemhttp: AsyncOptions.Options.Quota: Async does not count quotas; put it on a Middleware", idempotency.ErrInvalidConfig)
 	case !strings.HasPrefix(c.StatusPath, "/") || !strings.HasSuffix(c.StatusPath, "/"):
-		return fmt.Errorf("%w: idemhttp: AsyncConfig.StatusPath %q must start and end with /", idempotency.ErrInvalidConfig, c.StatusPath)
+		return fmt.Errorf("%w: idemhttp: AsyncOptions.StatusPath %q must start and end with /", idempotency.ErrInvalidConfig, c.StatusPath)
 	case c.Wait < 0 || c.RetryAfter < 0:
-		return fmt.Errorf("%w: idemhttp: negative AsyncConfig.Wait or RetryAfter", idempotency.ErrInvalidConfig)
+		return fmt.Errorf("%w: idemhttp: negative AsyncOptions.Wait or RetryAfter", idempotency.ErrInvalidConfig)
 	}
-	if err := c.Config.Validate(); err != nil {
-		return fmt.Errorf("idemhttp: AsyncConfig.Config: %w", err)
+	if err := c.Options.Validate(); err != nil {
+		return fmt.Errorf("idemhttp: AsyncOptions.Options: %w", err)
 	}
 	_, err := newStatusIDs(c.Secrets)
 	return err
 }
 
 // retryAfter is the Retry-After value, in seconds.
-func (c *AsyncConfig) retryAfter() string {
+func (c *AsyncOptions) retryAfter() string {
 	if c.RetryAfter <= 0 {
 		return "1"
 	}
@@ -94,8 +94,8 @@ func (c *AsyncConfig) retryAfter() string {
 // StatusLocation returns the path of the status resource of key, as the
 // Location of [Async]'s 202 names it: for a service that hands it out
 // itself (in a listing of a client's operations, say). It fails as
-// [AsyncConfig.Validate] does.
-func (c *AsyncConfig) StatusLocation(key idempotency.Key) (string, error) {
+// [AsyncOptions.Validate] does.
+func (c *AsyncOptions) StatusLocation(key idempotency.Key) (string, error) {
 	if err := c.Validate(); err != nil {
 		return "", err
 	}
@@ -108,18 +108,18 @@ func (c *AsyncConfig) StatusLocation(key idempotency.Key) (string, error) {
 
 // newAsyncHandler builds what Async and AsyncStatus share, refusing a
 // bad cfg or a nil g.
-func newAsyncHandler[Tx any](g *idempotency.Guard[Tx], cfg *AsyncConfig, who string) (*handler[Tx], *statusIDs, error) {
+func newAsyncHandler[Tx any](g *idempotency.Guard[Tx], cfg *AsyncOptions, who string) (*handler[Tx], *statusIDs, error) {
 	if err := cfg.Validate(); err != nil {
 		return nil, nil, err
 	}
 	if g == nil {
 		return nil, nil, fmt.Errorf("%w: idemhttp: %s was given a nil Guard", idempotency.ErrInvalidConfig, who)
 	}
-	c := newSettings(cfg.Config)
+	c := newSettings(cfg.Options)
 	if c.ttl != 0 {
 		v, err := g.WithTTL(c.ttl)
 		if err != nil {
-			return nil, nil, fmt.Errorf("idemhttp: AsyncConfig.Config.TTL: %w", err)
+			return nil, nil, fmt.Errorf("idemhttp: AsyncOptions.Options.TTL: %w", err)
 		}
 		g = v
 	}
@@ -164,8 +164,8 @@ func newAsyncHandler[Tx any](g *idempotency.Guard[Tx], cfg *AsyncConfig, who str
 // A bad configuration is refused here, with an error wrapping
 // [idempotency.ErrInvalidConfig] (or [ErrNoScope]): a nil g, an op that
 // [idempotency.NewCompleter] refuses (or a store that runs no operations),
-// a cfg that [AsyncConfig.Validate] refuses.
-func Async[Tx any](g *idempotency.Guard[Tx], op *idempotency.Operation[Tx], cfg *AsyncConfig) (http.Handler, error) {
+// a cfg that [AsyncOptions.Validate] refuses.
+func Async[Tx any](g *idempotency.Guard[Tx], op *idempotency.Operation[Tx], cfg *AsyncOptions) (http.Handler, error) {
 	h, ids, err := newAsyncHandler(g, cfg, "Async")
 	if err != nil {
 		return nil, err
@@ -184,7 +184,7 @@ func Async[Tx any](g *idempotency.Guard[Tx], op *idempotency.Operation[Tx], cfg 
 type asyncHandler[Tx any] struct {
 	h   *handler[Tx]
 	op  *idempotency.Operation[Tx]
-	cfg *AsyncConfig
+	cfg *AsyncOptions
 	ids *statusIDs
 }
 
@@ -196,7 +196,7 @@ type ran struct {
 
 func (a *asyncHandler[Tx]) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	h := a.h
-	ev := &Event{Method: r.Method, Outcome: observe.HandlerError}
+	ev := &RequestEvent{Method: r.Method, Outcome: observe.HandlerError}
 	defer h.observe(r, ev)()
 	key, body, fp, ok := h.admit(w, r, r.Header.Values(h.c.header), ev)
 	if !ok {
@@ -210,7 +210,7 @@ func (a *asyncHandler[Tx]) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	}()
 	wait := a.cfg.Wait
 	if wait == 0 {
-		wait = DefaultAsyncWait
+		wait = defaultAsyncWait
 	}
 	timer := time.NewTimer(wait)
 	defer timer.Stop()
@@ -303,7 +303,7 @@ func storedFor[Tx any](ctx context.Context, g *idempotency.Guard[Tx], key idempo
 }
 
 // answer writes what a run that ended gave.
-func (a *asyncHandler[Tx]) answer(w http.ResponseWriter, r *http.Request, ev *Event, key idempotency.Key, fp string, res ran) {
+func (a *asyncHandler[Tx]) answer(w http.ResponseWriter, r *http.Request, ev *RequestEvent, key idempotency.Key, fp string, res ran) {
 	h := a.h
 	if errors.Is(res.err, idempotency.ErrInProgress) && !errors.Is(res.err, idempotency.ErrStore) {
 		switch a.stored(r.Context(), key, fp) {
@@ -362,13 +362,13 @@ func writeStatusBody(w http.ResponseWriter, status int, state string) {
 //     operation runs, or waits to be resumed (by a retry or the Completer);
 //   - the operation's stored answer, byte for byte (Idempotent-Replayed,
 //     the key's lifetime header), once it finished;
-//   - 404 [ProblemUnknownOperation] for an id that names no operation of
+//   - 404 ProblemUnknownOperation for an id that names no operation of
 //     the caller's scope: one no secret of cfg.Secrets opens in that scope
 //     (forged, another scope's), or of a key whose answer expired.
 //
 // It never runs anything: the store is only read. A bad configuration is
 // refused here, as by [Async].
-func AsyncStatus[Tx any](g *idempotency.Guard[Tx], cfg *AsyncConfig) (http.Handler, error) {
+func AsyncStatus[Tx any](g *idempotency.Guard[Tx], cfg *AsyncOptions) (http.Handler, error) {
 	h, ids, err := newAsyncHandler(g, cfg, "AsyncStatus")
 	if err != nil {
 		return nil, err
@@ -378,16 +378,16 @@ func AsyncStatus[Tx any](g *idempotency.Guard[Tx], cfg *AsyncConfig) (http.Handl
 
 type statusHandler[Tx any] struct {
 	h   *handler[Tx]
-	cfg *AsyncConfig
+	cfg *AsyncOptions
 	ids *statusIDs
 }
 
 func (s *statusHandler[Tx]) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	h := s.h
-	ev := &Event{Method: r.Method, Outcome: observe.HandlerError}
+	ev := &RequestEvent{Method: r.Method, Outcome: observe.HandlerError}
 	defer h.observe(r, ev)()
 	unknown := func(err error) {
-		h.reject(w, r, ev, &Problem{Type: ProblemUnknownOperation, Title: "No such operation", Status: http.StatusNotFound,
+		h.reject(w, r, ev, &Problem{Type: problemUnknownOperation, Title: "No such operation", Status: http.StatusNotFound,
 			Detail: "No operation was started with this key in your scope, or its answer expired."}, err)
 	}
 	scope, err := h.c.scope(r)
@@ -396,7 +396,7 @@ func (s *statusHandler[Tx]) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 			h.reject(w, r, ev, p, err)
 			return
 		}
-		h.internal(w, r, ev, fmt.Errorf("idemhttp: Config.Scope: %w", err))
+		h.internal(w, r, ev, fmt.Errorf("idemhttp: Options.Scope: %w", err))
 		return
 	}
 	ev.Key.Scope = scope

@@ -23,24 +23,24 @@ func TestAsyncRefusesBadConfig(t *testing.T) {
 	op := labelOp(nil, nil)
 	for _, c := range []struct {
 		name   string
-		change func(*idemhttp.AsyncConfig)
+		change func(*idemhttp.AsyncOptions)
 		op     *idempotency.Operation[*memstore.Tx]
 		want   string
 	}{
-		{"no StatusPath", func(c *idemhttp.AsyncConfig) { c.StatusPath = "" }, op, "StatusPath"},
-		{"relative StatusPath", func(c *idemhttp.AsyncConfig) { c.StatusPath = "ops/" }, op, "StatusPath"},
-		{"no Config", func(c *idemhttp.AsyncConfig) { c.Config = nil }, op, "Scope"},
-		{"no Scope", func(c *idemhttp.AsyncConfig) { c.Config = &idemhttp.Config{} }, op, "Scope"},
-		{"no Secrets", func(c *idemhttp.AsyncConfig) { c.Secrets = nil }, op, "Secrets"},
-		{"short secret", func(c *idemhttp.AsyncConfig) { c.Secrets = [][]byte{[]byte("short")} }, op, "Secrets[0]"},
-		{"short old secret", func(c *idemhttp.AsyncConfig) { c.Secrets = append(c.Secrets, nil) }, op, "Secrets[1]"},
-		{"negative Wait", func(c *idemhttp.AsyncConfig) { c.Wait = -time.Second }, op, "Wait"},
-		{"KeyOptional", func(c *idemhttp.AsyncConfig) { c.Config.KeyOptional = true }, op, "KeyOptional"},
-		{"Quota", func(c *idemhttp.AsyncConfig) { c.Config.Quota = &idempotency.Quota{MaxKeys: 1, Window: time.Minute} }, op, "Quota"},
-		{"bad TTL", func(c *idemhttp.AsyncConfig) { c.Config.TTL = -time.Second }, op, "TTL"},
-		{"bad InProgressStatus", func(c *idemhttp.AsyncConfig) { c.Config.InProgressStatus = 500 }, op, "InProgressStatus"},
-		{"nil op", func(*idemhttp.AsyncConfig) {}, nil, "nil operation"},
-		{"op without Finish", func(*idemhttp.AsyncConfig) {}, &idempotency.Operation[*memstore.Tx]{Name: "x"}, "Finish"},
+		{"no StatusPath", func(c *idemhttp.AsyncOptions) { c.StatusPath = "" }, op, "StatusPath"},
+		{"relative StatusPath", func(c *idemhttp.AsyncOptions) { c.StatusPath = "ops/" }, op, "StatusPath"},
+		{"no Config", func(c *idemhttp.AsyncOptions) { c.Options = nil }, op, "Scope"},
+		{"no Scope", func(c *idemhttp.AsyncOptions) { c.Options = &idemhttp.Options{} }, op, "Scope"},
+		{"no Secrets", func(c *idemhttp.AsyncOptions) { c.Secrets = nil }, op, "Secrets"},
+		{"short secret", func(c *idemhttp.AsyncOptions) { c.Secrets = [][]byte{[]byte("short")} }, op, "Secrets[0]"},
+		{"short old secret", func(c *idemhttp.AsyncOptions) { c.Secrets = append(c.Secrets, nil) }, op, "Secrets[1]"},
+		{"negative Wait", func(c *idemhttp.AsyncOptions) { c.Wait = -time.Second }, op, "Wait"},
+		{"KeyOptional", func(c *idemhttp.AsyncOptions) { c.Options.KeyOptional = true }, op, "KeyOptional"},
+		{"Quota", func(c *idemhttp.AsyncOptions) { c.Options.Quota = &idempotency.Quota{MaxKeys: 1, Window: time.Minute} }, op, "Quota"},
+		{"bad TTL", func(c *idemhttp.AsyncOptions) { c.Options.TTL = -time.Second }, op, "TTL"},
+		{"bad InProgressStatus", func(c *idemhttp.AsyncOptions) { c.Options.InProgressStatus = 500 }, op, "InProgressStatus"},
+		{"nil op", func(*idemhttp.AsyncOptions) {}, nil, "nil operation"},
+		{"op without Finish", func(*idemhttp.AsyncOptions) {}, &idempotency.Operation[*memstore.Tx]{Name: "x"}, "Finish"},
 	} {
 		t.Run(c.name, func(t *testing.T) {
 			cfg := asyncConfig(time.Second)

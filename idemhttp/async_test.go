@@ -74,9 +74,9 @@ func shipOp[Tx any](e env[Tx], gate func(ctx context.Context) error) *idempotenc
 var asyncSecret = bytes.Repeat([]byte("0123456789abcdef"), 2)
 
 // asyncConfig is the config of asyncServer, with the Wait wait.
-func asyncConfig(wait time.Duration) *idemhttp.AsyncConfig {
-	return &idemhttp.AsyncConfig{
-		Config:     &idemhttp.Config{Scope: func(r *http.Request) (string, error) { return r.Header.Get("X-Account"), nil }},
+func asyncConfig(wait time.Duration) *idemhttp.AsyncOptions {
+	return &idemhttp.AsyncOptions{
+		Options:    &idemhttp.Options{Scope: func(r *http.Request) (string, error) { return r.Header.Get("X-Account"), nil }},
 		StatusPath: "/ops/",
 		Secrets:    [][]byte{asyncSecret},
 		Wait:       wait,
@@ -338,8 +338,8 @@ func testAsyncMismatchWhileRunning[Tx any](t *testing.T, e env[Tx]) {
 	for _, url := range []string{srv.URL, other.URL} {
 		t0 := time.Now()
 		r := asyncCall(t, ctx, "POST", url+"/ship", "acct", "m1", `{"n":7}`)
-		if r.status != 422 || !strings.Contains(r.body, idemhttp.ProblemKeyReused) || time.Since(t0) > 900*time.Millisecond {
-			t.Fatalf("same key, other body, while the operation runs: %+v after %v; want 422 %s within Wait", r, time.Since(t0), idemhttp.ProblemKeyReused)
+		if r.status != 422 || !strings.Contains(r.body, idemhttp.ProblemMismatch) || time.Since(t0) > 900*time.Millisecond {
+			t.Fatalf("same key, other body, while the operation runs: %+v after %v; want 422 %s within Wait", r, time.Since(t0), idemhttp.ProblemMismatch)
 		}
 	}
 	close(release)

@@ -11,11 +11,11 @@ import (
 	"github.com/go-idempotency/idempotency/observe"
 )
 
-// ErrBypassRefused: the request was refused with 500 [ProblemInternal]
+// ErrBypassRefused: the request was refused with 500 ProblemInternal
 // before the handler ran, because an earlier request through the same
 // [Middleware] wrote its answer around the middleware ([ErrWriterBypassed]).
 // Nothing ran, nothing was stored; a key whose answer was stored before
-// is still replayed. Reported in [Event].Err; [Config].OnError hears
+// is still replayed. Reported in [RequestEvent].Err; [Options].OnError hears
 // about the bypass once, not about each refusal.
 var ErrBypassRefused = errors.New("idemhttp: refused without running the handler: an earlier request wrote around this middleware's ResponseWriter")
 
@@ -25,8 +25,8 @@ var ErrBypassRefused = errors.New("idemhttp: refused without running the handler
 type mountState struct {
 	bypassed atomic.Bool // a handler wrote around the middleware: refuse from now on
 	warned   atomic.Bool // the loud report was made
-	noScope  atomic.Bool // the loud report of a missing Config.Scope was made
-	invalid  atomic.Bool // the loud report of a Config field out of range was made
+	noScope  atomic.Bool // the loud report of a missing Options.Scope was made
+	invalid  atomic.Bool // the loud report of an Options field out of range was made
 }
 
 // written is implemented by framework writers that know whether they sent
@@ -217,10 +217,10 @@ func (h *handler[Tx]) newBypass(p *outerProbe, partial bool) *bypassError {
 // middleware. Its writes were rolled back. An answer the writer says it
 // sent cannot be taken back: nothing more is written. Otherwise (not sent,
 // or a writer that cannot tell) the handler's header fields are removed.
-// The request is then answered 500 [ProblemInternal]. A pending status
+// The request is then answered 500 ProblemInternal. A pending status
 // such as gin's c.Status(201) must not go out when the handler's writes
 // were rolled back.
-func (h *handler[Tx]) answerBypass(w http.ResponseWriter, r *http.Request, ev *Event, p *outerProbe, err *bypassError) {
+func (h *handler[Tx]) answerBypass(w http.ResponseWriter, r *http.Request, ev *RequestEvent, p *outerProbe, err *bypassError) {
 	ev.Outcome, ev.Err = observe.Internal, err
 	h.warn(r, err)
 	if err.sent {
@@ -228,20 +228,20 @@ func (h *handler[Tx]) answerBypass(w http.ResponseWriter, r *http.Request, ev *E
 		return
 	}
 	p.restore()
-	h.problem(w, r, ev, &Problem{Type: ProblemInternal, Title: "Idempotency middleware failed", Status: http.StatusInternalServerError,
+	h.problem(w, r, ev, &Problem{Type: problemInternal, Title: "Idempotency middleware failed", Status: http.StatusInternalServerError,
 		Detail: "The idempotency middleware is mounted so that it cannot see the handler's answer; the operation was rolled back."})
 }
 
 // refuseBypassed answers a request refused after a bypass: the handler
 // did not run, the key was released.
-func (h *handler[Tx]) refuseBypassed(w http.ResponseWriter, r *http.Request, ev *Event) {
+func (h *handler[Tx]) refuseBypassed(w http.ResponseWriter, r *http.Request, ev *RequestEvent) {
 	ev.Outcome, ev.Err = observe.Internal, ErrBypassRefused
-	h.problem(w, r, ev, &Problem{Type: ProblemInternal, Title: "Idempotency middleware failed", Status: http.StatusInternalServerError,
+	h.problem(w, r, ev, &Problem{Type: problemInternal, Title: "Idempotency middleware failed", Status: http.StatusInternalServerError,
 		Detail: "The idempotency middleware is mounted so that it cannot see the handler's answer; the request was not processed."})
 }
 
 // warn reports the bypass once per [Middleware], loudly. It goes to
-// [Config].OnError or, without one, to the error log of the http.Server
+// [Options].OnError or, without one, to the error log of the http.Server
 // serving r. That is net/http's own choice for its errors: the log
 // package's standard logger when the server has no ErrorLog.
 func (h *handler[Tx]) warn(r *http.Request, err error) {
@@ -249,7 +249,7 @@ func (h *handler[Tx]) warn(r *http.Request, err error) {
 }
 
 // warnOnce makes the loud report of err the first time flag is set:
-// to [Config].OnError, or to the http.Server's error log.
+// to [Options].OnError, or to the http.Server's error log.
 func (h *handler[Tx]) warnOnce(flag *atomic.Bool, r *http.Request, err error) {
 	if !flag.CompareAndSwap(false, true) {
 		return

@@ -14,6 +14,7 @@ import (
 	"sync/atomic"
 	"testing"
 
+	"github.com/go-idempotency/idempotency"
 	"github.com/go-idempotency/idempotency/idemhttp"
 	"github.com/go-idempotency/idempotency/internal/testkit"
 	"github.com/go-idempotency/idempotency/observe"
@@ -56,14 +57,14 @@ func runBypassTests[Tx any](t *testing.T, b storeRig[Tx]) {
 type reports struct {
 	mu     sync.Mutex
 	errs   []error
-	events []idemhttp.Event
+	events []idemhttp.RequestEvent
 }
 
-func (rp *reports) options() *idemhttp.Config {
-	return &idemhttp.Config{
+func (rp *reports) options() *idemhttp.Options {
+	return &idemhttp.Options{
 		Scope:   idemhttp.SharedScope, // one test client
 		OnError: func(_ *http.Request, err error) { rp.mu.Lock(); rp.errs = append(rp.errs, err); rp.mu.Unlock() },
-		Observer: func(_ context.Context, ev idemhttp.Event) {
+		Observer: func(_ context.Context, ev idemhttp.RequestEvent) {
 			rp.mu.Lock()
 			rp.events = append(rp.events, ev)
 			rp.mu.Unlock()
@@ -71,10 +72,10 @@ func (rp *reports) options() *idemhttp.Config {
 	}
 }
 
-func (rp *reports) snapshot() ([]error, []idemhttp.Event) {
+func (rp *reports) snapshot() ([]error, []idemhttp.RequestEvent) {
 	rp.mu.Lock()
 	defer rp.mu.Unlock()
-	return append([]error(nil), rp.errs...), append([]idemhttp.Event(nil), rp.events...)
+	return append([]error(nil), rp.errs...), append([]idemhttp.RequestEvent(nil), rp.events...)
 }
 
 // bypassServer serves POST /things through the generic middleware mounted
@@ -89,7 +90,7 @@ type bypassServer[Tx any] struct {
 	runs atomic.Int64
 }
 
-func startBypass[Tx any](t *testing.T, e env[Tx], opts *idemhttp.Config, errorLog *log.Logger) *bypassServer[Tx] {
+func startBypass[Tx any](t *testing.T, e env[Tx], opts *idemhttp.Options, errorLog *log.Logger) *bypassServer[Tx] {
 	t.Helper()
 	s := &bypassServer[Tx]{env: e}
 	mw := idemhttp.Middleware(e.newGuard(nil), opts)
@@ -97,8 +98,8 @@ func startBypass[Tx any](t *testing.T, e env[Tx], opts *idemhttp.Config, errorLo
 		if r.URL.Path == "/ok" { // the same middleware, its writer used as intended
 			mw(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 				s.runs.Add(1)
-				tx, _ := idemhttp.TxFrom[Tx](r.Context())
-				key, _ := idemhttp.KeyFrom(r.Context())
+				tx, _ := idempotency.TxFrom[Tx](r.Context())
+				key, _ := idempotency.KeyFrom(r.Context())
 				if err := e.effect(r.Context(), tx, key.Scope+"/"+key.ID); err != nil {
 					http.Error(w, err.Error(), http.StatusInternalServerError)
 					return
@@ -110,8 +111,8 @@ func startBypass[Tx any](t *testing.T, e env[Tx], opts *idemhttp.Config, errorLo
 		}
 		mw(http.HandlerFunc(func(_ http.ResponseWriter, r *http.Request) {
 			s.runs.Add(1)
-			tx, ok := idemhttp.TxFrom[Tx](r.Context())
-			key, _ := idemhttp.KeyFrom(r.Context())
+			tx, ok := idempotency.TxFrom[Tx](r.Context())
+			key, _ := idempotency.KeyFrom(r.Context())
 			if !ok {
 				outer.WriteHeader(http.StatusTeapot)
 				return
@@ -285,7 +286,7 @@ func testBypassServerErrorLog[Tx any](t *testing.T, e env[Tx]) {
 	var mu sync.Mutex
 	var buf bytes.Buffer
 	logger := log.New(writerFunc(func(p []byte) (int, error) { mu.Lock(); defer mu.Unlock(); return buf.Write(p) }), "", 0)
-	s := startBypass(t, e, &idemhttp.Config{Scope: idemhttp.SharedScope}, logger)
+	s := startBypass(t, e, &idemhttp.Options{Scope: idemhttp.SharedScope}, logger)
 	for i := range 3 {
 		s.post(t, fmt.Sprintf("l-%d", i))
 	}
@@ -313,8 +314,8 @@ func testBypassNoFalsePositive[Tx any](t *testing.T, e env[Tx]) {
 	var runs atomic.Int64
 	inner := http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		runs.Add(1)
-		tx, _ := idemhttp.TxFrom[Tx](r.Context())
-		key, _ := idemhttp.KeyFrom(r.Context())
+		tx, _ := idempotency.TxFrom[Tx](r.Context())
+		key, _ := idempotency.KeyFrom(r.Context())
 		if err := e.effect(r.Context(), tx, key.Scope+"/"+key.ID); err != nil {
 			http.Error(w, err.Error(), http.StatusInternalServerError)
 			return

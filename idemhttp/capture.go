@@ -9,7 +9,7 @@ import (
 )
 
 // errResponseTooLarge is returned by capture.Write past the response limit.
-var errResponseTooLarge = errors.New("idemhttp: response body larger than Config.MaxResponseBody")
+var errResponseTooLarge = errors.New("idemhttp: response body larger than Options.MaxResponseBody")
 
 // capture is the buffering ResponseWriter the handler writes to. It mimics
 // net/http. The header is snapshotted at WriteHeader (or the first Write).

@@ -21,9 +21,9 @@ var ErrKeyExpired = errors.New("idemhttp: the idempotency key expires before the
 
 // Defaults of [Transport].
 const (
-	DefaultMaxAttempts = 5
-	DefaultBaseDelay   = 100 * time.Millisecond
-	DefaultMaxDelay    = 5 * time.Second
+	defaultMaxAttempts = 5
+	defaultBaseDelay   = 100 * time.Millisecond
+	defaultMaxDelay    = 5 * time.Second
 )
 
 // Transport is an http.RoundTripper that sends each request with an
@@ -38,7 +38,7 @@ const (
 // Each request is one logical operation with ONE key, fixed before the
 // first attempt and never changed. It is the caller's own key header if the
 // request has one. Otherwise, for the methods in Methods, it is a fresh
-// random key ([NewKey]) sent as an sf-string ("8e03978e-..."), the draft's
+// random key ([NewKeyID]) sent as an sf-string ("8e03978e-..."), the draft's
 // form.
 // The key of a request can be read back from the response:
 // resp.Request.Header.Get("Idempotency-Key").
@@ -73,19 +73,19 @@ type Transport struct {
 	// Base sends each attempt. Defaults to http.DefaultTransport.
 	Base http.RoundTripper
 	// Methods get a generated key when the request has none. Defaults to
-	// [DefaultMethods] (POST and PATCH).
+	// POST and PATCH.
 	Methods []string
 	// KeyHeader is the header that carries the key. Defaults to
-	// [HeaderKey] ("Idempotency-Key").
+	// [DefaultKeyHeader] ("Idempotency-Key").
 	KeyHeader string
 	// MaxAttempts bounds the attempts per request, the first included.
-	// Defaults to [DefaultMaxAttempts]; 1 disables retries.
+	// Defaults to 5; 1 disables retries.
 	MaxAttempts int
 	// BaseDelay is the backoff before the second attempt. Defaults to
-	// [DefaultBaseDelay].
+	// 100ms.
 	BaseDelay time.Duration
 	// MaxDelay caps every wait, Retry-After included. Defaults to
-	// [DefaultMaxDelay].
+	// 5s.
 	MaxDelay time.Duration
 	// Retry reports whether an attempt that ended with (resp, err) is sent
 	// again with the same key; exactly one of resp and err is non-nil. It
@@ -126,14 +126,14 @@ func (t *Transport) RoundTrip(req *http.Request) (*http.Response, error) {
 	}
 	header := t.KeyHeader
 	if header == "" {
-		header = HeaderKey
+		header = DefaultKeyHeader
 	}
 	key := ""
 	if len(req.Header.Values(header)) == 0 {
 		if !t.keyed(req.Method) {
 			return send.RoundTrip(req)
 		}
-		key = quoteKey(NewKey())
+		key = quoteKey(NewKeyID())
 	}
 	getBody, err := replayableBody(req)
 	if err != nil {
@@ -146,7 +146,7 @@ func (t *Transport) RoundTrip(req *http.Request) (*http.Response, error) {
 	ctx := req.Context()
 	maxAttempts := t.MaxAttempts
 	if maxAttempts <= 0 {
-		maxAttempts = DefaultMaxAttempts
+		maxAttempts = defaultMaxAttempts
 	}
 	t.Budget.deposit()
 	var expires time.Time // the key's expiry, as the answers bound it; zero: unknown
@@ -248,7 +248,7 @@ func keyExpiry(resp *http.Response, sent time.Time) (time.Time, bool) {
 func (t *Transport) keyed(method string) bool {
 	methods := t.Methods
 	if methods == nil {
-		methods = DefaultMethods()
+		methods = defaultMethods()
 	}
 	for _, m := range methods {
 		if strings.EqualFold(m, method) {

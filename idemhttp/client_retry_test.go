@@ -99,7 +99,7 @@ func TestTransportRetryPredicateAndHook(t *testing.T) {
 	}
 	key := sameKey(t, rec, 3, `{}`)
 	if len(events) != 2 || events[0].Attempt != 1 || events[1].Attempt != 2 || events[0].Response.StatusCode != 400 ||
-		events[0].Err != nil || events[0].Request.Header.Get(idemhttp.HeaderKey) != key || events[1].Wait < 0 {
+		events[0].Err != nil || events[0].Request.Header.Get(idemhttp.DefaultKeyHeader) != key || events[1].Wait < 0 {
 		t.Errorf("OnRetry events %+v", events)
 	}
 }

@@ -28,7 +28,7 @@ func (rec *recorder) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	body, _ := io.ReadAll(r.Body)
 	rec.mu.Lock()
 	key := "<none>"
-	if v := r.Header.Values(idemhttp.HeaderKey); len(v) > 0 {
+	if v := r.Header.Values(idemhttp.DefaultKeyHeader); len(v) > 0 {
 		key = strings.Join(v, "|")
 	}
 	rec.keys = append(rec.keys, key)
@@ -140,7 +140,7 @@ func TestTransportRetriesWithOneKey(t *testing.T) {
 				t.Fatalf("got %d %q, want 201 Created", resp.StatusCode, body)
 			}
 			key := sameKey(t, rec, 3, `{"a":1}`)
-			if got := resp.Request.Header.Get(idemhttp.HeaderKey); got != key {
+			if got := resp.Request.Header.Get(idemhttp.DefaultKeyHeader); got != key {
 				t.Errorf("resp.Request key %q, server saw %q", got, key)
 			}
 		})
@@ -169,7 +169,7 @@ func TestTransportKeepsCallersKey(t *testing.T) {
 	t.Parallel()
 	rec, srv := startRecorder(t, status(http.StatusServiceUnavailable), status(http.StatusOK))
 	req := post(t, testkit.Context(t, 20*time.Second), srv.URL, `x`)
-	req.Header.Set(idemhttp.HeaderKey, "my-own-key")
+	req.Header.Set(idemhttp.DefaultKeyHeader, "my-own-key")
 	resp, _ := do(t, fastTransport(srv), req)
 	if resp.StatusCode != http.StatusOK {
 		t.Fatalf("status %d, want 200", resp.StatusCode)
@@ -177,7 +177,7 @@ func TestTransportKeepsCallersKey(t *testing.T) {
 	if key := sameKey(t, rec, 2, "x"); key != "my-own-key" {
 		t.Errorf("server saw key %q, want the caller's my-own-key", key)
 	}
-	if got := req.Header.Get(idemhttp.HeaderKey); got != "my-own-key" {
+	if got := req.Header.Get(idemhttp.DefaultKeyHeader); got != "my-own-key" {
 		t.Errorf("the caller's request was modified: key %q", got)
 	}
 }
@@ -211,7 +211,7 @@ func TestTransportNoKeyNoRetry(t *testing.T) {
 	// A method outside Methods is retried when the caller gives it a key.
 	rec, srv := startRecorder(t, status(http.StatusServiceUnavailable), status(http.StatusOK))
 	req, _ := http.NewRequestWithContext(testkit.Context(t, 20*time.Second), http.MethodPut, srv.URL, strings.NewReader("p"))
-	req.Header.Set(idemhttp.HeaderKey, `"k"`)
+	req.Header.Set(idemhttp.DefaultKeyHeader, `"k"`)
 	if resp, _ := do(t, fastTransport(srv), req); resp.StatusCode != http.StatusOK {
 		t.Errorf("PUT with a key: status %d, want 200 after a retry", resp.StatusCode)
 	}

@@ -19,6 +19,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/go-idempotency/idempotency"
 	"github.com/go-idempotency/idempotency/idemhttp"
 )
 
@@ -91,11 +92,11 @@ func TestClientCertScope(t *testing.T) {
 	alice := ca.client(t, 2, "alice", "spiffe://example.org/alice")
 	bob := ca.client(t, 3, "bob", "")
 	var runs atomic.Int64
-	handler := idemhttp.Middleware(e.newGuard(nil), &idemhttp.Config{Scope: idemhttp.ClientCertScope})(
+	handler := idemhttp.Middleware(e.newGuard(nil), &idemhttp.Options{Scope: idemhttp.ClientCertScope})(
 		http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 			n := runs.Add(1)
-			tx, _ := idemhttp.TxFrom[*sql.Tx](r.Context())
-			key, _ := idemhttp.KeyFrom(r.Context())
+			tx, _ := idempotency.TxFrom[*sql.Tx](r.Context())
+			key, _ := idempotency.KeyFrom(r.Context())
 			if err := e.effect(r.Context(), tx, key.Scope+"/"+key.ID); err != nil {
 				http.Error(w, err.Error(), http.StatusInternalServerError)
 				return
@@ -122,7 +123,7 @@ func TestClientCertScope(t *testing.T) {
 			t.Fatal(err)
 		}
 		req.Header.Set("Content-Type", "application/json")
-		req.Header.Set(idemhttp.HeaderKey, "same-key")
+		req.Header.Set(idemhttp.DefaultKeyHeader, "same-key")
 		resp, err := (&http.Client{Transport: tr, Timeout: 20 * time.Second}).Do(req)
 		if err != nil {
 			t.Fatal(err)

@@ -70,13 +70,13 @@ func testFormBodies[Tx any](t *testing.T, e env[Tx]) {
 		"amount=100&currency=usd&metadata[order]=7&expand[]=b&expand[]=a",
 		"amount=100&currency=usd&metadata[order]=7&expand[]=a",
 	} {
-		wantProblem(t, s.send(t, http.MethodPost, "/things", formType, other, "form"), 422, idemhttp.ProblemKeyReused)
+		wantProblem(t, s.send(t, http.MethodPost, "/things", formType, other, "form"), 422, idemhttp.ProblemMismatch)
 	}
 	// Another media type is another request, and its bytes count as they are.
 	wantProblem(t, s.send(t, http.MethodPost, "/things", "text/plain", "amount=100&currency=usd&metadata[order]=7&expand[]=a&expand[]=b", "form"),
-		422, idemhttp.ProblemKeyReused)
+		422, idemhttp.ProblemMismatch)
 	wantStatus(t, s.send(t, http.MethodPost, "/things", "text/plain", "a=1&b=2", "text"), http.StatusCreated)
-	wantProblem(t, s.send(t, http.MethodPost, "/things", "text/plain", "b=2&a=1", "text"), 422, idemhttp.ProblemKeyReused)
+	wantProblem(t, s.send(t, http.MethodPost, "/things", "text/plain", "b=2&a=1", "text"), 422, idemhttp.ProblemMismatch)
 	for _, bad := range []string{"amount=%zz", "amount=1;currency=usd"} {
 		p := wantProblem(t, s.send(t, http.MethodPost, "/things", formType, bad, "bad-form"), 400, idemhttp.ProblemInvalidBody)
 		if p.Title != "Request body is not a valid form" {
@@ -104,8 +104,8 @@ func testFormStoredAsBytes[Tx any](t *testing.T, e env[Tx]) {
 	if res.status != http.StatusCreated || string(res.body) != `{"id":"then"}` || res.header.Get(idemhttp.HeaderReplayed) != "true" {
 		t.Errorf("the same bytes: %d %s %v; want the stored answer, replayed", res.status, res.body, res.header)
 	}
-	wantProblem(t, s.send(t, http.MethodPost, "/things", formType, "amount=100&currency=usd&name=Jane+Doe", "then"), 422, idemhttp.ProblemKeyReused)
-	wantProblem(t, s.send(t, http.MethodPost, "/things", formType, "currency=usd&amount=101&name=Jane+Doe", "then"), 422, idemhttp.ProblemKeyReused)
+	wantProblem(t, s.send(t, http.MethodPost, "/things", formType, "amount=100&currency=usd&name=Jane+Doe", "then"), 422, idemhttp.ProblemMismatch)
+	wantProblem(t, s.send(t, http.MethodPost, "/things", formType, "currency=usd&amount=101&name=Jane+Doe", "then"), 422, idemhttp.ProblemMismatch)
 	s.wantCalls(t, 0)
 }
 
@@ -138,7 +138,7 @@ func stripeBody(t *testing.T, res result, status int, typ, code string, retry bo
 // middleware answers is a Stripe error object, with its status and fields.
 func testStripeErrors[Tx any](t *testing.T, e env[Tx]) {
 	entered, release := make(chan struct{}), make(chan struct{})
-	s := startServer(t, e, &idempotency.Config{WaitTimeout: -1}, &idemhttp.Config{
+	s := startServer(t, e, &idempotency.Config{WaitTimeout: -1}, &idemhttp.Options{
 		RenderProblem: idemhttp.WriteStripeError,
 		Scope: func(r *http.Request) (string, error) {
 			if r.Header.Get("Authorization") == "" {
@@ -247,38 +247,38 @@ func TestStripeErrorOf(t *testing.T) {
 // testEchoKey: with EchoKey the key header comes back as sent on every
 // answer once it parses: the first answer, replays and problems.
 func testEchoKey[Tx any](t *testing.T, e env[Tx]) {
-	s := startServer(t, e, nil, &idemhttp.Config{EchoKey: true, ExposeHeaders: true}, created)
+	s := startServer(t, e, nil, &idemhttp.Options{EchoKey: true, ExposeHeaders: true}, created)
 	first := s.post(t, `{"a":1}`, `"echo-1"`)
 	wantStatus(t, first, http.StatusCreated)
 	replay := s.post(t, `{"a":1}`, "echo-1")
 	wantReplay(t, first, replay)
 	reused := s.post(t, `{"a":2}`, "echo-1")
-	wantProblem(t, reused, 422, idemhttp.ProblemKeyReused)
+	wantProblem(t, reused, 422, idemhttp.ProblemMismatch)
 	for _, c := range []struct {
 		res  result
 		want string
 	}{{first, `"echo-1"`}, {replay, "echo-1"}, {reused, "echo-1"}} {
-		if got := c.res.header.Values(idemhttp.HeaderKey); len(got) != 1 || got[0] != c.want {
-			t.Errorf("%d: %s %q, want %q", c.res.status, idemhttp.HeaderKey, got, c.want)
+		if got := c.res.header.Values(idemhttp.DefaultKeyHeader); len(got) != 1 || got[0] != c.want {
+			t.Errorf("%d: %s %q, want %q", c.res.status, idemhttp.DefaultKeyHeader, got, c.want)
 		}
-		if exp := strings.Join(c.res.header.Values("Access-Control-Expose-Headers"), ","); !strings.Contains(exp, idemhttp.HeaderKey) {
-			t.Errorf("%d: Access-Control-Expose-Headers %q lacks %s", c.res.status, exp, idemhttp.HeaderKey)
+		if exp := strings.Join(c.res.header.Values("Access-Control-Expose-Headers"), ","); !strings.Contains(exp, idemhttp.DefaultKeyHeader) {
+			t.Errorf("%d: Access-Control-Expose-Headers %q lacks %s", c.res.status, exp, idemhttp.DefaultKeyHeader)
 		}
 	}
 	// No key, or one that does not parse: nothing to echo.
 	for _, res := range []result{s.post(t, `{}`), s.post(t, `{}`, "a", "b"), s.post(t, `{}`, strings.Repeat("k", 256))} {
-		if got := res.header.Values(idemhttp.HeaderKey); res.status != 400 || got != nil {
+		if got := res.header.Values(idemhttp.DefaultKeyHeader); res.status != 400 || got != nil {
 			t.Errorf("%d: echoed %q", res.status, got)
 		}
 	}
 	// Another key header is echoed under its own name; off by default.
-	x := startServer(t, e, nil, &idemhttp.Config{EchoKey: true, KeyHeader: "X-Idempotency-Key"}, created)
+	x := startServer(t, e, nil, &idemhttp.Options{EchoKey: true, KeyHeader: "X-Idempotency-Key"}, created)
 	res := x.do(t, "/things", `{}`, "X-Idempotency-Key", "x-1")
-	if got := res.header.Get("X-Idempotency-Key"); res.status != http.StatusCreated || got != "x-1" || res.header.Get(idemhttp.HeaderKey) != "" {
-		t.Errorf("%d: X-Idempotency-Key %q, Idempotency-Key %q", res.status, got, res.header.Get(idemhttp.HeaderKey))
+	if got := res.header.Get("X-Idempotency-Key"); res.status != http.StatusCreated || got != "x-1" || res.header.Get(idemhttp.DefaultKeyHeader) != "" {
+		t.Errorf("%d: X-Idempotency-Key %q, Idempotency-Key %q", res.status, got, res.header.Get(idemhttp.DefaultKeyHeader))
 	}
 	d := startServer(t, e, nil, nil, created)
-	if got := d.post(t, `{}`, "quiet").header.Values(idemhttp.HeaderKey); got != nil {
+	if got := d.post(t, `{}`, "quiet").header.Values(idemhttp.DefaultKeyHeader); got != nil {
 		t.Errorf("echoed %q without EchoKey", got)
 	}
 	s.wantEffects(t, "/echo-1", 1)

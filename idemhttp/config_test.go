@@ -43,7 +43,7 @@ func (s *server[Tx]) do(t *testing.T, path, body string, header ...string) resul
 func testNoResponse[Tx any](t *testing.T, e env[Tx]) {
 	var causes []error
 	var mu sync.Mutex
-	s := startServer(t, e, nil, &idemhttp.Config{OnError: func(_ *http.Request, err error) {
+	s := startServer(t, e, nil, &idemhttp.Options{OnError: func(_ *http.Request, err error) {
 		mu.Lock()
 		causes = append(causes, err)
 		mu.Unlock()
@@ -72,7 +72,7 @@ func testNoResponse[Tx any](t *testing.T, e env[Tx]) {
 }
 
 // testStorePolicy: the default stores neither validation failures nor
-// conflicts (DefaultStore); Config.Store changes it.
+// conflicts (DefaultKeepStatus); Options.KeepStatus changes it.
 func testStorePolicy[Tx any](t *testing.T, e env[Tx]) {
 	for _, code := range []int{400, 401, 403, 404, 409, 422} {
 		s := startServer(t, e, nil, nil, func(n int64, w http.ResponseWriter, r *http.Request) {
@@ -89,7 +89,7 @@ func testStorePolicy[Tx any](t *testing.T, e env[Tx]) {
 		s.wantEffects(t, "/policy", 0)
 	}
 	// A custom policy that stores 400 replays it.
-	s := startServer(t, e, nil, &idemhttp.Config{Store: func(st int) bool { return st < 500 }}, func(n int64, w http.ResponseWriter, r *http.Request) {
+	s := startServer(t, e, nil, &idemhttp.Options{KeepStatus: func(st int) bool { return st < 500 }}, func(n int64, w http.ResponseWriter, r *http.Request) {
 		w.WriteHeader(http.StatusBadRequest)
 		_, _ = io.WriteString(w, "bad")
 	})
@@ -98,7 +98,7 @@ func testStorePolicy[Tx any](t *testing.T, e env[Tx]) {
 	s.wantCalls(t, 1)
 	s.wantEffects(t, "/policy-400", 1)
 	// A custom policy refusing a 201 rolls it back.
-	r := startServer(t, e, nil, &idemhttp.Config{Store: func(int) bool { return false }}, created)
+	r := startServer(t, e, nil, &idemhttp.Options{KeepStatus: func(int) bool { return false }}, created)
 	wantStatus(t, r.post(t, `{}`, "never"), http.StatusCreated)
 	r.wantEffects(t, "/never", 0)
 	for _, c := range []struct {
@@ -106,15 +106,15 @@ func testStorePolicy[Tx any](t *testing.T, e env[Tx]) {
 		want   bool
 	}{{200, true}, {201, true}, {302, true}, {402, true}, {410, true}, {400, false}, {408, false}, {409, false},
 		{422, false}, {425, false}, {429, false}, {500, false}, {503, false}, {100, false}} {
-		if got := idemhttp.DefaultStore(c.status); got != c.want {
-			t.Errorf("DefaultStore(%d) = %v, want %v", c.status, got, c.want)
+		if got := idemhttp.DefaultKeepStatus(c.status); got != c.want {
+			t.Errorf("DefaultKeepStatus(%d) = %v, want %v", c.status, got, c.want)
 		}
 	}
 }
 
 // testKeyHeader: the key may come in another header.
 func testKeyHeader[Tx any](t *testing.T, e env[Tx]) {
-	s := startServer(t, e, nil, &idemhttp.Config{KeyHeader: "x-idempotency-key"}, created)
+	s := startServer(t, e, nil, &idemhttp.Options{KeyHeader: "x-idempotency-key"}, created)
 	first := s.do(t, "/things", `{}`, "X-Idempotency-Key", "xk-1")
 	wantStatus(t, first, http.StatusCreated)
 	wantReplay(t, first, s.do(t, "/things", `{}`, "X-Idempotency-Key", `"xk-1"`))
@@ -129,12 +129,12 @@ func testKeyHeader[Tx any](t *testing.T, e env[Tx]) {
 
 // testValidateKey: low-entropy keys are refused before anything is stored.
 func testValidateKey[Tx any](t *testing.T, e env[Tx]) {
-	s := startServer(t, e, nil, &idemhttp.Config{ValidateKey: idemhttp.UUIDKey}, created)
+	s := startServer(t, e, nil, &idemhttp.Options{ValidateKey: idemhttp.UUIDKey}, created)
 	wantProblem(t, s.post(t, `{}`, "1"), 400, idemhttp.ProblemInvalidKey)
 	wantProblem(t, s.post(t, `{}`, "8e03978e-40d5-43e8-bc93-6894a57f932x"), 400, idemhttp.ProblemInvalidKey)
 	s.wantCalls(t, 0)
 	wantStatus(t, s.post(t, `{}`, "8e03978e-40d5-43e8-bc93-6894a57f9324"), http.StatusCreated)
-	m := startServer(t, e, nil, &idemhttp.Config{ValidateKey: idemhttp.MinKeyLength(16)}, created)
+	m := startServer(t, e, nil, &idemhttp.Options{ValidateKey: idemhttp.MinKeyLength(16)}, created)
 	wantProblem(t, m.post(t, `{}`, "short"), 400, idemhttp.ProblemInvalidKey)
 	wantStatus(t, m.post(t, `{}`, "long-enough-key-0001"), http.StatusCreated)
 	m.wantCalls(t, 1)
@@ -143,7 +143,7 @@ func testValidateKey[Tx any](t *testing.T, e env[Tx]) {
 // testRenderProblem: a renderer replaces problem+json, and a Scope 401
 // carries WWW-Authenticate.
 func testRenderProblem[Tx any](t *testing.T, e env[Tx]) {
-	s := startServer(t, e, nil, &idemhttp.Config{
+	s := startServer(t, e, nil, &idemhttp.Options{
 		Scope: func(r *http.Request) (string, error) {
 			if r.Header.Get("Authorization") == "" {
 				return "", &idemhttp.Problem{Type: "about:blank", Title: "Unauthorized", Status: 401,
@@ -165,7 +165,7 @@ func testRenderProblem[Tx any](t *testing.T, e env[Tx]) {
 		t.Errorf("got %d %v %q; want the custom 401 with WWW-Authenticate", res.status, res.header, res.body)
 	}
 	// The default renderer sends Problem.Header too.
-	d := startServer(t, e, nil, &idemhttp.Config{Scope: func(*http.Request) (string, error) {
+	d := startServer(t, e, nil, &idemhttp.Options{Scope: func(*http.Request) (string, error) {
 		return "", &idemhttp.Problem{Type: "about:blank", Title: "Unauthorized", Status: 401, Detail: "log in",
 			Header: http.Header{"Www-Authenticate": {"Basic"}}}
 	}}, created)
@@ -176,7 +176,7 @@ func testRenderProblem[Tx any](t *testing.T, e env[Tx]) {
 	}
 	// Retry-After reaches a custom renderer on 409.
 	entered, release := make(chan struct{}), make(chan struct{})
-	b := startServer(t, e, &idempotency.Config{WaitTimeout: -1}, &idemhttp.Config{
+	b := startServer(t, e, &idempotency.Config{WaitTimeout: -1}, &idemhttp.Options{
 		RenderProblem: func(w http.ResponseWriter, r *http.Request, p *idemhttp.Problem) {
 			for k, v := range p.Header {
 				w.Header()[k] = v
@@ -204,7 +204,7 @@ func testRenderProblem[Tx any](t *testing.T, e env[Tx]) {
 
 // testFingerprintOptions: headers in, fields out, or a function of one's own.
 func testFingerprintOptions[Tx any](t *testing.T, e env[Tx]) {
-	s := startServer(t, e, nil, &idemhttp.Config{
+	s := startServer(t, e, nil, &idemhttp.Options{
 		FingerprintHeaders: []string{"x-account"},
 		IgnoreFields:       []string{"sent_at", "meta.trace"},
 	}, created)
@@ -213,11 +213,11 @@ func testFingerprintOptions[Tx any](t *testing.T, e env[Tx]) {
 	// Ignored fields changed: replayed.
 	wantReplay(t, first, s.do(t, "/things", `{"amount":5,"sent_at":"10:05","meta":{"trace":"b","v":1}}`, "Idempotency-Key", "fp", "X-Account", "A"))
 	// A field that counts, or the header: refused.
-	wantProblem(t, s.do(t, "/things", `{"amount":5,"sent_at":"10:00","meta":{"trace":"a","v":2}}`, "Idempotency-Key", "fp", "X-Account", "A"), 422, idemhttp.ProblemKeyReused)
-	wantProblem(t, s.do(t, "/things", `{"amount":5,"sent_at":"10:00","meta":{"trace":"a","v":1}}`, "Idempotency-Key", "fp", "X-Account", "B"), 422, idemhttp.ProblemKeyReused)
+	wantProblem(t, s.do(t, "/things", `{"amount":5,"sent_at":"10:00","meta":{"trace":"a","v":2}}`, "Idempotency-Key", "fp", "X-Account", "A"), 422, idemhttp.ProblemMismatch)
+	wantProblem(t, s.do(t, "/things", `{"amount":5,"sent_at":"10:00","meta":{"trace":"a","v":1}}`, "Idempotency-Key", "fp", "X-Account", "B"), 422, idemhttp.ProblemMismatch)
 	s.wantCalls(t, 1)
 
-	f := startServer(t, e, nil, &idemhttp.Config{Fingerprint: func(r *http.Request, body []byte) (string, error) {
+	f := startServer(t, e, nil, &idemhttp.Options{Fingerprint: func(r *http.Request, body []byte) (string, error) {
 		if len(body) == 0 {
 			return "", &idemhttp.Problem{Type: "about:blank", Title: "Empty body", Status: 400, Detail: "send a body"}
 		}
@@ -225,23 +225,23 @@ func testFingerprintOptions[Tx any](t *testing.T, e env[Tx]) {
 	}}, created)
 	first = f.post(t, `{"a":1}`, "own")
 	wantReplay(t, first, f.post(t, `{"a":2}`, "own"))
-	wantProblem(t, f.send(t, http.MethodPost, "/other", "application/json", `{"a":1}`, "own"), 422, idemhttp.ProblemKeyReused)
+	wantProblem(t, f.send(t, http.MethodPost, "/other", "application/json", `{"a":1}`, "own"), 422, idemhttp.ProblemMismatch)
 	wantProblem(t, f.send(t, http.MethodPost, "/things", "", ``, "own-2"), 400, "about:blank")
 	f.wantCalls(t, 1)
 }
 
 type recorded struct {
 	mu  sync.Mutex
-	evs []idemhttp.Event
+	evs []idemhttp.RequestEvent
 }
 
-func (rc *recorded) observe(_ context.Context, ev idemhttp.Event) {
+func (rc *recorded) observe(_ context.Context, ev idemhttp.RequestEvent) {
 	rc.mu.Lock()
 	rc.evs = append(rc.evs, ev)
 	rc.mu.Unlock()
 }
 
-func (rc *recorded) last(t *testing.T) idemhttp.Event {
+func (rc *recorded) last(t *testing.T) idemhttp.RequestEvent {
 	t.Helper()
 	rc.mu.Lock()
 	defer rc.mu.Unlock()
@@ -255,7 +255,7 @@ func (rc *recorded) last(t *testing.T) idemhttp.Event {
 // before the store and the handler's own failures included.
 func testObserver[Tx any](t *testing.T, e env[Tx]) {
 	rc := &recorded{}
-	s := startServer(t, e, nil, &idemhttp.Config{Observer: rc.observe, MaxRequestBody: 32}, func(n int64, w http.ResponseWriter, r *http.Request) {
+	s := startServer(t, e, nil, &idemhttp.Options{Observer: rc.observe, MaxRequestBody: 32}, func(n int64, w http.ResponseWriter, r *http.Request) {
 		switch r.URL.Path {
 		case "/fail":
 			w.WriteHeader(http.StatusBadGateway)
@@ -289,7 +289,7 @@ func testObserver[Tx any](t *testing.T, e env[Tx]) {
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancel()
 	req, _ := http.NewRequestWithContext(ctx, http.MethodPost, s.URL+"/panic", strings.NewReader(`{}`))
-	req.Header.Set(idemhttp.HeaderKey, "p")
+	req.Header.Set(idemhttp.DefaultKeyHeader, "p")
 	if resp, err := s.Client().Do(req); err == nil {
 		resp.Body.Close()
 	}
@@ -310,7 +310,7 @@ func testObserver[Tx any](t *testing.T, e env[Tx]) {
 // the handler's 5xx.
 func testObserverStoreDown[Tx any](t *testing.T, e env[Tx]) {
 	rc := &recorded{}
-	s := startServer(t, e, nil, &idemhttp.Config{Observer: rc.observe}, created)
+	s := startServer(t, e, nil, &idemhttp.Options{Observer: rc.observe}, created)
 	e.breakStore()
 	res := s.post(t, `{}`, "down")
 	wantProblem(t, res, http.StatusServiceUnavailable, idemhttp.ProblemStoreUnavailable)

@@ -52,7 +52,7 @@ func wantExposed(t *testing.T, res result, names ...string) {
 // The first answer and every replay say when the key expires, with the
 // route's TTL (Config.TTL over the Guard's 24h); browsers may read it.
 func testKeyLifetime[Tx any](t *testing.T, e env[Tx]) {
-	s := startServer(t, e, &idempotency.Config{TTL: 24 * time.Hour}, &idemhttp.Config{TTL: 2 * time.Hour, ExposeHeaders: true}, created)
+	s := startServer(t, e, &idempotency.Config{TTL: 24 * time.Hour}, &idemhttp.Options{TTL: 2 * time.Hour, ExposeHeaders: true}, created)
 	before := time.Now()
 	first := s.post(t, `{"amount":1}`, "life")
 	after := time.Now()
@@ -78,7 +78,7 @@ func testKeyLifetime[Tx any](t *testing.T, e env[Tx]) {
 
 	// A CORS middleware's list is kept, and a name it lists already is
 	// not repeated.
-	inner := startServer(t, e, nil, &idemhttp.Config{ExposeHeaders: true}, created)
+	inner := startServer(t, e, nil, &idemhttp.Options{ExposeHeaders: true}, created)
 	front := httptest.NewServer(withExpose(inner.Config.Handler, "X-Request-Id, idempotent-replayed"))
 	t.Cleanup(front.Close)
 	cors := &server[Tx]{Server: front, env: e}
@@ -129,7 +129,7 @@ func blockFirst(entered, release chan struct{}) step {
 // expiry; the browser may read all three.
 func testProblemLinks[Tx any](t *testing.T, e env[Tx]) {
 	entered, release := make(chan struct{}), make(chan struct{})
-	opts := &idemhttp.Config{ProblemDocs: docsURL, ExposeHeaders: true, MaxRequestBody: 64}
+	opts := &idemhttp.Options{ProblemDocs: docsURL, ExposeHeaders: true, MaxRequestBody: 64}
 	s := startServer(t, e, &idempotency.Config{WaitTimeout: -1, TTL: time.Hour}, opts, blockFirst(entered, release))
 	wantLink := func(res result) {
 		t.Helper()
@@ -161,7 +161,7 @@ func testProblemLinks[Tx any](t *testing.T, e env[Tx]) {
 	wantProblem(t, missing, http.StatusBadRequest, idemhttp.ProblemMissingKey)
 	wantLink(missing)
 	reused := s.post(t, `{"other":1}`, "held")
-	wantProblem(t, reused, http.StatusUnprocessableEntity, idemhttp.ProblemKeyReused)
+	wantProblem(t, reused, http.StatusUnprocessableEntity, idemhttp.ProblemMismatch)
 	wantLink(reused)
 	large := s.post(t, `{"a":"`+strings.Repeat("x", 100)+`"}`, "large")
 	wantProblem(t, large, http.StatusRequestEntityTooLarge, idemhttp.ProblemRequestTooLarge)
@@ -177,7 +177,7 @@ func testProblemLinks[Tx any](t *testing.T, e env[Tx]) {
 // problem and Retry-After; DefaultRetry retries it.
 func testTooEarly[Tx any](t *testing.T, e env[Tx]) {
 	entered, release := make(chan struct{}), make(chan struct{})
-	s := startServer(t, e, &idempotency.Config{WaitTimeout: -1}, &idemhttp.Config{InProgressStatus: http.StatusTooEarly}, blockFirst(entered, release))
+	s := startServer(t, e, &idempotency.Config{WaitTimeout: -1}, &idemhttp.Options{InProgressStatus: http.StatusTooEarly}, blockFirst(entered, release))
 	done := holdKey(t, s, "early", entered)
 	busy := s.post(t, `{}`, "early")
 	close(release)
@@ -199,7 +199,7 @@ func testTooEarly[Tx any](t *testing.T, e env[Tx]) {
 // middleware answers every guarded request 500 without running the
 // handler, and reports it once.
 func testInvalidConfig[Tx any](t *testing.T, e env[Tx]) {
-	bad := map[string]idemhttp.Config{
+	bad := map[string]idemhttp.Options{
 		"negative TTL":  {TTL: -time.Second},
 		"TTL under 1ms": {TTL: time.Microsecond},
 		"docs scheme":   {ProblemDocs: "ftp://docs.example.com/x"},
@@ -230,7 +230,7 @@ func testInvalidConfig[Tx any](t *testing.T, e env[Tx]) {
 		}
 		s.wantCalls(t, 0)
 	}
-	good := idemhttp.Config{Scope: idemhttp.SharedScope, TTL: time.Millisecond, ProblemDocs: docsURL + "?q=1#x",
+	good := idemhttp.Options{Scope: idemhttp.SharedScope, TTL: time.Millisecond, ProblemDocs: docsURL + "?q=1#x",
 		InProgressStatus: http.StatusConflict, KeySchema: &idemhttp.KeySchema{MinLength: 16}}
 	if err := good.Validate(); err != nil {
 		t.Errorf("valid config: %v", err)
@@ -250,7 +250,7 @@ func (c *countingTransport) RoundTrip(r *http.Request) (*http.Response, error) {
 // it retries as usual.
 func testClientKeyExpiry[Tx any](t *testing.T, e env[Tx]) {
 	entered, release := make(chan struct{}), make(chan struct{})
-	s := startServer(t, e, &idempotency.Config{WaitTimeout: -1}, &idemhttp.Config{TTL: time.Second}, blockFirst(entered, release))
+	s := startServer(t, e, &idempotency.Config{WaitTimeout: -1}, &idemhttp.Options{TTL: time.Second}, blockFirst(entered, release))
 	done := holdKey(t, s, "short", entered)
 	defer func() { close(release); wantStatus(t, done(), http.StatusCreated) }()
 	post := func(url string, tr *idemhttp.Transport) (*http.Response, error) {
@@ -261,7 +261,7 @@ func testClientKeyExpiry[Tx any](t *testing.T, e env[Tx]) {
 			t.Fatal(err)
 		}
 		req.Header.Set("Content-Type", "application/json")
-		req.Header.Set(idemhttp.HeaderKey, "short")
+		req.Header.Set(idemhttp.DefaultKeyHeader, "short")
 		resp, err := (&http.Client{Transport: tr}).Do(req)
 		if resp != nil {
 			_, _ = io.Copy(io.Discard, resp.Body)
@@ -284,7 +284,7 @@ func testClientKeyExpiry[Tx any](t *testing.T, e env[Tx]) {
 
 	// A route on the same store that keeps its keys an hour answers the
 	// same held key 409 too: that one is retried.
-	long := startServer(t, e, &idempotency.Config{WaitTimeout: -1}, &idemhttp.Config{TTL: time.Hour}, created)
+	long := startServer(t, e, &idempotency.Config{WaitTimeout: -1}, &idemhttp.Options{TTL: time.Hour}, created)
 	base = &countingTransport{}
 	resp, err = post(long.URL, &idemhttp.Transport{Base: base, MaxAttempts: 2})
 	if err != nil || resp.StatusCode != http.StatusConflict || base.n.Load() != 2 {

@@ -8,21 +8,21 @@ import (
 	"github.com/go-idempotency/idempotency/observe"
 )
 
-// Event describes one guarded request, once answered; see
-// [Config].Observer.
-type Event struct {
+// RequestEvent describes one guarded request once it is answered, for
+// [Options].Observer: the request's side of the Guard's [observe.Event].
+type RequestEvent struct {
 	// Key is the request's key; its ID is empty when the request had no
-	// valid key, its Scope empty until Scope ran. Log [Event.KeyHash]
+	// valid key, its Scope empty until Scope ran. Log [RequestEvent.KeyHash]
 	// rather than its fields, and never make either a metric label.
 	Key idempotency.Key
-	// Method and Route are the request's method and [Config].Route.
+	// Method and Route are the request's method and [Options].Route.
 	Method, Route string
 	// Outcome says how the request ended: Executed, Replayed, NotStored,
 	// HandlerError, Mismatch, InProgress, Rejected, StoreError, Canceled,
 	// OverQuota or Internal ([observe.Outcome]). Its String is the metric label.
 	Outcome observe.Outcome
 	// Status is the status sent to the client. For an answer of the
-	// middleware's own, it is the one [Config].RenderProblem wrote, which
+	// middleware's own, it is the one [Options].RenderProblem wrote, which
 	// may differ from the problem's. It is 0 after a panic, or after a
 	// handler that wrote around the middleware to a writer that does not
 	// report its status.
@@ -43,7 +43,7 @@ type Event struct {
 	Waited    time.Duration
 	RecordAge time.Duration
 	AfterFn   bool
-	// QuotaLimit is the limit of [Config].Quota that refused the request
+	// QuotaLimit is the limit of [Options].Quota that refused the request
 	// (Outcome OverQuota): "keys", "in_flight" or "bytes", a metric label;
 	// "" otherwise.
 	QuotaLimit string
@@ -53,7 +53,7 @@ type Event struct {
 // [idempotency.Key.Hash]) to name it in logs without showing it, or "" when
 // the request had no valid key. The errors in Err name keys the same way.
 // It is one value per key: not a metric label.
-func (e Event) KeyHash() string {
+func (e RequestEvent) KeyHash() string {
 	if e.Key.ID == "" {
 		return ""
 	}

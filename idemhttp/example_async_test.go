@@ -38,8 +38,8 @@ func ExampleAsync() {
 			return idempotency.Response{Status: 201, Body: []byte(`{"report":"ready"}`)}, err
 		},
 	}
-	cfg := &idemhttp.AsyncConfig{
-		Config:     &idemhttp.Config{Scope: accountScope},
+	cfg := &idemhttp.AsyncOptions{
+		Options:    &idemhttp.Options{Scope: accountScope},
 		StatusPath: "/operations/",
 		Secrets:    [][]byte{statusSecret}, // seals the key into the Location
 		Wait:       50 * time.Millisecond,  // answer 202 after this

@@ -72,7 +72,7 @@ func ExampleConfig() {
 	defer cleanup()
 
 	// readme:begin http-config
-	cfg := &idemhttp.Config{
+	cfg := &idemhttp.Options{
 		KeyHeader:   "X-Idempotency-Key",       // default "Idempotency-Key"
 		ValidateKey: idemhttp.MinKeyLength(16), // or idemhttp.UUIDKey: refuse low-entropy keys (400)
 		Scope: func(r *http.Request) (string, error) {
@@ -82,9 +82,9 @@ func ExampleConfig() {
 			return "", &idemhttp.Problem{Type: "about:blank", Title: "Unauthorized", Status: http.StatusUnauthorized,
 				Header: http.Header{"Www-Authenticate": {`Bearer realm="payments"`}}}
 		},
-		// Default idemhttp.DefaultStore: 2xx, 3xx and outcome 4xx (402...) are stored;
+		// Default idemhttp.DefaultKeepStatus: 2xx, 3xx and outcome 4xx (402...) are stored;
 		// 5xx, 400, 401, 403, 404, 405, 408, 409, 413, 415, 422, 425, 429, 431 are not.
-		Store:              idemhttp.DefaultStore,
+		KeepStatus:         idemhttp.DefaultKeepStatus,
 		FingerprintHeaders: []string{"X-Currency"},            // the same key with another currency: 422
 		IgnoreFields:       []string{"sent_at", "meta.trace"}, // JSON members left out of the fingerprint
 		RenderProblem: func(w http.ResponseWriter, r *http.Request, p *idemhttp.Problem) {
@@ -171,7 +171,7 @@ func ExampleMiddleware_handler() {
 
 	// readme:begin http-nethttp
 	pay := http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		tx, ok := idemhttp.TxFrom[*sql.Tx](r.Context()) // the transaction that holds the key
+		tx, ok := idempotency.TxFrom[*sql.Tx](r.Context()) // the transaction that holds the key
 		if !ok {
 			// not a guarded request: never act without the transaction
 			http.Error(w, "not guarded", http.StatusInternalServerError)
@@ -186,8 +186,8 @@ func ExampleMiddleware_handler() {
 		_, _ = io.WriteString(w, `{"status":"approved"}`)
 		// Returning without writing anything is answered 500 and rolled back, never stored.
 	})
-	mw := idemhttp.Middleware(guard, &idemhttp.Config{Scope: accountScope}) // each account its own key space
-	srv := httptest.NewServer(mw(pay))                                      // or http.ListenAndServe(addr, ...)
+	mw := idemhttp.Middleware(guard, &idemhttp.Options{Scope: accountScope}) // each account its own key space
+	srv := httptest.NewServer(mw(pay))                                       // or http.ListenAndServe(addr, ...)
 	// readme:end http-nethttp
 	defer srv.Close()
 

@@ -27,7 +27,7 @@ func ExampleConfig_lifetime() {
 	})
 
 	// readme:begin http-lifetime
-	base := idemhttp.Config{
+	base := idemhttp.Options{
 		Scope:            accountScope,
 		ExposeHeaders:    true,                                          // Access-Control-Expose-Headers for browsers
 		ProblemDocs:      "https://docs.example.com/errors/idempotency", // Link: <...>; rel="describedby" on problems
@@ -49,7 +49,7 @@ func ExampleConfig_lifetime() {
 		req, _ := http.NewRequest(http.MethodPost, srv.URL+c.path, strings.NewReader(`{}`))
 		req.Header.Set("Authorization", "Bearer acct-1")
 		if c.key != "" {
-			req.Header.Set(idemhttp.HeaderKey, c.key)
+			req.Header.Set(idemhttp.DefaultKeyHeader, c.key)
 		}
 		sent := time.Now()
 		resp, err := http.DefaultClient.Do(req)
@@ -78,7 +78,7 @@ func ExampleConfig_lifetime() {
 // own document.
 func ExampleOpenAPI() {
 	// readme:begin http-openapi
-	fragment, err := idemhttp.OpenAPI(&idemhttp.Config{ValidateKey: idemhttp.UUIDKey, InProgressStatus: http.StatusTooEarly})
+	fragment, err := idemhttp.OpenAPI(&idemhttp.Options{ValidateKey: idemhttp.UUIDKey, InProgressStatus: http.StatusTooEarly})
 	if err != nil {
 		log.Fatal(err)
 	}
@@ -133,7 +133,7 @@ func ExampleErrKeyExpired() {
 		// In progress, and the key is kept only until now (a short TTL).
 		w.Header().Set("Retry-After", "1")
 		w.Header().Set(idemhttp.HeaderKeyExpires, time.Now().UTC().Format(http.TimeFormat))
-		w.Header().Set("Content-Type", idemhttp.ProblemContentType)
+		w.Header().Set("Content-Type", "application/problem+json")
 		w.WriteHeader(http.StatusConflict)
 		fmt.Fprintf(w, `{"type":%q,"title":"In progress","status":409}`, idemhttp.ProblemInProgress)
 	}))

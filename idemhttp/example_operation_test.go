@@ -53,7 +53,7 @@ func ExampleOperation() {
 			return idempotency.Response{Status: 201, Body: []byte(`{"paid":true}`)}, nil
 		},
 	}
-	h, err := idemhttp.Operation(guard, pay, &idemhttp.Config{Scope: accountScope})
+	h, err := idemhttp.Operation(guard, pay, &idemhttp.Options{Scope: accountScope})
 	if err != nil {
 		log.Fatal(err) // a bad configuration, refused at start-up
 	}

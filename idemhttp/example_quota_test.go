@@ -25,7 +25,7 @@ func ExampleConfig_quota() {
 	overQuota := &labelCounter{count: map[string]int{}} // stands for a metric's counter vector
 
 	// readme:begin http-quota
-	cfg := &idemhttp.Config{
+	cfg := &idemhttp.Options{
 		Scope: accountScope, // quotas are per scope: here, per account
 		Quota: &idempotency.Quota{
 			Window:      time.Hour, // fixed windows, by the store's clock
@@ -33,7 +33,7 @@ func ExampleConfig_quota() {
 			MaxInFlight: 5,         // requests of the account running at once
 			MaxBytes:    1 << 20,   // bytes of stored answers per window
 		},
-		Observer: func(_ context.Context, ev idemhttp.Event) {
+		Observer: func(_ context.Context, ev idemhttp.RequestEvent) {
 			if ev.Outcome == observe.OverQuota {
 				overQuota.WithLabelValues(ev.QuotaLimit).Inc() // "keys", "in_flight", "bytes"
 			}
@@ -54,7 +54,7 @@ func ExampleConfig_quota() {
 		req, _ := http.NewRequest(http.MethodPost, srv.URL+"/payments", strings.NewReader(`{"amount":5}`))
 		req.Header.Set("Content-Type", "application/json")
 		req.Header.Set("Authorization", "Bearer acct-42")
-		req.Header.Set(idemhttp.HeaderKey, key)
+		req.Header.Set(idemhttp.DefaultKeyHeader, key)
 		resp, err := http.DefaultClient.Do(req)
 		if err != nil {
 			log.Fatal(err)

@@ -45,7 +45,7 @@ func newMux(ctx context.Context, pool *pgxpool.Pool) (*http.ServeMux, error) {
 	if err != nil {
 		return nil, err
 	}
-	mw := idemhttp.Middleware(guard, &idemhttp.Config{
+	mw := idemhttp.Middleware(guard, &idemhttp.Options{
 		// Multi-tenant services MUST scope keys, typically by the authenticated account.
 		Scope: func(r *http.Request) (string, error) { return accountID(r), nil },
 	})
@@ -55,7 +55,7 @@ func newMux(ctx context.Context, pool *pgxpool.Pool) (*http.ServeMux, error) {
 }
 
 func createPayment(w http.ResponseWriter, r *http.Request) {
-	tx, ok := idemhttp.TxFrom[pgx.Tx](r.Context()) // *sql.Tx with the sqlite store
+	tx, ok := idempotency.TxFrom[pgx.Tx](r.Context()) // *sql.Tx with the sqlite store
 	if !ok {
 		// not a guarded request: never act without the transaction
 		http.Error(w, "not guarded", http.StatusInternalServerError)
@@ -66,7 +66,7 @@ func createPayment(w http.ResponseWriter, r *http.Request) {
 		Amount  int64 `json:"amount"`
 	}
 	if err := json.NewDecoder(r.Body).Decode(&p); err != nil {
-		http.Error(w, "invalid payment", http.StatusBadRequest) // 400: sent, not stored (Config.Store)
+		http.Error(w, "invalid payment", http.StatusBadRequest) // 400: sent, not stored (Options.KeepStatus)
 		return
 	}
 	// Do every write of the operation through tx: it commits with the key and the response.
@@ -133,7 +133,7 @@ func ExampleClient_readme() {
 	}
 	var attempts atomic.Int32
 	keys := make(chan string, 10)
-	one := &idemhttp.Config{Scope: idemhttp.SharedScope} // the example's one client
+	one := &idemhttp.Options{Scope: idemhttp.SharedScope} // the example's one client
 	srv := httptest.NewServer(idemhttp.Middleware(guard, one)(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		keys <- r.Header.Get("Idempotency-Key")
 		if attempts.Add(1) == 1 {

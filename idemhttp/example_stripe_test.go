@@ -18,7 +18,7 @@ func ExampleWriteStripeError() {
 	defer cleanup()
 
 	// readme:begin http-stripe-config
-	cfg := &idemhttp.Config{
+	cfg := &idemhttp.Options{
 		Scope:         accountScope,
 		RenderProblem: idemhttp.WriteStripeError, // {"error":{...}} instead of problem+json
 		EchoKey:       true,                      // Idempotency-Key on every answer, replays included
@@ -58,7 +58,7 @@ func ExampleWriteStripeError() {
 func ExampleWriteStripeError_perClient() {
 	guard, _, cleanup := exampleGuard()
 	defer cleanup()
-	cfg := &idemhttp.Config{
+	cfg := &idemhttp.Options{
 		Scope: accountScope,
 		// readme:begin http-stripe-per-client
 		RenderProblem: func(w http.ResponseWriter, r *http.Request, p *idemhttp.Problem) {

@@ -50,12 +50,12 @@ func ExampleMiddleware() {
 
 	// POST and PATCH need a key; each account has its own key space.
 	// readme:begin http-servemux
-	mw := idemhttp.Middleware(guard, &idemhttp.Config{
+	mw := idemhttp.Middleware(guard, &idemhttp.Options{
 		Scope: accountScope, // the authenticated account (idemhttp.SharedScope: one tenant)
 	})
 	mux := http.NewServeMux()
 	mux.Handle("POST /orders", mw(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		tx, ok := idemhttp.TxFrom[*sql.Tx](r.Context())
+		tx, ok := idempotency.TxFrom[*sql.Tx](r.Context())
 		if !ok { // not a guarded request: never act without the transaction
 			http.Error(w, "not guarded", http.StatusInternalServerError)
 			return

@@ -18,7 +18,7 @@ import (
 // fingerprint hashes method, route, media type and body (canonical JSON for
 // JSON media types, minus the ignored fields; the canonical form of an
 // application/x-www-form-urlencoded body), then the configured header
-// fields; or whatever Config.Fingerprint returns.
+// fields; or whatever Options.Fingerprint returns.
 func (h *handler[Tx]) fingerprint(r *http.Request, body []byte) (string, error) {
 	if h.c.fpFunc != nil {
 		s, err := h.c.fpFunc(r, body)
@@ -72,7 +72,7 @@ func (h *handler[Tx]) hash(r *http.Request, media string, body []byte) string {
 // instead of 422. Same bytes are the same parameters, so this never
 // replays another request's answer. It costs one more round trip, only to
 // a form body that is not in canonical form and met another fingerprint.
-// The try is not counted by [Config].Quota: it replays, or refuses, a key
+// The try is not counted by [Options].Quota: it replays, or refuses, a key
 // the first try already counted.
 func (h *handler[Tx]) byteForm(r *http.Request, key idempotency.Key, body []byte, fp string,
 	fn func(Tx) (idempotency.Response, error), resp idempotency.Response, gev observe.Event, err error,

@@ -20,15 +20,15 @@ import (
 // serveMux mounts the middleware per route on an http.ServeMux.
 type serveMux struct{}
 
-func (serveMux) SQLite(t *testing.T, g *idempotency.Guard[*sql.Tx], o *idemhttp.Config, h frameworktest.Handlers) string {
+func (serveMux) SQLite(t *testing.T, g *idempotency.Guard[*sql.Tx], o *idemhttp.Options, h frameworktest.Handlers) string {
 	return startMux(t, g, o, h)
 }
 
-func (serveMux) Postgres(t *testing.T, g *idempotency.Guard[pgx.Tx], o *idemhttp.Config, h frameworktest.Handlers) string {
+func (serveMux) Postgres(t *testing.T, g *idempotency.Guard[pgx.Tx], o *idemhttp.Options, h frameworktest.Handlers) string {
 	return startMux(t, g, o, h)
 }
 
-func startMux[Tx any](t *testing.T, g *idempotency.Guard[Tx], o *idemhttp.Config, h frameworktest.Handlers) string {
+func startMux[Tx any](t *testing.T, g *idempotency.Guard[Tx], o *idemhttp.Options, h frameworktest.Handlers) string {
 	mw := idemhttp.Middleware(g, o)
 	mux := http.NewServeMux()
 	route := func(path string, f func(w http.ResponseWriter, r *http.Request, n int64)) {

@@ -89,11 +89,11 @@ func FuzzParseKey(f *testing.F) {
 
 // FuzzKeyHeader sends one or two key header values (of the default header
 // or X-Idempotency-Key, with or without UUIDKey) through Middleware on a nil
-// Guard: the answer is 400 ProblemInvalidKey, with an Event whose Err
+// Guard: the answer is 400 ProblemInvalidKey, with an RequestEvent whose Err
 // wraps idempotency.ErrInvalidKey, exactly when the header is refused by
 // parseKey, Key.Validate or the validator; otherwise the key got through
 // to the guard (500 ProblemInternal, for the nil guard) with its parsed id
-// in the Event. The handler never runs.
+// in the RequestEvent. The handler never runs.
 func FuzzKeyHeader(f *testing.F) {
 	f.Add("abc", "", false, false)
 	f.Add(`"8e03978e-40d5-43e8-bc93-6894a57f9324"`, "", true, true)
@@ -101,16 +101,16 @@ func FuzzKeyHeader(f *testing.F) {
 	f.Add(`"x`, "", true, false)
 	f.Add(strings.Repeat("k", 256), "", false, true)
 	f.Fuzz(func(t *testing.T, v1, v2 string, otherHeader, uuid bool) {
-		opts := &Config{Scope: SharedScope} // the key header is what is fuzzed
-		name := HeaderKey
+		opts := &Options{Scope: SharedScope} // the key header is what is fuzzed
+		name := DefaultKeyHeader
 		if otherHeader {
 			name, opts.KeyHeader = "X-Idempotency-Key", "x-idempotency-key"
 		}
 		if uuid {
 			opts.ValidateKey = UUIDKey
 		}
-		var ev Event
-		opts.Observer = func(_ context.Context, e Event) { ev = e }
+		var ev RequestEvent
+		opts.Observer = func(_ context.Context, e RequestEvent) { ev = e }
 		h := Middleware[any](nil, opts)(http.HandlerFunc(func(http.ResponseWriter, *http.Request) {
 			t.Fatal("the handler ran on a nil guard")
 		}))
@@ -135,12 +135,12 @@ func FuzzKeyHeader(f *testing.F) {
 			t.Fatalf("answer %d %q is not a problem: %v", rec.Code, rec.Body.Bytes(), jerr)
 		}
 		if refused {
-			if rec.Code != http.StatusBadRequest || p.Type != ProblemInvalidKey || ev.Outcome != observe.Rejected || !errors.Is(ev.Err, idempotency.ErrInvalidKey) {
-				t.Fatalf("%q %q: %d %s, event %+v; want 400 %s with an error wrapping ErrInvalidKey", v1, v2, rec.Code, p.Type, ev, ProblemInvalidKey)
+			if rec.Code != http.StatusBadRequest || p.Type != problemInvalidKey || ev.Outcome != observe.Rejected || !errors.Is(ev.Err, idempotency.ErrInvalidKey) {
+				t.Fatalf("%q %q: %d %s, event %+v; want 400 %s with an error wrapping ErrInvalidKey", v1, v2, rec.Code, p.Type, ev, problemInvalidKey)
 			}
 			return
 		}
-		if rec.Code != http.StatusInternalServerError || p.Type != ProblemInternal || ev.Key.ID != id || ev.Outcome != observe.Internal {
+		if rec.Code != http.StatusInternalServerError || p.Type != problemInternal || ev.Key.ID != id || ev.Outcome != observe.Internal {
 			t.Fatalf("%q: %d %s, event %+v; want the key %q through to the (nil) guard", v1, rec.Code, p.Type, ev, id)
 		}
 	})
@@ -188,18 +188,18 @@ func FuzzRetryAfter(f *testing.F) {
 // the server sent it for the caller to read, and says true only for a 409
 // problem+json whose type is ProblemInProgress.
 func FuzzIsInProgress(f *testing.F) {
-	f.Add(ProblemContentType, []byte(`{"type":"`+ProblemInProgress+`","status":409}`))
+	f.Add(problemContentType, []byte(`{"type":"`+ProblemInProgress+`","status":409}`))
 	f.Add("application/problem+json; charset=utf-8", []byte(`{"type":"https://shop.example/captured"}`))
 	f.Add("application/json", []byte(`{"type":"`+ProblemInProgress+`"}`))
-	f.Add(ProblemContentType, []byte(`{"type":`))
-	f.Add(ProblemContentType, bytes.Repeat([]byte(" "), 70<<10))
+	f.Add(problemContentType, []byte(`{"type":`))
+	f.Add(problemContentType, bytes.Repeat([]byte(" "), 70<<10))
 	f.Fuzz(func(t *testing.T, ctype string, body []byte) {
 		resp := &http.Response{StatusCode: http.StatusConflict, Header: http.Header{"Content-Type": {ctype}},
 			Body: io.NopCloser(bytes.NewReader(body))}
-		got := IsInProgress(resp)
+		got := isInProgress(resp)
 		rest, err := io.ReadAll(resp.Body)
 		if err != nil || !bytes.Equal(rest, body) {
-			t.Fatalf("the body after IsInProgress is %q (%v), want the %d bytes sent", rest, err, len(body))
+			t.Fatalf("the body after isInProgress is %q (%v), want the %d bytes sent", rest, err, len(body))
 		}
 		if !got {
 			return
@@ -207,8 +207,8 @@ func FuzzIsInProgress(f *testing.F) {
 		var p struct {
 			Type string `json:"type"`
 		}
-		head := body[:min(len(body), 64<<10)] // what IsInProgress reads
-		if json.Unmarshal(head, &p) != nil || p.Type != ProblemInProgress || !strings.Contains(strings.ToLower(ctype), ProblemContentType) {
+		head := body[:min(len(body), 64<<10)] // what isInProgress reads
+		if json.Unmarshal(head, &p) != nil || p.Type != ProblemInProgress || !strings.Contains(strings.ToLower(ctype), problemContentType) {
 			t.Fatalf("IsInProgress(%q, %q) = true", ctype, body)
 		}
 	})
@@ -249,19 +249,19 @@ func FuzzIgnoreFields(f *testing.F) {
 }
 
 // FuzzUUIDKey: UUIDKey never panics and accepts exactly the 8-4-4-4-12
-// hexadecimal form; every NewKey is accepted.
+// hexadecimal form; every NewKeyID is accepted.
 func FuzzUUIDKey(f *testing.F) {
 	f.Add("8e03978e-40d5-43e8-bc93-6894a57f9324")
 	f.Add("8E03978E-40D5-43E8-BC93-6894A57F9324")
 	f.Add("8e03978e-40d5-43e8-bc93-6894a57f932x")
 	f.Add("8e03978e40d543e8bc936894a57f93240000")
-	f.Add(NewKey())
+	f.Add(NewKeyID())
 	re := regexp.MustCompile(`^[0-9a-fA-F]{8}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{12}$`)
 	f.Fuzz(func(t *testing.T, id string) {
 		if err := UUIDKey(id); (err == nil) != re.MatchString(id) {
 			t.Fatalf("UUIDKey(%q) = %v", id, err)
 		}
-		if err := UUIDKey(NewKey()); err != nil {
+		if err := UUIDKey(NewKeyID()); err != nil {
 			t.Fatal(err)
 		}
 	})

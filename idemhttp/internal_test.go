@@ -53,12 +53,12 @@ func TestNewKey(t *testing.T) {
 	re := regexp.MustCompile(`^[0-9a-f]{8}-[0-9a-f]{4}-4[0-9a-f]{3}-[89ab][0-9a-f]{3}-[0-9a-f]{12}$`)
 	seen := map[string]bool{}
 	for range 1000 {
-		k := NewKey()
+		k := NewKeyID()
 		if !re.MatchString(k) {
-			t.Fatalf("NewKey() = %q, not a version 4 UUID", k)
+			t.Fatalf("NewKeyID() = %q, not a version 4 UUID", k)
 		}
 		if seen[k] {
-			t.Fatalf("NewKey() repeated %q", k)
+			t.Fatalf("NewKeyID() repeated %q", k)
 		}
 		seen[k] = true
 	}
@@ -144,7 +144,7 @@ func TestCaptureMimicsNetHTTP(t *testing.T) {
 
 func TestStoredHeader(t *testing.T) {
 	t.Parallel()
-	c := newSettings(&Config{ReplayHeaders: []string{"content-type", "x-keep", "set-cookie", "connection", "transfer-encoding", "proxy-foo", "x-nominated"}})
+	c := newSettings(&Options{ReplayHeaders: []string{"content-type", "x-keep", "set-cookie", "connection", "transfer-encoding", "proxy-foo", "x-nominated"}})
 	h := http.Header{
 		"Content-Type":      {"application/json"},
 		"X-Keep":            {"1", "2"},
@@ -175,11 +175,11 @@ func TestFailTruthful(t *testing.T) {
 		typ    string
 	}{
 		{fmt.Errorf("key %q: %w", "k", idempotency.ErrInProgress), http.StatusConflict, ProblemInProgress},
-		{fmt.Errorf("%w: database busy with another writer", idempotency.ErrStore), http.StatusServiceUnavailable, ProblemStoreUnavailable},
-		{fmt.Errorf("%w: %w", idempotency.ErrStore, idempotency.ErrInProgress), http.StatusServiceUnavailable, ProblemStoreUnavailable},
+		{fmt.Errorf("%w: database busy with another writer", idempotency.ErrStore), http.StatusServiceUnavailable, problemStoreUnavailable},
+		{fmt.Errorf("%w: %w", idempotency.ErrStore, idempotency.ErrInProgress), http.StatusServiceUnavailable, problemStoreUnavailable},
 	} {
 		rec := httptest.NewRecorder()
-		ev := &Event{}
+		ev := &RequestEvent{}
 		h.fail(rec, httptest.NewRequest(http.MethodPost, "/", nil), ev, c.err, time.Now())
 		var p Problem
 		if err := json.Unmarshal(rec.Body.Bytes(), &p); err != nil {

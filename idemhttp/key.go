@@ -10,8 +10,9 @@ import (
 	"github.com/go-idempotency/idempotency"
 )
 
-// HeaderKey is the name of the request header that carries the key.
-const HeaderKey = "Idempotency-Key"
+// DefaultKeyHeader is the request header that carries the key, the
+// draft's: the default of [Options].KeyHeader and [Transport].KeyHeader.
+const DefaultKeyHeader = "Idempotency-Key"
 
 // HeaderReplayed is set to "true" on responses replayed from the store.
 const HeaderReplayed = "Idempotent-Replayed"
@@ -65,8 +66,9 @@ func parseKey(v string) (string, error) {
 	return "", fmt.Errorf("%w: sf-string has no closing quote", idempotency.ErrInvalidKey)
 }
 
-// NewKey returns a fresh random key: a version 4 UUID from crypto/rand.
-func NewKey() string {
+// NewKeyID returns a fresh random key id, for a client to send in the
+// key header: a version 4 UUID from crypto/rand.
+func NewKeyID() string {
 	var u [16]byte
 	_, _ = rand.Read(u[:]) // crypto/rand.Read never fails (it crashes the program instead)
 	u[6] = u[6]&0x0f | 0x40
@@ -90,7 +92,7 @@ func quoteKey(id string) string {
 	return `"` + r.Replace(id) + `"`
 }
 
-// MinKeyLength returns a [Config].ValidateKey that refuses keys shorter
+// MinKeyLength returns a [Options].ValidateKey that refuses keys shorter
 // than n bytes: a cheap guard against low-entropy keys ("1", "order").
 func MinKeyLength(n int) func(id string) error {
 	return func(id string) error {
@@ -101,14 +103,14 @@ func MinKeyLength(n int) func(id string) error {
 	}
 }
 
-// UUIDKey is a [Config].ValidateKey that accepts only UUIDs (8-4-4-4-12
+// UUIDKey is a [Options].ValidateKey that accepts only UUIDs (8-4-4-4-12
 // hexadecimal digits, any version, either case), the key form the draft
 // suggests. It refuses anything else with a *[Problem] (400
-// [ProblemInvalidKey]) whose detail says what is wrong and that a UUID is
+// ProblemInvalidKey) whose detail says what is wrong and that a UUID is
 // wanted, so that the answer asks for a UUID only.
 func UUIDKey(id string) error {
 	if reason := notUUID(id); reason != "" {
-		return &Problem{Type: ProblemInvalidKey, Title: "The idempotency key is not a UUID", Status: http.StatusBadRequest,
+		return &Problem{Type: problemInvalidKey, Title: "The idempotency key is not a UUID", Status: http.StatusBadRequest,
 			Detail: "The key " + reason + "; send a UUID: 36 characters, 8-4-4-4-12 hexadecimal digits, such as 8e03978e-40d5-43e8-bc93-6894a57f9324."}
 	}
 	return nil

@@ -30,10 +30,10 @@ func TestMetricEventsPostgres(t *testing.T) {
 func testMetricEvents[Tx any](t *testing.T, e env[Tx]) {
 	ctx := testkit.Context(t, 30*time.Second)
 	var mu sync.Mutex
-	var events []idemhttp.Event
+	var events []idemhttp.RequestEvent
 	entered, release := make(chan struct{}), make(chan struct{})
 	var once sync.Once
-	s := startServer(t, e, &idempotency.Config{TTL: 2 * time.Second}, &idemhttp.Config{Observer: func(_ context.Context, ev idemhttp.Event) {
+	s := startServer(t, e, &idempotency.Config{TTL: 2 * time.Second}, &idemhttp.Options{Observer: func(_ context.Context, ev idemhttp.RequestEvent) {
 		mu.Lock()
 		events = append(events, ev)
 		mu.Unlock()
@@ -56,7 +56,7 @@ func testMetricEvents[Tx any](t *testing.T, e env[Tx]) {
 	time.Sleep(50 * time.Millisecond)
 	wantStatus(t, s.post(t, `{}`, "m1"), http.StatusCreated) // replayed from the store
 	mu.Lock()
-	got := append([]idemhttp.Event(nil), events...)
+	got := append([]idemhttp.RequestEvent(nil), events...)
 	mu.Unlock()
 	if len(got) != 3 {
 		t.Fatalf("%d events, want 3", len(got))

@@ -2,7 +2,6 @@ package idemhttp
 
 import (
 	"bytes"
-	"context"
 	"errors"
 	"fmt"
 	"io"
@@ -15,13 +14,13 @@ import (
 	"github.com/go-idempotency/idempotency/observe"
 )
 
-// Errors the middleware reports to [Config].OnError and in [Event].Err;
+// Errors the middleware reports to [Options].OnError and in [RequestEvent].Err;
 // match them with errors.Is.
 var (
 	// ErrNoResponse: the handler returned without writing anything: no
 	// WriteHeader, no Write. Nothing is stored (an empty 200 would be
 	// replayed for the key's whole TTL), its writes are rolled back, and the
-	// client gets 500 [ProblemNoResponse]. It is the symptom of a framework
+	// client gets 500 ProblemNoResponse. It is the symptom of a framework
 	// adapter that gives the handler another ResponseWriter than the one the
 	// middleware passed. Examples are gin's c.Next() on c.Writer, an echo
 	// handler that returns its error for echo to write later, and fiber's
@@ -37,7 +36,7 @@ var (
 	// When the handler wrote nothing to the middleware's writer, its writes
 	// are rolled back and nothing is stored. An answer the writer says it
 	// sent has reached the client and cannot be taken back. Any other is
-	// replaced by 500 [ProblemInternal].
+	// replaced by 500 ProblemInternal.
 	//
 	// The handler may have written to both, as an adapter does that routes
 	// only some of gin's writer methods to c.Writer. Then the part the
@@ -46,25 +45,25 @@ var (
 	//
 	// From then on the same [Middleware] refuses every guarded request
 	// before running the handler ([ErrBypassRefused]). The error, in
-	// [Event].Err and once in [Config].OnError, says what to mount
+	// [RequestEvent].Err and once in [Options].OnError, says what to mount
 	// instead (idemgin, idemecho, idemfiber).
 	ErrWriterBypassed = errors.New("idemhttp: the handler wrote around the middleware's ResponseWriter")
 	// ErrResponseTooLarge: the handler's response body went past
-	// [Config].MaxResponseBody; rolled back, answered 500
-	// [ProblemResponseTooLarge].
+	// [Options].MaxResponseBody; rolled back, answered 500
+	// ProblemResponseTooLarge.
 	ErrResponseTooLarge = errResponseTooLarge
 )
 
 // Middleware returns a middleware that runs guarded requests (see
-// [Config].Methods) through g. The first request with a key runs the
+// [Options].Methods) through g. The first request with a key runs the
 // handler inside g's transaction, and stores its response with the key.
 // Later requests with the same key and fingerprint get that response
 // replayed. See the package documentation for the statuses it answers.
 //
-// The handler finds the transaction with [TxFrom] and must do every write
+// The handler finds the transaction with [idempotency.TxFrom] and must do every write
 // of the operation through it. The fingerprint is the method, the route
-// ([Config].Route), the media type and the body, plus
-// [Config].FingerprintHeaders. The body counts as canonical JSON for
+// ([Options].Route), the media type and the body, plus
+// [Options].FingerprintHeaders. The body counts as canonical JSON for
 // application/json and +json types (the canonical JSON of [idempotency.FingerprintJSON]), as its
 // canonical form for application/x-www-form-urlencoded
 // (the canonical form of [idempotency.FingerprintForm]), and as its bytes otherwise. An empty
@@ -73,15 +72,15 @@ var (
 // cfg.Scope is required: it says whose key space a request's key is in.
 // Mounted without it (nil cfg included), the middleware shares answers
 // with nobody: it answers every request of a guarded method 500
-// [ProblemInternal] without running the handler ([ErrNoScope], reported
+// ProblemInternal without running the handler ([ErrNoScope], reported
 // once). A service with a single tenant says so with [SharedScope]. The
 // refusal is a 500 rather than an error returned here. So Middleware keeps
 // the shape every router's Use takes, and still never panics. Call
-// [Config.Validate] to fail at start-up instead.
+// [Options.Validate] to fail at start-up instead.
 //
-// A nil g makes every guarded request fail with 500 [ProblemInternal]: the
+// A nil g makes every guarded request fail with 500 ProblemInternal: the
 // handler never runs unprotected.
-func Middleware[Tx any](g *idempotency.Guard[Tx], cfg *Config) func(http.Handler) http.Handler {
+func Middleware[Tx any](g *idempotency.Guard[Tx], cfg *Options) func(http.Handler) http.Handler {
 	c := newSettings(cfg)
 	if c.invalid == nil && c.ttl != 0 && g != nil {
 		v, err := g.WithTTL(c.ttl) // once: the view shares g's in-memory queue
@@ -104,26 +103,8 @@ type handler[Tx any] struct {
 	next http.Handler
 }
 
-// TxFrom returns the transaction [Middleware] opened for the request whose
-// context is ctx. ok is false outside a guarded request: another method,
-// or an optional key left out; check it, and answer without acting.
-// A Tx other than the guard's transaction type (TxFrom[*sql.Tx] under a
-// pgx Guard) is a programming error: TxFrom panics with an
-// error naming both types, before the handler's
-// first write; the middleware rolls back and re-raises it.
-// It reads what [idempotency.WithTx] stored, as [idempotency.TxFrom] does.
-func TxFrom[Tx any](ctx context.Context) (tx Tx, ok bool) {
-	return idempotency.TxFrom[Tx](ctx)
-}
-
-// KeyFrom returns the key (scope and id) of a guarded request, e.g. to
-// derive keys for calls to other services with [idempotency.Key.Derive].
-func KeyFrom(ctx context.Context) (idempotency.Key, bool) {
-	return idempotency.KeyFrom(ctx)
-}
-
 // handlerFailure carries a response that must not be stored (a 5xx, or a
-// status [Config].Store refuses) out of Guard.Do, which rolls back on any
+// status [Options].KeepStatus refuses) out of Guard.Do, which rolls back on any
 // error.
 type handlerFailure struct{ c *capture }
 
@@ -141,7 +122,7 @@ func (h *handler[Tx]) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		h.next.ServeHTTP(w, r)
 		return
 	}
-	ev := &Event{Method: r.Method, Outcome: observe.HandlerError}
+	ev := &RequestEvent{Method: r.Method, Outcome: observe.HandlerError}
 	if h.c.observer == nil {
 		h.serve(w, r, values, ev)
 		return
@@ -160,7 +141,7 @@ func (h *handler[Tx]) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 
 // observe starts ev's clock for the Observer, if one is set; the returned
 // func (deferred by the caller) sets ev's Duration and reports it.
-func (h *handler[Tx]) observe(r *http.Request, ev *Event) (report func()) {
+func (h *handler[Tx]) observe(r *http.Request, ev *RequestEvent) (report func()) {
 	if h.c.observer == nil {
 		return func() {}
 	}
@@ -175,7 +156,7 @@ func (h *handler[Tx]) observe(r *http.Request, ev *Event) (report func()) {
 // admit checks a guarded request before the store is reached: its key
 // (values are its key header's), scope, body and fingerprint. It answers
 // the client and returns false when the request is refused.
-func (h *handler[Tx]) admit(w http.ResponseWriter, r *http.Request, values []string, ev *Event) (key idempotency.Key, body []byte, fp string, ok bool) {
+func (h *handler[Tx]) admit(w http.ResponseWriter, r *http.Request, values []string, ev *RequestEvent) (key idempotency.Key, body []byte, fp string, ok bool) {
 	switch {
 	case h.c.scope == nil:
 		h.refuseNoScope(w, r, ev)
@@ -184,7 +165,7 @@ func (h *handler[Tx]) admit(w http.ResponseWriter, r *http.Request, values []str
 		h.refuseInvalid(w, r, ev)
 		return key, nil, "", false
 	case len(values) == 0:
-		h.reject(w, r, ev, &Problem{Type: ProblemMissingKey, Title: h.c.header + " is missing", Status: http.StatusBadRequest,
+		h.reject(w, r, ev, &Problem{Type: problemMissingKey, Title: h.c.header + " is missing", Status: http.StatusBadRequest,
 			Detail: fmt.Sprintf("%s requests to this resource require an %s header.", r.Method, h.c.header)}, nil)
 		return key, nil, "", false
 	case len(values) > 1:
@@ -218,11 +199,11 @@ func (h *handler[Tx]) admit(w http.ResponseWriter, r *http.Request, values []str
 			h.reject(w, r, ev, p, err)
 			return key, nil, "", false
 		}
-		h.internal(w, r, ev, fmt.Errorf("idemhttp: Config.Scope: %w", err))
+		h.internal(w, r, ev, fmt.Errorf("idemhttp: Options.Scope: %w", err))
 		return key, nil, "", false
 	}
 	if err := key.Validate(); err != nil {
-		h.internal(w, r, ev, fmt.Errorf("idemhttp: Config.Scope returned an invalid scope: %w", err))
+		h.internal(w, r, ev, fmt.Errorf("idemhttp: Options.Scope returned an invalid scope: %w", err))
 		return key, nil, "", false
 	}
 	ev.Key.Scope = key.Scope
@@ -238,7 +219,7 @@ func (h *handler[Tx]) admit(w http.ResponseWriter, r *http.Request, values []str
 			if errors.Is(err, idempotency.ErrInvalidBody) {
 				title = "Request body is not a valid form"
 			}
-			p = &Problem{Type: ProblemInvalidBody, Title: title, Status: http.StatusBadRequest, Detail: err.Error()}
+			p = &Problem{Type: problemInvalidBody, Title: title, Status: http.StatusBadRequest, Detail: err.Error()}
 		}
 		h.reject(w, r, ev, p, err)
 		return key, nil, "", false
@@ -247,7 +228,7 @@ func (h *handler[Tx]) admit(w http.ResponseWriter, r *http.Request, values []str
 	return key, body, fp, true
 }
 
-func (h *handler[Tx]) serve(w http.ResponseWriter, r *http.Request, values []string, ev *Event) {
+func (h *handler[Tx]) serve(w http.ResponseWriter, r *http.Request, values []string, ev *RequestEvent) {
 	key, body, fp, ok := h.admit(w, r, values, ev)
 	if !ok {
 		return
@@ -369,9 +350,9 @@ func expose(hd http.Header, names ...string) {
 
 // readBody reads the whole request body within the limit. It answers the
 // client and returns false when the body is too large or unreadable.
-func (h *handler[Tx]) readBody(w http.ResponseWriter, r *http.Request, ev *Event) ([]byte, bool) {
+func (h *handler[Tx]) readBody(w http.ResponseWriter, r *http.Request, ev *RequestEvent) ([]byte, bool) {
 	tooLarge := func(err error) {
-		h.reject(w, r, ev, &Problem{Type: ProblemRequestTooLarge, Title: "Request body too large", Status: http.StatusRequestEntityTooLarge,
+		h.reject(w, r, ev, &Problem{Type: problemRequestTooLarge, Title: "Request body too large", Status: http.StatusRequestEntityTooLarge,
 			Detail: fmt.Sprintf("The request body exceeds %d bytes.", h.c.maxReq)}, err)
 	}
 	if r.Body == nil || r.Body == http.NoBody {
@@ -391,7 +372,7 @@ func (h *handler[Tx]) readBody(w http.ResponseWriter, r *http.Request, ev *Event
 			tooLarge(err)
 			return nil, false
 		}
-		h.reject(w, r, ev, &Problem{Type: ProblemInvalidBody, Title: "Request body could not be read", Status: http.StatusBadRequest,
+		h.reject(w, r, ev, &Problem{Type: problemInvalidBody, Title: "Request body could not be read", Status: http.StatusBadRequest,
 			Detail: err.Error()}, err)
 		return nil, false
 	}

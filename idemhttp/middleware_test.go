@@ -72,7 +72,7 @@ func testMissingKey[Tx any](t *testing.T, e env[Tx]) {
 	s.wantCalls(t, 2)
 
 	// With KeyOptional, a request without key goes through unprotected.
-	o := startServer(t, e, nil, &idemhttp.Config{KeyOptional: true}, created)
+	o := startServer(t, e, nil, &idemhttp.Options{KeyOptional: true}, created)
 	wantStatus(t, o.post(t, `{}`), http.StatusTeapot)
 	o.wantCalls(t, 1)
 }
@@ -160,7 +160,7 @@ func testInProgressNoWait[Tx any](t *testing.T, e env[Tx]) {
 func testInProgressLookup[Tx any](t *testing.T, e env[Tx]) {
 	entered, release := make(chan struct{}), make(chan struct{})
 	var asked []string
-	cfg := &idemhttp.Config{Scope: idemhttp.SharedScope, InProgress: func(w http.ResponseWriter, r *http.Request, key idempotency.Key) bool {
+	cfg := &idemhttp.Options{Scope: idemhttp.SharedScope, InProgress: func(w http.ResponseWriter, r *http.Request, key idempotency.Key) bool {
 		asked = append(asked, key.ID)
 		if key.ID != "lookup" {
 			return false
@@ -197,13 +197,13 @@ func testInProgressLookup[Tx any](t *testing.T, e env[Tx]) {
 }
 
 func testRequestTooLarge[Tx any](t *testing.T, e env[Tx]) {
-	s := startServer(t, e, nil, &idemhttp.Config{MaxRequestBody: 16}, created)
+	s := startServer(t, e, nil, &idemhttp.Options{MaxRequestBody: 16}, created)
 	wantProblem(t, s.post(t, `{"a":"1234567890"}`, "big"), http.StatusRequestEntityTooLarge, idemhttp.ProblemRequestTooLarge)
 	// Without a Content-Length (chunked), the limit holds while reading.
 	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
 	defer cancel()
 	req, _ := http.NewRequestWithContext(ctx, http.MethodPost, s.URL+"/things", io.MultiReader(strings.NewReader(`{"a":"123`), strings.NewReader(`4567890"}`)))
-	req.Header.Set(idemhttp.HeaderKey, "big")
+	req.Header.Set(idemhttp.DefaultKeyHeader, "big")
 	req.Header.Set("Content-Type", "application/json")
 	resp, err := s.Client().Do(req)
 	if err != nil {
@@ -224,12 +224,12 @@ func testKeyReused[Tx any](t *testing.T, e env[Tx]) {
 	wantStatus(t, first, http.StatusCreated)
 	// Same JSON value, other key order and spacing: same request.
 	wantReplay(t, first, s.post(t, "{ \"order\": 7,\n \"amount\": 1.00e2 }", "reuse"))
-	wantProblem(t, s.post(t, `{"amount":101,"order":7}`, "reuse"), 422, idemhttp.ProblemKeyReused)
-	wantProblem(t, s.send(t, http.MethodPost, "/other", "application/json", `{"amount":100,"order":7}`, "reuse"), 422, idemhttp.ProblemKeyReused)
-	wantProblem(t, s.send(t, http.MethodPatch, "/things", "application/json", `{"amount":100,"order":7}`, "reuse"), 422, idemhttp.ProblemKeyReused)
-	wantProblem(t, s.send(t, http.MethodPost, "/things", "text/plain", `{"amount":100,"order":7}`, "reuse"), 422, idemhttp.ProblemKeyReused)
+	wantProblem(t, s.post(t, `{"amount":101,"order":7}`, "reuse"), 422, idemhttp.ProblemMismatch)
+	wantProblem(t, s.send(t, http.MethodPost, "/other", "application/json", `{"amount":100,"order":7}`, "reuse"), 422, idemhttp.ProblemMismatch)
+	wantProblem(t, s.send(t, http.MethodPatch, "/things", "application/json", `{"amount":100,"order":7}`, "reuse"), 422, idemhttp.ProblemMismatch)
+	wantProblem(t, s.send(t, http.MethodPost, "/things", "text/plain", `{"amount":100,"order":7}`, "reuse"), 422, idemhttp.ProblemMismatch)
 	// The query string is part of the default route.
-	wantProblem(t, s.send(t, http.MethodPost, "/things?currency=EUR", "application/json", `{"amount":100,"order":7}`, "reuse"), 422, idemhttp.ProblemKeyReused)
+	wantProblem(t, s.send(t, http.MethodPost, "/things?currency=EUR", "application/json", `{"amount":100,"order":7}`, "reuse"), 422, idemhttp.ProblemMismatch)
 	s.wantCalls(t, 1)
 	s.wantEffects(t, "/reuse", 1)
 }
@@ -281,7 +281,7 @@ func testReplay[Tx any](t *testing.T, e env[Tx]) {
 	s.wantEffects(t, "/replay", 1)
 
 	// A custom allowlist replays what it lists, never cookies.
-	c := startServer(t, e, nil, &idemhttp.Config{ReplayHeaders: []string{"x-not-listed", "Set-Cookie"}}, func(n int64, w http.ResponseWriter, r *http.Request) {
+	c := startServer(t, e, nil, &idemhttp.Options{ReplayHeaders: []string{"x-not-listed", "Set-Cookie"}}, func(n int64, w http.ResponseWriter, r *http.Request) {
 		w.Header().Set("X-Not-Listed", "kept")
 		http.SetCookie(w, &http.Cookie{Name: "session", Value: "secret"})
 		_, _ = io.WriteString(w, "plain text")
@@ -363,14 +363,14 @@ func testPanicRollsBack[Tx any](t *testing.T, e env[Tx]) {
 	first := result{resp.StatusCode, resp.Header, body}
 	wantStatus(t, first, http.StatusCreated)
 	s.wantCalls(t, 2)
-	id := strings.Trim(resp.Request.Header.Get(idemhttp.HeaderKey), `"`) // a generated UUID, quoted
+	id := strings.Trim(resp.Request.Header.Get(idemhttp.DefaultKeyHeader), `"`) // a generated UUID, quoted
 	s.wantEffects(t, "/"+id, 1)
 	wantReplay(t, first, s.post(t, `{"p":1}`, id))
 }
 
 func testResponseTooLarge[Tx any](t *testing.T, e env[Tx]) {
 	var writeErr atomic.Value
-	s := startServer(t, e, nil, &idemhttp.Config{MaxResponseBody: 10}, func(n int64, w http.ResponseWriter, r *http.Request) {
+	s := startServer(t, e, nil, &idemhttp.Options{MaxResponseBody: 10}, func(n int64, w http.ResponseWriter, r *http.Request) {
 		if n == 1 {
 			_, err := io.WriteString(w, "0123456789A")
 			writeErr.Store(fmt.Sprint(err))

@@ -19,19 +19,19 @@ func testNoScope[Tx any](t *testing.T, e env[Tx]) {
 	const body = `{"amount":100,"to":"acct-of-a"}`
 	type mounting struct {
 		name string
-		opts func(*idemhttp.Config) *idemhttp.Config // the observer and OnError to add
+		opts func(*idemhttp.Options) *idemhttp.Options // the observer and OnError to add
 	}
 	for _, m := range []mounting{
-		{"nil", func(*idemhttp.Config) *idemhttp.Config { return nil }},
-		{"empty", func(*idemhttp.Config) *idemhttp.Config { return &idemhttp.Config{} }},
-		{"observed", func(o *idemhttp.Config) *idemhttp.Config { return o }},
-		{"KeyOptional", func(o *idemhttp.Config) *idemhttp.Config { o.KeyOptional = true; return o }},
+		{"nil", func(*idemhttp.Options) *idemhttp.Options { return nil }},
+		{"empty", func(*idemhttp.Options) *idemhttp.Options { return &idemhttp.Options{} }},
+		{"observed", func(o *idemhttp.Options) *idemhttp.Options { return o }},
+		{"KeyOptional", func(o *idemhttp.Options) *idemhttp.Options { o.KeyOptional = true; return o }},
 	} {
 		t.Run(m.name, func(t *testing.T) {
 			rc := &recorded{}
 			var mu sync.Mutex
 			var reported []error
-			o := &idemhttp.Config{Observer: rc.observe, OnError: func(_ *http.Request, err error) {
+			o := &idemhttp.Options{Observer: rc.observe, OnError: func(_ *http.Request, err error) {
 				mu.Lock()
 				reported = append(reported, err)
 				mu.Unlock()
@@ -42,8 +42,8 @@ func testNoScope[Tx any](t *testing.T, e env[Tx]) {
 			}
 			s := mount(t, e, nil, opts, created)
 			key := "shared-" + m.name
-			a := s.do(t, "/things", body, idemhttp.HeaderKey, key, "X-Account", "alice")
-			b := s.do(t, "/things", body, idemhttp.HeaderKey, key, "X-Account", "bob")
+			a := s.do(t, "/things", body, idemhttp.DefaultKeyHeader, key, "X-Account", "alice")
+			b := s.do(t, "/things", body, idemhttp.DefaultKeyHeader, key, "X-Account", "bob")
 			for _, r := range []struct {
 				who string
 				res result
@@ -85,14 +85,14 @@ func testNoScope[Tx any](t *testing.T, e env[Tx]) {
 	}
 
 	t.Run("SharedScope", func(t *testing.T) {
-		opts := &idemhttp.Config{Scope: idemhttp.SharedScope}
+		opts := &idemhttp.Options{Scope: idemhttp.SharedScope}
 		if err := opts.Validate(); err != nil {
 			t.Errorf("Validate() = %v, want nil", err)
 		}
 		s := mount(t, e, nil, opts, created)
-		a := s.do(t, "/things", body, idemhttp.HeaderKey, "one-tenant", "X-Account", "alice")
+		a := s.do(t, "/things", body, idemhttp.DefaultKeyHeader, "one-tenant", "X-Account", "alice")
 		wantStatus(t, a, http.StatusCreated)
-		b := s.do(t, "/things", body, idemhttp.HeaderKey, "one-tenant", "X-Account", "bob")
+		b := s.do(t, "/things", body, idemhttp.DefaultKeyHeader, "one-tenant", "X-Account", "bob")
 		wantReplay(t, a, b) // one key space, chosen in code
 		s.wantCalls(t, 1)
 		s.wantEffects(t, "/one-tenant", 1)

@@ -25,7 +25,7 @@ func TestSQLiteNoWaitOtherTenant(t *testing.T) {
 	entered, release := make(chan struct{}), testkit.NewGate(t)
 	var mu sync.Mutex
 	var busy []error
-	s := startServer(t, e, &idempotency.Config{WaitTimeout: -1}, &idemhttp.Config{
+	s := startServer(t, e, &idempotency.Config{WaitTimeout: -1}, &idemhttp.Options{
 		Scope:   func(r *http.Request) (string, error) { return r.Header.Get("X-Tenant"), nil },
 		OnError: func(_ *http.Request, err error) { mu.Lock(); busy = append(busy, err); mu.Unlock() },
 	}, func(n int64, w http.ResponseWriter, r *http.Request) {

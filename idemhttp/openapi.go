@@ -11,8 +11,8 @@ import (
 	"github.com/go-idempotency/idempotency/backend"
 )
 
-// KeySchema describes the keys a [Config].ValidateKey accepts, so that
-// [OpenAPI] can publish them; see [Config].KeySchema.
+// KeySchema describes the keys a [Options].ValidateKey accepts, so that
+// [OpenAPI] can publish them; see [Options].KeySchema.
 type KeySchema struct {
 	// MinLength and MaxLength bound the key's length in bytes; zero means
 	// 1 and 255 ([backend.MaxIDLen]).
@@ -27,17 +27,17 @@ type KeySchema struct {
 // uuidPattern is the form [UUIDKey] accepts.
 const uuidPattern = "^[0-9A-Fa-f]{8}-[0-9A-Fa-f]{4}-[0-9A-Fa-f]{4}-[0-9A-Fa-f]{4}-[0-9A-Fa-f]{12}$"
 
-// ProblemSchemaName is the name under components/schemas of the RFC 9457
+// problemSchemaName is the name under components/schemas of the RFC 9457
 // problem schema that the responses of [OpenAPI] refer to.
-const ProblemSchemaName = "IdempotencyProblem"
+const problemSchemaName = "IdempotencyProblem"
 
 // OpenAPIFragment is the OpenAPI 3.1 description of an operation guarded
 // by [Middleware]: JSON-ready values (maps, slices, strings, numbers) to
 // merge into a document, by hand or with [OpenAPIFragment.AddTo].
 type OpenAPIFragment struct {
 	// Parameter is the Parameter object of the key header: required
-	// unless [Config].KeyOptional, with the key's length, format and
-	// pattern ([Config].KeySchema).
+	// unless [Options].KeyOptional, with the key's length, format and
+	// pattern ([Options].KeySchema).
 	Parameter map[string]any
 	// Headers are the Header objects, by field name, that a stored answer
 	// and its replays carry: [HeaderReplayed] and [HeaderKeyExpires]. They
@@ -45,29 +45,29 @@ type OpenAPIFragment struct {
 	Headers map[string]any
 	// Responses are the Response objects, by status code, of the problems
 	// the middleware answers itself: 400, 409 (or 425:
-	// [Config].InProgressStatus), 413, 422, 429, 500 and 503, each an
+	// [Options].InProgressStatus), 413, 422, 429, 500 and 503, each an
 	// application/problem+json document with its Retry-After, Link and
 	// [HeaderKeyExpires] fields where it carries them.
 	Responses map[string]any
 	// Schemas are the Schema objects the responses refer to, by name under
-	// #/components/schemas: [ProblemSchemaName], RFC 9457's problem.
+	// #/components/schemas: IdempotencyProblem, RFC 9457's problem.
 	Schemas map[string]any
 }
 
 // OpenAPI returns the OpenAPI 3.1 fragment of an operation guarded by
 // [Middleware] with cfg (nil means the defaults). It does not need Scope;
-// a field [Config.Validate] refuses for another reason gives its error,
+// a field [Options.Validate] refuses for another reason gives its error,
 // wrapping [idempotency.ErrInvalidConfig].
-func OpenAPI(cfg *Config) (*OpenAPIFragment, error) {
+func OpenAPI(cfg *Options) (*OpenAPIFragment, error) {
 	if err := cfg.check(); err != nil {
 		return nil, err
 	}
 	if cfg == nil {
-		cfg = &Config{}
+		cfg = &Options{}
 	}
 	header := cfg.KeyHeader
 	if header == "" {
-		header = HeaderKey
+		header = DefaultKeyHeader
 	}
 	ks := KeySchema{MinLength: 1, MaxLength: backend.MaxIDLen}
 	described := "1 to 255 printable ASCII characters"
@@ -107,7 +107,7 @@ func OpenAPI(cfg *Config) (*OpenAPIFragment, error) {
 			HeaderKeyExpires: keyExpiresHeader("Until when the key keeps this response (an IMF-fixdate, rounded down): " +
 				"a retry sent before it is answered from the key; one sent after it may run the operation again."),
 		},
-		Schemas: map[string]any{ProblemSchemaName: problemSchema()},
+		Schemas: map[string]any{problemSchemaName: problemSchema()},
 	}
 	inProgress := http.StatusConflict
 	if cfg.InProgressStatus != 0 {
@@ -150,8 +150,8 @@ func OpenAPI(cfg *Config) (*OpenAPIFragment, error) {
 		}
 		resp := map[string]any{
 			"description": p.what,
-			"content": map[string]any{ProblemContentType: map[string]any{
-				"schema": map[string]any{"$ref": "#/components/schemas/" + ProblemSchemaName},
+			"content": map[string]any{problemContentType: map[string]any{
+				"schema": map[string]any{"$ref": "#/components/schemas/" + problemSchemaName},
 			}},
 		}
 		if len(headers) > 0 {

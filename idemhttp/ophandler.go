@@ -12,13 +12,13 @@ import (
 	"github.com/go-idempotency/idempotency/observe"
 )
 
-// ProblemUnfinished (503, with Retry-After): an operation's step failed
+// problemUnfinished (503, with Retry-After): an operation's step failed
 // with a transient error (a processor that timed out, a store that
 // failed between two steps). Its last committed step stands: a retry with
 // the same key resumes after it, and so does a [idempotency.Completer].
-const ProblemUnfinished = problemBase + "ProblemUnfinished"
+const problemUnfinished = problemBase + "ProblemUnfinished"
 
-// unfinishedDetail is the detail of [ProblemUnfinished].
+// unfinishedDetail is the detail of ProblemUnfinished.
 const unfinishedDetail = "The operation stopped after a transient failure; its committed steps stand. " +
 	"Retry with the same key to resume it."
 
@@ -27,24 +27,24 @@ const unfinishedDetail = "The operation stopped after a transient failure; its c
 // counterpart of [Async]. The request's body is the operation's input
 // ([idempotency.State.Input]); a request is refused before anything is
 // written as [Middleware] refuses it (a missing or invalid key 400, a body
-// over [Config].MaxRequestBody 413, a Scope's error). Then:
+// over [Options].MaxRequestBody 413, a Scope's error). Then:
 //
-//   - op's Validate refuses the input: 400 [ProblemInvalidBody] whose
+//   - op's Validate refuses the input: 400 ProblemInvalidBody whose
 //     detail is the error's text, or the *[Problem] the error is or wraps
 //     (a 401, a 422 of the service's own). Nothing is stored: the
 //     corrected request with the same key runs;
 //   - the operation finished (now, or earlier: a replay): its answer, byte
 //     for byte, as [Middleware] answers (Idempotent-Replayed on a replay,
 //     the key's lifetime header). A [idempotency.FinalAnswer] is an answer;
-//   - the key used with another request: 422 [ProblemKeyReused], also
+//   - the key used with another request: 422 [ProblemMismatch], also
 //     while the first request's operation runs (after the Guard's
 //     [idempotency.Config].WaitTimeout, its stored fingerprint read);
 //   - the key held by another request that is running: 409 (or 425)
 //     [ProblemInProgress] with Retry-After, after the WaitTimeout;
-//   - a step's transient failure: 503 [ProblemUnfinished] with Retry-After:
+//   - a step's transient failure: 503 ProblemUnfinished with Retry-After:
 //     a retry with the same key (or the Completer) resumes the operation;
-//   - the store failed or is busy: 503 [ProblemStoreUnavailable]; its
-//     schema is missing: 500 [ProblemInternal]; a Codec that cannot open
+//   - the store failed or is busy: 503 ProblemStoreUnavailable; its
+//     schema is missing: 500 ProblemInternal; a Codec that cannot open
 //     the stored answer: 503.
 //
 // The run uses the request's context: a client that goes away stops it
@@ -54,16 +54,16 @@ const unfinishedDetail = "The operation stopped after a transient failure; its c
 // A bad configuration is refused here, with an error wrapping
 // [idempotency.ErrInvalidConfig] (or [ErrNoScope]): a nil g, an op that
 // [idempotency.NewCompleter] refuses (or a store that runs no operations),
-// a cfg that [Config.Validate] refuses, or that sets KeyOptional or Quota
+// a cfg that [Options.Validate] refuses, or that sets KeyOptional or Quota
 // (which Operation does not apply).
-func Operation[Tx any](g *idempotency.Guard[Tx], op *idempotency.Operation[Tx], cfg *Config) (http.Handler, error) {
+func Operation[Tx any](g *idempotency.Guard[Tx], op *idempotency.Operation[Tx], cfg *Options) (http.Handler, error) {
 	switch err := cfg.Validate(); {
 	case err != nil:
 		return nil, fmt.Errorf("idemhttp: Operation: %w", err)
 	case cfg.KeyOptional:
-		return nil, fmt.Errorf("%w: idemhttp: Operation: Config.KeyOptional: an operation runs only under a key", idempotency.ErrInvalidConfig)
+		return nil, fmt.Errorf("%w: idemhttp: Operation: Options.KeyOptional: an operation runs only under a key", idempotency.ErrInvalidConfig)
 	case cfg.Quota != nil:
-		return nil, fmt.Errorf("%w: idemhttp: Operation: Config.Quota: Operation does not count quotas; put it on a Middleware", idempotency.ErrInvalidConfig)
+		return nil, fmt.Errorf("%w: idemhttp: Operation: Options.Quota: Operation does not count quotas; put it on a Middleware", idempotency.ErrInvalidConfig)
 	case g == nil:
 		return nil, fmt.Errorf("%w: idemhttp: Operation was given a nil Guard", idempotency.ErrInvalidConfig)
 	}
@@ -71,7 +71,7 @@ func Operation[Tx any](g *idempotency.Guard[Tx], op *idempotency.Operation[Tx], 
 	if c.ttl != 0 {
 		v, err := g.WithTTL(c.ttl)
 		if err != nil {
-			return nil, fmt.Errorf("idemhttp: Operation: Config.TTL: %w", err)
+			return nil, fmt.Errorf("idemhttp: Operation: Options.TTL: %w", err)
 		}
 		g = v
 	}
@@ -88,7 +88,7 @@ type opHandler[Tx any] struct {
 
 func (o *opHandler[Tx]) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	h := o.h
-	ev := &Event{Method: r.Method, Outcome: observe.HandlerError}
+	ev := &RequestEvent{Method: r.Method, Outcome: observe.HandlerError}
 	defer h.observe(r, ev)()
 	key, body, fp, ok := h.admit(w, r, r.Header.Values(h.c.header), ev)
 	if !ok {
@@ -115,8 +115,8 @@ func (o *opHandler[Tx]) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 
 // invalidInput answers an input an operation's Validate refused (err
 // matches [idempotency.ErrInvalidInput]): the *Problem it wraps, or 400
-// [ProblemInvalidBody] with Validate's text. Nothing was stored.
-func (h *handler[Tx]) invalidInput(w http.ResponseWriter, r *http.Request, ev *Event, err error) {
+// ProblemInvalidBody with Validate's text. Nothing was stored.
+func (h *handler[Tx]) invalidInput(w http.ResponseWriter, r *http.Request, ev *RequestEvent, err error) {
 	if p, ok := errors.AsType[*Problem](err); ok {
 		h.reject(w, r, ev, p, err)
 		return
@@ -127,6 +127,6 @@ func (h *handler[Tx]) invalidInput(w http.ResponseWriter, r *http.Request, ev *E
 	if _, after, ok := strings.Cut(detail, "invalid input: "); ok {
 		detail = after
 	}
-	h.reject(w, r, ev, &Problem{Type: ProblemInvalidBody, Title: "Request body is invalid", Status: http.StatusBadRequest,
+	h.reject(w, r, ev, &Problem{Type: problemInvalidBody, Title: "Request body is invalid", Status: http.StatusBadRequest,
 		Detail: detail}, err)
 }

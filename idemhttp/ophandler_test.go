@@ -99,7 +99,7 @@ func payOp[Tx any](e env[Tx], failing *atomic.Bool) *idempotency.Operation[Tx] {
 // opServer serves op at POST /pay, the scope from X-Account.
 func opServer[Tx any](t *testing.T, g *idempotency.Guard[Tx], op *idempotency.Operation[Tx]) *httptest.Server {
 	t.Helper()
-	h, err := idemhttp.Operation(g, op, &idemhttp.Config{Scope: func(r *http.Request) (string, error) { return r.Header.Get("X-Account"), nil }})
+	h, err := idemhttp.Operation(g, op, &idemhttp.Options{Scope: func(r *http.Request) (string, error) { return r.Header.Get("X-Account"), nil }})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -122,7 +122,7 @@ func testOperationStatuses[Tx any](t *testing.T, e env[Tx]) {
 	if again := asyncCall(t, ctx, "POST", url, "acct", "p1", `{"amount":5}`); again.status != 201 || again.body != first.body || again.header.Get(idemhttp.HeaderReplayed) != "true" {
 		t.Fatalf("replay: %+v", again)
 	}
-	if other := asyncCall(t, ctx, "POST", url, "acct", "p1", `{"amount":6}`); other.status != 422 || !strings.Contains(other.body, idemhttp.ProblemKeyReused) {
+	if other := asyncCall(t, ctx, "POST", url, "acct", "p1", `{"amount":6}`); other.status != 422 || !strings.Contains(other.body, idemhttp.ProblemMismatch) {
 		t.Fatalf("other body: %+v; want 422", other)
 	}
 	if d := asyncCall(t, ctx, "POST", url, "acct", "p2", `{"amount":666}`); d.status != 402 || d.body != `{"declined":true}` {
@@ -215,17 +215,17 @@ func TestOperationRefusesBadConfig(t *testing.T) {
 		name string
 		g    *idempotency.Guard[*memstore.Tx]
 		op   *idempotency.Operation[*memstore.Tx]
-		cfg  *idemhttp.Config
+		cfg  *idemhttp.Options
 		want string
 	}{
 		{"nil Config", g, op, nil, "Scope"},
-		{"no Scope", g, op, &idemhttp.Config{}, "Scope"},
-		{"bad TTL", g, op, &idemhttp.Config{Scope: scope, TTL: -1}, "TTL"},
-		{"KeyOptional", g, op, &idemhttp.Config{Scope: scope, KeyOptional: true}, "KeyOptional"},
-		{"Quota", g, op, &idemhttp.Config{Scope: scope, Quota: &idempotency.Quota{MaxKeys: 1, Window: time.Minute}}, "Quota"},
-		{"nil Guard", nil, op, &idemhttp.Config{Scope: scope}, "nil Guard"},
-		{"nil op", g, nil, &idemhttp.Config{Scope: scope}, "nil operation"},
-		{"op without Finish", g, &idempotency.Operation[*memstore.Tx]{Name: "x"}, &idemhttp.Config{Scope: scope}, "Finish"},
+		{"no Scope", g, op, &idemhttp.Options{}, "Scope"},
+		{"bad TTL", g, op, &idemhttp.Options{Scope: scope, TTL: -1}, "TTL"},
+		{"KeyOptional", g, op, &idemhttp.Options{Scope: scope, KeyOptional: true}, "KeyOptional"},
+		{"Quota", g, op, &idemhttp.Options{Scope: scope, Quota: &idempotency.Quota{MaxKeys: 1, Window: time.Minute}}, "Quota"},
+		{"nil Guard", nil, op, &idemhttp.Options{Scope: scope}, "nil Guard"},
+		{"nil op", g, nil, &idemhttp.Options{Scope: scope}, "nil operation"},
+		{"op without Finish", g, &idempotency.Operation[*memstore.Tx]{Name: "x"}, &idemhttp.Options{Scope: scope}, "Finish"},
 	} {
 		h, err := idemhttp.Operation(c.g, c.op, c.cfg)
 		if h != nil || err == nil || !strings.Contains(err.Error(), c.want) ||
@@ -233,7 +233,7 @@ func TestOperationRefusesBadConfig(t *testing.T) {
 			t.Errorf("%s: %v, %v; want ErrInvalidConfig naming %q", c.name, h, err, c.want)
 		}
 	}
-	if _, err := idemhttp.Operation(g, op, &idemhttp.Config{Scope: scope}); err != nil {
+	if _, err := idemhttp.Operation(g, op, &idemhttp.Options{Scope: scope}); err != nil {
 		t.Fatalf("a good config: %v", err)
 	}
 }
@@ -262,7 +262,7 @@ func testOperationMismatchWhileRunning[Tx any](t *testing.T, e env[Tx]) {
 	go func() { first <- asyncCall(t, ctx, "POST", srv.URL+"/ship", "acct", "m1", `{"n":1}`) }()
 	testkit.WaitUntil(t, 5*time.Second, "the first step committed", func() bool { return e.count(ctx, "m1") == 1 })
 	for _, url := range []string{srv.URL, other.URL} {
-		if r := asyncCall(t, ctx, "POST", url+"/ship", "acct", "m1", `{"n":2}`); r.status != 422 || !strings.Contains(r.body, idemhttp.ProblemKeyReused) {
+		if r := asyncCall(t, ctx, "POST", url+"/ship", "acct", "m1", `{"n":2}`); r.status != 422 || !strings.Contains(r.body, idemhttp.ProblemMismatch) {
 			t.Errorf("same key, other body, while the operation runs: %+v; want 422", r)
 		}
 	}

@@ -147,8 +147,8 @@ func newPoolService(tb testing.TB, d *poolDB, size int32, cfg *idempotency.Confi
 	s := &poolService{pool: pool, guard: g}
 	var runs atomic.Int64
 	pay := http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		tx, ok := idemhttp.TxFrom[pgx.Tx](r.Context())
-		key, _ := idemhttp.KeyFrom(r.Context())
+		tx, ok := idempotency.TxFrom[pgx.Tx](r.Context())
+		key, _ := idempotency.KeyFrom(r.Context())
 		if !ok {
 			http.Error(w, "no transaction", http.StatusInternalServerError)
 			return
@@ -163,7 +163,7 @@ func newPoolService(tb testing.TB, d *poolDB, size int32, cfg *idempotency.Confi
 		w.WriteHeader(http.StatusCreated)
 		fmt.Fprintf(w, `{"tag":%q,"run":%d}`, tag, runs.Add(1))
 	})
-	mw := idemhttp.Middleware(g, &idemhttp.Config{Scope: func(r *http.Request) (string, error) { return r.Header.Get("X-Tenant"), nil }})
+	mw := idemhttp.Middleware(g, &idemhttp.Options{Scope: func(r *http.Request) (string, error) { return r.Header.Get("X-Tenant"), nil }})
 	mux := http.NewServeMux()
 	guarded := mw(pay)
 	mux.Handle("POST /pay", http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
@@ -234,7 +234,7 @@ func call(hc *http.Client, method, url, tenant, key string, limit time.Duration)
 		req.Header.Set("X-Tenant", tenant)
 	}
 	if key != "" {
-		req.Header.Set(idemhttp.HeaderKey, key)
+		req.Header.Set(idemhttp.DefaultKeyHeader, key)
 	}
 	start := time.Now()
 	resp, err := hc.Do(req)

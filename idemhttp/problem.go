@@ -7,76 +7,77 @@ import (
 	"strconv"
 )
 
-// problemBase prefixes every problem type: the URIs resolve to the
-// documentation of the constants below.
+// problemBase prefixes every problem type URI; the name that follows it
+// is listed in the documentation of [Problem].
 const problemBase = "https://pkg.go.dev/github.com/go-idempotency/idempotency/idemhttp#"
 
-// Problem types written by [Middleware], stable across versions. Each is a
-// URI that resolves to its own documentation.
+// The problem types a client branches on; [Problem] lists every type.
 const (
-	// ProblemMissingKey (400): the method requires an Idempotency-Key
-	// header and the request has none. Nothing was stored.
-	ProblemMissingKey = problemBase + "ProblemMissingKey"
-	// ProblemInvalidKey (400): the Idempotency-Key header is not a valid
-	// sf-string or bare key of 1 to 255 printable ASCII bytes, it was sent
-	// more than once, or [Config].ValidateKey refused it. Nothing was
-	// stored.
-	ProblemInvalidKey = problemBase + "ProblemInvalidKey"
-	// ProblemInvalidBody (400): the request has a JSON content type and its
-	// body is not exactly one valid JSON value (duplicate object keys
-	// included), or the form content type and a body net/url refuses
-	// ([idempotency.ErrInvalidBody]), or the body could not be read.
-	// Nothing was stored.
-	ProblemInvalidBody = problemBase + "ProblemInvalidBody"
-	// ProblemInProgress (409): a request with the same key is still being
-	// processed. Retry later with the same key (the response carries
-	// Retry-After). [Transport] retries this problem type.
+	// ProblemInProgress is the type of the 409 (or 425) answer to a request
+	// whose key another request holds: retry later with the same key, after
+	// its Retry-After. [Transport] retries this problem type.
 	ProblemInProgress = problemBase + "ProblemInProgress"
-	// ProblemRequestTooLarge (413): the request body is larger than
-	// [Config].MaxRequestBody. Nothing was stored.
-	ProblemRequestTooLarge = problemBase + "ProblemRequestTooLarge"
-	// ProblemKeyReused (422): the key was already used with another
-	// request (another method, route or body). The handler did not run.
-	ProblemKeyReused = problemBase + "ProblemKeyReused"
-	// ProblemOverQuota (429): the client's scope reached a limit of
-	// [Config].Quota (new keys or stored bytes in the window, or requests
-	// in progress). Nothing was processed nor stored, and the key stays
-	// unused: retry it after the delay in Retry-After (the end of the
-	// quota's window).
-	ProblemOverQuota = problemBase + "ProblemOverQuota"
-	// ProblemResponseTooLarge (500): the handler wrote a response body
-	// larger than [Config].MaxResponseBody. Its writes were rolled back
-	// and the key is free.
-	ProblemResponseTooLarge = problemBase + "ProblemResponseTooLarge"
-	// ProblemNoResponse (500): the handler returned without writing a
-	// status or a body ([ErrNoResponse]). Its writes were rolled back and
-	// the key is free: an empty answer is never stored.
-	ProblemNoResponse = problemBase + "ProblemNoResponse"
-	// ProblemInternal (500): the middleware is misconfigured (no Scope:
-	// [ErrNoScope]; nil guard; Scope failed or returned an invalid scope;
-	// the handler wrote an invalid status; or it is mounted so that the handler writes around
-	// it: [ErrWriterBypassed], then [ErrBypassRefused] for every later
-	// request), or the store's table is missing or out of date
-	// ([idempotency.ErrSchema]: sent without Retry-After, since no retry
-	// helps until the table is migrated). The handler's writes, if any,
-	// were rolled back.
-	ProblemInternal = problemBase + "ProblemInternal"
-	// ProblemStoreUnavailable (503): the key store failed
-	// ([idempotency.ErrStore]: connection cut, timeout, a database busy
-	// with another writer, conflicts past the retries). The middleware
-	// fails closed: the handler did not run, or its writes were rolled
-	// back. Retrying with the same key is safe (the response carries
-	// Retry-After).
-	ProblemStoreUnavailable = problemBase + "ProblemStoreUnavailable"
+	// ProblemMismatch is the type of the 422 answer to a key already used
+	// with another request (another method, route or body): the condition
+	// of [idempotency.ErrMismatch]. The handler did not run; retrying with
+	// the same key cannot succeed. Its URI keeps the name it had before
+	// v0.2, ProblemKeyReused, as clients match on it.
+	ProblemMismatch = problemBase + "ProblemKeyReused"
 )
 
-// ProblemContentType is the media type of problem details (RFC 9457).
-const ProblemContentType = "application/problem+json"
+// The other problem types; [Problem] documents them.
+const (
+	problemMissingKey       = problemBase + "ProblemMissingKey"
+	problemInvalidKey       = problemBase + "ProblemInvalidKey"
+	problemInvalidBody      = problemBase + "ProblemInvalidBody"
+	problemRequestTooLarge  = problemBase + "ProblemRequestTooLarge"
+	problemOverQuota        = problemBase + "ProblemOverQuota"
+	problemResponseTooLarge = problemBase + "ProblemResponseTooLarge"
+	problemNoResponse       = problemBase + "ProblemNoResponse"
+	problemInternal         = problemBase + "ProblemInternal"
+	problemStoreUnavailable = problemBase + "ProblemStoreUnavailable"
+)
 
-// Problem is an RFC 9457 problem details object. The middleware writes one
-// for every error it answers itself; a [Config].Scope or
-// [Config].ValidateKey function may return one (as error) to choose the
-// answer, e.g. a 401 with a WWW-Authenticate header.
+// problemContentType is the media type of problem details (RFC 9457).
+const problemContentType = "application/problem+json"
+
+// Problem is an RFC 9457 problem details object, sent as
+// application/problem+json. The middleware writes one for every error it
+// answers itself; a [Options].Scope or [Options].ValidateKey function may
+// return one (as error) to choose the answer, e.g. a 401 with a
+// WWW-Authenticate header.
+//
+// The problem types this package answers are stable across versions: each
+// is the URI https://pkg.go.dev/github.com/go-idempotency/idempotency/idemhttp#
+// followed by its name below. Clients match on the URI; Go code may use
+// the constants [ProblemInProgress] and [ProblemMismatch], the two a client
+// must tell apart from another answer of the same status.
+//
+//	status  name                     when
+//	400     ProblemMissingKey        the method requires a key header and the request has none
+//	400     ProblemInvalidKey        the key is not a valid sf-string or bare key of 1 to 255 printable
+//	                                 ASCII bytes, the header appears twice, or Options.ValidateKey refused it
+//	400     ProblemInvalidBody       a JSON content type with a body that is not exactly one valid JSON
+//	                                 value (duplicate object keys included), a form body net/url refuses
+//	                                 (idempotency.ErrInvalidBody), an unreadable body, or an input an
+//	                                 operation's Validate refused
+//	404     ProblemUnknownOperation  the status resource of [AsyncStatus] names no operation of the
+//	                                 caller's scope (none started with that key, or its answer expired)
+//	409     ProblemInProgress        a request with the same key is still running ([ProblemInProgress];
+//	                                 425 with Options.InProgressStatus), with Retry-After
+//	413     ProblemRequestTooLarge   the request body exceeds Options.MaxRequestBody
+//	422     ProblemKeyReused         the key was used with another request ([ProblemMismatch])
+//	429     ProblemOverQuota         the scope reached a limit of Options.Quota; retry the unused key
+//	                                 after Retry-After (the end of the quota's window)
+//	500     ProblemResponseTooLarge  the handler's body exceeded Options.MaxResponseBody ([ErrResponseTooLarge])
+//	500     ProblemNoResponse        the handler wrote nothing ([ErrNoResponse])
+//	500     ProblemInternal          misconfiguration ([ErrNoScope]; a nil Guard; Scope failed or returned
+//	                                 an invalid scope; an invalid status; [ErrWriterBypassed], then
+//	                                 [ErrBypassRefused]), or the store's table is missing or out of date
+//	                                 (idempotency.ErrSchema, sent without Retry-After)
+//	503     ProblemStoreUnavailable  the key store failed or is busy (idempotency.ErrStore), with Retry-After
+//	503     ProblemUnfinished        an operation's step failed transiently ([Operation]), with Retry-After:
+//	                                 a retry with the same key, or the Completer, resumes it
 type Problem struct {
 	// Type is a URI identifying the problem type.
 	Type string `json:"type"`
@@ -102,7 +103,7 @@ func (p *Problem) Error() string {
 
 // WriteProblem answers p as an application/problem+json document with
 // Cache-Control: no-store, plus the fields of p.Header. It is the default
-// [Config].RenderProblem; a custom renderer may call it after changing p.
+// [Options].RenderProblem; a custom renderer may call it after changing p.
 func WriteProblem(w http.ResponseWriter, p *Problem) {
 	body, err := json.Marshal(p)
 	if err != nil { // a Problem always marshals; keep the status anyway
@@ -112,7 +113,7 @@ func WriteProblem(w http.ResponseWriter, p *Problem) {
 	for k, v := range p.Header {
 		h[http.CanonicalHeaderKey(k)] = v
 	}
-	h.Set("Content-Type", ProblemContentType)
+	h.Set("Content-Type", problemContentType)
 	h.Set("Content-Length", strconv.Itoa(len(body)))
 	h.Set("Cache-Control", "no-store")
 	w.WriteHeader(p.Status)

@@ -19,12 +19,12 @@ import (
 const quotaEndTimeout = 5 * time.Second
 
 // quotaSetupError: the quota cannot be checked at all (an invalid
-// [Config].Quota, or a store without [backend.QuotaCounter]); the
+// [Options].Quota, or a store without [backend.QuotaCounter]); the
 // request is refused with 500 rather than run without its quota.
 type quotaSetupError struct{ err error }
 
 func (e *quotaSetupError) Error() string {
-	return "idemhttp: Config.Quota cannot be checked: " + e.err.Error()
+	return "idemhttp: Options.Quota cannot be checked: " + e.err.Error()
 }
 func (e *quotaSetupError) Unwrap() error { return e.err }
 
@@ -65,15 +65,15 @@ func (h *handler[Tx]) do(r *http.Request, key idempotency.Key, fp string, fn fun
 }
 
 // quotaFail answers a request whose quota refused it (429
-// [ProblemOverQuota] with Retry-After) or could not be checked (500
-// [ProblemInternal]). It reports whether err was one of those.
-func (h *handler[Tx]) quotaFail(w http.ResponseWriter, r *http.Request, ev *Event, err error) bool {
+// ProblemOverQuota with Retry-After) or could not be checked (500
+// ProblemInternal). It reports whether err was one of those.
+func (h *handler[Tx]) quotaFail(w http.ResponseWriter, r *http.Request, ev *RequestEvent, err error) bool {
 	if se, ok := errors.AsType[*quotaSetupError](err); ok {
 		if h.c.onError != nil {
 			h.c.onError(r, se)
 		}
 		ev.Outcome = observe.Internal
-		h.problem(w, r, ev, &Problem{Type: ProblemInternal, Title: "Idempotency middleware failed", Status: http.StatusInternalServerError})
+		h.problem(w, r, ev, &Problem{Type: problemInternal, Title: "Idempotency middleware failed", Status: http.StatusInternalServerError})
 		return true
 	}
 	qe, ok := errors.AsType[*idempotency.QuotaError](err)
@@ -82,7 +82,7 @@ func (h *handler[Tx]) quotaFail(w http.ResponseWriter, r *http.Request, ev *Even
 	}
 	ev.Outcome, ev.QuotaLimit = observe.OverQuota, qe.Limit
 	secs := int64((qe.RetryAfter + time.Second - 1) / time.Second)
-	h.problem(w, r, ev, &Problem{Type: ProblemOverQuota, Title: "Quota exceeded", Status: http.StatusTooManyRequests,
+	h.problem(w, r, ev, &Problem{Type: problemOverQuota, Title: "Quota exceeded", Status: http.StatusTooManyRequests,
 		Detail: quotaDetail(h.c.quota, qe.Limit, secs), Header: http.Header{"Retry-After": {strconv.FormatInt(max(1, secs), 10)}}})
 	return true
 }

@@ -157,13 +157,13 @@ const quotaAnswer = `{"ok":true}`
 // quotaServers mounts the middleware of each instance with q, on a
 // handler that writes one effect row and answers 201; hold, if not nil,
 // runs in the handler first. The accounts are the scope.
-func quotaServers[Tx any](t *testing.T, e quotaEnv[Tx], q *idempotency.Quota, hold func(), events chan<- idemhttp.Event) [2]*httptest.Server {
+func quotaServers[Tx any](t *testing.T, e quotaEnv[Tx], q *idempotency.Quota, hold func(), events chan<- idemhttp.RequestEvent) [2]*httptest.Server {
 	var servers [2]*httptest.Server
 	for i, g := range e.guards {
-		cfg := &idemhttp.Config{
+		cfg := &idemhttp.Options{
 			Scope: func(r *http.Request) (string, error) { return r.Header.Get("X-Account"), nil },
 			Quota: q,
-			Observer: func(_ context.Context, ev idemhttp.Event) {
+			Observer: func(_ context.Context, ev idemhttp.RequestEvent) {
 				if events != nil {
 					events <- ev
 				}
@@ -173,8 +173,8 @@ func quotaServers[Tx any](t *testing.T, e quotaEnv[Tx], q *idempotency.Quota, ho
 			t.Fatal(err)
 		}
 		h := http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-			tx, _ := idemhttp.TxFrom[Tx](r.Context())
-			key, _ := idemhttp.KeyFrom(r.Context())
+			tx, _ := idempotency.TxFrom[Tx](r.Context())
+			key, _ := idempotency.KeyFrom(r.Context())
 			if hold != nil {
 				hold()
 			}
@@ -205,7 +205,7 @@ func quotaPost(t *testing.T, srv *httptest.Server, account, key string) (int, st
 	}
 	req.Header.Set("Content-Type", "application/json")
 	req.Header.Set("X-Account", account)
-	req.Header.Set(idemhttp.HeaderKey, key)
+	req.Header.Set(idemhttp.DefaultKeyHeader, key)
 	res, err := srv.Client().Do(req)
 	if err != nil {
 		t.Error(err)
@@ -225,7 +225,7 @@ func quotaPost(t *testing.T, srv *httptest.Server, account, key string) (int, st
 // the quota is used up; another account has its own quota.
 func testQuotaKeys[Tx any](t *testing.T, e quotaEnv[Tx]) {
 	ctx := testkit.Context(t, 30*time.Second)
-	events := make(chan idemhttp.Event, 100)
+	events := make(chan idemhttp.RequestEvent, 100)
 	srv := quotaServers(t, e, &idempotency.Quota{Window: time.Hour, MaxKeys: 7}, nil, events)
 	const n = 20
 	status := make([]int, n)
@@ -295,7 +295,7 @@ func testQuotaInFlight[Tx any](t *testing.T, e quotaEnv[Tx]) {
 	ctx := testkit.Context(t, 30*time.Second)
 	gate := testkit.NewGate(t)
 	entered := make(chan struct{}, 2)
-	events := make(chan idemhttp.Event, 100)
+	events := make(chan idemhttp.RequestEvent, 100)
 	srv := quotaServers(t, e, &idempotency.Quota{Window: time.Hour, MaxInFlight: 2}, func() {
 		entered <- struct{}{}
 		<-gate.Opened()
@@ -372,7 +372,7 @@ type hiddenQuota[Tx any] struct{ idempotency.KeyStore[Tx] }
 func TestQuotaUncheckable(t *testing.T) {
 	scope := idemhttp.SharedScope
 	for _, q := range []idempotency.Quota{{Window: 1500 * time.Millisecond, MaxKeys: 1}, {Window: time.Hour}, {Window: 48 * time.Hour, MaxKeys: 1}, {Window: time.Hour, MaxBytes: -1}} {
-		err := (&idemhttp.Config{Scope: scope, Quota: &q}).Validate()
+		err := (&idemhttp.Options{Scope: scope, Quota: &q}).Validate()
 		if !errors.Is(err, idempotency.ErrInvalidConfig) {
 			t.Errorf("Validate of %+v: %v, want ErrInvalidConfig", q, err)
 		}
@@ -404,10 +404,10 @@ func TestQuotaUncheckable(t *testing.T) {
 	} {
 		var reported []error
 		ran := 0
-		h := idemhttp.Middleware(c.g, &idemhttp.Config{Scope: scope, Quota: &c.q, OnError: func(_ *http.Request, err error) { reported = append(reported, err) }})(
+		h := idemhttp.Middleware(c.g, &idemhttp.Options{Scope: scope, Quota: &c.q, OnError: func(_ *http.Request, err error) { reported = append(reported, err) }})(
 			http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) { ran++; w.WriteHeader(http.StatusCreated) }))
 		req := httptest.NewRequestWithContext(ctx, http.MethodPost, "/x", strings.NewReader(`{}`))
-		req.Header.Set(idemhttp.HeaderKey, "k1")
+		req.Header.Set(idemhttp.DefaultKeyHeader, "k1")
 		rec := httptest.NewRecorder()
 		h.ServeHTTP(rec, req)
 		if rec.Code != http.StatusInternalServerError || !strings.Contains(rec.Body.String(), idemhttp.ProblemInternal) || ran != 0 {

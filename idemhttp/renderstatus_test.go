@@ -14,7 +14,7 @@ import (
 // writes nothing does not let an empty 200 out.
 func testRenderProblemStatus[Tx any](t *testing.T, e env[Tx]) {
 	rc := &recorded{}
-	s := startServer(t, e, nil, &idemhttp.Config{
+	s := startServer(t, e, nil, &idemhttp.Options{
 		Observer: rc.observe,
 		RenderProblem: func(w http.ResponseWriter, r *http.Request, p *idemhttp.Problem) {
 			if r.URL.Path == "/silent" {

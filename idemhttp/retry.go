@@ -18,10 +18,10 @@ import (
 func (t *Transport) delay(attempt int, resp *http.Response, now time.Time) (time.Duration, bool) {
 	base, maxDelay := t.BaseDelay, t.MaxDelay
 	if base <= 0 {
-		base = DefaultBaseDelay
+		base = defaultBaseDelay
 	}
 	if maxDelay <= 0 {
-		maxDelay = DefaultMaxDelay
+		maxDelay = defaultMaxDelay
 	}
 	if resp != nil {
 		if d, ok := retryAfter(resp.Header.Get("Retry-After"), now); ok {
@@ -72,7 +72,7 @@ func DefaultRetry(resp *http.Response, err error) bool {
 	}
 	switch s := resp.StatusCode; {
 	case s == http.StatusConflict || s == http.StatusTooEarly:
-		return resp.Header.Get("Retry-After") != "" || IsInProgress(resp)
+		return resp.Header.Get("Retry-After") != "" || isInProgress(resp)
 	case s == http.StatusTooManyRequests:
 		return true
 	case s == http.StatusNotImplemented || s == http.StatusHTTPVersionNotSupported:
@@ -83,15 +83,15 @@ func DefaultRetry(resp *http.Response, err error) bool {
 	return false
 }
 
-// IsInProgress reports whether resp is the in-progress answer of
-// [Middleware]: a 409 (or 425, [Config].InProgressStatus)
+// isInProgress reports whether resp is the in-progress answer of
+// [Middleware]: a 409 (or 425, [Options].InProgressStatus)
 // application/problem+json document whose type is [ProblemInProgress]. It reads at most 64 KiB of the body and puts the body
 // back, so the caller can still read all of it.
-func IsInProgress(resp *http.Response) bool {
+func isInProgress(resp *http.Response) bool {
 	if resp == nil || (resp.StatusCode != http.StatusConflict && resp.StatusCode != http.StatusTooEarly) || resp.Body == nil {
 		return false
 	}
-	if media, _, err := mime.ParseMediaType(resp.Header.Get("Content-Type")); err != nil || media != ProblemContentType {
+	if media, _, err := mime.ParseMediaType(resp.Header.Get("Content-Type")); err != nil || media != problemContentType {
 		return false
 	}
 	head, err := io.ReadAll(io.LimitReader(resp.Body, 64<<10))

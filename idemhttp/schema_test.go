@@ -70,7 +70,7 @@ func TestSchemaMissing(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		schemaAnswers500[*sql.Tx](t, s, nil, "never_migrated", func(g *idempotency.Guard[*sql.Tx], cfg *idemhttp.Config) http.Handler {
+		schemaAnswers500[*sql.Tx](t, s, nil, "never_migrated", func(g *idempotency.Guard[*sql.Tx], cfg *idemhttp.Options) http.Handler {
 			op := &idempotency.Operation[*sql.Tx]{Name: "op", Finish: func(context.Context, *sql.Tx, *idempotency.State) (idempotency.Response, error) {
 				return idempotency.Response{Status: 201}, nil
 			}}
@@ -102,7 +102,7 @@ func TestSchemaMissing(t *testing.T) {
 // handler is Middleware's, or what handler builds (the guard's handler
 // then counts no calls).
 func schemaAnswers500[Tx any](t *testing.T, s idempotency.KeyStore[Tx], q *idempotency.Quota, table string,
-	handler func(*idempotency.Guard[Tx], *idemhttp.Config) http.Handler) {
+	handler func(*idempotency.Guard[Tx], *idemhttp.Options) http.Handler) {
 	t.Helper()
 	g, err := idempotency.New(s, nil)
 	if err != nil {
@@ -111,10 +111,10 @@ func schemaAnswers500[Tx any](t *testing.T, s idempotency.KeyStore[Tx], q *idemp
 	var (
 		mu     sync.Mutex
 		causes []error
-		events []idemhttp.Event
+		events []idemhttp.RequestEvent
 		calls  int
 	)
-	cfg := &idemhttp.Config{
+	cfg := &idemhttp.Options{
 		Scope: idemhttp.SharedScope,
 		Quota: q,
 		OnError: func(_ *http.Request, err error) {
@@ -122,7 +122,7 @@ func schemaAnswers500[Tx any](t *testing.T, s idempotency.KeyStore[Tx], q *idemp
 			defer mu.Unlock()
 			causes = append(causes, err)
 		},
-		Observer: func(_ context.Context, ev idemhttp.Event) {
+		Observer: func(_ context.Context, ev idemhttp.RequestEvent) {
 			mu.Lock()
 			defer mu.Unlock()
 			events = append(events, ev)

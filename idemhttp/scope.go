@@ -8,43 +8,43 @@ import (
 	"github.com/go-idempotency/idempotency/internal/certscope"
 )
 
-// ErrNoScope: [Middleware] was mounted without [Config].Scope (nil
-// Config included). Without a scope every client would share one key
+// ErrNoScope: [Middleware] was mounted without [Options].Scope (nil
+// Options included). Without a scope every client would share one key
 // space, and a client that sends another client's key and body would get
 // that client's stored answer. Such a middleware answers every request of
-// a guarded method 500 [ProblemInternal], without running the handler or
-// reaching the store. The error is in [Event].Err. It is reported once per
-// [Middleware] to [Config].OnError (or to the http.Server's error log).
-// [Config.Validate] returns it at set-up. Set Scope to the authenticated
+// a guarded method 500 ProblemInternal, without running the handler or
+// reaching the store. The error is in [RequestEvent].Err. It is reported once per
+// [Middleware] to [Options].OnError (or to the http.Server's error log).
+// [Options.Validate] returns it at set-up. Set Scope to the authenticated
 // account, or to [SharedScope] for a service with a single tenant.
-var ErrNoScope = errors.New("idemhttp: MISCONFIGURED: Config.Scope is not set, so every client would share one key space " +
+var ErrNoScope = errors.New("idemhttp: MISCONFIGURED: Options.Scope is not set, so every client would share one key space " +
 	"and a client sending another client's key and body would get that client's stored answer; " +
-	"set Config.Scope to the authenticated account (or to idemhttp.SharedScope for a single-tenant service). " +
+	"set Options.Scope to the authenticated account (or to idemhttp.SharedScope for a single-tenant service). " +
 	"Until then this middleware answers every guarded request 500 without running the handler")
 
 // Validate reports whether [Middleware] would refuse c at run time: it
 // returns [ErrNoScope] when c is nil or c.Scope is nil, and an error
 // wrapping [idempotency.ErrInvalidConfig] for a field out of range (TTL,
-// ProblemDocs, InProgressStatus, KeySchema) or an invalid [Config].Quota.
+// ProblemDocs, InProgressStatus, KeySchema) or an invalid [Options].Quota.
 // Call it at start-up to fail there rather than on the first guarded
 // request:
 //
 //	if err := cfg.Validate(); err != nil {
 //		return err
 //	}
-func (c *Config) Validate() error {
+func (c *Options) Validate() error {
 	if c == nil || c.Scope == nil {
 		return ErrNoScope
 	}
 	if c.Quota != nil {
 		if err := c.Quota.Validate(); err != nil {
-			return fmt.Errorf("idemhttp: Config.Quota: %w", err)
+			return fmt.Errorf("idemhttp: Options.Quota: %w", err)
 		}
 	}
 	return c.check()
 }
 
-// SharedScope is a [Config].Scope that puts every request in one key
+// SharedScope is a [Options].Scope that puts every request in one key
 // space (the empty scope). Any client that sends a key and the same
 // request gets the answer stored for it, whoever sent it first. Use it
 // only for a service whose clients are one tenant (an internal service
@@ -52,7 +52,7 @@ func (c *Config) Validate() error {
 // authenticated account instead.
 func SharedScope(*http.Request) (string, error) { return "", nil }
 
-// ClientCertScope is a [Config].Scope that scopes keys by the client
+// ClientCertScope is a [Options].Scope that scopes keys by the client
 // certificate the server verified. (The http.Server's TLSConfig sets
 // ClientAuth to tls.VerifyClientCertIfGiven or
 // tls.RequireAndVerifyClientCert.) The scope is the certificate's first URI

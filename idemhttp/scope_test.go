@@ -16,7 +16,7 @@ import (
 )
 
 func testScope[Tx any](t *testing.T, e env[Tx]) {
-	opts := &idemhttp.Config{Scope: func(r *http.Request) (string, error) {
+	opts := &idemhttp.Options{Scope: func(r *http.Request) (string, error) {
 		acct := r.Header.Get("X-Account")
 		if acct == "" {
 			return "", &idemhttp.Problem{Type: "https://example.com/unauthorized", Title: "Unauthorized", Status: 401, Detail: "no account"}
@@ -28,7 +28,7 @@ func testScope[Tx any](t *testing.T, e env[Tx]) {
 		ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
 		defer cancel()
 		req, _ := http.NewRequestWithContext(ctx, http.MethodPost, s.URL+"/things", strings.NewReader(`{}`))
-		req.Header.Set(idemhttp.HeaderKey, "shared")
+		req.Header.Set(idemhttp.DefaultKeyHeader, "shared")
 		if acct != "" {
 			req.Header.Set("X-Account", acct)
 		}
@@ -54,7 +54,7 @@ func testScope[Tx any](t *testing.T, e env[Tx]) {
 
 	// A Scope failure that is not a Problem fails closed with 500.
 	var causes atomic.Int64
-	f := startServer(t, e, nil, &idemhttp.Config{
+	f := startServer(t, e, nil, &idemhttp.Options{
 		Scope:   func(*http.Request) (string, error) { return "", errors.New("auth backend down") },
 		OnError: func(*http.Request, error) { causes.Add(1) },
 	}, created)
@@ -68,7 +68,7 @@ func testScope[Tx any](t *testing.T, e env[Tx]) {
 func TestNilGuardFailsClosed(t *testing.T) {
 	t.Parallel()
 	var ran atomic.Bool
-	h := idemhttp.Middleware[any](nil, &idemhttp.Config{Scope: idemhttp.SharedScope})(http.HandlerFunc(func(http.ResponseWriter, *http.Request) { ran.Store(true) }))
+	h := idemhttp.Middleware[any](nil, &idemhttp.Options{Scope: idemhttp.SharedScope})(http.HandlerFunc(func(http.ResponseWriter, *http.Request) { ran.Store(true) }))
 	srv := httptest.NewServer(h)
 	defer srv.Close()
 	s := &server[any]{Server: srv}

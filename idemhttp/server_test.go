@@ -56,9 +56,9 @@ func created(n int64, w http.ResponseWriter, r *http.Request) {
 // startServer mounts the middleware with opts. The suite's clients are one
 // tenant: options that set no Scope get [idemhttp.SharedScope], on
 // purpose (the middleware itself refuses a missing Scope; see mount).
-func startServer[Tx any](t *testing.T, e env[Tx], cfg *idempotency.Config, opts *idemhttp.Config, s step) *server[Tx] {
+func startServer[Tx any](t *testing.T, e env[Tx], cfg *idempotency.Config, opts *idemhttp.Options, s step) *server[Tx] {
 	t.Helper()
-	o := idemhttp.Config{}
+	o := idemhttp.Options{}
 	if opts != nil {
 		o = *opts
 	}
@@ -69,14 +69,14 @@ func startServer[Tx any](t *testing.T, e env[Tx], cfg *idempotency.Config, opts 
 }
 
 // mount mounts the middleware with opts as they are (nil included).
-func mount[Tx any](t *testing.T, e env[Tx], cfg *idempotency.Config, opts *idemhttp.Config, s step) *server[Tx] {
+func mount[Tx any](t *testing.T, e env[Tx], cfg *idempotency.Config, opts *idemhttp.Options, s step) *server[Tx] {
 	t.Helper()
 	srv := &server[Tx]{env: e}
 	g := e.newGuard(cfg)
 	h := http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		n := srv.calls.Add(1)
-		tx, ok := idemhttp.TxFrom[Tx](r.Context())
-		key, kok := idemhttp.KeyFrom(r.Context())
+		tx, ok := idempotency.TxFrom[Tx](r.Context())
+		key, kok := idempotency.KeyFrom(r.Context())
 		if !ok || !kok {
 			w.WriteHeader(http.StatusTeapot) // unguarded: no effect
 			return
@@ -113,7 +113,7 @@ func (s *server[Tx]) send(t *testing.T, method, path, ctype, body string, keys .
 		req.Header.Set("Content-Type", ctype)
 	}
 	for _, k := range keys {
-		req.Header.Add(idemhttp.HeaderKey, k)
+		req.Header.Add(idemhttp.DefaultKeyHeader, k)
 	}
 	resp, err := s.Client().Do(req)
 	if err != nil {

@@ -12,16 +12,16 @@ import (
 	"github.com/go-idempotency/idempotency"
 )
 
-// MinStatusSecretLen is the shortest secret [AsyncConfig].Secrets
+// minStatusSecretLen is the shortest secret [AsyncOptions].Secrets
 // accepts, in bytes.
-const MinStatusSecretLen = 32
+const minStatusSecretLen = 32
 
 // statusIDVersion is the first byte of every sealed status id.
 const statusIDVersion = 1
 
 // statusIDs turns a key into the id of its status resource and back. The id
 // is the key's id sealed with AES-256-GCM under a key derived from a secret
-// of [AsyncConfig].Secrets, the scope as additional data: it shows nothing
+// of [AsyncOptions].Secrets, the scope as additional data: it shows nothing
 // of the key, cannot be made without the secret, and opens only in the
 // key's scope. Its nonce is a MAC of the scope and id, so one key always
 // gets the same id (a retry's Location is the first one's), in every
@@ -38,14 +38,14 @@ type statusKey struct {
 // newStatusIDs derives the keys of secrets; it refuses none or a short one.
 func newStatusIDs(secrets [][]byte) (*statusIDs, error) {
 	if len(secrets) == 0 {
-		return nil, fmt.Errorf("%w: idemhttp: AsyncConfig.Secrets is empty: the status resource's id seals the key with a secret "+
-			"of at least %d random bytes, the same in every instance of the service", idempotency.ErrInvalidConfig, MinStatusSecretLen)
+		return nil, fmt.Errorf("%w: idemhttp: AsyncOptions.Secrets is empty: the status resource's id seals the key with a secret "+
+			"of at least %d random bytes, the same in every instance of the service", idempotency.ErrInvalidConfig, minStatusSecretLen)
 	}
 	s := &statusIDs{}
 	for i, secret := range secrets {
-		if len(secret) < MinStatusSecretLen {
-			return nil, fmt.Errorf("%w: idemhttp: AsyncConfig.Secrets[%d] is %d bytes; want at least %d random bytes",
-				idempotency.ErrInvalidConfig, i, len(secret), MinStatusSecretLen)
+		if len(secret) < minStatusSecretLen {
+			return nil, fmt.Errorf("%w: idemhttp: AsyncOptions.Secrets[%d] is %d bytes; want at least %d random bytes",
+				idempotency.ErrInvalidConfig, i, len(secret), minStatusSecretLen)
 		}
 		block, err := aes.NewCipher(derive(secret, "idemhttp status id: encryption"))
 		if err != nil {

@@ -12,7 +12,7 @@ import (
 
 func testStoreDown[Tx any](t *testing.T, e env[Tx]) {
 	var causes atomic.Int64
-	s := startServer(t, e, nil, &idemhttp.Config{OnError: func(*http.Request, error) { causes.Add(1) }}, created)
+	s := startServer(t, e, nil, &idemhttp.Options{OnError: func(*http.Request, error) { causes.Add(1) }}, created)
 	e.breakStore()
 	res := s.post(t, `{}`, "down")
 	wantProblem(t, res, http.StatusServiceUnavailable, idemhttp.ProblemStoreUnavailable)

@@ -7,22 +7,22 @@ import (
 	"strings"
 )
 
-// HeaderShouldRetry is the response field [WriteStripeError] sets to tell
+// headerShouldRetry is the response field [WriteStripeError] sets to tell
 // a Stripe SDK whether to retry: "true" on the answers that carry
 // Retry-After (409 or 425 in progress, 503), "false" on every other.
 // The SDKs read it before the status.
-const HeaderShouldRetry = "Stripe-Should-Retry"
+const headerShouldRetry = "Stripe-Should-Retry"
 
-// StripeError is the member "error" of the body [WriteStripeError] writes:
+// stripeError is the member "error" of the body [WriteStripeError] writes:
 // the error object of Stripe's API, which Stripe's SDKs (stripe-node,
 // stripe-go, stripe-python...) turn into an exception.
-type StripeError struct {
+type stripeError struct {
 	// Type is the class of error: "invalid_request_error",
 	// "idempotency_error", "rate_limit_error", "authentication_error",
 	// "permission_error" or "api_error".
 	Type string `json:"type"`
 	// Code names the problem: see [WriteStripeError]. Empty for a
-	// problem of the application's own ([Config].Scope, ValidateKey,
+	// problem of the application's own ([Options].Scope, ValidateKey,
 	// an operation's Validate) whose type this package does not define.
 	Code string `json:"code,omitempty"`
 	// Message is the problem's title and detail, for people.
@@ -35,25 +35,25 @@ type StripeError struct {
 // stripeCodes maps this package's problem types to Stripe's error type and
 // code.
 var stripeCodes = map[string][2]string{
-	ProblemMissingKey:       {"invalid_request_error", "idempotency_key_missing"},
-	ProblemInvalidKey:       {"invalid_request_error", "idempotency_key_invalid"},
-	ProblemInvalidBody:      {"invalid_request_error", "invalid_body"},
-	ProblemRequestTooLarge:  {"invalid_request_error", "request_too_large"},
-	ProblemUnknownOperation: {"invalid_request_error", "resource_missing"},
+	problemMissingKey:       {"invalid_request_error", "idempotency_key_missing"},
+	problemInvalidKey:       {"invalid_request_error", "idempotency_key_invalid"},
+	problemInvalidBody:      {"invalid_request_error", "invalid_body"},
+	problemRequestTooLarge:  {"invalid_request_error", "request_too_large"},
+	problemUnknownOperation: {"invalid_request_error", "resource_missing"},
 	ProblemInProgress:       {"idempotency_error", "idempotency_key_in_use"},
-	ProblemKeyReused:        {"idempotency_error", "idempotency_key_reused"},
-	ProblemOverQuota:        {"rate_limit_error", "rate_limit"},
-	ProblemResponseTooLarge: {"api_error", "response_too_large"},
-	ProblemNoResponse:       {"api_error", "no_response"},
-	ProblemInternal:         {"api_error", "internal_error"},
-	ProblemStoreUnavailable: {"api_error", "idempotency_store_unavailable"},
-	ProblemUnfinished:       {"api_error", "operation_unfinished"},
+	ProblemMismatch:         {"idempotency_error", "idempotency_key_reused"},
+	problemOverQuota:        {"rate_limit_error", "rate_limit"},
+	problemResponseTooLarge: {"api_error", "response_too_large"},
+	problemNoResponse:       {"api_error", "no_response"},
+	problemInternal:         {"api_error", "internal_error"},
+	problemStoreUnavailable: {"api_error", "idempotency_store_unavailable"},
+	problemUnfinished:       {"api_error", "operation_unfinished"},
 }
 
-// StripeErrorOf returns the Stripe error object [WriteStripeError] writes
+// stripeErrorOf returns the Stripe error object [WriteStripeError] writes
 // for p.
-func StripeErrorOf(p *Problem) StripeError {
-	e := StripeError{Message: p.Title}
+func stripeErrorOf(p *Problem) stripeError {
+	e := stripeError{Message: p.Title}
 	if p.Detail != "" {
 		e.Message = strings.TrimSuffix(p.Title, ".") + ". " + p.Detail
 	}
@@ -82,7 +82,7 @@ func StripeErrorOf(p *Problem) StripeError {
 // WriteStripeError answers p as Stripe's API answers its errors, for
 // clients that read errors only in that shape (the official Stripe SDKs
 // return any other answer, whatever its status, as a successful result).
-// Set it as [Config].RenderProblem:
+// Set it as [Options].RenderProblem:
 //
 //	cfg.RenderProblem = idemhttp.WriteStripeError
 //
@@ -92,7 +92,7 @@ func StripeErrorOf(p *Problem) StripeError {
 //
 //	{"error":{"type":"idempotency_error","code":"idempotency_key_in_use","message":"...","doc_url":"..."}}
 //
-// with the type and code of [StripeError] for each problem:
+// with this type and code for each problem:
 //
 //	400 ProblemMissingKey        invalid_request_error  idempotency_key_missing
 //	400 ProblemInvalidKey        invalid_request_error  idempotency_key_invalid
@@ -113,7 +113,7 @@ func StripeErrorOf(p *Problem) StripeError {
 // rate_limit_error for 429, api_error for 5xx and invalid_request_error
 // otherwise, and no code.
 //
-// It also sets [HeaderShouldRetry], which the SDKs obey before their own
+// It also sets Stripe-Should-Retry, which the SDKs obey before their own
 // rules (they retry 409 and 5xx): "true" when p carries Retry-After and is
 // not a 429, so that an SDK retries the in-progress answer (409 or 425)
 // and the 503s; "false" otherwise, so that it does not repeat a 500 no
@@ -121,9 +121,9 @@ func StripeErrorOf(p *Problem) StripeError {
 // what to configure.
 func WriteStripeError(w http.ResponseWriter, _ *http.Request, p *Problem) {
 	body, err := json.Marshal(struct {
-		Error StripeError `json:"error"`
-	}{StripeErrorOf(p)})
-	if err != nil { // a StripeError always marshals; keep the status anyway
+		Error stripeError `json:"error"`
+	}{stripeErrorOf(p)})
+	if err != nil { // a stripeError always marshals; keep the status anyway
 		body = []byte(`{"error":{"type":"api_error","message":"error"}}`)
 	}
 	h := w.Header()
@@ -131,7 +131,7 @@ func WriteStripeError(w http.ResponseWriter, _ *http.Request, p *Problem) {
 		h[http.CanonicalHeaderKey(k)] = v
 	}
 	retry := p.Header.Get("Retry-After") != "" && p.Status != http.StatusTooManyRequests
-	h.Set(HeaderShouldRetry, strconv.FormatBool(retry))
+	h.Set(headerShouldRetry, strconv.FormatBool(retry))
 	h.Set("Content-Type", "application/json")
 	h.Set("Content-Length", strconv.Itoa(len(body)))
 	h.Set("Cache-Control", "no-store")
@@ -140,8 +140,8 @@ func WriteStripeError(w http.ResponseWriter, _ *http.Request, p *Problem) {
 }
 
 // echoKey sets the key header, as the client sent it, on every answer
-// to come ([Config].EchoKey), and exposes it to browsers with
-// [Config].ExposeHeaders.
+// to come ([Options].EchoKey), and exposes it to browsers with
+// [Options].ExposeHeaders.
 func (h *handler[Tx]) echoKey(w http.ResponseWriter, value string) {
 	w.Header().Set(h.c.header, value)
 	if h.c.expose {

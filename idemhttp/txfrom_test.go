@@ -27,10 +27,10 @@ func TestTxFromWrongType(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	mw := idemhttp.Middleware(g, &idemhttp.Config{Scope: idemhttp.SharedScope})
+	mw := idemhttp.Middleware(g, &idemhttp.Options{Scope: idemhttp.SharedScope})
 	reached := false
 	wrong := mw(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		tx, ok := idemhttp.TxFrom[*sql.Tx](r.Context())
+		tx, ok := idempotency.TxFrom[*sql.Tx](r.Context())
 		reached = true
 		if !ok {
 			http.Error(w, "not guarded", http.StatusInternalServerError)
@@ -57,7 +57,7 @@ func TestTxFromWrongType(t *testing.T) {
 		t.Fatal("the handler went on past TxFrom")
 	}
 	right := mw(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		tx, ok := idemhttp.TxFrom[*memstore.Tx](r.Context())
+		tx, ok := idempotency.TxFrom[*memstore.Tx](r.Context())
 		if !ok {
 			http.Error(w, "not guarded", http.StatusInternalServerError)
 			return

@@ -17,7 +17,7 @@ import (
 // characters", which contradicts itself.
 func TestUUIDKeyMessage(t *testing.T) {
 	t.Parallel()
-	h := idemhttp.Middleware[any](nil, &idemhttp.Config{Scope: idemhttp.SharedScope, ValidateKey: idemhttp.UUIDKey})(
+	h := idemhttp.Middleware[any](nil, &idemhttp.Options{Scope: idemhttp.SharedScope, ValidateKey: idemhttp.UUIDKey})(
 		http.HandlerFunc(func(http.ResponseWriter, *http.Request) { t.Error("the handler ran") }))
 	const ask = "; send a UUID: 36 characters, 8-4-4-4-12 hexadecimal digits, such as 8e03978e-40d5-43e8-bc93-6894a57f9324."
 	for key, why := range map[string]string{
@@ -27,7 +27,7 @@ func TestUUIDKeyMessage(t *testing.T) {
 		"8e03978e+40d5-43e8-bc93-6894a57f9324": "The key has '+' at byte 8, where a UUID has '-'",
 	} {
 		req := httptest.NewRequest(http.MethodPost, "/pay", strings.NewReader(`{}`))
-		req.Header.Set(idemhttp.HeaderKey, key)
+		req.Header.Set(idemhttp.DefaultKeyHeader, key)
 		rec := httptest.NewRecorder()
 		h.ServeHTTP(rec, req)
 		var p idemhttp.Problem
@@ -46,7 +46,7 @@ func TestUUIDKeyMessage(t *testing.T) {
 	if !errors.As(err, &p) || p.Status != http.StatusBadRequest {
 		t.Errorf("UUIDKey(nope) = %v, want a 400 *Problem", err)
 	}
-	if err := idemhttp.UUIDKey(idemhttp.NewKey()); err != nil {
+	if err := idemhttp.UUIDKey(idemhttp.NewKeyID()); err != nil {
 		t.Errorf("UUIDKey(NewKey()) = %v", err)
 	}
 }

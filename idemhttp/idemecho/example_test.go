@@ -107,7 +107,7 @@ func ExampleMiddleware() {
 			return echo.NewHTTPError(http.StatusBadGateway, "payment failed") // 5xx: rolled back
 		}
 		return c.JSON(http.StatusCreated, map[string]int64{"id": id})
-	}, idemecho.Middleware(guard, &idemhttp.Config{Scope: accountScope}))
+	}, idemecho.Middleware(guard, &idemhttp.Options{Scope: accountScope}))
 	// readme:end http-echo
 
 	e.HideBanner, e.HidePort = true, true

@@ -11,7 +11,7 @@
 // the policy judges (a 502 or a 400 is rolled back and not stored), and
 // what the client gets:
 //
-//	cfg := &idemhttp.Config{Scope: accountScope} // required: the authenticated account
+//	cfg := &idemhttp.Options{Scope: accountScope} // required: the authenticated account
 //	e := echo.New()
 //	e.Use(middleware.Recover())
 //	e.POST("/payments", createPayment, idemecho.Middleware(guard, cfg))
@@ -26,7 +26,7 @@
 //	}
 //
 // A handler that writes nothing and returns nil is rolled back and
-// answered 500 [idemhttp.ProblemNoResponse]. A panic is rolled back and
+// answered 500 ProblemNoResponse. A panic is rolled back and
 // re-raised for echo's Recover middleware to answer.
 package idemecho
 
@@ -43,7 +43,7 @@ import (
 // [idemhttp.Middleware] does with g and cfg. An error the handler returns
 // is rendered by echo's HTTPErrorHandler first, and that answer is what is
 // judged, stored and replayed. cfg.Scope is required ([idemhttp.ErrNoScope]).
-func Middleware[Tx any](g *idempotency.Guard[Tx], cfg *idemhttp.Config) echo.MiddlewareFunc {
+func Middleware[Tx any](g *idempotency.Guard[Tx], cfg *idemhttp.Options) echo.MiddlewareFunc {
 	mw := idemhttp.Middleware(g, cfg)
 	return func(next echo.HandlerFunc) echo.HandlerFunc {
 		return func(c echo.Context) error {
@@ -70,13 +70,13 @@ func Middleware[Tx any](g *idempotency.Guard[Tx], cfg *idemhttp.Config) echo.Mid
 }
 
 // TxFrom returns the transaction the middleware opened for c's request;
-// see [idemhttp.TxFrom]: check ok, and call it with the Guard's Tx (another
+// see [idempotency.TxFrom]: check ok, and call it with the Guard's Tx (another
 // type panics with an error naming both).
 func TxFrom[Tx any](c echo.Context) (Tx, bool) {
-	return idemhttp.TxFrom[Tx](c.Request().Context())
+	return idempotency.TxFrom[Tx](c.Request().Context())
 }
 
-// KeyFrom returns the key of c's request; see [idemhttp.KeyFrom].
+// KeyFrom returns the key of c's request; see [idempotency.KeyFrom].
 func KeyFrom(c echo.Context) (idempotency.Key, bool) {
-	return idemhttp.KeyFrom(c.Request().Context())
+	return idempotency.KeyFrom(c.Request().Context())
 }

@@ -25,11 +25,11 @@ import (
 
 type mount struct{}
 
-func (mount) SQLite(t *testing.T, g *idempotency.Guard[*sql.Tx], o *idemhttp.Config, h frameworktest.Handlers) string {
+func (mount) SQLite(t *testing.T, g *idempotency.Guard[*sql.Tx], o *idemhttp.Options, h frameworktest.Handlers) string {
 	return start(t, idemecho.Middleware(g, o), h)
 }
 
-func (mount) Postgres(t *testing.T, g *idempotency.Guard[pgx.Tx], o *idemhttp.Config, h frameworktest.Handlers) string {
+func (mount) Postgres(t *testing.T, g *idempotency.Guard[pgx.Tx], o *idemhttp.Options, h frameworktest.Handlers) string {
 	return start(t, idemecho.Middleware(g, o), h)
 }
 
@@ -102,7 +102,7 @@ func TestWrapMiddlewareNotStored(t *testing.T) {
 			return err
 		}
 		return echo.NewHTTPError(http.StatusBadGateway, "upstream failed")
-	}, echo.WrapMiddleware(idemhttp.Middleware(env.Guard(t, nil), &idemhttp.Config{Scope: idemhttp.SharedScope})))
+	}, echo.WrapMiddleware(idemhttp.Middleware(env.Guard(t, nil), &idemhttp.Options{Scope: idemhttp.SharedScope})))
 	srv := httptest.NewServer(e)
 	t.Cleanup(srv.Close)
 	for i := 1; i <= 2; i++ {
@@ -125,7 +125,7 @@ func TestWrapMiddlewareWritesThrough(t *testing.T) {
 	t.Parallel()
 	env := frameworktest.SQLite(t)
 	var bypass atomic.Int64
-	opts := &idemhttp.Config{Scope: idemhttp.SharedScope, Observer: func(_ context.Context, ev idemhttp.Event) {
+	opts := &idemhttp.Options{Scope: idemhttp.SharedScope, Observer: func(_ context.Context, ev idemhttp.RequestEvent) {
 		if errors.Is(ev.Err, idemhttp.ErrWriterBypassed) || errors.Is(ev.Err, idemhttp.ErrBypassRefused) {
 			bypass.Add(1)
 		}
@@ -179,7 +179,7 @@ func TestHandRolledAdapterBypass(t *testing.T) {
 			env := frameworktest.SQLite(t)
 			var reports []error
 			var mu sync.Mutex
-			mw := idemhttp.Middleware(env.Guard(t, nil), &idemhttp.Config{Scope: idemhttp.SharedScope, OnError: func(_ *http.Request, err error) {
+			mw := idemhttp.Middleware(env.Guard(t, nil), &idemhttp.Options{Scope: idemhttp.SharedScope, OnError: func(_ *http.Request, err error) {
 				mu.Lock()
 				defer mu.Unlock()
 				reports = append(reports, err)
@@ -210,8 +210,8 @@ func TestHandRolledAdapterBypass(t *testing.T) {
 			}
 			for _, key := range []string{"h-1", "h-2"} {
 				res := frameworktest.Post(t, srv.URL+"/pay", key, `{}`)
-				if res.Status != http.StatusInternalServerError || !strings.Contains(string(res.Body), idemhttp.ProblemInternal) {
-					t.Errorf("%s: %d %q; want 500 %s", key, res.Status, res.Body, idemhttp.ProblemInternal)
+				if res.Status != http.StatusInternalServerError || !strings.Contains(string(res.Body), "idemhttp#ProblemInternal") {
+					t.Errorf("%s: %d %q; want 500 %s", key, res.Status, res.Body, "idemhttp#ProblemInternal")
 				}
 				if n := env.Count(t, "", key); n != 0 {
 					t.Errorf("%s: %d effects, want 0", key, n)

@@ -90,7 +90,7 @@ func ExampleMiddleware() {
 	// readme:begin http-fiber
 	app := fiber.New(fiber.Config{DisableStartupMessage: true})
 	app.Use(recover.New())
-	app.Post("/payments", idemfiber.Middleware(guard, &idemhttp.Config{Scope: accountScope}), func(c *fiber.Ctx) error {
+	app.Post("/payments", idemfiber.Middleware(guard, &idemhttp.Options{Scope: accountScope}), func(c *fiber.Ctx) error {
 		tx, ok := idemfiber.TxFrom[*sql.Tx](c) // also in c.UserContext()
 		if !ok {
 			// not a guarded request: never act without the transaction

@@ -10,7 +10,7 @@
 // ErrorHandler there. Then it hands the fiber response (status, headers,
 // body) to the middleware, which stores it with the key or rolls it back:
 //
-//	cfg := &idemhttp.Config{Scope: accountScope} // required: the authenticated account
+//	cfg := &idemhttp.Options{Scope: accountScope} // required: the authenticated account
 //	app := fiber.New()
 //	app.Use(recover.New())
 //	app.Post("/payments", idemfiber.Middleware(guard, cfg), createPayment)
@@ -26,7 +26,7 @@
 //
 // The transaction is in c.UserContext(). A handler that sets no status and
 // writes no body is rolled back and answered 500
-// [idemhttp.ProblemNoResponse]. A panic is rolled back and re-raised for
+// ProblemNoResponse. A panic is rolled back and re-raised for
 // fiber's recover middleware to answer. Streamed bodies (SendStream) are
 // read whole into the buffer.
 package idemfiber
@@ -50,7 +50,7 @@ const unset = 1
 // Middleware returns a fiber handler that guards the rest of the chain as
 // [idemhttp.Middleware] does with g and cfg, on the net/http request fiber
 // converts from its own. cfg.Scope is required ([idemhttp.ErrNoScope]).
-func Middleware[Tx any](g *idempotency.Guard[Tx], cfg *idemhttp.Config) fiber.Handler {
+func Middleware[Tx any](g *idempotency.Guard[Tx], cfg *idemhttp.Options) fiber.Handler {
 	mw := idemhttp.Middleware(g, cfg)
 	return func(c *fiber.Ctx) error {
 		req, err := request(c)
@@ -176,13 +176,13 @@ func (w *writer) Write(p []byte) (int, error) {
 }
 
 // TxFrom returns the transaction the middleware opened for c's request
-// (in c.UserContext()); see [idemhttp.TxFrom]: check ok, and call it with
+// (in c.UserContext()); see [idempotency.TxFrom]: check ok, and call it with
 // the Guard's Tx (another type panics with an error).
 func TxFrom[Tx any](c *fiber.Ctx) (Tx, bool) {
-	return idemhttp.TxFrom[Tx](c.UserContext())
+	return idempotency.TxFrom[Tx](c.UserContext())
 }
 
-// KeyFrom returns the key of c's request; see [idemhttp.KeyFrom].
+// KeyFrom returns the key of c's request; see [idempotency.KeyFrom].
 func KeyFrom(c *fiber.Ctx) (idempotency.Key, bool) {
-	return idemhttp.KeyFrom(c.UserContext())
+	return idempotency.KeyFrom(c.UserContext())
 }

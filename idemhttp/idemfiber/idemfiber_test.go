@@ -20,11 +20,11 @@ import (
 
 type mount struct{}
 
-func (mount) SQLite(t *testing.T, g *idempotency.Guard[*sql.Tx], o *idemhttp.Config, h frameworktest.Handlers) string {
+func (mount) SQLite(t *testing.T, g *idempotency.Guard[*sql.Tx], o *idemhttp.Options, h frameworktest.Handlers) string {
 	return start(t, idemfiber.Middleware(g, o), h)
 }
 
-func (mount) Postgres(t *testing.T, g *idempotency.Guard[pgx.Tx], o *idemhttp.Config, h frameworktest.Handlers) string {
+func (mount) Postgres(t *testing.T, g *idempotency.Guard[pgx.Tx], o *idemhttp.Options, h frameworktest.Handlers) string {
 	return start(t, idemfiber.Middleware(g, o), h)
 }
 
@@ -105,7 +105,7 @@ func TestAdaptorNotStored(t *testing.T) {
 	t.Parallel()
 	env := frameworktest.SQLite(t)
 	app := fiber.New(fiber.Config{DisableStartupMessage: true})
-	app.Post("/pay", adaptor.HTTPMiddleware(idemhttp.Middleware(env.Guard(t, nil), &idemhttp.Config{Scope: idemhttp.SharedScope})), func(c *fiber.Ctx) error {
+	app.Post("/pay", adaptor.HTTPMiddleware(idemhttp.Middleware(env.Guard(t, nil), &idemhttp.Options{Scope: idemhttp.SharedScope})), func(c *fiber.Ctx) error {
 		env.Handlers.Run()
 		if err := env.Handlers.Effect(c.UserContext()); err != nil {
 			return fiber.NewError(fiber.StatusInternalServerError, err.Error())

@@ -97,14 +97,14 @@ var styles = []struct {
 type collector struct {
 	mu     sync.Mutex
 	errs   []error
-	events []idemhttp.Event
+	events []idemhttp.RequestEvent
 }
 
-func (cl *collector) options() *idemhttp.Config {
-	return &idemhttp.Config{
+func (cl *collector) options() *idemhttp.Options {
+	return &idemhttp.Options{
 		Scope:   idemhttp.SharedScope, // one test client
 		OnError: func(_ *http.Request, err error) { cl.mu.Lock(); defer cl.mu.Unlock(); cl.errs = append(cl.errs, err) },
-		Observer: func(_ context.Context, ev idemhttp.Event) {
+		Observer: func(_ context.Context, ev idemhttp.RequestEvent) {
 			cl.mu.Lock()
 			defer cl.mu.Unlock()
 			cl.events = append(cl.events, ev)
@@ -112,10 +112,10 @@ func (cl *collector) options() *idemhttp.Config {
 	}
 }
 
-func (cl *collector) get() ([]error, []idemhttp.Event) {
+func (cl *collector) get() ([]error, []idemhttp.RequestEvent) {
 	cl.mu.Lock()
 	defer cl.mu.Unlock()
-	return append([]error(nil), cl.errs...), append([]idemhttp.Event(nil), cl.events...)
+	return append([]error(nil), cl.errs...), append([]idemhttp.RequestEvent(nil), cl.events...)
 }
 
 // TestUsualAdapterBypass is the bypass failure: with the generic middleware mounted
@@ -205,9 +205,9 @@ func TestUsualAdapterBypass(t *testing.T) {
 // handler's header fields.
 func wantInternal(t *testing.T, what string, res frameworktest.Result) {
 	t.Helper()
-	if res.Status != http.StatusInternalServerError || !strings.Contains(string(res.Body), idemhttp.ProblemInternal) ||
-		res.Header.Get("Content-Type") != idemhttp.ProblemContentType || res.Header.Get("Location") != "" {
-		t.Errorf("%s: %d %v %q; want 500 %s without the handler's Location", what, res.Status, res.Header, res.Body, idemhttp.ProblemInternal)
+	if res.Status != http.StatusInternalServerError || !strings.Contains(string(res.Body), "idemhttp#ProblemInternal") ||
+		res.Header.Get("Content-Type") != "application/problem+json" || res.Header.Get("Location") != "" {
+		t.Errorf("%s: %d %v %q; want 500 %s without the handler's Location", what, res.Status, res.Header, res.Body, "idemhttp#ProblemInternal")
 	}
 	if strings.Contains(string(res.Body), "approved") {
 		t.Errorf("%s: %q; the handler's answer is in it", what, res.Body)
@@ -234,7 +234,7 @@ func TestIdemginNoBypass(t *testing.T) {
 					c.AbortWithStatus(http.StatusInternalServerError)
 					return
 				}
-				if strings.HasPrefix(c.GetHeader(idemhttp.HeaderKey), "silent") {
+				if strings.HasPrefix(c.GetHeader(idemhttp.DefaultKeyHeader), "silent") {
 					_ = c.Error(errors.New("recorded, never written"))
 					return
 				}
@@ -262,8 +262,8 @@ func TestIdemginNoBypass(t *testing.T) {
 			}
 			for range 2 {
 				if got := frameworktest.Post(t, srv.URL+"/pay", "silent-1", `{}`); got.Status != http.StatusInternalServerError ||
-					!strings.Contains(string(got.Body), idemhttp.ProblemNoResponse) {
-					t.Errorf("silent: %d %q; want 500 %s", got.Status, got.Body, idemhttp.ProblemNoResponse)
+					!strings.Contains(string(got.Body), "idemhttp#ProblemNoResponse") {
+					t.Errorf("silent: %d %q; want 500 %s", got.Status, got.Body, "idemhttp#ProblemNoResponse")
 				}
 			}
 			if got := frameworktest.Post(t, srv.URL+"/pay", "k-new", `{}`); got.Status != http.StatusCreated {

@@ -90,7 +90,7 @@ func ExampleMiddleware() {
 	// readme:begin http-gin
 	r := gin.New()
 	r.Use(gin.Recovery())
-	r.POST("/payments", idemgin.Middleware(guard, &idemhttp.Config{Scope: accountScope}), func(c *gin.Context) {
+	r.POST("/payments", idemgin.Middleware(guard, &idemhttp.Options{Scope: accountScope}), func(c *gin.Context) {
 		tx, ok := idemgin.TxFrom[*sql.Tx](c)
 		if !ok { // not a guarded request: never act without the transaction
 			c.AbortWithStatus(http.StatusInternalServerError)

@@ -9,7 +9,7 @@
 //
 // idemhttp cannot intercept c.Writer. It notices afterwards
 // ([idemhttp.ErrWriterBypassed], reported once to
-// [idemhttp.Config].OnError). From then on that middleware answers every
+// [idemhttp.Options].OnError). From then on that middleware answers every
 // guarded request 500 without running the handler in a transaction
 // ([idemhttp.ErrBypassRefused]). An adapter that does not c.Abort() when
 // the middleware answered lets gin run the handler anyway, after it and
@@ -19,7 +19,7 @@
 // handlers, and the middleware after this one, write into the middleware's
 // buffer:
 //
-//	cfg := &idemhttp.Config{Scope: accountScope} // required: the authenticated account
+//	cfg := &idemhttp.Options{Scope: accountScope} // required: the authenticated account
 //	r := gin.New()
 //	r.Use(gin.Recovery())
 //	r.POST("/payments", idemgin.Middleware(guard, cfg), createPayment)
@@ -38,7 +38,7 @@
 // database/sql may still watch the context it was given.
 //
 // A handler that writes nothing (not even c.Status) is rolled back and
-// answered 500 [idemhttp.ProblemNoResponse]. So is one that only records
+// answered 500 ProblemNoResponse. So is one that only records
 // errors with c.Error. c.AbortWithStatusJSON(502, ...) is sent to the
 // client and rolled back. A panic is rolled back and re-raised for
 // gin.Recovery to answer.
@@ -61,7 +61,7 @@ import (
 // [idemhttp.Middleware] does with g and cfg; the chain writes into the
 // middleware's buffer through c.Writer. Mount it on the routes (or groups)
 // it guards, after gin.Recovery. cfg.Scope is required ([idemhttp.ErrNoScope]).
-func Middleware[Tx any](g *idempotency.Guard[Tx], cfg *idemhttp.Config) gin.HandlerFunc {
+func Middleware[Tx any](g *idempotency.Guard[Tx], cfg *idemhttp.Options) gin.HandlerFunc {
 	mw := idemhttp.Middleware(g, cfg)
 	return func(c *gin.Context) {
 		outer := c.Writer
@@ -89,15 +89,15 @@ func Middleware[Tx any](g *idempotency.Guard[Tx], cfg *idemhttp.Config) gin.Hand
 }
 
 // TxFrom returns the transaction the middleware opened for c's request;
-// see [idemhttp.TxFrom]: check ok, and call it with the Guard's Tx (another
+// see [idempotency.TxFrom]: check ok, and call it with the Guard's Tx (another
 // type panics with an error naming both).
 func TxFrom[Tx any](c *gin.Context) (Tx, bool) {
-	return idemhttp.TxFrom[Tx](c.Request.Context())
+	return idempotency.TxFrom[Tx](c.Request.Context())
 }
 
-// KeyFrom returns the key of c's request; see [idemhttp.KeyFrom].
+// KeyFrom returns the key of c's request; see [idempotency.KeyFrom].
 func KeyFrom(c *gin.Context) (idempotency.Key, bool) {
-	return idemhttp.KeyFrom(c.Request.Context())
+	return idempotency.KeyFrom(c.Request.Context())
 }
 
 // writer is a gin.ResponseWriter over the middleware's buffer, with gin's

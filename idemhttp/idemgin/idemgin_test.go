@@ -19,11 +19,11 @@ import (
 
 type mount struct{}
 
-func (mount) SQLite(t *testing.T, g *idempotency.Guard[*sql.Tx], o *idemhttp.Config, h frameworktest.Handlers) string {
+func (mount) SQLite(t *testing.T, g *idempotency.Guard[*sql.Tx], o *idemhttp.Options, h frameworktest.Handlers) string {
 	return start(t, idemgin.Middleware(g, o), h)
 }
 
-func (mount) Postgres(t *testing.T, g *idempotency.Guard[pgx.Tx], o *idemhttp.Config, h frameworktest.Handlers) string {
+func (mount) Postgres(t *testing.T, g *idempotency.Guard[pgx.Tx], o *idemhttp.Options, h frameworktest.Handlers) string {
 	return start(t, idemgin.Middleware(g, o), h)
 }
 
@@ -89,7 +89,7 @@ func TestStatusOnly(t *testing.T) {
 	e := frameworktest.SQLite(t)
 	gin.SetMode(gin.ReleaseMode)
 	r := gin.New()
-	r.POST("/accept", idemgin.Middleware(e.Guard(t, nil), &idemhttp.Config{Scope: idemhttp.SharedScope}), func(c *gin.Context) {
+	r.POST("/accept", idemgin.Middleware(e.Guard(t, nil), &idemhttp.Options{Scope: idemhttp.SharedScope}), func(c *gin.Context) {
 		e.Handlers.Run()
 		if err := e.Handlers.Effect(c.Request.Context()); err != nil {
 			c.AbortWithStatus(http.StatusInternalServerError)
