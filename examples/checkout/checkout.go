@@ -76,7 +76,7 @@ func newService[Tx any](g *idempotency.Guard[Tx], tx func(Tx) db, names tables, 
 		Finish: s.finish,
 		Lease:  cfg.lease,
 	}
-	h, err := idemhttp.Operation(g, s.op, &idemhttp.Config{
+	h, err := idemhttp.Operation(g, s.op, &idemhttp.Options{
 		// The demo has no authentication: a real service returns the
 		// authenticated account, so that two accounts' keys never meet.
 		Scope:          func(*http.Request) (string, error) { return scope, nil },

@@ -4,7 +4,7 @@
 // router and Recoverer; it is a module of its own so that chi never enters
 // the core module's requirements.
 //
-//	cfg := &idemhttp.Config{Scope: accountScope} // required: the authenticated account
+//	cfg := &idemhttp.Options{Scope: accountScope} // required: the authenticated account
 //	r := chi.NewRouter()
 //	r.Use(middleware.Recoverer)
 //	r.With(idemhttp.Middleware(guard, cfg)).Post("/payments", createPayment)

@@ -90,9 +90,9 @@ func Example() {
 	r := chi.NewRouter()
 	r.Use(middleware.Recoverer)
 	r.Route("/payments", func(r chi.Router) {
-		r.Use(idemhttp.Middleware(guard, &idemhttp.Config{Scope: accountScope})) // guards POST and PATCH; GET passes through
+		r.Use(idemhttp.Middleware(guard, &idemhttp.Options{Scope: accountScope})) // guards POST and PATCH; GET passes through
 		r.Post("/", func(w http.ResponseWriter, r *http.Request) {
-			tx, ok := idemhttp.TxFrom[*sql.Tx](r.Context())
+			tx, ok := idempotency.TxFrom[*sql.Tx](r.Context())
 			if !ok { // not a guarded request: never act without the transaction
 				http.Error(w, "not guarded", http.StatusInternalServerError)
 				return

@@ -76,7 +76,7 @@ func TestSevenMetrics(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	mw := idemhttp.Middleware(guard, &idemhttp.Config{Scope: idemhttp.SharedScope, Observer: requests})
+	mw := idemhttp.Middleware(guard, &idemhttp.Options{Scope: idemhttp.SharedScope, Observer: requests})
 	// readme:end http-metrics
 
 	// A second instance on the same store that waits 50ms at most.
@@ -93,7 +93,7 @@ func TestSevenMetrics(t *testing.T) {
 			slowStarted.Do(func() { close(started) })
 			<-release
 		case "/rollback": // a buggy handler: its commit will fail
-			tx, ok := idemhttp.TxFrom[*sql.Tx](r.Context())
+			tx, ok := idempotency.TxFrom[*sql.Tx](r.Context())
 			if !ok {
 				http.Error(w, "not guarded", http.StatusInternalServerError)
 				return
@@ -105,12 +105,12 @@ func TestSevenMetrics(t *testing.T) {
 	})
 	srv := httptest.NewServer(mw(handler))
 	defer srv.Close()
-	other := httptest.NewServer(idemhttp.Middleware(impatient, &idemhttp.Config{Scope: idemhttp.SharedScope, Observer: requests})(handler))
+	other := httptest.NewServer(idemhttp.Middleware(impatient, &idemhttp.Options{Scope: idemhttp.SharedScope, Observer: requests})(handler))
 	defer other.Close()
 	send := func(base, path, key, body string) int {
 		req, _ := http.NewRequestWithContext(ctx, http.MethodPost, base+path, strings.NewReader(body))
 		req.Header.Set("Content-Type", "application/json")
-		req.Header.Set(idemhttp.HeaderKey, key)
+		req.Header.Set(idemhttp.DefaultKeyHeader, key)
 		resp, err := http.DefaultClient.Do(req)
 		if err != nil {
 			t.Error(err)

@@ -1,5 +1,5 @@
 // Package observe feeds the events of the idemhttp middleware
-// ([idemhttp.Config].Observer) and of a Guard ([idempotency.Config].Observer)
+// ([idemhttp.Options].Observer) and of a Guard ([idempotency.Config].Observer)
 // to log/slog and to OpenTelemetry metrics, which any OpenTelemetry
 // exporter sends on (the tests scrape them through the Prometheus one). It
 // is its own module so that the OpenTelemetry SDK never enters the core
@@ -53,11 +53,11 @@ const (
 	// Requests that did not wait are not observed.
 	WaitMetric = "idempotency.http.wait"
 	// ReplayAgeMetric is the age of a record replayed from the store, in
-	// seconds ([idemhttp.Event].RecordAge). Replays handed over in memory
+	// seconds ([idemhttp.RequestEvent].RecordAge). Replays handed over in memory
 	// by the request that made the answer are not observed.
 	ReplayAgeMetric = "idempotency.replay.age"
 	// FailuresAfterFnMetric counts requests whose handler ran and whose
-	// answer could not be stored ([idemhttp.Event].AfterFn): the commit
+	// answer could not be stored ([idemhttp.RequestEvent].AfterFn): the commit
 	// failed or its outcome is unknown. The client got a 503; its retry
 	// replays or runs the handler once.
 	FailuresAfterFnMetric = "idempotency.failures_after_fn"
@@ -68,15 +68,15 @@ const (
 	PurgeDurationMetric = "idempotency.purge.duration"
 )
 
-// New returns an observer for [idemhttp.Config].Observer that logs every
+// New returns an observer for [idemhttp.Options].Observer that logs every
 // event to logger (nil: no log) and records it on meter's instruments
 // (nil: no metrics). Events whose outcome is an error of the server
 // (handler_error, store_error, internal) are logged at Error level, the
 // others at Debug, refusals (rejected, mismatch, in_progress) at Info.
-// A log line names the request's key by its hash ([idemhttp.Event.KeyHash],
+// A log line names the request's key by its hash ([idemhttp.RequestEvent.KeyHash],
 // attribute key_hash), never by the raw key or scope; the errors logged
 // name it the same way.
-func New(logger *slog.Logger, meter metric.Meter) (func(context.Context, idemhttp.Event), error) {
+func New(logger *slog.Logger, meter metric.Meter) (func(context.Context, idemhttp.RequestEvent), error) {
 	var requests, afterFn metric.Int64Counter
 	var duration, wait, age metric.Float64Histogram
 	if meter != nil {
@@ -102,7 +102,7 @@ func New(logger *slog.Logger, meter metric.Meter) (func(context.Context, idemhtt
 			return nil, fmt.Errorf("observe: %w", err)
 		}
 	}
-	return func(ctx context.Context, ev idemhttp.Event) {
+	return func(ctx context.Context, ev idemhttp.RequestEvent) {
 		if meter != nil {
 			outcome := attribute.String("idempotency.outcome", ev.Outcome.String())
 			requests.Add(ctx, 1, metric.WithAttributes(outcome,

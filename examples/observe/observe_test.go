@@ -71,7 +71,7 @@ func TestObserver(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	mw := idemhttp.Middleware(guard, &idemhttp.Config{Scope: accountScope, Observer: observer})
+	mw := idemhttp.Middleware(guard, &idemhttp.Options{Scope: accountScope, Observer: observer})
 	// readme:end http-observe
 
 	h := mw(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
@@ -88,7 +88,7 @@ func TestObserver(t *testing.T) {
 		req.Header.Set("Content-Type", "application/json")
 		req.Header.Set("Authorization", "Bearer acct_1")
 		if key != "" {
-			req.Header.Set(idemhttp.HeaderKey, key)
+			req.Header.Set(idemhttp.DefaultKeyHeader, key)
 		}
 		resp, err := srv.Client().Do(req)
 		if err != nil {
@@ -174,7 +174,7 @@ func TestObserverLogsKeyHash(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	mw := idemhttp.Middleware(guard, &idemhttp.Config{Observer: observer,
+	mw := idemhttp.Middleware(guard, &idemhttp.Options{Observer: observer,
 		Scope: func(*http.Request) (string, error) { return scope, nil }})
 	srv := httptest.NewServer(mw(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		w.WriteHeader(http.StatusCreated)
@@ -184,7 +184,7 @@ func TestObserverLogsKeyHash(t *testing.T) {
 	send := func(key, body string) int {
 		req, _ := http.NewRequestWithContext(ctx, http.MethodPost, srv.URL+"/pay", strings.NewReader(body))
 		req.Header.Set("Content-Type", "application/json")
-		req.Header.Set(idemhttp.HeaderKey, key)
+		req.Header.Set(idemhttp.DefaultKeyHeader, key)
 		resp, err := srv.Client().Do(req)
 		if err != nil {
 			t.Fatal(err)

@@ -33,7 +33,7 @@ func Post(t *testing.T, url, key, body string) Result {
 	}
 	req.Header.Set("Content-Type", "application/json")
 	if key != "" {
-		req.Header.Set(idemhttp.HeaderKey, key)
+		req.Header.Set(idemhttp.DefaultKeyHeader, key)
 	}
 	tr := &http.Transport{DisableKeepAlives: true}
 	defer tr.CloseIdleConnections()
@@ -49,22 +49,22 @@ func Post(t *testing.T, url, key, body string) Result {
 	return Result{Status: resp.StatusCode, Header: resp.Header, Body: b}
 }
 
-func runCases[Tx any](t *testing.T, e *Env[Tx], start func(*testing.T, *idemhttp.Config) string) {
-	base := start(t, &idemhttp.Config{Scope: idemhttp.SharedScope}) // the suite's clients are one tenant
+func runCases[Tx any](t *testing.T, e *Env[Tx], start func(*testing.T, *idemhttp.Options) string) {
+	base := start(t, &idemhttp.Options{Scope: idemhttp.SharedScope}) // the suite's clients are one tenant
 	count := func(id string) int { return e.Count(t, "", id) }
 
 	// NoScope: mounted without Config.Scope, the integration shares no
 	// answer between clients: every guarded request is refused with 500
 	// before the chain runs, nothing is stored.
 	t.Run("NoScope", func(t *testing.T) {
-		for name, opts := range map[string]*idemhttp.Config{"nil": nil, "empty": {}} {
+		for name, opts := range map[string]*idemhttp.Options{"nil": nil, "empty": {}} {
 			url := start(t, opts)
 			runs := e.Runs()
 			for i := range 2 { // client A, then client B with A's key and body
 				res := Post(t, url+RouteWrite, "noscope-"+name, `{"amount":100}`)
-				if res.Err != nil || res.Status != http.StatusInternalServerError || !strings.Contains(string(res.Body), idemhttp.ProblemInternal) ||
+				if res.Err != nil || res.Status != http.StatusInternalServerError || !strings.Contains(string(res.Body), "idemhttp#ProblemInternal") ||
 					res.Header.Get(idemhttp.HeaderReplayed) != "" {
-					t.Errorf("%s, request %d: %d %v %q (%v); want 500 %s, never an answer", name, i, res.Status, res.Header, res.Body, res.Err, idemhttp.ProblemInternal)
+					t.Errorf("%s, request %d: %d %v %q (%v); want 500 %s, never an answer", name, i, res.Status, res.Header, res.Body, res.Err, "idemhttp#ProblemInternal")
 				}
 			}
 			if d := e.Runs() - runs; d != 0 {
@@ -81,7 +81,7 @@ func runCases[Tx any](t *testing.T, e *Env[Tx], start func(*testing.T, *idemhttp
 	// integration.
 	t.Run("Contract", func(t *testing.T) {
 		const docs = "https://docs.example.com/idempotency"
-		url := start(t, &idemhttp.Config{Scope: idemhttp.SharedScope, TTL: 3 * time.Hour, ExposeHeaders: true,
+		url := start(t, &idemhttp.Options{Scope: idemhttp.SharedScope, TTL: 3 * time.Hour, ExposeHeaders: true,
 			ProblemDocs: docs, InProgressStatus: http.StatusTooEarly})
 		before := time.Now()
 		first := Post(t, url+RouteWrite, "contract-1", `{"amount":100}`)
@@ -140,12 +140,12 @@ func runCases[Tx any](t *testing.T, e *Env[Tx], start func(*testing.T, *idemhttp
 			t.Errorf("handler ran %d times, want 1", d)
 		}
 		mismatch := Post(t, base+RouteWrite, "w-1", `{"amount":101}`)
-		if mismatch.Status != http.StatusUnprocessableEntity || !strings.Contains(string(mismatch.Body), idemhttp.ProblemKeyReused) {
-			t.Errorf("same key, other body: %d %q; want 422 %s", mismatch.Status, mismatch.Body, idemhttp.ProblemKeyReused)
+		if mismatch.Status != http.StatusUnprocessableEntity || !strings.Contains(string(mismatch.Body), idemhttp.ProblemMismatch) {
+			t.Errorf("same key, other body: %d %q; want 422 %s", mismatch.Status, mismatch.Body, idemhttp.ProblemMismatch)
 		}
 		missing := Post(t, base+RouteWrite, "", `{"amount":100}`)
-		if missing.Status != http.StatusBadRequest || !strings.Contains(string(missing.Body), idemhttp.ProblemMissingKey) {
-			t.Errorf("no key: %d %q; want 400 %s", missing.Status, missing.Body, idemhttp.ProblemMissingKey)
+		if missing.Status != http.StatusBadRequest || !strings.Contains(string(missing.Body), "idemhttp#ProblemMissingKey") {
+			t.Errorf("no key: %d %q; want 400 %s", missing.Status, missing.Body, "idemhttp#ProblemMissingKey")
 		}
 	})
 
@@ -182,8 +182,8 @@ func runCases[Tx any](t *testing.T, e *Env[Tx], start func(*testing.T, *idemhttp
 	t.Run("Panic", func(t *testing.T) { notStored(t, RoutePanic, 0, `{}`, nil) })
 	t.Run("Nothing", func(t *testing.T) {
 		notStored(t, RouteNothing, http.StatusInternalServerError, `{}`, func(r Result) {
-			if !strings.Contains(string(r.Body), idemhttp.ProblemNoResponse) {
-				t.Errorf("body %q; want the %s problem", r.Body, idemhttp.ProblemNoResponse)
+			if !strings.Contains(string(r.Body), "idemhttp#ProblemNoResponse") {
+				t.Errorf("body %q; want the %s problem", r.Body, "idemhttp#ProblemNoResponse")
 			}
 		})
 	})
@@ -196,7 +196,7 @@ func runCases[Tx any](t *testing.T, e *Env[Tx], start func(*testing.T, *idemhttp
 		var b [6]byte
 		_, _ = rand.Read(b[:])
 		scope := "quota-" + hex.EncodeToString(b[:])
-		url := start(t, &idemhttp.Config{
+		url := start(t, &idemhttp.Options{
 			Scope: func(*http.Request) (string, error) { return scope, nil },
 			Quota: &idempotency.Quota{Window: time.Hour, MaxKeys: 2},
 		})
@@ -216,8 +216,8 @@ func runCases[Tx any](t *testing.T, e *Env[Tx], start func(*testing.T, *idemhttp
 				}
 			case i == 2:
 				if res.Status != http.StatusTooManyRequests || res.Header.Get("Retry-After") == "" ||
-					!strings.Contains(string(res.Body), idemhttp.ProblemOverQuota) {
-					t.Errorf("%s: %d %v %q; want 429 %s with Retry-After", key, res.Status, res.Header, res.Body, idemhttp.ProblemOverQuota)
+					!strings.Contains(string(res.Body), "idemhttp#ProblemOverQuota") {
+					t.Errorf("%s: %d %v %q; want 429 %s with Retry-After", key, res.Status, res.Header, res.Body, "idemhttp#ProblemOverQuota")
 				}
 			default:
 				if res.Status != http.StatusCreated || !bytes.Equal(res.Body, first.Body) || res.Header.Get(idemhttp.HeaderReplayed) != "true" {

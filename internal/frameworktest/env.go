@@ -15,7 +15,6 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/go-idempotency/idempotency"
-	"github.com/go-idempotency/idempotency/idemhttp"
 	"github.com/go-idempotency/idempotency/internal/testenv"
 	"github.com/go-idempotency/idempotency/postgres"
 	"github.com/go-idempotency/idempotency/sqlite"
@@ -50,7 +49,7 @@ func ctx(t *testing.T) context.Context {
 }
 
 func tag(ctx context.Context) (string, error) {
-	k, ok := idemhttp.KeyFrom(ctx)
+	k, ok := idempotency.KeyFrom(ctx)
 	if !ok {
 		return "", fmt.Errorf("frameworktest: no idempotency key in the handler's context")
 	}
@@ -82,7 +81,7 @@ func SQLite(t *testing.T) *Env[*sql.Tx] {
 		Handlers: Handlers{
 			Run: func() int64 { return runs.Add(1) },
 			Effect: func(ctx context.Context) error {
-				tx, ok := idemhttp.TxFrom[*sql.Tx](ctx)
+				tx, ok := idempotency.TxFrom[*sql.Tx](ctx)
 				if !ok {
 					return fmt.Errorf("frameworktest: no transaction in the handler's context")
 				}
@@ -142,7 +141,7 @@ func Postgres(t *testing.T) *Env[pgx.Tx] {
 		Handlers: Handlers{
 			Run: func() int64 { return runs.Add(1) },
 			Effect: func(ctx context.Context) error {
-				tx, ok := idemhttp.TxFrom[pgx.Tx](ctx)
+				tx, ok := idempotency.TxFrom[pgx.Tx](ctx)
 				if !ok {
 					return fmt.Errorf("frameworktest: no transaction in the handler's context")
 				}

@@ -63,8 +63,8 @@ func Body(n int64) map[string]any {
 // URL; it stops it with t.Cleanup. Each method is the same generic code of
 // the framework's test, instantiated with the store's transaction type.
 type Mount interface {
-	SQLite(t *testing.T, g *idempotency.Guard[*sql.Tx], opts *idemhttp.Config, h Handlers) string
-	Postgres(t *testing.T, g *idempotency.Guard[pgx.Tx], opts *idemhttp.Config, h Handlers) string
+	SQLite(t *testing.T, g *idempotency.Guard[*sql.Tx], opts *idemhttp.Options, h Handlers) string
+	Postgres(t *testing.T, g *idempotency.Guard[pgx.Tx], opts *idemhttp.Options, h Handlers) string
 }
 
 // Run runs the suite on SQLite and PostgreSQL.
@@ -72,14 +72,14 @@ func Run(t *testing.T, m Mount) {
 	t.Run("SQLite", func(t *testing.T) {
 		t.Parallel()
 		e := SQLite(t)
-		runCases(t, e, func(t *testing.T, opts *idemhttp.Config) string {
+		runCases(t, e, func(t *testing.T, opts *idemhttp.Options) string {
 			return m.SQLite(t, e.Guard(t, nil), opts, e.Handlers)
 		})
 	})
 	t.Run("Postgres", func(t *testing.T) {
 		t.Parallel()
 		e := Postgres(t)
-		runCases(t, e, func(t *testing.T, opts *idemhttp.Config) string {
+		runCases(t, e, func(t *testing.T, opts *idemhttp.Options) string {
 			return m.Postgres(t, e.Guard(t, nil), opts, e.Handlers)
 		})
 	})

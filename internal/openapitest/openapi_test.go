@@ -51,7 +51,7 @@ func ctx(t *testing.T) context.Context {
 
 // document merges the fragment of cfg into the sample and returns its JSON
 // and a validator of it, after checking it against the OpenAPI 3.1 schema.
-func document(t *testing.T, cfg *idemhttp.Config) ([]byte, map[string]any, validator.Validator) {
+func document(t *testing.T, cfg *idemhttp.Options) ([]byte, map[string]any, validator.Validator) {
 	t.Helper()
 	f, err := idemhttp.OpenAPI(cfg)
 	if err != nil {
@@ -100,7 +100,7 @@ func describe(errs []*errors.ValidationError) string {
 // the OpenAPI 3.1 schema, for the default config and for every option the
 // fragment describes, and what the merge put where.
 func TestFragmentValidates(t *testing.T) {
-	configs := map[string]*idemhttp.Config{
+	configs := map[string]*idemhttp.Options{
 		"nil":     nil,
 		"uuid":    {ValidateKey: idemhttp.UUIDKey, InProgressStatus: http.StatusTooEarly, ProblemDocs: "https://docs.example.com/idempotency"},
 		"schema":  {KeyHeader: "X-Idempotency-Key", KeyOptional: true, KeySchema: &idemhttp.KeySchema{MinLength: 16, MaxLength: 64, Pattern: "^[A-Za-z0-9_-]+$"}},
@@ -111,7 +111,7 @@ func TestFragmentValidates(t *testing.T) {
 			_, doc, _ := document(t, cfg)
 			op := doc["paths"].(map[string]any)["/payments"].(map[string]any)["post"].(map[string]any)
 			params := op["parameters"].([]any)
-			header := idemhttp.HeaderKey
+			header := idemhttp.DefaultKeyHeader
 			if cfg != nil && cfg.KeyHeader != "" {
 				header = cfg.KeyHeader
 			}
@@ -155,8 +155,8 @@ func TestFragmentValidates(t *testing.T) {
 					t.Fatalf("no %s response: %v", code, responses)
 				}
 				content := r["content"].(map[string]any)
-				if _, ok := content[idemhttp.ProblemContentType]; !ok {
-					t.Errorf("%s: content %v; want %s", code, content, idemhttp.ProblemContentType)
+				if _, ok := content["application/problem+json"]; !ok {
+					t.Errorf("%s: content %v; want %s", code, content, "application/problem+json")
 				}
 				headers, _ := r["headers"].(map[string]any)
 				_, link := headers["Link"]
@@ -174,8 +174,8 @@ func TestFragmentValidates(t *testing.T) {
 				}
 			}
 			schemas := doc["components"].(map[string]any)["schemas"].(map[string]any)
-			if schemas[idemhttp.ProblemSchemaName] == nil {
-				t.Errorf("components.schemas lacks %s", idemhttp.ProblemSchemaName)
+			if schemas["IdempotencyProblem"] == nil {
+				t.Errorf("components.schemas lacks %s", "IdempotencyProblem")
 			}
 		})
 	}
@@ -186,7 +186,7 @@ func TestFragmentValidates(t *testing.T) {
 // the merged document with libopenapi-validator: the answers the
 // middleware gives are the ones the fragment describes.
 func TestAnswersMatchTheDocument(t *testing.T) {
-	cfg := &idemhttp.Config{Scope: idemhttp.SharedScope, ValidateKey: idemhttp.UUIDKey,
+	cfg := &idemhttp.Options{Scope: idemhttp.SharedScope, ValidateKey: idemhttp.UUIDKey,
 		ProblemDocs: "https://docs.example.com/idempotency", InProgressStatus: http.StatusTooEarly, MaxRequestBody: 256}
 	_, _, v := document(t, cfg)
 
@@ -232,7 +232,7 @@ func TestAnswersMatchTheDocument(t *testing.T) {
 		}
 		req.Header.Set("Content-Type", "application/json")
 		if key != "" {
-			req.Header.Set(idemhttp.HeaderKey, key)
+			req.Header.Set(idemhttp.DefaultKeyHeader, key)
 		}
 		resp, err := srv.Client().Do(req)
 		if err != nil {
@@ -282,7 +282,7 @@ func TestAnswersMatchTheDocument(t *testing.T) {
 		defer close(done)
 		req, _ := http.NewRequestWithContext(ctx(t), http.MethodPost, srv.URL+"/payments", strings.NewReader(`{"amount":7}`))
 		req.Header.Set("Content-Type", "application/json")
-		req.Header.Set(idemhttp.HeaderKey, held)
+		req.Header.Set(idemhttp.DefaultKeyHeader, held)
 		if resp, err := srv.Client().Do(req); err == nil {
 			resp.Body.Close()
 		}

@@ -117,8 +117,8 @@ func (h *holds) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 // ProblemNoResponse); "slow" holds the key for 4 s.
 func customers(table string, held *holds) http.HandlerFunc {
 	return func(w http.ResponseWriter, r *http.Request) {
-		tx, ok := idemhttp.TxFrom[pgx.Tx](r.Context())
-		key, kok := idemhttp.KeyFrom(r.Context())
+		tx, ok := idempotency.TxFrom[pgx.Tx](r.Context())
+		key, kok := idempotency.KeyFrom(r.Context())
 		if !ok || !kok {
 			http.Error(w, "unguarded", http.StatusInternalServerError)
 			return
@@ -158,7 +158,7 @@ type outcomes struct {
 	n  map[observe.Outcome]int
 }
 
-func (o *outcomes) observe(_ context.Context, ev idemhttp.Event) {
+func (o *outcomes) observe(_ context.Context, ev idemhttp.RequestEvent) {
 	o.mu.Lock()
 	defer o.mu.Unlock()
 	if o.n == nil {
@@ -172,7 +172,7 @@ func (o *outcomes) observe(_ context.Context, ev idemhttp.Event) {
 func serve(t *testing.T, g *idempotency.Guard[pgx.Tx], table string, seen *outcomes) *httptest.Server {
 	held := &holds{}
 	mux := http.NewServeMux()
-	mux.Handle("POST /v1/customers", idemhttp.Middleware(g, &idemhttp.Config{
+	mux.Handle("POST /v1/customers", idemhttp.Middleware(g, &idemhttp.Options{
 		Scope:         scope,
 		RenderProblem: idemhttp.WriteStripeError,
 		EchoKey:       true,
