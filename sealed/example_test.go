@@ -59,7 +59,7 @@ func ExampleNew() {
 	if err != nil {
 		log.Fatal(err)
 	}
-	mw := idemhttp.Middleware(guard, &idemhttp.Config{Scope: idemhttp.SharedScope})
+	mw := idemhttp.Middleware(guard, &idemhttp.Options{Scope: idemhttp.SharedScope})
 	// readme:end http-sealed
 	_ = mw
 

@@ -184,7 +184,7 @@ type server struct {
 }
 
 func serve[Tx any](t *testing.T, ctx context.Context, g *idempotency.Guard[Tx], h http.Handler) *server {
-	srv := httptest.NewServer(idemhttp.Middleware(g, &idemhttp.Config{Scope: func(r *http.Request) (string, error) {
+	srv := httptest.NewServer(idemhttp.Middleware(g, &idemhttp.Options{Scope: func(r *http.Request) (string, error) {
 		return r.Header.Get("X-Account"), nil
 	}})(h))
 	t.Cleanup(srv.Close)
@@ -199,7 +199,7 @@ func (s *server) post(key, body string) answer {
 	}
 	req.Header.Set("Content-Type", "application/json")
 	req.Header.Set("X-Account", "acct_1")
-	req.Header.Set(idemhttp.HeaderKey, key)
+	req.Header.Set(idemhttp.DefaultKeyHeader, key)
 	res, err := s.c.Do(req)
 	if err != nil {
 		s.t.Fatal(err)
@@ -233,7 +233,7 @@ func testEncryptedHTTP[Tx any](t *testing.T, open func(*testing.T, context.Conte
 	b := open(t, ctx)
 	var calls atomic.Int64
 	handler := http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		tx, ok := idemhttp.TxFrom[Tx](r.Context())
+		tx, ok := idempotency.TxFrom[Tx](r.Context())
 		if !ok {
 			http.Error(w, "no tx", http.StatusInternalServerError)
 			return
@@ -372,7 +372,7 @@ func testReferenceHTTP[Tx any](t *testing.T, open func(*testing.T, context.Conte
 		t.Fatal(err)
 	}
 	s := serve(t, ctx, g, http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		tx, ok := idemhttp.TxFrom[Tx](r.Context())
+		tx, ok := idempotency.TxFrom[Tx](r.Context())
 		if !ok {
 			http.Error(w, "no tx", http.StatusInternalServerError)
 			return
