@@ -1,4 +1,4 @@
-// Package observe feeds the events of the idemhttp middleware
+// Package otelmetrics feeds the events of the idemhttp middleware
 // ([idemhttp.Options].Observer) and of a Guard ([idempotency.Config].Observer)
 // to log/slog and to OpenTelemetry metrics, which any OpenTelemetry
 // exporter sends on (the tests scrape them through the Prometheus one). It
@@ -24,7 +24,7 @@
 //
 // No metric has the key, its scope or its hash as an attribute: each
 // request has its own, so the metric would grow without bound.
-package observe
+package otelmetrics
 
 import (
 	"context"

@@ -1,4 +1,4 @@
-package observe_test
+package otelmetrics_test
 
 import (
 	"bytes"
@@ -19,7 +19,7 @@ import (
 	"go.opentelemetry.io/otel/sdk/metric/metricdata"
 
 	"github.com/go-idempotency/idempotency"
-	"github.com/go-idempotency/idempotency/examples/observe"
+	"github.com/go-idempotency/idempotency/examples/otelmetrics"
 	"github.com/go-idempotency/idempotency/idemhttp"
 	"github.com/go-idempotency/idempotency/sqlite"
 )
@@ -67,7 +67,7 @@ func TestObserver(t *testing.T) {
 	var logs bytes.Buffer
 	logger := slog.New(slog.NewJSONHandler(&logs, &slog.HandlerOptions{Level: slog.LevelDebug}))
 
-	observer, err := observe.New(logger, provider.Meter("payments"))
+	observer, err := otelmetrics.New(logger, provider.Meter("payments"))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -114,7 +114,7 @@ func TestObserver(t *testing.T) {
 		for _, m := range sm.Metrics {
 			switch data := m.Data.(type) {
 			case metricdata.Sum[int64]:
-				if m.Name != observe.RequestsMetric {
+				if m.Name != otelmetrics.RequestsMetric {
 					continue
 				}
 				for _, dp := range data.DataPoints {
@@ -123,7 +123,7 @@ func TestObserver(t *testing.T) {
 					counts[fmt.Sprintf("%s/%d", o.AsString(), s.AsInt64())] += dp.Value
 				}
 			case metricdata.Histogram[float64]:
-				if m.Name != observe.DurationMetric {
+				if m.Name != otelmetrics.DurationMetric {
 					continue
 				}
 				for _, dp := range data.DataPoints {
@@ -170,7 +170,7 @@ func TestObserverLogsKeyHash(t *testing.T) {
 	guard, db := newGuard(t, ctx)
 	const scope, id, other = "tenant-secret-7", "order-42-secret", "order-43-secret"
 	var logs bytes.Buffer
-	observer, err := observe.New(slog.New(slog.NewJSONHandler(&logs, &slog.HandlerOptions{Level: slog.LevelDebug})), nil)
+	observer, err := otelmetrics.New(slog.New(slog.NewJSONHandler(&logs, &slog.HandlerOptions{Level: slog.LevelDebug})), nil)
 	if err != nil {
 		t.Fatal(err)
 	}

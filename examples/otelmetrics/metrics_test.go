@@ -1,4 +1,4 @@
-package observe_test
+package otelmetrics_test
 
 import (
 	"context"
@@ -24,7 +24,7 @@ import (
 	"go.opentelemetry.io/otel/sdk/metric/metricdata"
 
 	"github.com/go-idempotency/idempotency"
-	"github.com/go-idempotency/idempotency/examples/observe"
+	"github.com/go-idempotency/idempotency/examples/otelmetrics"
 	"github.com/go-idempotency/idempotency/idemhttp"
 	"github.com/go-idempotency/idempotency/sqlite"
 )
@@ -64,7 +64,7 @@ func TestSevenMetrics(t *testing.T) {
 	reader := sdkmetric.NewManualReader() // or any other OpenTelemetry reader
 	meter := sdkmetric.NewMeterProvider(sdkmetric.WithReader(exporter), sdkmetric.WithReader(reader)).Meter("payments")
 
-	purges, err := observe.Guard(nil, meter) // purge batches
+	purges, err := otelmetrics.Guard(nil, meter) // purge batches
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -72,7 +72,7 @@ func TestSevenMetrics(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	requests, err := observe.New(nil, meter) // requests, waits, replay age, failures after fn
+	requests, err := otelmetrics.New(nil, meter) // requests, waits, replay age, failures after fn
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -167,16 +167,16 @@ func TestSevenMetrics(t *testing.T) {
 		}
 	}
 	checkSeven(t, "OpenTelemetry", got, map[string]string{
-		"new keys":              observe.RequestsMetric + "/executed",
-		"replays":               observe.RequestsMetric + "/replayed",
-		"payload conflicts":     observe.RequestsMetric + "/mismatch",
-		"in-progress refusals":  observe.RequestsMetric + "/in_progress",
-		"waits ending replayed": observe.WaitMetric + "/replayed",
-		"waits running out":     observe.WaitMetric + "/in_progress",
-		"replay age":            observe.ReplayAgeMetric + "/",
-		"failures after fn":     observe.FailuresAfterFnMetric + "/",
-		"purged records":        observe.PurgeDeletedMetric + "/",
-		"purge batches":         observe.PurgeDurationMetric + "/",
+		"new keys":              otelmetrics.RequestsMetric + "/executed",
+		"replays":               otelmetrics.RequestsMetric + "/replayed",
+		"payload conflicts":     otelmetrics.RequestsMetric + "/mismatch",
+		"in-progress refusals":  otelmetrics.RequestsMetric + "/in_progress",
+		"waits ending replayed": otelmetrics.WaitMetric + "/replayed",
+		"waits running out":     otelmetrics.WaitMetric + "/in_progress",
+		"replay age":            otelmetrics.ReplayAgeMetric + "/",
+		"failures after fn":     otelmetrics.FailuresAfterFnMetric + "/",
+		"purged records":        otelmetrics.PurgeDeletedMetric + "/",
+		"purge batches":         otelmetrics.PurgeDurationMetric + "/",
 	})
 
 	// Through Prometheus: the registry a /metrics endpoint serves.

@@ -1,4 +1,4 @@
-module github.com/go-idempotency/idempotency/examples/observe
+module github.com/go-idempotency/idempotency/examples/otelmetrics
 
 go 1.26.0
 
