@@ -131,10 +131,10 @@ func newHandler[Tx any](g *idempotency.Guard[Tx], insert func(ctx context.Contex
 	// space for all its clients. A real, multi-tenant service sets
 	// Config.Scope to the authenticated account (the middleware refuses
 	// to run without a Scope).
-	guarded := idemhttp.Middleware(g, &idemhttp.Config{Scope: idemhttp.SharedScope})
+	guarded := idemhttp.Middleware(g, &idemhttp.Options{Scope: idemhttp.SharedScope})
 	mux := http.NewServeMux()
 	mux.Handle("POST /payments", guarded(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		tx, ok := idemhttp.TxFrom[Tx](r.Context())
+		tx, ok := idempotency.TxFrom[Tx](r.Context())
 		if !ok {
 			http.Error(w, "no idempotency transaction", http.StatusInternalServerError)
 			return

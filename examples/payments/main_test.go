@@ -72,7 +72,7 @@ func newPost(t *testing.T, ctx context.Context, url, body, key string) *http.Req
 	}
 	req.Header.Set("Content-Type", "application/json")
 	if key != "" {
-		req.Header.Set(idemhttp.HeaderKey, key)
+		req.Header.Set(idemhttp.DefaultKeyHeader, key)
 	}
 	return req
 }
@@ -93,7 +93,7 @@ func testPayments(t *testing.T, a *app) {
 	srv := httptest.NewServer(a.handler)
 	t.Cleanup(srv.Close)
 	client := &http.Client{Transport: &idemhttp.Transport{Base: srv.Client().Transport}}
-	key := `"` + idemhttp.NewKey() + `"`
+	key := `"` + idemhttp.NewKeyID() + `"`
 
 	// 20 concurrent requests, one key, released together.
 	const n = 20
@@ -132,11 +132,11 @@ func testPayments(t *testing.T, a *app) {
 
 	// The same key with another amount: 422, nothing paid.
 	resp, err := client.Do(newPost(t, ctx, srv.URL, `{"orderId":42,"amount":2000}`, key))
-	wantProblem(t, read(t, resp, err), http.StatusUnprocessableEntity, idemhttp.ProblemKeyReused)
+	wantProblem(t, read(t, resp, err), http.StatusUnprocessableEntity, idemhttp.ProblemMismatch)
 
 	// No key (a plain client, which adds none): 400.
 	resp, err = srv.Client().Do(newPost(t, ctx, srv.URL, `{"orderId":43,"amount":1}`, ""))
-	wantProblem(t, read(t, resp, err), http.StatusBadRequest, idemhttp.ProblemMissingKey)
+	wantProblem(t, read(t, resp, err), http.StatusBadRequest, "https://pkg.go.dev/github.com/go-idempotency/idempotency/idemhttp#ProblemMissingKey")
 
 	if rows, err := a.payments(ctx); err != nil || rows != 1 {
 		t.Errorf("%d payment rows (err %v) at the end, want 1", rows, err)
