@@ -129,13 +129,32 @@ func (e *env[Tx]) poolPhase(st backend.Stepper[Tx], ad backend.KeyAdmin, key ide
 	if err != nil {
 		return fmt.Errorf("phase %d: %w", i, err)
 	}
-	if _, err := st.Abandoned(e.ctx, backend.AbandonedQuery{MaxTries: 10, Limit: 5}); err != nil {
-		return fmt.Errorf("Abandoned after phase %d: %w", i, err)
+	// The reads after the phase are retried on their own: a conflict of a
+	// read (a serialization failure of a read-only transaction under
+	// SERIALIZABLE) must not run the committed phase again.
+	read := func(what string, f func() error) error {
+		var err error
+		for range 10 {
+			if err = f(); !errors.Is(err, backend.ErrConflict) {
+				break
+			}
+		}
+		if err != nil {
+			return fmt.Errorf("%s after phase %d: %v", what, i, err)
+		}
+		return nil
+	}
+	if err := read("Abandoned", func() error {
+		_, err := st.Abandoned(e.ctx, backend.AbandonedQuery{MaxTries: 10, Limit: 5})
+		return err
+	}); err != nil {
+		return err
 	}
 	if ad != nil {
-		if _, err := ad.Inspect(e.ctx, key, true); err != nil {
-			return fmt.Errorf("Inspect after phase %d: %w", i, err)
-		}
+		return read("Inspect", func() error {
+			_, err := ad.Inspect(e.ctx, key, true)
+			return err
+		})
 	}
 	return nil
 }
