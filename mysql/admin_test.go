@@ -238,7 +238,7 @@ func TestList(t *testing.T) {
 			}
 		}
 		want := []string{
-			"b:unfinished d:held f:unfinished -> true/f",
+			"b:unfinished d:in_progress f:unfinished -> true/f",
 			"A:completed c:expired e:completed -> false/e",
 			"g:completed -> end",
 		}

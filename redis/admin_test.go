@@ -108,7 +108,7 @@ func TestAdminInspect(t *testing.T) {
 	if err := txn.Complete(ctx, idempotency.Response{Status: http.StatusCreated, Header: http.Header{"X-Order": {"42", "b"}}, Body: []byte(body)}); err != nil {
 		t.Fatal(err)
 	}
-	want := &backend.KeyInfo{Key: key, State: backend.KeyCompleted, Fingerprint: "fp-inspect-1", Status: http.StatusCreated,
+	want := &idempotency.KeyInfo{Key: key, State: idempotency.KeyCompleted, Fingerprint: "fp-inspect-1", Status: http.StatusCreated,
 		Header: http.Header{"X-Order": {"42", "b"}}, BodyLen: len(body), CreatedAt: created, ExpiresAt: a.clock.at(adminTTL)}
 
 	t.Run("NoBody", func(t *testing.T) {
@@ -160,7 +160,7 @@ func TestAdminInspect(t *testing.T) {
 			t.Fatal(err)
 		}
 		w := *want
-		w.State = backend.KeyExpired
+		w.State = idempotency.KeyExpired
 		if !reflect.DeepEqual(got, &w) {
 			t.Errorf("got  %+v\nwant %+v", got, &w)
 		}
