@@ -105,7 +105,10 @@ import (
 //     an unconditional write is not enough.
 //   - A stale owner (one whose lease was taken over) changes nothing: its
 //     Rollback frees nothing and never the new owner's key, and its
-//     Complete returns an error wrapping [backend.ErrLeaseLost].
+//     Complete returns an error wrapping [backend.ErrLeaseLost]. An owner
+//     whose lease ran out but was not taken over is not stale: its
+//     Complete may still commit (nobody else ran fn), or fail as a lost
+//     lease; either keeps the guarantee.
 //   - A hold ends when its holder dies, with nothing else to end it: a
 //     reservation on a lease store carries a lease that the store counts
 //     down (on a transactional store, the hold dies with the holder's

@@ -153,7 +153,8 @@ const MaxAbandoned = 1000
 type AbandonedQuery struct {
 	// Grace is how long ago, at least, the lease must have ended.
 	Grace time.Duration
-	// MaxTries: only keys with fewer tries are listed.
+	// MaxTries: only keys with fewer tries are listed (so 0 lists none;
+	// the Completer asks with its MaxTries, at least 1).
 	MaxTries int
 	// Limit bounds the list: 1 to 1000.
 	Limit int

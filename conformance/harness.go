@@ -129,7 +129,9 @@ type Options struct {
 	// (FailedCompleteFreesKey), each at least [Features].MinLease. Leases
 	// run on the store's own clock, never on [Options].Clock: a test clock
 	// drives expiries and the leases of [backend.Stepper] phases, not
-	// the hold of a reservation.
+	// the hold of a reservation. Zero: the store's own default lease (a
+	// store's default is its production value, such as redis's 30 s), or
+	// no lease at all on a store that holds keys in transactions.
 	Lease time.Duration
 	// Clock, when non-nil, is the test clock the fixture passes to its
 	// store. The store then reads it instead of its own clock wherever it
