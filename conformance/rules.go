@@ -74,9 +74,9 @@ var (
 
 	// The multi-step primitives ([backend.Stepper], [backend.Phase]).
 	ruleStepNeverExpires = rule{"backend/steps.go",
-		"An unfinished key is never expired and never purged: its expiry is [MaxExpiry] until it completes, and [KeyStore.Purge] skips it."}
+		"An unfinished key is never expired and never purged: its expiry is [MaxExpiry] until it completes, and idempotency.KeyStore.Purge skips it."}
 	ruleStepReserveHeld = rule{"backend/steps.go",
-		"[KeyStore.Reserve] treats an unfinished key as held: it reports [ErrInProgress], at once or after waiting, and never takes it over."}
+		"idempotency.KeyStore.Reserve treats an unfinished key as held: it reports [ErrInProgress], at once or after waiting, and never takes it over."}
 	ruleStepOneTxn = rule{"backend/steps.go",
 		"Every phase is one transaction of the store on the key's row: the caller's writes through [Phase.Tx], the progress and the lease commit together or not at all."}
 	ruleStepCAS = rule{"backend/steps.go",
@@ -84,7 +84,7 @@ var (
 	ruleStepClock = rule{"backend/steps.go",
 		"Leases are judged by the store's clock, as expiries are."}
 	ruleAcquirePhase = rule{"backend/steps.go",
-		"Either no live record existed (phase.Progress() is nil: a new key, held as [KeyStore.Reserve] holds it, so Rollback frees it), or the key is unfinished and its lease was free, ended (by the store's clock), or already a.Owner's. Then phase.Progress() is the progress last saved, phase.Fingerprint() the fingerprint the operation started with, and the lease is a.Owner's in the transaction."}
+		"Either no live record existed (phase.Progress() is nil: a new key, held as idempotency.KeyStore.Reserve holds it, so Rollback frees it), or the key is unfinished and its lease was free, ended (by the store's clock), or already a.Owner's. Then phase.Progress() is the progress last saved, phase.Fingerprint() the fingerprint the operation started with, and the lease is a.Owner's in the transaction."}
 	ruleAcquireTries = rule{"backend/steps.go",
 		"Taking over another owner's ended lease counts in Tries only if a later Release commits."}
 	ruleAcquireRecord = rule{"backend/steps.go",
@@ -122,9 +122,9 @@ var (
 	ruleInspectHeldNew = rule{"backend/admin.go",
 		"A store that holds a new key in an open transaction with no row visible to others (PostgreSQL) reports it [KeyInProgress] if it can tell without waiting, else [ErrNotFound]: its documentation says which."}
 	ruleStateHeld = rule{"backend/admin.go",
-		"KeyInProgress: a call of [Guard.Do] holds the key in an open transaction, or a run of an [Operation] holds its live lease."}
+		"KeyInProgress: a call of Guard.Do holds the key in an open transaction, or a run of an Operation holds its live lease."}
 	ruleStateUnfinished = rule{"backend/admin.go",
-		"KeyUnfinished: an operation stopped between two steps and nobody holds it: a retry with the key or the [Completer] resumes it."}
+		"KeyUnfinished: an operation stopped between two steps and nobody holds it: a retry with the key or the Completer resumes it."}
 	ruleStateExpired = rule{"backend/admin.go",
 		"KeyExpired: past its expiry by the store's clock, not yet purged; it counts as absent."}
 	ruleInfoTimes = rule{"backend/admin.go",
