@@ -189,7 +189,9 @@ func TestRedis(t *testing.T) {
 	t.Parallel()
 	addr := testenv.RedisAddr(t)
 	ctx := testkit.Context(t, 30*time.Second)
-	client := goredis.NewClient(&goredis.Options{Addr: addr})
+	// Database 5, of this test alone: the secrets test runs idemcheck on
+	// database 0 at the same time, and its keys would count here.
+	client := goredis.NewClient(&goredis.Options{Addr: addr, DB: 5})
 	defer client.Close()
 	countKeys := func() int {
 		keys, err := client.Keys(ctx, "idemcheck:*").Result()
@@ -199,7 +201,7 @@ func TestRedis(t *testing.T) {
 		return len(keys)
 	}
 	before := countKeys()
-	code, stdout, _ := runCmd(t, "-store", "redis://"+addr+"/0")
+	code, stdout, _ := runCmd(t, "-store", "redis://"+addr+"/5")
 	checkLibraryRow(t, "redis", 20, code, stdout)
 	if !strings.Contains(stdout, "Redis: the key and an effect in another store are never committed together") {
 		t.Errorf("stdout does not state the Redis limit")
