@@ -117,7 +117,7 @@ func stripeErrorOf(p *Problem) stripeError {
 // rules (they retry 409 and 5xx): "true" when p carries Retry-After and is
 // not a 429, so that an SDK retries the in-progress answer (409 or 425)
 // and the 503s; "false" otherwise, so that it does not repeat a 500 no
-// retry cures. The SDKs do not wait for Retry-After: see docs/http.md for
+// retry cures. The SDKs do not wait for Retry-After: see docs/http-client.md for
 // what to configure.
 func WriteStripeError(w http.ResponseWriter, _ *http.Request, p *Problem) {
 	body, err := json.Marshal(struct {
