@@ -6,6 +6,7 @@ import (
 	"fmt"
 
 	"github.com/go-idempotency/idempotency/backend"
+	"github.com/go-idempotency/idempotency/internal/ascii"
 	"github.com/go-idempotency/idempotency/internal/canonical"
 	"github.com/go-idempotency/idempotency/observe"
 )
@@ -143,19 +144,8 @@ func validateFingerprint(fp string) error {
 	case len(fp) > backend.MaxFingerprintLen:
 		return fmt.Errorf("%w: %d bytes, longer than %d", ErrInvalidFingerprint, len(fp), backend.MaxFingerprintLen)
 	}
-	if i := indexNotPrintable(fp); i >= 0 {
+	if i := ascii.IndexNotPrintable(fp); i >= 0 {
 		return fmt.Errorf("%w: byte %d is %#02x, not printable ASCII", ErrInvalidFingerprint, i, fp[i])
 	}
 	return nil
-}
-
-// indexNotPrintable is the index of the first byte of s outside printable
-// ASCII, or -1.
-func indexNotPrintable(s string) int {
-	for i := 0; i < len(s); i++ {
-		if s[i] < 0x20 || s[i] > 0x7e {
-			return i
-		}
-	}
-	return -1
 }

@@ -5,6 +5,8 @@ import (
 	"errors"
 	"fmt"
 	"time"
+
+	"github.com/go-idempotency/idempotency/internal/ascii"
 )
 
 // Operation is a sequence of named steps run under one idempotency key, for
@@ -172,7 +174,7 @@ func checkName(s string) error {
 	case len(s) > maxOperationName:
 		return fmt.Errorf("%d bytes, longer than %d", len(s), maxOperationName)
 	}
-	if i := indexNotPrintable(s); i >= 0 {
+	if i := ascii.IndexNotPrintable(s); i >= 0 {
 		return fmt.Errorf("byte %d is %#02x, not printable ASCII", i, s[i])
 	}
 	return nil

@@ -8,6 +8,8 @@ import (
 	"log/slog"
 	"strings"
 	"unicode/utf8"
+
+	"github.com/go-idempotency/idempotency/internal/ascii"
 )
 
 // Limits on keys and fingerprints.
@@ -44,7 +46,7 @@ func (k Key) Validate() error {
 	case !utf8.ValidString(k.Scope):
 		return fmt.Errorf("%w: scope is not valid UTF-8", ErrInvalidKey)
 	}
-	if i := indexNotPrintable(k.ID); i >= 0 {
+	if i := ascii.IndexNotPrintable(k.ID); i >= 0 {
 		return fmt.Errorf("%w: id byte %d is %#02x, not printable ASCII", ErrInvalidKey, i, k.ID[i])
 	}
 	for i := 0; i < len(k.Scope); i++ {
@@ -53,15 +55,6 @@ func (k Key) Validate() error {
 		}
 	}
 	return nil
-}
-
-func indexNotPrintable(s string) int {
-	for i := 0; i < len(s); i++ {
-		if s[i] < 0x20 || s[i] > 0x7e {
-			return i
-		}
-	}
-	return -1
 }
 
 // HashLen is the length of [Key.Hash], in hex digits (64 bits).

@@ -4,6 +4,8 @@ import (
 	"context"
 	"fmt"
 	"time"
+
+	"github.com/go-idempotency/idempotency/internal/ascii"
 )
 
 // Stepper is an optional interface of a idempotency.KeyStore: the primitives of
@@ -137,7 +139,7 @@ func (a Acquisition) Validate() error {
 	case a.Wait < 0:
 		return fmt.Errorf("%w: negative wait %v", ErrInvalidConfig, a.Wait)
 	}
-	if i := indexNotPrintable(a.Owner); i >= 0 {
+	if i := ascii.IndexNotPrintable(a.Owner); i >= 0 {
 		return fmt.Errorf("%w: owner token byte %d is %#02x, not printable ASCII", ErrInvalidConfig, i, a.Owner[i])
 	}
 	return nil

@@ -19,6 +19,7 @@ import (
 
 	"github.com/go-idempotency/idempotency"
 	"github.com/go-idempotency/idempotency/backend"
+	"github.com/go-idempotency/idempotency/internal/ascii"
 	"github.com/go-idempotency/idempotency/internal/redact"
 )
 
@@ -235,10 +236,8 @@ func validatePrefix(p string) error {
 	if len(p) > MaxPrefixLen {
 		return fmt.Errorf("%w: redis prefix is %d bytes, longer than %d", idempotency.ErrInvalidConfig, len(p), MaxPrefixLen)
 	}
-	for i := 0; i < len(p); i++ {
-		if p[i] < 0x20 || p[i] > 0x7e {
-			return fmt.Errorf("%w: redis prefix byte %d is %#02x, not printable ASCII", idempotency.ErrInvalidConfig, i, p[i])
-		}
+	if i := ascii.IndexNotPrintable(p); i >= 0 {
+		return fmt.Errorf("%w: redis prefix byte %d is %#02x, not printable ASCII", idempotency.ErrInvalidConfig, i, p[i])
 	}
 	if open := strings.IndexByte(p, '{'); open >= 0 {
 		end := strings.IndexByte(p[open+1:], '}')
