@@ -10,9 +10,8 @@ import (
 	"testing"
 	"time"
 
-	"github.com/go-idempotency/idempotency/observe"
-
 	"github.com/go-idempotency/idempotency/backend"
+	"github.com/go-idempotency/idempotency/observe"
 )
 
 // fakeStore is a KeyStore that records what the core asks of it. Reserve

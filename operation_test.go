@@ -12,7 +12,6 @@ import (
 	"time"
 
 	"github.com/go-idempotency/idempotency"
-
 	"github.com/go-idempotency/idempotency/backend"
 	"github.com/go-idempotency/idempotency/internal/cardstub"
 	"github.com/go-idempotency/idempotency/internal/memstore"

@@ -8,7 +8,6 @@ import (
 	"time"
 
 	"github.com/go-idempotency/idempotency"
-
 	"github.com/go-idempotency/idempotency/backend"
 	"github.com/go-idempotency/idempotency/internal/memstore"
 	"github.com/go-idempotency/idempotency/observe"

@@ -11,7 +11,6 @@ import (
 	"time"
 
 	"github.com/go-idempotency/idempotency"
-
 	"github.com/go-idempotency/idempotency/idemhttp"
 	"github.com/go-idempotency/idempotency/observe"
 )

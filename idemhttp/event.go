@@ -4,7 +4,6 @@ import (
 	"time"
 
 	"github.com/go-idempotency/idempotency"
-
 	"github.com/go-idempotency/idempotency/observe"
 )
 

@@ -9,9 +9,7 @@ import (
 	"strings"
 
 	"github.com/go-idempotency/idempotency"
-
 	"github.com/go-idempotency/idempotency/internal/canonical"
-
 	"github.com/go-idempotency/idempotency/observe"
 )
 

@@ -15,9 +15,7 @@ import (
 	"time"
 
 	"github.com/go-idempotency/idempotency"
-
 	"github.com/go-idempotency/idempotency/internal/canonical"
-
 	"github.com/go-idempotency/idempotency/observe"
 )
 

@@ -13,7 +13,6 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/go-idempotency/idempotency"
-
 	"github.com/go-idempotency/idempotency/internal/redact"
 	"github.com/go-idempotency/idempotency/mysql"
 	"github.com/go-idempotency/idempotency/observe"
