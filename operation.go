@@ -21,7 +21,8 @@ import (
 // key ([Key.Derive]) that the other system deduplicates on; the data it
 // sets in State is committed by the next Local step, or by Finish. Finish
 // is the last local phase: it returns the answer, stored with the key and
-// replayed to every later call, as [Guard.Do] does.
+// replayed to every later call, as [Guard.Do] does, for the Guard's TTL
+// (run it on a [Guard.WithTTL] view to keep it longer or shorter).
 //
 // A retry with the same key (a client's, or the [Completer]'s) resumes
 // after the last recovery point committed: a committed Local step never
@@ -179,11 +180,6 @@ func checkName(s string) error {
 	}
 	return nil
 }
-
-// ttl is the TTL of the operation's answer under g: the Guard's, as for
-// its calls of Do (run the operation on a [Guard.WithTTL] view to keep its
-// keys longer or shorter).
-func (op *Operation[Tx]) ttl(g *Guard[Tx]) time.Duration { return g.cfg.TTL }
 
 func (op *Operation[Tx]) lease() time.Duration {
 	if op.Lease == 0 {

@@ -239,7 +239,7 @@ func (r *runner[Tx]) complete(ctx context.Context, ph backend.Phase[Tx], resp Re
 	if err := ph.Complete(ctx, stored); err != nil {
 		return Response{}, r.storeErr(err)
 	}
-	ttl := r.op.ttl(r.g)
+	ttl := r.g.cfg.TTL
 	resp.TTL, resp.ExpiresAt = ttl, backend.Expiry(now, ttl).Truncate(time.Millisecond)
 	return resp, nil
 }

@@ -22,7 +22,7 @@ func (r *runner[Tx]) release(ctx context.Context, step string, cause error) rele
 	// Another caller may hold the row for a moment (it finds the lease
 	// live and gives up): wait for it a little rather than leave the key
 	// leased until the lease runs out.
-	a := backend.Acquisition{Reservation: backend.Reservation{Key: r.key, Fingerprint: r.fp, TTL: r.op.ttl(r.g), Wait: releaseWait, Deadline: time.Now().Add(releaseWait)},
+	a := backend.Acquisition{Reservation: backend.Reservation{Key: r.key, Fingerprint: r.fp, TTL: r.g.cfg.TTL, Wait: releaseWait, Deadline: time.Now().Add(releaseWait)},
 		Owner: r.owner, Lease: r.op.lease()}
 	ph, rec, err := r.ss.Acquire(ctx, a)
 	if err != nil || rec != nil {
@@ -89,7 +89,7 @@ func (r *runner[Tx]) storeErr(err error) error {
 // acquire takes the key for the next phase: it retries conflicts and
 // waits (polling) for a key held elsewhere, up to the wait bound.
 func (r *runner[Tx]) acquire(ctx context.Context) (backend.Phase[Tx], *backend.Record, error) {
-	a := backend.Acquisition{Reservation: backend.Reservation{Key: r.key, Fingerprint: r.fp, TTL: r.op.ttl(r.g), NoWait: r.g.noWait, Deadline: r.deadline},
+	a := backend.Acquisition{Reservation: backend.Reservation{Key: r.key, Fingerprint: r.fp, TTL: r.g.cfg.TTL, NoWait: r.g.noWait, Deadline: r.deadline},
 		Owner: r.owner, Lease: r.op.lease()}
 	conflicts := 0
 	poll := pollStart
