@@ -106,6 +106,7 @@ func Surface(dir string, exclude ...string) ([]string, error) {
 // methods of that type: a user reads them on the alias.
 func aliasMethods(dir string, files []*ast.File) (map[string][]string, error) {
 	out := map[string][]string{}
+	parsed := map[string]map[string][]string{} // a directory's methods by type, parsed once
 	for _, f := range files {
 		imports := map[string]string{}
 		for _, imp := range f.Imports {
@@ -138,11 +139,14 @@ func aliasMethods(dir string, files []*ast.File) (map[string][]string, error) {
 				if target == "" {
 					continue
 				}
-				ms, err := methodsOf(target, sel.Sel.Name)
-				if err != nil {
-					return nil, err
+				methods, ok := parsed[target]
+				if !ok {
+					if methods, err = methodsByType(target); err != nil {
+						return nil, err
+					}
+					parsed[target] = methods
 				}
-				out[ts.Name.Name] = ms
+				out[ts.Name.Name] = methods[sel.Sel.Name]
 			}
 		}
 	}
@@ -182,8 +186,9 @@ func modfileModule(gomod string) string {
 	return ""
 }
 
-// methodsOf lists the exported methods of the type name declared in dir.
-func methodsOf(dir, name string) ([]string, error) {
+// methodsByType lists the exported methods of each type declared in dir,
+// sorted, by type name.
+func methodsByType(dir string) (map[string][]string, error) {
 	fset := token.NewFileSet()
 	pkgs, err := parser.ParseDir(fset, dir, func(fi fs.FileInfo) bool {
 		return !strings.HasSuffix(fi.Name(), "_test.go")
@@ -191,7 +196,7 @@ func methodsOf(dir, name string) ([]string, error) {
 	if err != nil {
 		return nil, err
 	}
-	var ms []string
+	ms := map[string][]string{}
 	for _, p := range pkgs {
 		for _, f := range p.Files {
 			for _, decl := range f.Decls {
@@ -203,13 +208,15 @@ func methodsOf(dir, name string) ([]string, error) {
 				if st, ok := rt.(*ast.StarExpr); ok {
 					rt = st.X
 				}
-				if id, ok := rt.(*ast.Ident); ok && id.Name == name {
-					ms = append(ms, fd.Name.Name)
+				if id, ok := rt.(*ast.Ident); ok {
+					ms[id.Name] = append(ms[id.Name], fd.Name.Name)
 				}
 			}
 		}
 	}
-	slices.Sort(ms)
+	for _, names := range ms {
+		slices.Sort(names)
+	}
 	return ms, nil
 }
 
