@@ -8,13 +8,11 @@ import (
 	"time"
 
 	"github.com/jackc/pgx/v5"
-	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/go-idempotency/idempotency"
 	"github.com/go-idempotency/idempotency/internal/testenv"
 	"github.com/go-idempotency/idempotency/internal/testkit"
 	"github.com/go-idempotency/idempotency/internal/testkit/pgkit"
-	"github.com/go-idempotency/idempotency/postgres"
 	"github.com/go-idempotency/idempotency/sqlite"
 )
 
@@ -75,25 +73,8 @@ func sqliteEnv(t *testing.T) env[*sql.Tx] {
 // dropped at cleanup.
 func postgresEnv(t *testing.T) env[pgx.Tx] {
 	ctx := testkit.Context(t, 20*time.Second)
-	dsn := testenv.PostgresDSN(t)
-	pool, err := pgxpool.New(ctx, dsn)
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(pool.Close)
-	table := testkit.Name("idemhttp_")
-	effects := table + "_effects"
-	pgkit.DropAtCleanup(t, dsn, "TABLE", table, effects)
-	s, err := postgres.New(pool, &postgres.Config{Table: table})
-	if err != nil {
-		t.Fatal(err)
-	}
-	if err := s.Migrate(ctx); err != nil {
-		t.Fatal(err)
-	}
-	if _, err := pool.Exec(ctx, `CREATE TABLE `+effects+` (tag TEXT NOT NULL)`); err != nil {
-		t.Fatal(err)
-	}
+	rig := pgkit.NewRig(t, ctx, testenv.PostgresDSN(t), "idemhttp_", "effects", "tag TEXT NOT NULL")
+	pool, s, effects := rig.Pool, rig.Store, rig.Rows
 	return env[pgx.Tx]{
 		newGuard: guardOn(t, s),
 		effect: func(ctx context.Context, tx pgx.Tx, tag string) error {

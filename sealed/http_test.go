@@ -18,14 +18,12 @@ import (
 	"time"
 
 	"github.com/jackc/pgx/v5"
-	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/go-idempotency/idempotency"
 	"github.com/go-idempotency/idempotency/idemhttp"
 	"github.com/go-idempotency/idempotency/internal/testenv"
 	"github.com/go-idempotency/idempotency/internal/testkit"
 	"github.com/go-idempotency/idempotency/internal/testkit/pgkit"
-	"github.com/go-idempotency/idempotency/postgres"
 	"github.com/go-idempotency/idempotency/sealed"
 	"github.com/go-idempotency/idempotency/sqlite"
 )
@@ -93,25 +91,8 @@ func sqliteBackend(t *testing.T, ctx context.Context) backend[*sql.Tx] {
 }
 
 func postgresBackend(t *testing.T, ctx context.Context) backend[pgx.Tx] {
-	dsn := testenv.PostgresDSN(t)
-	pool, err := pgxpool.New(ctx, dsn)
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(pool.Close)
-	table := testkit.Name("sealed_")
-	orders := table + "_orders"
-	pgkit.DropAtCleanup(t, dsn, "TABLE", table, orders)
-	s, err := postgres.New(pool, &postgres.Config{Table: table})
-	if err != nil {
-		t.Fatal(err)
-	}
-	if err := s.Migrate(ctx); err != nil {
-		t.Fatal(err)
-	}
-	if _, err := pool.Exec(ctx, `CREATE TABLE `+orders+` (id TEXT PRIMARY KEY, status TEXT NOT NULL)`); err != nil {
-		t.Fatal(err)
-	}
+	rig := pgkit.NewRig(t, ctx, testenv.PostgresDSN(t), "sealed_", "orders", "id TEXT PRIMARY KEY, status TEXT NOT NULL")
+	pool, s, table, orders := rig.Pool, rig.Store, rig.Keys, rig.Rows
 	return backend[pgx.Tx]{
 		store: s,
 		row: func(ctx context.Context, id string) (status int, header, body []byte, err error) {

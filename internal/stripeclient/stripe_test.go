@@ -202,24 +202,9 @@ func TestStripeNodeSDK(t *testing.T) {
 	node := nodeOrSkip(t)
 	dsn := testenv.PostgresDSN(t)
 	ctx := testkit.Context(t, 5*time.Minute)
-	pool, err := pgxpool.New(ctx, dsn)
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(pool.Close)
-	keys := testkit.Name("stripeclient_")
-	rows := keys + "_customers"
-	pgkit.DropAtCleanup(t, dsn, "TABLE", keys, rows)
-	store, err := postgres.New(pool, &postgres.Config{Table: keys})
-	if err != nil {
-		t.Fatal(err)
-	}
-	if err := store.Migrate(ctx); err != nil {
-		t.Fatal(err)
-	}
-	if _, err := pool.Exec(ctx, `CREATE TABLE `+rows+` (id BIGSERIAL PRIMARY KEY, key_id TEXT NOT NULL, name TEXT NOT NULL, params TEXT NOT NULL)`); err != nil {
-		t.Fatal(err)
-	}
+	rig := pgkit.NewRig(t, ctx, dsn, "stripeclient_", "customers",
+		"id BIGSERIAL PRIMARY KEY, key_id TEXT NOT NULL, name TEXT NOT NULL, params TEXT NOT NULL")
+	pool, store, keys, rows := rig.Pool, rig.Store, rig.Keys, rig.Rows
 	guard := func(s idempotency.KeyStore[pgx.Tx], wait time.Duration) *idempotency.Guard[pgx.Tx] {
 		g, err := idempotency.New(s, &idempotency.Config{WaitTimeout: wait})
 		if err != nil {

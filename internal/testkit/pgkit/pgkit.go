@@ -11,6 +11,10 @@ import (
 	"time"
 
 	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
+
+	"github.com/go-idempotency/idempotency/internal/testkit"
+	"github.com/go-idempotency/idempotency/postgres"
 )
 
 // dropTimeout bounds the connection and the statements of a drop.
@@ -38,4 +42,39 @@ func DropAtCleanup(t testing.TB, dsn, kind string, names ...string) {
 			}
 		}
 	})
+}
+
+// Rig is a PostgreSQL store on fresh tables: the keys table Keys and a
+// table Rows of the test's own effects, both dropped when the test ends.
+type Rig struct {
+	Pool  *pgxpool.Pool
+	Store *postgres.Store
+	// Keys is the store's table, Rows the test's own table beside it.
+	Keys, Rows string
+}
+
+// NewRig opens a pool on dsn (closed at cleanup), a postgres store on a
+// keys table named prefix plus a random suffix, migrated, and creates the
+// table Keys+"_"+rows with the given column definitions. Both tables are
+// dropped when t ends.
+func NewRig(t testing.TB, ctx context.Context, dsn, prefix, rows, columns string) Rig {
+	t.Helper()
+	pool, err := pgxpool.New(ctx, dsn)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(pool.Close)
+	r := Rig{Pool: pool, Keys: testkit.Name(prefix)}
+	r.Rows = r.Keys + "_" + rows
+	DropAtCleanup(t, dsn, "TABLE", r.Keys, r.Rows)
+	if r.Store, err = postgres.New(pool, &postgres.Config{Table: r.Keys}); err != nil {
+		t.Fatal(err)
+	}
+	if err := r.Store.Migrate(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := pool.Exec(ctx, `CREATE TABLE `+r.Rows+` (`+columns+`)`); err != nil {
+		t.Fatal(err)
+	}
+	return r
 }
