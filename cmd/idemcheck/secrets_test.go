@@ -3,12 +3,13 @@ package main
 import (
 	"bytes"
 	"context"
-	"errors"
 	"os"
 	"os/exec"
 	"strings"
 	"testing"
 	"time"
+
+	"github.com/go-idempotency/idempotency/internal/testkit"
 )
 
 // asMainEnv makes the test binary run main (TestMain).
@@ -74,14 +75,7 @@ func runProcess(t *testing.T, args ...string) (int, string, string) {
 	defer cancel()
 	c := exec.CommandContext(ctx, os.Args[0], args...)
 	c.Env = append(os.Environ(), asMainEnv+"=1")
-	var out, errb bytes.Buffer
-	c.Stdout, c.Stderr = &out, &errb
-	err := c.Run()
-	var ee *exec.ExitError
-	if err != nil && !errors.As(err, &ee) {
-		t.Fatal(err)
-	}
-	return c.ProcessState.ExitCode(), out.String(), errb.String()
+	return testkit.Run(t, c)
 }
 
 // TestFlagErrorOnce: a mistyped flag prints its error once, then the

@@ -560,15 +560,7 @@ func TestBinary(t *testing.T) {
 		t.Fatal(err)
 	}
 	exe := func(args ...string) (int, string, string) {
-		c := exec.CommandContext(ctx, bin, append(append([]string{}, sc.args...), args...)...)
-		var out, errb bytes.Buffer
-		c.Stdout, c.Stderr = &out, &errb
-		err := c.Run()
-		var ee *exec.ExitError
-		if err != nil && !errors.As(err, &ee) {
-			t.Fatal(err)
-		}
-		return c.ProcessState.ExitCode(), out.String(), errb.String()
+		return testkit.Run(t, exec.CommandContext(ctx, bin, append(append([]string{}, sc.args...), args...)...))
 	}
 	if code, out, errs := exe("inspect", "-body", "-scope", key.Scope, "k1"); code != 0 || !strings.HasSuffix(out, "body:\nbody\n") {
 		t.Errorf("inspect: exit %d (%s):\n%s", code, errs, out)

@@ -1,9 +1,7 @@
 package main
 
 import (
-	"bytes"
 	"context"
-	"errors"
 	"os"
 	"os/exec"
 	"strings"
@@ -123,14 +121,7 @@ func runProcess(t *testing.T, ctx context.Context, args ...string) (int, string,
 	t.Helper()
 	c := exec.CommandContext(ctx, os.Args[0], args...)
 	c.Env = append(os.Environ(), asMainEnv+"=1")
-	var out, errb bytes.Buffer
-	c.Stdout, c.Stderr = &out, &errb
-	err := c.Run()
-	var ee *exec.ExitError
-	if err != nil && !errors.As(err, &ee) {
-		t.Fatal(err)
-	}
-	return c.ProcessState.ExitCode(), out.String(), errb.String()
+	return testkit.Run(t, c)
 }
 
 // TestFlagErrorOnce: a mistyped flag prints its error once, then the

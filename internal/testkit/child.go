@@ -2,7 +2,9 @@ package testkit
 
 import (
 	"bufio"
+	"bytes"
 	"context"
+	"errors"
 	"io"
 	"os"
 	"os/exec"
@@ -53,4 +55,19 @@ func WaitForLine(r io.Reader, want string, d time.Duration) bool {
 	case <-time.After(d):
 		return false
 	}
+}
+
+// Run runs c to its end with its standard output and error captured, and
+// returns its exit code and both. A command that could not run (not one
+// that exited with a code) fails t.
+func Run(t testing.TB, c *exec.Cmd) (code int, stdout, stderr string) {
+	t.Helper()
+	var out, errb bytes.Buffer
+	c.Stdout, c.Stderr = &out, &errb
+	if err := c.Run(); err != nil {
+		if _, ok := errors.AsType[*exec.ExitError](err); !ok {
+			t.Fatal(err)
+		}
+	}
+	return c.ProcessState.ExitCode(), out.String(), errb.String()
 }
