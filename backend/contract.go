@@ -4,6 +4,8 @@ import (
 	"context"
 	"fmt"
 	"net/http"
+	"slices"
+	"strings"
 	"time"
 )
 
@@ -176,6 +178,20 @@ type Migrator interface {
 // store without it passes that check.
 type SchemaChecker interface {
 	CheckSchema(ctx context.Context, c SchemaCheck) error
+}
+
+// MissingColumns returns the columns of want that have lacks, in want's
+// order, comparing names without regard to case: the check a
+// [SchemaChecker] makes of a table whose columns it read from the
+// database's catalog.
+func MissingColumns(have, want []string) []string {
+	var missing []string
+	for _, col := range want {
+		if !slices.ContainsFunc(have, func(h string) bool { return strings.EqualFold(h, col) }) {
+			missing = append(missing, col)
+		}
+	}
+	return missing
 }
 
 // SchemaCheck says what Guard.CheckSchema (and

@@ -4,7 +4,6 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"slices"
 	"strings"
 
 	gomysql "github.com/go-sql-driver/mysql"
@@ -68,13 +67,7 @@ func (s *Store) checkColumns(ctx context.Context, table string, want []string, d
 	if err != nil {
 		return mapError(ctx, err, false, "mysql: check the schema of %s", table)
 	}
-	var missing []string
-	for _, col := range want {
-		if !slices.ContainsFunc(cols, func(c string) bool { return strings.EqualFold(c, col) }) {
-			missing = append(missing, col)
-		}
-	}
-	if len(missing) > 0 {
+	if missing := backend.MissingColumns(cols, want); len(missing) > 0 {
 		return fmt.Errorf("%w: mysql: table %s lacks the column(s) %s of this version: %s",
 			idempotency.ErrSchema, table, strings.Join(missing, ", "), hint)
 	}

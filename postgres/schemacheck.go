@@ -3,7 +3,6 @@ package postgres
 import (
 	"context"
 	"fmt"
-	"slices"
 	"strings"
 
 	"github.com/go-idempotency/idempotency"
@@ -68,13 +67,7 @@ func (s *Store) checkColumns(ctx context.Context, quoted, name string, want []st
 		return fmt.Errorf("%w: postgres: table %s does not exist (in the connection's search_path): %s",
 			idempotency.ErrSchema, name, migrateHint(s.table, ddl))
 	}
-	var missing []string
-	for _, col := range want {
-		if !slices.Contains(have, col) {
-			missing = append(missing, col)
-		}
-	}
-	if len(missing) > 0 {
+	if missing := backend.MissingColumns(have, want); len(missing) > 0 {
 		return fmt.Errorf("%w: postgres: table %s lacks the column(s) %s of this version: %s",
 			idempotency.ErrSchema, name, strings.Join(missing, ", "), migrateHint(s.table, ddl))
 	}

@@ -3,7 +3,6 @@ package sqlite
 import (
 	"context"
 	"fmt"
-	"slices"
 	"strings"
 
 	"github.com/go-idempotency/idempotency"
@@ -51,7 +50,7 @@ func (s *Store) checkColumns(ctx context.Context, table string, want []string, d
 		if err := rows.Scan(&col); err != nil {
 			return mapError(ctx, "check the schema of "+table, err)
 		}
-		have = append(have, strings.ToLower(col))
+		have = append(have, col)
 	}
 	if err := rows.Err(); err != nil {
 		return mapError(ctx, "check the schema of "+table, err)
@@ -60,13 +59,7 @@ func (s *Store) checkColumns(ctx context.Context, table string, want []string, d
 	if len(have) == 0 {
 		return fmt.Errorf("%w: sqlite: table %s does not exist in this database file: %s", idempotency.ErrSchema, table, hint)
 	}
-	var missing []string
-	for _, col := range want {
-		if !slices.Contains(have, col) {
-			missing = append(missing, col)
-		}
-	}
-	if len(missing) > 0 {
+	if missing := backend.MissingColumns(have, want); len(missing) > 0 {
 		return fmt.Errorf("%w: sqlite: table %s lacks the column(s) %s of this version: %s",
 			idempotency.ErrSchema, table, strings.Join(missing, ", "), hint)
 	}
