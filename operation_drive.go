@@ -124,7 +124,18 @@ func (r *runner[Tx]) drive(ctx context.Context) (Response, error) {
 		next := r.st.p.clone()
 		next.Step = r.nextName(i)
 		if _, err := next.encode(); err != nil {
+			// Checked even when Finish comes next and no progress is
+			// saved: a step data too large fails as it does before a Save.
 			return r.failed(ctx, open, err)
+		}
+		if next.Step == "" && r.merges() {
+			ph := open
+			open = nil
+			resp, again, err := r.finishMerged(ctx, ph, before)
+			if again {
+				continue
+			}
+			return resp, err
 		}
 		err = r.save(ctx, open, next)
 		open = nil
@@ -135,6 +146,85 @@ func (r *runner[Tx]) drive(ctx context.Context) (Response, error) {
 			}
 		}
 	}
+}
+
+// merges reports whether Finish runs in the phase of the Local step just
+// before it ([runner.finishMerged]): yes, unless Finish failed there once in
+// this run (split) or the run met a conflict. Under contention the step
+// and Finish commit one by one: a conflict of Finish in the merged phase
+// would run the step again too, and shorter transactions hold their locks
+// for less long.
+func (r *runner[Tx]) merges() bool {
+	return !r.split && r.conflicts == 0
+}
+
+// finishMerged runs Finish in ph, the open phase of the operation's last
+// Local step, which succeeded, and completes the key there: one commit
+// holds the step's writes, Finish's and the answer, where a step followed by
+// another commits its recovery point first. before is the state from before
+// the step. No progress is written, so none is sealed (Config.Codec); the
+// answer is, by complete.
+//
+// Failures keep what the split path gives (the step's Save, then Finish in
+// a phase of its own):
+//
+//   - A [FinalAnswer] completes the key in ph, with the step's writes.
+//   - A conflict of Finish's (or of the commit): ph is rolled back, the
+//     state is before's, and drive runs the step again, within the
+//     conflict retries (split from then on: see merges).
+//   - Any other error of Finish, or an answer that cannot be stored (a bad
+//     status, a Codec that fails): ph is rolled back, with the step's
+//     writes, and the run goes on split: the step runs again in a phase
+//     of its own and its recovery point commits, then Finish runs in its
+//     own phase and fails as it would have (the key is unfinished at
+//     Finish, with ErrUnfinished naming Finish), or succeeds. The step's
+//     writes still commit once: the first ones were rolled back. A run
+//     whose ctx has ended cannot go on: it fails at the step, whose
+//     recovery point is where the key stays.
+//
+// retry says the phase was rolled back and drive goes on.
+func (r *runner[Tx]) finishMerged(ctx context.Context, ph backend.Phase[Tx], before progress) (resp Response, retry bool, err error) {
+	r.st.p.Step = ""
+	resp, err = r.op.Finish(ctx, ph.Tx(), r.st)
+	var stop *stopError
+	if errors.As(err, &stop) {
+		resp, err = stop.Response, nil
+	}
+	if err != nil && r.isConflict(err) {
+		_ = ph.Rollback(context.WithoutCancel(ctx))
+		r.st.p = before
+		if r.conflicted(ctx, fmt.Errorf("%w: %w", backend.ErrConflict, err)) {
+			return Response{}, true, nil
+		}
+		if r.st == nil { // a new key: nothing committed
+			r.st = &State{key: r.key, p: before}
+		}
+		resp, err = r.failed(ctx, nil, err)
+		return resp, false, err
+	}
+	if err == nil {
+		var stored Response
+		if resp, stored, err = r.answer(ctx, resp); err == nil {
+			resp, err = r.commit(ctx, ph, resp, stored)
+			if err != nil {
+				// Nothing committed (or the outcome is unknown): the key
+				// stands where it stood before the step.
+				r.st.p = before
+				if errors.Is(err, backend.ErrConflict) && r.conflicted(ctx, err) {
+					return Response{}, true, nil
+				}
+			}
+			return resp, false, err
+		}
+	}
+	_ = ph.Rollback(context.WithoutCancel(ctx))
+	r.st.p = before
+	if ctx.Err() != nil {
+		resp, err = r.failed(ctx, nil, err)
+		return resp, false, err
+	}
+	r.split = true
+	return Response{}, true, nil
 }
 
 // conflicted reports whether err, a phase's failed commit, is a conflict
@@ -224,17 +314,32 @@ func (r *runner[Tx]) isConflict(err error) bool {
 
 // complete stores resp as the key's answer in ph.
 func (r *runner[Tx]) complete(ctx context.Context, ph backend.Phase[Tx], resp Response) (Response, error) {
-	if resp.Status < 100 || resp.Status > 599 {
-		_ = ph.Rollback(context.WithoutCancel(ctx))
-		return Response{}, fmt.Errorf("%w: status %d outside 100..599", ErrInvalidResponse, resp.Status)
-	}
-	// Only status, header and body are stored: the store gets no more.
-	resp = Response{Status: resp.Status, Header: resp.Header, Body: resp.Body}
-	stored, err := r.g.seal(ctx, r.key, resp) // Config.Codec
+	resp, stored, err := r.answer(ctx, resp)
 	if err != nil {
 		_ = ph.Rollback(context.WithoutCancel(ctx))
 		return Response{}, err
 	}
+	return r.commit(ctx, ph, resp, stored)
+}
+
+// answer checks resp, an answer to store, and seals it (Config.Codec): it
+// returns resp cut to what is stored, and stored, what the store gets.
+func (r *runner[Tx]) answer(ctx context.Context, resp Response) (out, stored Response, err error) {
+	if resp.Status < 100 || resp.Status > 599 {
+		return Response{}, Response{}, fmt.Errorf("%w: status %d outside 100..599", ErrInvalidResponse, resp.Status)
+	}
+	// Only status, header and body are stored: the store gets no more.
+	resp = Response{Status: resp.Status, Header: resp.Header, Body: resp.Body}
+	stored, err = r.g.seal(ctx, r.key, resp) // Config.Codec
+	if err != nil {
+		return Response{}, Response{}, err
+	}
+	return resp, stored, nil
+}
+
+// commit completes the key in ph with stored, resp as answer sealed: it
+// returns resp with its TTL and expiry.
+func (r *runner[Tx]) commit(ctx context.Context, ph backend.Phase[Tx], resp, stored Response) (Response, error) {
 	now := time.Now().Round(0) // before Complete: no later than the store's clock at completion
 	if err := ph.Complete(ctx, stored); err != nil {
 		return Response{}, r.storeErr(err)

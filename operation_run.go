@@ -16,8 +16,10 @@ import (
 // caller of the key's store, resuming where an earlier run stopped.
 //
 //  1. New key: the steps run in order from the first, each Local step in a
-//     transaction of its own that commits its recovery point. input is
-//     saved with the key, for every run that resumes it ([State.Input]).
+//     transaction of its own that commits its recovery point; a Local step
+//     directly before Finish shares Finish's transaction, which commits
+//     both with the answer. input is saved with the key, for every run
+//     that resumes it ([State.Input]).
 //  2. Unfinished key, same fingerprint: the run resumes at the step after
 //     the last recovery point committed (input is ignored: the saved one
 //     is used). Completed key: the stored answer, Replayed true.
@@ -133,6 +135,10 @@ type runner[Tx any] struct {
 	// mine: this run committed a Save, so the lease it ends on a failure
 	// is its own.
 	mine bool
+	// split: Finish failed in the phase of the last Local step
+	// ([runner.finishMerged]); the step then commits its recovery point
+	// and Finish runs in a phase of its own, as they did before the merge.
+	split bool
 }
 
 func (r *runner[Tx]) lead(ctx context.Context) (resp Response, step string, err error) {
