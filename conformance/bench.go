@@ -13,6 +13,7 @@ import (
 	"time"
 
 	"github.com/go-idempotency/idempotency"
+	"github.com/go-idempotency/idempotency/backend"
 	"github.com/go-idempotency/idempotency/internal/benchkit"
 )
 
@@ -22,6 +23,12 @@ import (
 //   - Bare: [Fixture].Bare, one effect in a plain transaction (the baseline).
 //   - NewKey: Do with a new key each time: reservation, effect, completion.
 //   - Replay: Do with a completed key: the stored response, no effect.
+//   - RunLocal1: [idempotency.Guard.Run] with a new key each time, of an
+//     Operation of one Local step (the effect) then Finish (the response
+//     of NewKey): what an operation costs next to Do. Skipped unless the
+//     store implements [backend.Stepper].
+//   - RunLocal2: RunLocal1 with a second Local step that only sets step
+//     data: what one more Local step costs.
 //   - SameKey20: 20 callers released together on one new key; one op is the
 //     time until all 20 have their answer (compare with Bare).
 //   - SameKey20Bare: the same 20 goroutines without the library: the first
@@ -31,8 +38,8 @@ import (
 //   - BareParallel8, Mixed8: 8 goroutines; Mixed8 does half new keys and half
 //     replays, BareParallel8 the bare effect (its baseline).
 //
-// Each case of Do then checks with [Fixture].Count that every key has exactly
-// one effect. SameKey20 checks that exactly one of its callers ran fn. A
+// Each case of Do and Run then checks with [Fixture].Count that every key
+// has exactly one effect. SameKey20 checks that exactly one of its callers ran fn. A
 // store that duplicates an effect fails the benchmark instead of being
 // measured.
 //
@@ -106,6 +113,22 @@ func Benchmark[Tx any](b *testing.B, h Harness[Tx]) {
 		}
 		checkEffects(b)
 	})
+	runLocal := func(b *testing.B, steps int) {
+		if _, ok := f.Store.(backend.Stepper[Tx]); !ok {
+			b.Skip("conformance: the store does not implement backend.Stepper")
+		}
+		op := benchOp(f, "bench", steps)
+		b.ReportAllocs()
+		for b.Loop() {
+			r, err := g.Run(ctx, next(), "fp", nil, op)
+			if err != nil || r.Replayed {
+				b.Fatalf("run: %+v, %v", r, err)
+			}
+		}
+		checkEffects(b)
+	}
+	b.Run("RunLocal1", func(b *testing.B) { runLocal(b, 1) })
+	b.Run("RunLocal2", func(b *testing.B) { runLocal(b, 2) })
 	b.Run("SameKey20", func(b *testing.B) {
 		call := func(key idempotency.Key) func() (bool, error) {
 			return func() (bool, error) {
@@ -201,6 +224,30 @@ func benchFn[Tx any](ctx context.Context, f Fixture[Tx], tag string) func(Tx) (i
 		}
 		return resp, nil
 	}
+}
+
+// benchOp returns the Operation of RunLocal1 (steps 1) and RunLocal2
+// (steps 2): a Local step with the effect of benchFn, then, for steps 2, a
+// Local step that only sets step data, and a Finish that returns benchFn's
+// response.
+func benchOp[Tx any](f Fixture[Tx], tag string, steps int) *idempotency.Operation[Tx] {
+	resp := created(tag, 1)
+	op := &idempotency.Operation[Tx]{
+		Name: "bench",
+		Steps: []idempotency.Step[Tx]{{Name: "effect", Local: func(ctx context.Context, tx Tx, _ *idempotency.State) error {
+			return f.Effect(ctx, tx, tag)
+		}}},
+		Finish: func(context.Context, Tx, *idempotency.State) (idempotency.Response, error) {
+			return resp, nil
+		},
+	}
+	if steps > 1 {
+		op.Steps = append(op.Steps, idempotency.Step[Tx]{Name: "data", Local: func(_ context.Context, _ Tx, s *idempotency.State) error {
+			s.Set("order", "o-1")
+			return nil
+		}})
+	}
+	return op
 }
 
 // ScaleKeys is how many existing keys [BenchmarkScale] works against.
