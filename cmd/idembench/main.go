@@ -62,9 +62,11 @@ type binary struct {
 
 // The default -bench patterns: BenchmarkStore, PostgreSQL's
 // BenchmarkDBStore (its store on database/sql) and the plain SQL of
-// BenchmarkPlainSQL, the cases that have a target, or all of them.
+// BenchmarkPlainSQL, the cases that have a target (with their baselines,
+// and RunLocal2, the figure of one Local step more than RunLocal1), or all
+// of them.
 const (
-	defaultBench  = "^(BenchmarkStore|BenchmarkDBStore|BenchmarkPlainSQL)$/^(Bare|NewKey|Replay|SameKey20|SameKey20Bare)$"
+	defaultBench  = "^(BenchmarkStore|BenchmarkDBStore|BenchmarkPlainSQL)$/^(Bare|NewKey|Replay|RunLocal1|RunLocal2|SameKey20|SameKey20Bare)$"
 	parallelBench = "^(BenchmarkStore|BenchmarkDBStore|BenchmarkPlainSQL)$"
 )
 

@@ -83,6 +83,51 @@ func TestParseTable(t *testing.T) {
 	}
 }
 
+// runLocalOutput is one round of RunLocal1 and RunLocal2 on SQLite and
+// PostgreSQL, whose store on database/sql (BenchmarkDBStore) has the same
+// targets; Redis skips them (no backend.Stepper).
+const runLocalOutput = `pkg: github.com/go-idempotency/idempotency/sqlite
+BenchmarkStore/Bare-2          	    2000	    100000 ns/op	     1000 B/op	       9 allocs/op
+BenchmarkStore/RunLocal1-2     	    2000	    150000 ns/op	     7000 B/op	     161 allocs/op
+BenchmarkStore/RunLocal2-2     	    2000	    250000 ns/op	    12000 B/op	     328 allocs/op
+pkg: github.com/go-idempotency/idempotency/postgres
+BenchmarkStore/Bare-2          	    2000	    100000 ns/op	     1000 B/op	       9 allocs/op
+BenchmarkStore/RunLocal1-2     	    2000	    170000 ns/op	     7000 B/op	     161 allocs/op
+BenchmarkDBStore/Bare-2        	    2000	    100000 ns/op	     1000 B/op	       9 allocs/op
+BenchmarkDBStore/RunLocal1-2   	    2000	    150000 ns/op	     7000 B/op	     161 allocs/op
+pkg: github.com/go-idempotency/idempotency/redis
+BenchmarkStore/Bare-2          	    2000	    100000 ns/op	     1000 B/op	       9 allocs/op
+PASS
+`
+
+// TestRunLocalTargets: RunLocal1 has the target 1.60x on every SQL store
+// (and none on Redis, which skips it); RunLocal2, compared with the same
+// bare transaction, has none.
+func TestRunLocalTargets(t *testing.T) {
+	out, code := runParse(t, runLocalOutput, "-markdown")
+	if code != 0 {
+		t.Fatalf("exit %d", code)
+	}
+	for _, want := range []string{
+		"| sqlite | RunLocal1 | library | 1.50x | 1.50-1.50x |  | 150.0 µs | 161 | <= 1.60x | yes |",
+		"| sqlite | RunLocal2 | library | 2.50x | 2.50-2.50x |  | 250.0 µs | 328 |  |  |",
+		"| postgres | RunLocal1 | library | 1.70x | 1.70-1.70x |  | 170.0 µs | 161 | <= 1.60x | no (+6%) |",
+		"| postgres | DBStore/RunLocal1 | library | 1.50x | 1.50-1.50x |  | 150.0 µs | 161 | <= 1.60x | yes |",
+	} {
+		if !strings.Contains(out, want+"\n") {
+			t.Errorf("table lacks\n%s\nin:\n%s", want, out)
+		}
+	}
+	for _, pkg := range []string{"postgres", "mysql", "sqlite"} {
+		if got := target(pkg, "Store/RunLocal1"); got != 1.6 {
+			t.Errorf("%s: RunLocal1 target %v; want 1.6", pkg, got)
+		}
+	}
+	if got := target("redis", "Store/RunLocal1"); got != 0 {
+		t.Errorf("redis: RunLocal1 target %v; want none (no backend.Stepper)", got)
+	}
+}
+
 func TestTextTable(t *testing.T) {
 	out, code := runParse(t, countOutput)
 	if code != 0 {
@@ -193,7 +238,7 @@ func TestRoundsInterleaved(t *testing.T) {
 	if code != 0 {
 		t.Fatalf("exit %d: %s", code, errb.String())
 	}
-	args := "-test.run ^$ -test.bench ^(BenchmarkStore|BenchmarkDBStore|BenchmarkPlainSQL)$/^(Bare|NewKey|Replay|SameKey20|SameKey20Bare)$ -test.benchmem -test.benchtime 7x -test.count 1 -test.timeout 30m"
+	args := "-test.run ^$ -test.bench ^(BenchmarkStore|BenchmarkDBStore|BenchmarkPlainSQL)$/^(Bare|NewKey|Replay|RunLocal1|RunLocal2|SameKey20|SameKey20Bare)$ -test.benchmem -test.benchtime 7x -test.count 1 -test.timeout 30m"
 	want := []string{"a " + args, "b " + args, "a " + args, "b " + args, "a " + args, "b " + args}
 	if !slices.Equal(ft.calls, want) {
 		t.Fatalf("runs:\n%s\nwant (round by round, every package in each):\n%s", strings.Join(ft.calls, "\n"), strings.Join(want, "\n"))
