@@ -22,7 +22,13 @@ import (
 // sets in State is committed by the next Local step, or by Finish. Finish
 // is the last local phase: it returns the answer, stored with the key and
 // replayed to every later call, as [Guard.Do] does, for the Guard's TTL
-// (run it on a [Guard.WithTTL] view to keep it longer or shorter).
+// (run it on a [Guard.WithTTL] view to keep it longer or shorter). A Local
+// step directly followed by Finish shares Finish's transaction: an
+// operation of one Local step costs one transaction, as [Guard.Do] does,
+// and every further Local step one more. If Finish then fails, that
+// transaction rolls back and the run commits the step on its own before it
+// runs Finish again, so a failure leaves the key where it would be had the
+// step committed first.
 //
 // A retry with the same key (a client's, or the [Completer]'s) resumes
 // after the last recovery point committed: a committed Local step never

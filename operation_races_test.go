@@ -93,7 +93,7 @@ func TestRunConflictForgetsStepData(t *testing.T) {
 	op.Steps[1].Local = func(_ context.Context, tx *memstore.Tx, s *idempotency.State) error {
 		calls++
 		if calls == 1 {
-			cs.saveFail.Store(1)
+			cs.completeFail.Store(1)
 		}
 		if s.Get("order") == "" {
 			tx.Effect("order")
