@@ -8,6 +8,7 @@ import (
 
 	goredis "github.com/redis/go-redis/v9"
 
+	"github.com/go-idempotency/idempotency"
 	"github.com/go-idempotency/idempotency/conformance"
 	"github.com/go-idempotency/idempotency/internal/clusters"
 	"github.com/go-idempotency/idempotency/internal/testkit"
@@ -87,6 +88,44 @@ func TestCluster(t *testing.T) {
 			if err != nil || rec == nil || rec.Status != 201 || string(rec.Body) != fmt.Sprint(i) {
 				t.Fatalf("replay %d: %+v, %v", i, rec, err)
 			}
+		}
+	})
+
+	// On Cluster the reservation is the plain script and Complete checks
+	// the token under WATCH first: a new key costs three round trips, a
+	// replay one (the script, which finds the record completed).
+	t.Run("RoundTrips", func(t *testing.T) {
+		ctx := testkit.Context(t, 30*time.Second)
+		rt := &roundTrips{}
+		f := newFixture(t, func(poolSize int) goredis.UniversalClient {
+			c := goredis.NewClusterClient(&goredis.ClusterOptions{Addrs: addrs, PoolSize: poolSize})
+			// On the nodes' clients, which send every command, WATCH
+			// included (the Cluster client's own hooks do not see those).
+			c.OnNewNode(func(n *goredis.Client) { n.AddHook(rt) })
+			return c
+		}, 0, nil)
+		g, err := idempotency.New(f.store, nil)
+		if err != nil {
+			t.Fatal(err)
+		}
+		fn := func(tx *Tx) (idempotency.Response, error) {
+			_ = f.effect(ctx, tx, "rt")
+			return idempotency.Response{Status: 201}, nil
+		}
+		do := func(key idempotency.Key) func() error {
+			return func() error { _, err := g.Do(ctx, key, "fp", fn); return err }
+		}
+		if err := do(idempotency.Key{ID: testkit.Name("warm-")})(); err != nil { // slots, pools, scripts
+			t.Fatal(err)
+		}
+		key := idempotency.Key{ID: testkit.Name("rt-")}
+		newKey, newKeyScripts := rt.measure(t, "Do, new key", do(key))
+		replay, replayScripts := rt.measure(t, "Do, replay", do(key))
+		if newKey != 3 || replay != 1 {
+			t.Errorf("round trips on Cluster: new key %d, replay %d; want 3, 1", newKey, replay)
+		}
+		if newKeyScripts != 1 || replayScripts != 1 {
+			t.Errorf("scripts on Cluster: new key %d, replay %d; want 1, 1", newKeyScripts, replayScripts)
 		}
 	})
 }

@@ -43,8 +43,13 @@
 // [backend.ErrLeaseLost].
 //
 // A completed record expires the TTL after its completion, by Redis's own
-// clock. That clock is TIME, read inside the scripts; [Config].Clock
-// replaces it in tests. Every read checks the expiry. Redis deletes the
+// clock. That clock is TIME, read by the reservation script (and by the
+// plain read of a key lately seen completed); [Config].Clock replaces it in
+// tests. Complete moves the pending record's provisional expiry (its
+// creation plus the TTL) on by the time its process measured since the
+// script's reply (HINCRBY), so no command carries a time of the
+// application, and the TTL never counts from a time later than Redis's
+// clock at the EXEC. Every read checks the expiry. Redis deletes the
 // record that long after its completion (at least a minute), so
 // [Store.Purge] always returns 0. A completed record whose expiry is not
 // after Redis's clock counts as absent, and is taken over atomically.

@@ -8,13 +8,17 @@ import (
 	"strings"
 	"time"
 
+	goredis "github.com/redis/go-redis/v9"
+
 	"github.com/go-idempotency/idempotency"
 	"github.com/go-idempotency/idempotency/backend"
 )
 
 // Reserve implements [idempotency.KeyStore]. One call of the reservation
 // script (a single round trip) reserves a free key or returns a completed
-// record.
+// record. A key this Store lately saw completed is read first with plain
+// commands (HMGET and TIME, one round trip; see lookup), which cost Redis
+// a fraction of a script.
 //
 // A caller that finds the key pending waits, as the package doc describes.
 // For a holder in this Store, it waits on the holder itself. For any other,
@@ -27,6 +31,15 @@ import (
 // is lost is abandoned before Reserve returns (see abandon).
 func (s *Store) Reserve(ctx context.Context, r backend.Reservation) (backend.Txn[*Tx], *backend.Record, error) {
 	k := s.keysFor(r.Key)
+	if s.single != nil && s.repl.replicas == 0 && s.seen.has(k.id) {
+		// A key this Store lately saw completed: a plain read first, with
+		// no token nor hold to make.
+		out, err := s.lookup(ctx, k, r)
+		if err != nil || out.rec != nil {
+			return nil, out.rec, err
+		}
+		// No longer completed (expired, forgotten): reserve.
+	}
 	token := s.tokens + rand.Text()
 	var deadline time.Time
 	if r.Wait > 0 {
@@ -53,7 +66,7 @@ func (s *Store) Reserve(ctx context.Context, r backend.Reservation) (backend.Txn
 			s.seen.add(k.id)
 			return nil, out.rec, nil
 		case out.reserved:
-			t := s.newTxn(k, r, own, out.conn)
+			t := s.newTxn(k, r, own, out)
 			own = nil
 			return t, nil, nil
 		}
@@ -101,6 +114,10 @@ type tryResult struct {
 	pttl     time.Duration // pending: time left on the holder's lease, < 0 if unknown
 	until    time.Time     // completed: the monotonic instant rec expires, by Redis's clock when it was read
 	owner    string        // pending: the holder's token
+	// reserved: the reservation's creation time and Redis's clock when the
+	// script ran (Unix ms; see completionClock), read at clockAt.
+	created, clock int64
+	clockAt        time.Time
 	// reserved on a connection of its own, with WATCH armed on the record
 	// (see tryWatched); nil otherwise.
 	conn *pinned
@@ -164,7 +181,12 @@ func (s *Store) parseReserve(k keys, r backend.Reservation, vals []any, sent tim
 	}
 	switch str(0) {
 	case replyReserved:
-		return tryResult{reserved: true}, nil
+		created, err1 := strconv.ParseInt(str(1), 10, 64)
+		clock, err2 := strconv.ParseInt(str(2), 10, 64)
+		if err1 != nil || err2 != nil {
+			return tryResult{}, fmt.Errorf("redis: record %s: bad reservation times %q, %q", k.rec, str(1), str(2))
+		}
+		return tryResult{reserved: true, created: created, clock: clock, clockAt: time.Now()}, nil
 	case replyAbandoned:
 		return tryResult{}, fmt.Errorf("redis: reservation of key %v already abandoned", r.Key)
 	case replyPending:
@@ -204,4 +226,58 @@ func (s *Store) abandon(ctx context.Context, k keys, token string) {
 	defer cancel()
 	_ = s.abandonScript.Run(ctx, s.client, []string{k.rec},
 		token, k.wake, s.lease.Milliseconds()).Err()
+}
+
+// lookupFields are the fields of a completed record that lookup reads, in
+// the order decodeRecord takes them after the state.
+var lookupFields = []string{"state", "fp", "status", "hdr", "body", "created", "expires", "scope", "id"}
+
+// lookup reads the record of a key this Store lately saw completed, with
+// plain commands in one round trip: HMGET and Redis's clock (TIME), on a
+// single node or Sentinel. It returns the record if it is completed and
+// live by that clock (or the test clock), else an empty result: the
+// caller then runs the reservation script. A replay so costs Redis a read
+// rather than a script.
+func (s *Store) lookup(ctx context.Context, k keys, r backend.Reservation) (tryResult, error) {
+	sent := time.Now()
+	var fields *goredis.SliceCmd
+	var clock *goredis.TimeCmd
+	_, err := s.single.Pipelined(ctx, func(p goredis.Pipeliner) error {
+		fields = p.HMGet(ctx, k.rec, lookupFields...)
+		clock = p.Time(ctx)
+		return nil
+	})
+	if err != nil {
+		return tryResult{}, mapError("reserve", err)
+	}
+	v := fields.Val()
+	str := func(i int) string {
+		if i < len(v) {
+			if s, ok := v[i].(string); ok {
+				return s
+			}
+		}
+		return ""
+	}
+	if str(0) != stateCompleted {
+		return tryResult{}, nil
+	}
+	now := clock.Val().UnixMilli()
+	if test, err := s.testNow(); err != nil {
+		return tryResult{}, err
+	} else if test != "" {
+		now, _ = strconv.ParseInt(test, 10, 64)
+	}
+	rec, err := decodeRecord(str(1), str(2), str(3), str(4), str(5), str(6), str(7), str(8))
+	if err != nil {
+		return tryResult{}, fmt.Errorf("redis: record %s: %w", k.rec, err)
+	}
+	if rec.Key != r.Key {
+		return tryResult{}, fmt.Errorf("redis: record %s holds key %v, not %v", k.rec, rec.Key, r.Key)
+	}
+	left := rec.ExpiresAt.UnixMilli() - now
+	if left <= 0 {
+		return tryResult{}, nil
+	}
+	return tryResult{rec: rec, until: sent.Add(time.Duration(left) * time.Millisecond)}, nil
 }

@@ -15,8 +15,16 @@ import (
 )
 
 // roundTrips counts network round trips: one per command, one per
-// pipeline, except the handshake of a new connection.
-type roundTrips struct{ n atomic.Int64 }
+// pipeline, except the handshake of a new connection. It also counts the
+// scripts sent (EVAL, EVALSHA): a script costs Redis several times the
+// work of the commands it runs.
+type roundTrips struct{ n, scripts atomic.Int64 }
+
+func (r *roundTrips) see(cmd goredis.Cmder) {
+	if name := cmd.Name(); name == "eval" || name == "evalsha" {
+		r.scripts.Add(1)
+	}
+}
 
 func (r *roundTrips) DialHook(next goredis.DialHook) goredis.DialHook { return next }
 
@@ -25,6 +33,7 @@ func (r *roundTrips) ProcessHook(next goredis.ProcessHook) goredis.ProcessHook {
 		if cmd.Name() != "hello" { // a new connection's handshake
 			r.n.Add(1)
 		}
+		r.see(cmd)
 		return next(ctx, cmd)
 	}
 }
@@ -33,6 +42,9 @@ func (r *roundTrips) ProcessPipelineHook(next goredis.ProcessPipelineHook) gored
 	return func(ctx context.Context, cmds []goredis.Cmder) error {
 		if len(cmds) == 0 || cmds[0].Name() != "client" { // a new connection's handshake
 			r.n.Add(1)
+		}
+		for _, cmd := range cmds {
+			r.see(cmd)
 		}
 		return next(ctx, cmds)
 	}
@@ -74,19 +86,17 @@ func TestRoundTrips(t *testing.T) {
 	}
 	key := idempotency.Key{ID: testkit.Name("rt-")}
 	measure := func(what string, call func() error) int64 {
-		before := rt.n.Load()
-		if err := call(); err != nil {
-			t.Fatalf("%s: %v", what, err)
-		}
-		n := rt.n.Load() - before
-		t.Logf("%s: %d round trips", what, n)
+		n, _ := rt.measure(t, what, call)
 		return n
 	}
-	newKey := measure("Do, new key", func() error { _, err := g.Do(ctx, key, "fp", fn); return err })
-	replay := measure("Do, replay", func() error { _, err := g.Do(ctx, key, "fp", fn); return err })
+	newKey, newKeyScripts := rt.measure(t, "Do, new key", func() error { _, err := g.Do(ctx, key, "fp", fn); return err })
+	replay, replayScripts := rt.measure(t, "Do, replay", func() error { _, err := g.Do(ctx, key, "fp", fn); return err })
 	bare := measure("bare effect MULTI/EXEC", bareTx)
 	if replay != 1 || newKey != 2 || bare != 1 {
 		t.Errorf("round trips: new key %d, replay %d, bare %d; want 2, 1, 1", newKey, replay, bare)
+	}
+	if newKeyScripts != 1 || replayScripts != 0 {
+		t.Errorf("scripts: new key %d, replay %d; want 1 (the reservation), 0", newKeyScripts, replayScripts)
 	}
 
 	other := goredis.NewClient(&goredis.Options{Addr: addr}) // not counted
@@ -155,4 +165,16 @@ func TestRoundTrips(t *testing.T) {
 	if local != 3 || remote != 5 {
 		t.Errorf("round trips: waiter on a local holder %d, on a remote one %d; want 3, 5", local, remote)
 	}
+}
+
+// measure runs call and returns the round trips and scripts it took.
+func (r *roundTrips) measure(t *testing.T, what string, call func() error) (trips, scripts int64) {
+	t.Helper()
+	n, sc := r.n.Load(), r.scripts.Load()
+	if err := call(); err != nil {
+		t.Fatalf("%s: %v", what, err)
+	}
+	trips, scripts = r.n.Load()-n, r.scripts.Load()-sc
+	t.Logf("%s: %d round trips, %d scripts", what, trips, scripts)
+	return trips, scripts
 }

@@ -57,10 +57,11 @@ const maxExpiryMs = "9223372036854"
 //     replication stream, which WAIT on the same connection can count.
 //
 // A record in state "abandoned" (see abandonLua) is free, except to
-// its own token. Returns {"reserved"}, {"abandoned"} (the caller already
-// gave this token up), {"pending", pttl ms, owner} or {"completed",
-// fingerprint, status, header, body, created, expires, scope, id, the
-// clock}.
+// its own token. Returns {"reserved", created, the clock} (created: the
+// reservation's creation time, which Complete writes into the completed
+// record), {"abandoned"} (the caller already gave this token up),
+// {"pending", pttl ms, owner} or {"completed", fingerprint, status,
+// header, body, created, expires, scope, id, the clock}.
 var reserveLua = nowLua(5) + `local r = redis.call('HMGET', KEYS[1], 'state', 'owner', 'fp', 'status', 'hdr', 'body', 'created', 'expires', 'scope', 'id')
 if r[1] == 'abandoned' then
   if r[2] == ARGV[1] then
@@ -75,7 +76,7 @@ elseif r[1] == 'completed' then
   end
 elseif r[1] == 'pending' then
   if r[2] == ARGV[1] then
-    return {'reserved'}
+    return {'reserved', r[7], string.format('%.0f', now)}
   end
   if ARGV[8] == '' or r[2] ~= ARGV[8] then
     return {'pending', tostring(redis.call('PTTL', KEYS[1])), r[2]}
@@ -84,27 +85,12 @@ elseif r[1] then
   return redis.error_reply('idempotency: record ' .. KEYS[1] .. ' has unknown state ' .. tostring(r[1]))
 end
 redis.call('DEL', KEYS[1])
+local created = string.format('%.0f', now)
 redis.call('HSET', KEYS[1], 'state', 'pending', 'owner', ARGV[1], 'scope', ARGV[2], 'id', ARGV[3],
-  'fp', ARGV[4], 'created', string.format('%.0f', now),
+  'fp', ARGV[4], 'created', created,
   'expires', string.format('%.0f', math.min(now + tonumber(ARGV[6]), ` + maxExpiryMs + `)))
 redis.call('PEXPIRE', KEYS[1], ARGV[7])
-return {'reserved'}
-`
-
-// completeLua writes the completed record in Complete's MULTI (as EVAL,
-// never EVALSHA: a script unknown to the server would fail at EXEC, after
-// fn's commands applied). Its expiry is the clock at completion plus the
-// TTL, clamped to MaxExpiry; its creation time is the reservation's.
-// KEYS[1] record. ARGV: scope, id, fingerprint, status, header, body, the
-// clock (see nowLua), TTL ms, Redis expiry ms. Returns {fields written,
-// created, expires, now}, times in Unix ms.
-var completeLua = nowLua(7) + `local created = redis.call('HGET', KEYS[1], 'created') or string.format('%.0f', now)
-local expires = string.format('%.0f', math.min(now + tonumber(ARGV[8]), ` + maxExpiryMs + `))
-redis.call('DEL', KEYS[1])
-local n = redis.call('HSET', KEYS[1], 'state', 'completed', 'scope', ARGV[1], 'id', ARGV[2], 'fp', ARGV[3],
-  'status', ARGV[4], 'hdr', ARGV[5], 'body', ARGV[6], 'created', created, 'expires', expires)
-redis.call('PEXPIRE', KEYS[1], ARGV[9])
-return {n, created, expires, string.format('%.0f', now)}
+return {'reserved', created, created}
 `
 
 // renewLua extends the lease if the caller still owns the record.

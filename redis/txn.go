@@ -25,8 +25,12 @@ type txn struct {
 	tx      *Tx
 	r       backend.Reservation
 	started time.Time
-	ended   bool
-	hold    *hold
+	// created is the reservation's creation time, and clock Redis's clock
+	// when the reservation script ran (Unix ms), read at clockAt.
+	created, clock int64
+	clockAt        time.Time
+	ended          bool
+	hold           *hold
 	// conn, if not nil, is the connection the reservation was made on,
 	// with WATCH armed on the record since (see tryWatched). Renewals and
 	// Complete use it; Complete or Rollback releases it.
@@ -44,9 +48,12 @@ type txn struct {
 }
 
 // newTxn starts the renewals of the reservation that h names.
-func (s *Store) newTxn(k keys, r backend.Reservation, h *hold, conn *pinned) *txn {
+func (s *Store) newTxn(k keys, r backend.Reservation, h *hold, out tryResult) *txn {
 	t := &txn{
-		conn:    conn,
+		conn:    out.conn,
+		created: out.created,
+		clock:   out.clock,
+		clockAt: out.clockAt,
 		s:       s,
 		k:       k,
 		token:   h.token,
@@ -169,7 +176,7 @@ type execConn interface {
 }
 
 func (t *txn) commit(ctx context.Context, resp idempotency.Response) error {
-	now, err := t.s.testNow()
+	now, err := t.completionClock()
 	if err != nil { // a test clock out of range: nothing is sent
 		if cn := t.conn; cn != nil {
 			t.conn = nil
@@ -182,20 +189,31 @@ func (t *txn) commit(ctx context.Context, resp idempotency.Response) error {
 	if body == nil {
 		body = []byte{}
 	}
-	// The record's logical expiry is the clock at completion (Redis's, in
-	// completeLua, unless a test clock is set) plus the TTL, checked by
-	// every read; Redis deletes the record itself the TTL after the EXEC
-	// (by its own clock), and not before minRecordTTL, for test clocks
-	// that do not follow real time.
-	ttlMs, expireMs := t.r.TTL.Milliseconds(), max(t.r.TTL, minRecordTTL).Milliseconds()
+	// The record's logical expiry is the clock at completion plus the TTL
+	// (clamped to MaxExpiry), checked by every read. The pending record
+	// holds its creation time and a provisional expiry, its creation plus
+	// the TTL, both by the reservation script's clock; Complete moves that
+	// expiry on by the time since (HINCRBY), so that no command carries a
+	// time of this process. Redis deletes the record itself the TTL after
+	// the EXEC (by its own clock), and not before minRecordTTL, for test
+	// clocks that do not follow real time.
+	maxMs := backend.MaxExpiry().UnixMilli()
+	ttlMs := t.r.TTL.Milliseconds()
+	provisional := min(t.created+ttlMs, maxMs)
+	// A test clock that went back keeps the provisional expiry.
+	expires := max(min(now+ttlMs, maxMs), provisional)
+	expire := max(t.r.TTL, minRecordTTL)
 	cmds := slices.Clone(t.tx.Cmds())
 	t.tx.Discard()
-	var done *goredis.Cmd    // the completed record's script
+	var done *goredis.IntCmd // the HINCRBY of the record's expiry
 	var start time.Time      // when the last EXEC was sent
 	var sent []goredis.Cmder // what the last EXEC carried
 	// exec sends fn's commands and the completed record in one MULTI/EXEC
 	// on c, whose WATCH on the record is armed and whose check found the
-	// record ours.
+	// record ours. The record is completed with plain commands, not a
+	// script: WATCH already guards it, and a script costs Redis several
+	// times the work of the commands it runs. The pending record's scope,
+	// id, fingerprint and creation time stay.
 	exec := func(c execConn) error {
 		for _, c := range cmds {
 			c.SetErr(nil)
@@ -206,8 +224,10 @@ func (t *txn) commit(ctx context.Context, resp idempotency.Response) error {
 				return err
 			}
 			start = time.Now()
-			done = p.Eval(ctx, completeLua, []string{t.k.rec}, t.r.Key.Scope, t.r.Key.ID, t.r.Fingerprint,
-				strconv.Itoa(resp.Status), hdr, body, now, ttlMs, expireMs)
+			p.HSet(ctx, t.k.rec, "state", stateCompleted, "status", strconv.Itoa(resp.Status), "hdr", hdr, "body", body)
+			p.HDel(ctx, t.k.rec, "owner")
+			done = p.HIncrBy(ctx, t.k.rec, "expires", expires-provisional)
+			p.PExpire(ctx, t.k.rec, expire)
 			p.Publish(ctx, t.k.wake, msgCompleted)
 			return nil
 		})
@@ -257,19 +277,19 @@ func (t *txn) commit(ctx context.Context, resp idempotency.Response) error {
 			if t.hold.waiters.Load() > 0 {
 				// This Store's waiters take the record from here, as
 				// decodeRecord would give it.
-				created, expires, clock, ok := completedTimes(done)
+				expires := done.Val() // as Redis moved it on
 				rec := &backend.Record{
 					Key:         t.r.Key,
 					Fingerprint: t.r.Fingerprint,
 					Status:      resp.Status,
 					Body:        bytes.Clone(body),
-					CreatedAt:   time.UnixMilli(created),
+					CreatedAt:   time.UnixMilli(t.created),
 					ExpiresAt:   time.UnixMilli(expires),
 				}
-				if h, err := backend.UnmarshalHeader(hdr); err == nil && ok {
+				if h, err := backend.UnmarshalHeader(hdr); err == nil {
 					rec.Header = h
 					t.hold.rec = rec
-					t.hold.until = start.Add(time.Duration(expires-clock) * time.Millisecond)
+					t.hold.until = start.Add(time.Duration(expires-now) * time.Millisecond)
 				}
 			}
 			return nil
@@ -290,11 +310,12 @@ func (t *txn) commit(ctx context.Context, resp idempotency.Response) error {
 	}
 }
 
-// applied reports whether the completed record's script ran in an EXEC
-// that returned its replies. A command that a redirected or refused
-// transaction never ran has no error and no value.
-func applied(done *goredis.Cmd) bool {
-	return done != nil && done.Err() == nil && done.Val() != nil
+// applied reports whether the HINCRBY of the record's expiry ran in an
+// EXEC that returned its replies. A command that a redirected or refused
+// transaction never ran has no error and no value (a record's expiry, once
+// moved on, is above 0).
+func applied(done *goredis.IntCmd) bool {
+	return done != nil && done.Err() == nil && done.Val() > 0
 }
 
 // watchOwned runs fn on a transaction that WATCHes rec, once it has checked
@@ -375,22 +396,16 @@ func (t *txn) release(ctx context.Context) error {
 	return mapError("release", err)
 }
 
-// completedTimes reads the reply of completeLua: the record's creation and
-// expiry and the clock it was completed by, in Unix milliseconds.
-func completedTimes(c *goredis.Cmd) (created, expires, clock int64, ok bool) {
-	v, err := c.Slice()
-	if err != nil || len(v) != 4 {
-		return 0, 0, 0, false
+// completionClock is the clock the record is completed by, in Unix
+// milliseconds: the test clock's reading when one is set, or else Redis's
+// clock as the reservation script read it, moved on by the time this
+// process measured since it had the reply (monotonic). That is no later
+// than Redis's clock at the EXEC: the record expires no later than the TTL
+// after its completion, by Redis's clock.
+func (t *txn) completionClock() (int64, error) {
+	now, err := t.s.testNow()
+	if err != nil || now == "" {
+		return t.clock + time.Since(t.clockAt).Milliseconds(), err
 	}
-	var n [3]int64
-	for i := range n {
-		str, isStr := v[i+1].(string)
-		if !isStr {
-			return 0, 0, 0, false
-		}
-		if n[i], err = strconv.ParseInt(str, 10, 64); err != nil {
-			return 0, 0, 0, false
-		}
-	}
-	return n[0], n[1], n[2], true
+	return strconv.ParseInt(now, 10, 64)
 }
