@@ -64,10 +64,11 @@ func (s *Store) pin(ctx context.Context) (*pinned, error) {
 }
 
 // release gives the connection back to the pool (or drops it, if it
-// failed) and returns once the goroutine of pin has ended.
+// failed). It does not wait for that: the goroutine of pin returns it as
+// it ends, off the caller's path, where waiting for it cost a wake-up of
+// each goroutine in turn (tens of µs on a loaded machine).
 func (p *pinned) release() {
 	close(p.done)
-	<-p.ended
 }
 
 // seenSlots is the size of a Store's memory of completed keys.
