@@ -165,7 +165,14 @@ func (s *Store) Acquire(ctx context.Context, a backend.Acquisition) (backend.Pha
 // or a.Owner's, and fills p from the row. It reports whether it took it.
 func (s *Store) claim(ctx context.Context, tx *sql.Tx, a backend.Acquisition, now any, p *phase) (bool, error) {
 	var tries int64
-	err := tx.QueryRowContext(ctx, s.q.steps.claim, a.Key.Scope, a.Key.ID, a.Owner, now, int64(a.Lease)).Scan(&p.fp, &p.progress, &tries)
+	args := []any{a.Key.Scope, a.Key.ID, a.Owner, now, int64(a.Lease)}
+	var row *sql.Row
+	if st := s.prepared.Load(); st != nil && st.claim != nil {
+		row = tx.StmtContext(ctx, st.claim).QueryRowContext(ctx, args...)
+	} else {
+		row = tx.QueryRowContext(ctx, s.q.steps.claim, args...)
+	}
+	err := row.Scan(&p.fp, &p.progress, &tries)
 	switch {
 	case errors.Is(err, sql.ErrNoRows):
 		return false, nil
@@ -263,18 +270,28 @@ func (p *phase) Tries() int { return p.tries }
 // Save commits the phase with progress and the owner's lease until the
 // store's clock plus the Acquisition's Lease.
 func (p *phase) Save(ctx context.Context, progress []byte) error {
-	return p.commitProgress(ctx, "save", progress, p.s.q.steps.save, p.a.Owner, int64(p.a.Lease))
+	return p.commitProgress(ctx, "save", progress, p.s.q.steps.save, p.stmt(func(st *stmts) *sql.Stmt { return st.save }), p.a.Owner, int64(p.a.Lease))
 }
 
 // Release commits the phase with progress, the lease ended at the store's
 // clock now and one more try.
 func (p *phase) Release(ctx context.Context, progress []byte) error {
-	return p.commitProgress(ctx, "release", progress, p.s.q.steps.release)
+	return p.commitProgress(ctx, "release", progress, p.s.q.steps.release, nil)
+}
+
+// stmt returns the statement of the Store's prepared ones that pick
+// chooses, nil if none was prepared.
+func (p *phase) stmt(pick func(*stmts) *sql.Stmt) *sql.Stmt {
+	if st := p.s.prepared.Load(); st != nil {
+		return pick(st)
+	}
+	return nil
 }
 
 // commitProgress stores progress with query (parameters: progress, scope,
-// id, now, then more) and commits. A bad progress rolls the phase back.
-func (p *phase) commitProgress(ctx context.Context, op string, progress []byte, query string, more ...any) error {
+// id, now, then more), or with prepared if it is not nil (the same query
+// prepared), and commits. A bad progress rolls the phase back.
+func (p *phase) commitProgress(ctx context.Context, op string, progress []byte, query string, prepared *sql.Stmt, more ...any) error {
 	if p.ended {
 		return errEnded
 	}
@@ -285,7 +302,14 @@ func (p *phase) commitProgress(ctx context.Context, op string, progress []byte, 
 	p.ended = true
 	cur := p.commitBusyTimeout
 	err := p.commitWith(ctx, cur, func(now any) error {
-		res, err := p.tx.ExecContext(ctx, query, append([]any{progress, p.key.Scope, p.key.ID, now}, more...)...)
+		args := append([]any{progress, p.key.Scope, p.key.ID, now}, more...)
+		var res sql.Result
+		var err error
+		if prepared != nil {
+			res, err = p.tx.StmtContext(ctx, prepared).ExecContext(ctx, args...)
+		} else {
+			res, err = p.tx.ExecContext(ctx, query, args...)
+		}
 		if err != nil {
 			return mapError(ctx, op, err)
 		}
@@ -309,8 +333,14 @@ func (p *phase) Complete(ctx context.Context, resp idempotency.Response) error {
 	cur := p.commitBusyTimeout
 	err := p.commitWith(ctx, cur, func(now any) error {
 		var expires int64
-		err := p.tx.QueryRowContext(ctx, p.s.q.steps.complete, resp.Status, backend.MarshalHeader(resp.Header), resp.Body,
-			p.key.Scope, p.key.ID, now, int64(p.ttl)).Scan(&expires)
+		args := []any{resp.Status, backend.MarshalHeader(resp.Header), resp.Body, p.key.Scope, p.key.ID, now, int64(p.ttl)}
+		var row *sql.Row
+		if st := p.stmt(func(st *stmts) *sql.Stmt { return st.stepComplete }); st != nil {
+			row = p.tx.StmtContext(ctx, st).QueryRowContext(ctx, args...)
+		} else {
+			row = p.tx.QueryRowContext(ctx, p.s.q.steps.complete, args...)
+		}
+		err := row.Scan(&expires)
 		if errors.Is(err, sql.ErrNoRows) {
 			return fmt.Errorf("sqlite: complete: the row of key %v is gone (no row changed)", p.key)
 		}
