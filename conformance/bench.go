@@ -36,7 +36,9 @@ import (
 //     its response. What answering 20 callers costs on the machine at the
 //     least, next to SameKey20.
 //   - BareParallel8, Mixed8: 8 goroutines; Mixed8 does half new keys and half
-//     replays, BareParallel8 the bare effect (its baseline).
+//     replays, BareParallel8 the bare effect (its baseline). NewKey8 and
+//     Replay8 are Mixed8's halves on their own (only new keys, only
+//     replays), against the same baseline.
 //
 // Each case of Do and Run then checks with [Fixture].Count that every key
 // has exactly one effect. SameKey20 checks that exactly one of its callers ran fn. A
@@ -199,6 +201,29 @@ func Benchmark[Tx any](b *testing.B, h Harness[Tx]) {
 				key = next()
 			}
 			_, err := g.Do(ctx, key, "fp", fn)
+			return err
+		})
+		checkEffects(b)
+	})
+	// Mixed8's two halves on their own, to tell where its time goes.
+	b.Run("NewKey8", func(b *testing.B) {
+		parallel8(b, func(int64) error {
+			_, err := g.Do(ctx, next(), "fp", fn)
+			return err
+		})
+		checkEffects(b)
+	})
+	b.Run("Replay8", func(b *testing.B) {
+		hot := make([]idempotency.Key, 64)
+		for i := range hot {
+			hot[i] = next()
+			do(b, hot[i])
+		}
+		parallel8(b, func(i int64) error {
+			r, err := g.Do(ctx, hot[i%int64(len(hot))], "fp", fn)
+			if err == nil && !r.Replayed {
+				err = errors.New("conformance: Replay8: not a replay")
+			}
 			return err
 		})
 		checkEffects(b)

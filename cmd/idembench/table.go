@@ -69,7 +69,7 @@ func baseline(name string) (base, metric string) {
 	switch sub {
 	case "Bare", "BareParallel8", "":
 		return "", ""
-	case "Mixed8":
+	case "Mixed8", "NewKey8", "Replay8":
 		return top + "/BareParallel8", ""
 	}
 	return top + "/Bare", ""
