@@ -214,3 +214,46 @@ func (rt *roundTripper) measureAll(t *testing.T) (int64, trips) {
 	got.waiter = rt.measure(t, rt.do(held))
 	return bare, got
 }
+
+// TestRunRoundTrips counts the round trips of a Guard.Run of one Local
+// step (one statement) then Finish, on a new key, not counting the step's
+// statement. On MariaDB with a pool of Open: the look-up of the key's row,
+// START TRANSACTION with the INSERT, the UPDATE with COMMIT, as Do's new
+// key plus the look-up that a phase always makes. Without folding
+// (another pool), START TRANSACTION and COMMIT go on their own.
+func TestRunRoundTrips(t *testing.T) {
+	for _, c := range []struct {
+		path path
+		want int64
+	}{
+		{paths[0], 3},
+		{paths[4], 5},
+	} {
+		t.Run(c.path.name, func(t *testing.T) {
+			rt := newRoundTripper(t, "", c.path)
+			op := &idempotency.Operation[*sql.Tx]{
+				Name: "rt",
+				Steps: []idempotency.Step[*sql.Tx]{{Name: "effect", Local: func(ctx context.Context, tx *sql.Tx, _ *idempotency.State) error {
+					return rt.f.fx.Effect(ctx, tx, "x")
+				}}},
+				Finish: func(context.Context, *sql.Tx, *idempotency.State) (idempotency.Response, error) {
+					return idempotency.Response{Status: 201, Body: []byte("ok")}, nil
+				},
+			}
+			run := func(id string) func() error {
+				return func() error {
+					_, err := rt.g.Run(rt.ctx, idempotency.Key{ID: testkit.Name(id)}, "fp", nil, op)
+					return err
+				}
+			}
+			rt.measure(t, run("warm-")) // prepares nothing, but dials and reads the server's version
+			if got := rt.measure(t, run("run-")) - 1; got != c.want {
+				t.Fatalf("round trips of a one-step Run, new key: %d + the step's; want %d", got, c.want)
+			}
+			n, err := rt.f.fx.Count(rt.ctx, "x")
+			if err != nil || n != 2 {
+				t.Fatalf("effects: %d, %v; want 2 (one per key)", n, err)
+			}
+		})
+	}
+}

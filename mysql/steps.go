@@ -20,15 +20,18 @@ type stepSQL struct {
 	lease          string // takes the lease in the transaction
 	save, release  string
 	complete       string
-	exists         string // the row, locked (the phase holds it already)
-	probeShare     string // MariaDB: a shared lock, NOWAIT
-	probeShareMy   string // MySQL: the same
-	forgetRead     string // read FOR UPDATE NOWAIT
-	forget         string
-	abandoned      string
-	listFirst      string // the unfinished keys of a scope, after an id
-	listRest       string // the others
-	stats          string
+	// completeFold is complete, a check that it changed the row, and
+	// COMMIT in one MariaDB compound statement (see foldConn).
+	completeFold string
+	exists       string // the row, locked (the phase holds it already)
+	probeShare   string // MariaDB: a shared lock, NOWAIT
+	probeShareMy string // MySQL: the same
+	forgetRead   string // read FOR UPDATE NOWAIT
+	forget       string
+	abandoned    string
+	listFirst    string // the unfinished keys of a scope, after an id
+	listRest     string // the others
+	stats        string
 }
 
 // stepCols are the columns of a stepRow, body or NULL in its place. Every
@@ -43,7 +46,7 @@ const maxExpirySQL = "9223372036854775807"
 
 func newStepSQL(q string) stepSQL {
 	const where = ` WHERE scope = ? AND id = ?`
-	return stepSQL{
+	st := stepSQL{
 		read:     `SELECT ` + stepCols("NULL") + ` FROM ` + q + where,
 		readBody: `SELECT ` + stepCols("body") + ` FROM ` + q + where,
 		lockRead: `SELECT ` + stepCols("body") + ` FROM ` + q + where + ` FOR UPDATE`,
@@ -75,6 +78,8 @@ ORDER BY lease_ends, scope, id LIMIT ?`,
   COALESCE(SUM(IF(progress IS NULL AND state = 'completed' AND expires_at > c.now, LENGTH(body), 0)), 0)
 FROM ` + q + ` CROSS JOIN (SELECT ` + clockSQL + ` AS now) AS c`,
 	}
+	st.completeFold = foldCommit(st.complete)
+	return st
 }
 
 // stepRow is a key row with the columns of multi-step operations.

@@ -176,24 +176,39 @@ func (ac *acquiring) once(ctx context.Context) (*phase, *backend.Record, error) 
 			return nil, rec, err
 		}
 	}
+	// A new key on MariaDB, on a pool of Open: START TRANSACTION travels
+	// with the INSERT, and Complete's UPDATE with COMMIT, as for Reserve.
+	fold := !rw.found && ac.d == dialectMariaDB && ac.restore == "" && !s.noFold && deferBegin(ac.conn)
 	tx, err := ac.conn.BeginTx(ctx, &sql.TxOptions{Isolation: s.isolation})
 	if err != nil {
+		if fold {
+			discard(ac.conn) // the deferred begin may still be pending
+			return nil, nil, mapError(ctx, err, false, "mysql: begin for key %v", k.key)
+		}
 		return ac.fail(ctx, nil, mapError(ctx, err, false, "mysql: begin for key %v", k.key))
 	}
 	if !rw.found {
-		return ac.insert(ctx, tx)
+		return ac.insert(ctx, tx, fold)
 	}
 	return ac.lock(ctx, tx)
 }
 
 // insert takes a key that had no row: the pending row, as Reserve inserts
-// it, in tx.
-func (ac *acquiring) insert(ctx context.Context, tx *sql.Tx) (*phase, *backend.Record, error) {
+// it, in tx. fold: tx's BeginTx was deferred, and the INSERT begins it.
+func (ac *acquiring) insert(ctx context.Context, tx *sql.Tx, fold bool) (*phase, *backend.Record, error) {
 	s, k, a := ac.s, ac.k, ac.a
 	left, ttl := ttlArgs(a.TTL)
-	_, err := tx.ExecContext(ctx, ac.bound()+s.insertSQL, k.scope, k.id, []byte(a.Fingerprint), ac.now, ac.now, left, ttl)
+	insert := ac.bound() + s.insertSQL
+	if fold {
+		insert = "BEGIN NOT ATOMIC " + s.beginSQL + insert + "; END"
+	}
+	_, err := tx.ExecContext(ctx, insert, k.scope, k.id, []byte(a.Fingerprint), ac.now, ac.now, left, ttl)
 	if err == nil {
-		return ac.phase(ctx, tx, a.Fingerprint, nil, 0)
+		p, rec, err := ac.phase(ctx, tx, a.Fingerprint, nil, 0)
+		if p != nil {
+			p.fold = fold
+		}
+		return p, rec, err
 	}
 	if ac.d == dialectMariaDB && a.Wait == 0 && lockRefused(err) {
 		// A lock on the key's row, or near it (see refusedAtOnce).

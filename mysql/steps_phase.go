@@ -3,6 +3,7 @@ package mysql
 import (
 	"context"
 	"database/sql"
+	"database/sql/driver"
 	"errors"
 	"fmt"
 
@@ -21,6 +22,9 @@ type phase struct {
 	progress []byte
 	tries    int
 	done     bool
+	// fold: the transaction's BeginTx was deferred (see foldConn), so
+	// Complete can store the answer and commit in one statement.
+	fold bool
 }
 
 // Tx returns the phase's transaction; the step's writes run on it.
@@ -102,7 +106,20 @@ func (p *phase) Complete(ctx context.Context, resp idempotency.Response) error {
 	}
 	k := p.key
 	left, ttl := ttlArgs(p.a.TTL)
-	res, err := p.tx.ExecContext(ctx, p.s.steps.complete, resp.Status, backend.MarshalHeader(resp.Header), resp.Body, now, left, ttl, k.scope, k.id)
+	header := backend.MarshalHeader(resp.Header)
+	if p.fold {
+		args := []driver.NamedValue{
+			{Ordinal: 1, Value: int64(resp.Status)}, {Ordinal: 2, Value: header}, {Ordinal: 3, Value: resp.Body},
+			{Ordinal: 4, Value: now}, {Ordinal: 5, Value: left}, {Ordinal: 6, Value: ttl},
+			{Ordinal: 7, Value: k.scope}, {Ordinal: 8, Value: k.id},
+		}
+		err := execCommitting(ctx, p.conn, p.s.steps.completeFold, args)
+		if !errors.Is(err, driver.ErrSkip) {
+			return p.finishFolded(ctx, err)
+		}
+		// Too large to interpolate: UPDATE, then COMMIT.
+	}
+	res, err := p.tx.ExecContext(ctx, p.s.steps.complete, resp.Status, header, resp.Body, now, left, ttl, k.scope, k.id)
 	var n int64
 	if err == nil {
 		n, err = res.RowsAffected()
@@ -117,6 +134,21 @@ func (p *phase) Complete(ctx context.Context, resp idempotency.Response) error {
 	err = p.tx.Commit()
 	_ = p.conn.Close()
 	return mapError(ctx, err, false, "mysql: commit key %v", k.key)
+}
+
+// finishFolded ends Complete after the folded UPDATE and COMMIT returned
+// err, as txn.finish does for Reserve's transaction.
+func (p *phase) finishFolded(ctx context.Context, err error) error {
+	if err == nil {
+		err = p.tx.Commit() // sends nothing: committed already
+		_ = p.conn.Close()
+		return mapError(ctx, err, false, "mysql: commit key %v", p.key.key)
+	}
+	p.end()
+	if err = mapError(ctx, err, false, ""); errors.Is(err, errPendingGone) {
+		return fmt.Errorf("mysql: complete key %v: %w", p.key.key, errPendingGone)
+	}
+	return fmt.Errorf("mysql: complete and commit key %v: %w", p.key.key, err)
 }
 
 // Rollback abandons the phase and releases the connection.

@@ -194,8 +194,16 @@ created_at = ` + clockSQL + `, expires_at = ` + expirySQL + ` WHERE scope = ? AN
 		purgeSelectV1:   `SELECT scope, id FROM ` + q + ` WHERE expires_at <= ` + clockSQL + ` ORDER BY expires_at LIMIT ? FOR UPDATE SKIP LOCKED`,
 		steps:           newStepSQL(q),
 		beginSQL:        begin,
-		completeFoldSQL: "BEGIN NOT ATOMIC " + completeSQL + ";\nIF ROW_COUNT() <> 1 THEN SIGNAL SQLSTATE '45000' SET MESSAGE_TEXT = '" + pendingGone + "'; END IF;\nCOMMIT; END",
+		completeFoldSQL: foldCommit(completeSQL),
 	}, nil
+}
+
+// foldCommit is update (a statement that must change exactly the key's
+// row), a check that it did, and COMMIT, in one MariaDB compound statement
+// (see foldConn): a row it did not change fails it with pendingGone.
+func foldCommit(update string) string {
+	return "BEGIN NOT ATOMIC " + update + ";\nIF ROW_COUNT() <> 1 THEN SIGNAL SQLSTATE '45000' SET MESSAGE_TEXT = '" +
+		pendingGone + "'; END IF;\nCOMMIT; END"
 }
 
 // testNow is the clock parameter of the store's statements: nil, which
