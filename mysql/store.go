@@ -99,7 +99,14 @@ type Store struct {
 	// firstTries: under LookupAdaptive, Reserve looks the key up first
 	// while most recent first tries found a completed key.
 	firstTries lookup.Tally
-	schema     string
+	// acquireFinds: whether recent first acquisitions of a phase (Acquire,
+	// not waiting) found the key's row; while they did not, Acquire on
+	// MariaDB inserts the row without looking it up first.
+	acquireFinds lookup.Tally
+	// stepColumns: a look-up of Acquire read the columns of multi-step
+	// operations, so the table has them.
+	stepColumns atomic.Bool
+	schema      string
 	// dialect is the server's dialect, found on first use (see dialectOf).
 	dialect atomic.Int32
 	// noFold makes the store send its own START TRANSACTION and COMMIT
