@@ -304,50 +304,38 @@ func TestRunMergeFinishFails(t *testing.T) {
 	}
 }
 
-// TestRunMergeFinishFailsOnce: Finish fails in the merged phase and
-// succeeds in its own phase, right after: the run answers, each effect
-// once.
+// TestRunMergeFinishFailsOnce: Finish fails once in the merged phase, with
+// an error or with a conflict of its statement: the merged phase rolls
+// back, and the run commits step by step (the step's phase, then
+// Finish's, which succeeds): it answers, each effect once.
 func TestRunMergeFinishFailsOnce(t *testing.T) {
-	m := newMergeRig(t)
-	var localRuns, finRuns atomic.Int64
-	op := &idempotency.Operation[*sql.Tx]{Name: "merge",
-		Steps: []idempotency.Step[*sql.Tx]{m.local("a", "ea", &localRuns)},
-		Finish: m.finish("fin", &finRuns, func(n int64) error {
-			if n == 1 {
-				return errors.New("flaky")
+	for _, c := range []struct {
+		name string
+		err  error
+	}{
+		{"Error", errors.New("flaky")},
+		{"Conflict", fmt.Errorf("insert: %w", errMergeConflict)},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			m := newMergeRig(t)
+			var localRuns, finRuns atomic.Int64
+			op := &idempotency.Operation[*sql.Tx]{Name: "merge",
+				Steps: []idempotency.Step[*sql.Tx]{m.local("a", "ea", &localRuns)},
+				Finish: m.finish("fin", &finRuns, func(n int64) error {
+					if n == 1 {
+						return c.err
+					}
+					return nil
+				})}
+			resp, err := m.g.Run(m.ctx, idempotency.Key{ID: "k"}, "fp", nil, op)
+			checkAnswer(t, "run", resp, err, http.StatusCreated, "a=done b= c=")
+			m.phases("run", txCounts{Acquire: 3, Save: 1, Rollback: 1, Complete: 1})
+			m.effects("ea", 1)
+			m.effects("fin", 1)
+			if localRuns.Load() != 2 || finRuns.Load() != 2 {
+				t.Fatalf("the step ran %d times, Finish %d; want 2 and 2", localRuns.Load(), finRuns.Load())
 			}
-			return nil
-		})}
-	resp, err := m.g.Run(m.ctx, idempotency.Key{ID: "k"}, "fp", nil, op)
-	checkAnswer(t, "run", resp, err, http.StatusCreated, "a=done b= c=")
-	m.phases("run", txCounts{Acquire: 3, Save: 1, Rollback: 1, Complete: 1})
-	m.effects("ea", 1)
-	m.effects("fin", 1)
-}
-
-// TestRunMergeFinishConflict: a conflict of Finish's statement in the
-// merged phase rolls it back; the run retries from the state before the
-// step, which commits once, and answers.
-func TestRunMergeFinishConflict(t *testing.T) {
-	m := newMergeRig(t)
-	var localRuns, finRuns atomic.Int64
-	op := &idempotency.Operation[*sql.Tx]{Name: "merge",
-		Steps: []idempotency.Step[*sql.Tx]{m.local("a", "ea", &localRuns)},
-		Finish: m.finish("fin", &finRuns, func(n int64) error {
-			if n == 1 {
-				return fmt.Errorf("insert: %w", errMergeConflict)
-			}
-			return nil
-		})}
-	resp, err := m.g.Run(m.ctx, idempotency.Key{ID: "k"}, "fp", nil, op)
-	checkAnswer(t, "run", resp, err, http.StatusCreated, "a=done b= c=")
-	// After a conflict the run commits step by step: the step's phase,
-	// then Finish's.
-	m.phases("run", txCounts{Acquire: 3, Save: 1, Rollback: 1, Complete: 1})
-	m.effects("ea", 1)
-	m.effects("fin", 1)
-	if localRuns.Load() != 2 || finRuns.Load() != 2 {
-		t.Fatalf("the step ran %d times, Finish %d; want 2 and 2", localRuns.Load(), finRuns.Load())
+		})
 	}
 }
 

@@ -115,7 +115,7 @@ func (p *phase) Complete(ctx context.Context, resp idempotency.Response) error {
 		}
 		err := execCommitting(ctx, p.conn, p.s.steps.completeFold, args)
 		if !errors.Is(err, driver.ErrSkip) {
-			return p.finishFolded(ctx, err)
+			return endFolded(ctx, p.conn, p.tx, p.end, p.key, err)
 		}
 		// Too large to interpolate: UPDATE, then COMMIT.
 	}
@@ -134,21 +134,6 @@ func (p *phase) Complete(ctx context.Context, resp idempotency.Response) error {
 	err = p.tx.Commit()
 	_ = p.conn.Close()
 	return mapError(ctx, err, false, "mysql: commit key %v", k.key)
-}
-
-// finishFolded ends Complete after the folded UPDATE and COMMIT returned
-// err, as txn.finish does for Reserve's transaction.
-func (p *phase) finishFolded(ctx context.Context, err error) error {
-	if err == nil {
-		err = p.tx.Commit() // sends nothing: committed already
-		_ = p.conn.Close()
-		return mapError(ctx, err, false, "mysql: commit key %v", p.key.key)
-	}
-	p.end()
-	if err = mapError(ctx, err, false, ""); errors.Is(err, errPendingGone) {
-		return fmt.Errorf("mysql: complete key %v: %w", p.key.key, errPendingGone)
-	}
-	return fmt.Errorf("mysql: complete and commit key %v: %w", p.key.key, err)
 }
 
 // Rollback abandons the phase and releases the connection.

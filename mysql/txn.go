@@ -81,17 +81,24 @@ func (t *txn) Complete(ctx context.Context, resp idempotency.Response) error {
 
 // finish ends Complete after the folded UPDATE and COMMIT returned err.
 func (t *txn) finish(ctx context.Context, err error) error {
+	return endFolded(ctx, t.conn, t.tx, t.end, t.key, err)
+}
+
+// endFolded ends a Complete whose folded UPDATE and COMMIT (on conn, in
+// tx, for the key k) returned err: it releases the connection, or rolls
+// tx back with end; an UPDATE that changed no row (fn deleted or completed
+// it through tx) committed nothing and says errPendingGone.
+func endFolded(ctx context.Context, conn *sql.Conn, tx *sql.Tx, end func() error, k key, err error) error {
 	if err == nil {
-		err = t.tx.Commit() // sends nothing: committed already
-		_ = t.conn.Close()
-		return mapError(ctx, err, false, "mysql: commit key %v", t.key.key)
+		err = tx.Commit() // sends nothing: committed already
+		_ = conn.Close()
+		return mapError(ctx, err, false, "mysql: commit key %v", k.key)
 	}
-	t.end()
+	_ = end()
 	if err = mapError(ctx, err, false, ""); errors.Is(err, errPendingGone) {
-		// fn deleted or completed the row through tx: nothing is committed.
-		return fmt.Errorf("mysql: complete key %v: %w", t.key.key, errPendingGone)
+		return fmt.Errorf("mysql: complete key %v: %w", k.key, errPendingGone)
 	}
-	return fmt.Errorf("mysql: complete and commit key %v: %w", t.key.key, err)
+	return fmt.Errorf("mysql: complete and commit key %v: %w", k.key, err)
 }
 
 // Rollback abandons the transaction and releases the connection. A
