@@ -196,7 +196,7 @@ func (s *Store) claim(ctx context.Context, tx *sql.Tx, k key, r backend.Reservat
 			return false, nil, mapError(ctx, err, false, "")
 		}
 	} else if begin != "" {
-		insert = "BEGIN NOT ATOMIC " + begin + insert + "; END"
+		insert = foldBegin(begin, insert)
 	}
 	if sawExpired {
 		// Waits, bounded, if another caller is taking the row over.

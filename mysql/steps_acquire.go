@@ -224,7 +224,7 @@ func (ac *acquiring) insert(ctx context.Context, tx *sql.Tx, fold bool) (*phase,
 	left, ttl := ttlArgs(a.TTL)
 	insert := ac.bound() + s.insertSQL
 	if fold {
-		insert = "BEGIN NOT ATOMIC " + s.beginSQL + insert + "; END"
+		insert = foldBegin(s.beginSQL, insert)
 	}
 	_, err := tx.ExecContext(ctx, insert, k.scope, k.id, []byte(a.Fingerprint), ac.now, ac.now, left, ttl)
 	if err == nil {

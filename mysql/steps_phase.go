@@ -3,7 +3,6 @@ package mysql
 import (
 	"context"
 	"database/sql"
-	"database/sql/driver"
 	"errors"
 	"fmt"
 
@@ -104,36 +103,7 @@ func (p *phase) Complete(ctx context.Context, resp idempotency.Response) error {
 		p.end()
 		return err
 	}
-	k := p.key
-	left, ttl := ttlArgs(p.a.TTL)
-	header := backend.MarshalHeader(resp.Header)
-	if p.fold {
-		args := []driver.NamedValue{
-			{Ordinal: 1, Value: int64(resp.Status)}, {Ordinal: 2, Value: header}, {Ordinal: 3, Value: resp.Body},
-			{Ordinal: 4, Value: now}, {Ordinal: 5, Value: left}, {Ordinal: 6, Value: ttl},
-			{Ordinal: 7, Value: k.scope}, {Ordinal: 8, Value: k.id},
-		}
-		err := execCommitting(ctx, p.conn, p.s.steps.completeFold, args)
-		if !errors.Is(err, driver.ErrSkip) {
-			return endFolded(ctx, p.conn, p.tx, p.end, p.key, err)
-		}
-		// Too large to interpolate: UPDATE, then COMMIT.
-	}
-	res, err := p.tx.ExecContext(ctx, p.s.steps.complete, resp.Status, header, resp.Body, now, left, ttl, k.scope, k.id)
-	var n int64
-	if err == nil {
-		n, err = res.RowsAffected()
-	}
-	if err == nil && n != 1 {
-		err = errPendingGone // fn deleted or completed the row through tx
-	}
-	if err != nil {
-		p.end()
-		return mapError(ctx, err, false, "mysql: complete key %v", k.key)
-	}
-	err = p.tx.Commit()
-	_ = p.conn.Close()
-	return mapError(ctx, err, false, "mysql: commit key %v", k.key)
+	return completeRow(ctx, p.conn, p.tx, p.end, p.key, p.fold, p.s.steps.complete, p.s.steps.completeFold, resp, now, p.a.TTL)
 }
 
 // Rollback abandons the phase and releases the connection.

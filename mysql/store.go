@@ -205,6 +205,12 @@ created_at = ` + clockSQL + `, expires_at = ` + expirySQL + ` WHERE scope = ? AN
 	}, nil
 }
 
+// foldBegin is stmt in a transaction that begin (Store.beginSQL) begins,
+// in one MariaDB compound statement (see foldConn).
+func foldBegin(begin, stmt string) string {
+	return "BEGIN NOT ATOMIC " + begin + stmt + "; END"
+}
+
 // foldCommit is update (a statement that must change exactly the key's
 // row), a check that it did, and COMMIT, in one MariaDB compound statement
 // (see foldConn): a row it did not change fails it with pendingGone.

@@ -43,45 +43,51 @@ func (t *txn) Complete(ctx context.Context, resp idempotency.Response) error {
 		t.end()
 		return err
 	}
-	left, ttl := ttlArgs(t.ttl)
+	return completeRow(ctx, t.conn, t.tx, t.end, t.key, t.fold, t.s.completeSQL, t.s.completeFoldSQL, resp, now, t.ttl)
+}
+
+// completeRow stores resp on k's row in tx with update, whose parameters
+// are the status, the header, the body, the clock now, the TTL's two
+// arguments (ttlArgs), scope and id, then commits and releases conn. With
+// fold (tx's BeginTx was deferred, see foldConn), folded, the same update
+// with its check and COMMIT (foldCommit), does both in one statement,
+// unless the arguments are too large to interpolate. On an error it rolls
+// tx back with end. A row that update does not change (fn deleted or
+// completed it through tx) commits nothing and gives errPendingGone. It
+// is the Complete of a reservation and of a phase.
+func completeRow(ctx context.Context, conn *sql.Conn, tx *sql.Tx, end func() error, k key, fold bool,
+	update, folded string, resp idempotency.Response, now any, ttl time.Duration) error {
+	left, ttlArg := ttlArgs(ttl)
 	header := backend.MarshalHeader(resp.Header) // nil: NULL
-	if t.fold {
+	if fold {
 		args := []driver.NamedValue{
 			{Ordinal: 1, Value: int64(resp.Status)}, {Ordinal: 2, Value: header}, {Ordinal: 3, Value: resp.Body},
-			{Ordinal: 4, Value: now}, {Ordinal: 5, Value: left}, {Ordinal: 6, Value: ttl},
-			{Ordinal: 7, Value: t.key.scope}, {Ordinal: 8, Value: t.key.id},
+			{Ordinal: 4, Value: now}, {Ordinal: 5, Value: left}, {Ordinal: 6, Value: ttlArg},
+			{Ordinal: 7, Value: k.scope}, {Ordinal: 8, Value: k.id},
 		}
-		err := execCommitting(ctx, t.conn, t.s.completeFoldSQL, args)
+		err := execCommitting(ctx, conn, folded, args)
 		if !errors.Is(err, driver.ErrSkip) {
-			return t.finish(ctx, err)
+			return endFolded(ctx, conn, tx, end, k, err)
 		}
 		// Too large to interpolate: UPDATE, then COMMIT.
 	}
-	res, err := t.tx.ExecContext(ctx, t.s.completeSQL, resp.Status, header, resp.Body, now, left, ttl, t.key.scope, t.key.id)
+	res, err := tx.ExecContext(ctx, update, resp.Status, header, resp.Body, now, left, ttlArg, k.scope, k.id)
 	var n int64
 	if err == nil {
 		n, err = res.RowsAffected()
 	}
 	if err != nil {
-		t.end()
-		return mapError(ctx, err, false, "mysql: complete key %v", t.key.key)
+		_ = end()
+		return mapError(ctx, err, false, "mysql: complete key %v", k.key)
 	}
 	if n != 1 {
 		// fn deleted or completed the row through tx: nothing is committed.
-		t.end()
-		return fmt.Errorf("mysql: complete key %v: %w", t.key.key, errPendingGone)
+		_ = end()
+		return fmt.Errorf("mysql: complete key %v: %w", k.key, errPendingGone)
 	}
-	err = t.tx.Commit()
-	_ = t.conn.Close()
-	if err != nil {
-		return mapError(ctx, err, false, "mysql: commit key %v", t.key.key)
-	}
-	return nil
-}
-
-// finish ends Complete after the folded UPDATE and COMMIT returned err.
-func (t *txn) finish(ctx context.Context, err error) error {
-	return endFolded(ctx, t.conn, t.tx, t.end, t.key, err)
+	err = tx.Commit()
+	_ = conn.Close()
+	return mapError(ctx, err, false, "mysql: commit key %v", k.key)
 }
 
 // endFolded ends a Complete whose folded UPDATE and COMMIT (on conn, in
