@@ -97,21 +97,13 @@ func TestCluster(t *testing.T) {
 	t.Run("RoundTrips", func(t *testing.T) {
 		ctx := testkit.Context(t, 30*time.Second)
 		rt := &roundTrips{}
-		f := newFixture(t, func(poolSize int) goredis.UniversalClient {
+		_, g, fn := countedGuard(t, ctx, func(poolSize int) goredis.UniversalClient {
 			c := goredis.NewClusterClient(&goredis.ClusterOptions{Addrs: addrs, PoolSize: poolSize})
 			// On the nodes' clients, which send every command, WATCH
 			// included (the Cluster client's own hooks do not see those).
 			c.OnNewNode(func(n *goredis.Client) { n.AddHook(rt) })
 			return c
-		}, 0, nil)
-		g, err := idempotency.New(f.store, nil)
-		if err != nil {
-			t.Fatal(err)
-		}
-		fn := func(tx *Tx) (idempotency.Response, error) {
-			_ = f.effect(ctx, tx, "rt")
-			return idempotency.Response{Status: 201}, nil
-		}
+		})
 		do := func(key idempotency.Key) func() error {
 			return func() error { _, err := g.Do(ctx, key, "fp", fn); return err }
 		}

@@ -276,14 +276,24 @@ func (s *Store) Purge(ctx context.Context, limit int) (int, error) {
 // own clock, or the reading of the test clock ([Config.Clock]) in Unix
 // milliseconds, rounded down.
 func (s *Store) testNow() (string, error) {
+	now, set, err := s.testClock()
+	if err != nil || !set {
+		return "", err
+	}
+	return strconv.FormatInt(now, 10), nil
+}
+
+// testClock is the reading of the test clock ([Config.Clock]) in Unix
+// milliseconds, rounded down; set is false when there is none.
+func (s *Store) testClock() (now int64, set bool, err error) {
 	if s.clock == nil {
-		return "", nil
+		return 0, false, nil
 	}
-	now := s.clock()
-	if err := backend.CheckClock(now); err != nil {
-		return "", fmt.Errorf("redis: Config.Clock: %w", err)
+	t := s.clock()
+	if err := backend.CheckClock(t); err != nil {
+		return 0, false, fmt.Errorf("redis: Config.Clock: %w", err)
 	}
-	return strconv.FormatInt(now.UnixMilli(), 10), nil
+	return t.UnixMilli(), true, nil
 }
 
 // liveInMemory reports whether rec is still live. rec is a record that a

@@ -171,14 +171,7 @@ func (s *Store) try(ctx context.Context, k keys, r backend.Reservation, token, d
 
 // parseReserve reads the reply of the reservation script, sent at sent.
 func (s *Store) parseReserve(k keys, r backend.Reservation, vals []any, sent time.Time) (tryResult, error) {
-	str := func(i int) string {
-		if i < len(vals) {
-			if v, ok := vals[i].(string); ok {
-				return v
-			}
-		}
-		return ""
-	}
+	str := func(i int) string { return replyStr(vals, i) }
 	switch str(0) {
 	case replyReserved:
 		created, err1 := strconv.ParseInt(str(1), 10, 64)
@@ -196,21 +189,11 @@ func (s *Store) parseReserve(k keys, r backend.Reservation, vals []any, sent tim
 		}
 		return tryResult{pttl: time.Duration(ms) * time.Millisecond, owner: str(2)}, nil
 	case replyCompleted:
-		rec, err := decodeRecord(str(1), str(2), str(3), str(4), str(5), str(6), str(7), str(8))
-		if err != nil {
-			return tryResult{}, fmt.Errorf("redis: record %s: %w", k.rec, err)
-		}
-		if rec.Key != r.Key {
-			return tryResult{}, fmt.Errorf("redis: record %s holds key %v, not %v", k.rec, rec.Key, r.Key)
-		}
-		// Live for what Redis's clock left it when the script ran, counted
-		// from before it was sent: never longer than by Redis's clock.
 		now, err := strconv.ParseInt(str(9), 10, 64)
 		if err != nil {
 			return tryResult{}, fmt.Errorf("redis: record %s: bad clock %q", k.rec, str(9))
 		}
-		left := time.Duration(rec.ExpiresAt.UnixMilli()-now) * time.Millisecond
-		return tryResult{rec: rec, until: sent.Add(left)}, nil
+		return completedResult(k, r.Key, str, now, sent)
 	}
 	return tryResult{}, fmt.Errorf("redis: unexpected reply %v from the reservation script", vals)
 }
@@ -251,33 +234,47 @@ func (s *Store) lookup(ctx context.Context, k keys, r backend.Reservation) (tryR
 		return tryResult{}, mapError("reserve", err)
 	}
 	v := fields.Val()
-	str := func(i int) string {
-		if i < len(v) {
-			if s, ok := v[i].(string); ok {
-				return s
-			}
-		}
-		return ""
-	}
+	str := func(i int) string { return replyStr(v, i) }
 	if str(0) != stateCompleted {
 		return tryResult{}, nil
 	}
 	now := clock.Val().UnixMilli()
-	if test, err := s.testNow(); err != nil {
+	if test, set, err := s.testClock(); err != nil {
 		return tryResult{}, err
-	} else if test != "" {
-		now, _ = strconv.ParseInt(test, 10, 64)
+	} else if set {
+		now = test
 	}
+	out, err := completedResult(k, r.Key, str, now, sent)
+	if err == nil && !out.until.After(sent) {
+		return tryResult{}, nil // expired by that clock
+	}
+	return out, err
+}
+
+// replyStr is v[i] if it is a string, else "".
+func replyStr(v []any, i int) string {
+	if i < len(v) {
+		if s, ok := v[i].(string); ok {
+			return s
+		}
+	}
+	return ""
+}
+
+// completedResult is the result of finding key's record completed: its
+// fields are str(1) to str(8), the order decodeRecord takes, as the
+// reservation script and lookup read them in a call sent at sent, when
+// Redis's clock (or the test clock) read now, in Unix ms. It is live
+// until what that clock left it, counted from sent: never longer than by
+// Redis's clock.
+func completedResult(k keys, key idempotency.Key, str func(int) string, now int64, sent time.Time) (tryResult, error) {
 	rec, err := decodeRecord(str(1), str(2), str(3), str(4), str(5), str(6), str(7), str(8))
 	if err != nil {
 		return tryResult{}, fmt.Errorf("redis: record %s: %w", k.rec, err)
 	}
-	if rec.Key != r.Key {
-		return tryResult{}, fmt.Errorf("redis: record %s holds key %v, not %v", k.rec, rec.Key, r.Key)
+	if rec.Key != key {
+		return tryResult{}, fmt.Errorf("redis: record %s holds key %v, not %v", k.rec, rec.Key, key)
 	}
-	left := rec.ExpiresAt.UnixMilli() - now
-	if left <= 0 {
-		return tryResult{}, nil
-	}
-	return tryResult{rec: rec, until: sent.Add(time.Duration(left) * time.Millisecond)}, nil
+	left := time.Duration(rec.ExpiresAt.UnixMilli()-now) * time.Millisecond
+	return tryResult{rec: rec, until: sent.Add(left)}, nil
 }

@@ -56,19 +56,11 @@ func TestRoundTrips(t *testing.T) {
 	ctx := testkit.Context(t, 30*time.Second)
 	rt := &roundTrips{}
 	addr := testenv.RedisAddr(t)
-	f := newFixture(t, func(int) goredis.UniversalClient {
+	f, g, fn := countedGuard(t, ctx, func(int) goredis.UniversalClient {
 		c := goredis.NewClient(&goredis.Options{Addr: addr})
 		c.AddHook(rt)
 		return c
-	}, 0, nil)
-	g, err := idempotency.New(f.store, nil)
-	if err != nil {
-		t.Fatal(err)
-	}
-	fn := func(tx *Tx) (idempotency.Response, error) {
-		_ = f.effect(ctx, tx, "rt")
-		return idempotency.Response{Status: 201}, nil
-	}
+	})
 	bareTx := func() error {
 		_, err := f.client.TxPipelined(ctx, func(p goredis.Pipeliner) error {
 			p.Incr(ctx, f.effectKey("bare"))
@@ -177,4 +169,21 @@ func (r *roundTrips) measure(t *testing.T, what string, call func() error) (trip
 	trips, scripts = r.n.Load()-n, r.scripts.Load()-sc
 	t.Logf("%s: %d round trips, %d scripts", what, trips, scripts)
 	return trips, scripts
+}
+
+// countedGuard returns a fixture on the client that newClient makes (with
+// the round-trip counter's hooks where they see every command), a Guard
+// on its store, and the fn of the round-trip tests: one effect, a 201.
+func countedGuard(t *testing.T, ctx context.Context, newClient func(int) goredis.UniversalClient) (*fixture, *idempotency.Guard[*Tx], func(*Tx) (idempotency.Response, error)) {
+	t.Helper()
+	f := newFixture(t, newClient, 0, nil)
+	g, err := idempotency.New(f.store, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	fn := func(tx *Tx) (idempotency.Response, error) {
+		_ = f.effect(ctx, tx, "rt")
+		return idempotency.Response{Status: 201}, nil
+	}
+	return f, g, fn
 }

@@ -403,9 +403,9 @@ func (t *txn) release(ctx context.Context) error {
 // than Redis's clock at the EXEC: the record expires no later than the TTL
 // after its completion, by Redis's clock.
 func (t *txn) completionClock() (int64, error) {
-	now, err := t.s.testNow()
-	if err != nil || now == "" {
-		return t.clock + time.Since(t.clockAt).Milliseconds(), err
+	now, set, err := t.s.testClock()
+	if err != nil || set {
+		return now, err
 	}
-	return strconv.ParseInt(now, 10, 64)
+	return t.clock + time.Since(t.clockAt).Milliseconds(), nil
 }
