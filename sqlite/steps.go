@@ -165,14 +165,8 @@ func (s *Store) Acquire(ctx context.Context, a backend.Acquisition) (backend.Pha
 // or a.Owner's, and fills p from the row. It reports whether it took it.
 func (s *Store) claim(ctx context.Context, tx *sql.Tx, a backend.Acquisition, now any, p *phase) (bool, error) {
 	var tries int64
-	args := []any{a.Key.Scope, a.Key.ID, a.Owner, now, int64(a.Lease)}
-	var row *sql.Row
-	if st := s.prepared.Load(); st != nil && st.claim != nil {
-		row = tx.StmtContext(ctx, st.claim).QueryRowContext(ctx, args...)
-	} else {
-		row = tx.QueryRowContext(ctx, s.q.steps.claim, args...)
-	}
-	err := row.Scan(&p.fp, &p.progress, &tries)
+	err := queryRowIn(ctx, tx, s.stepStmt(func(st *stmts) *sql.Stmt { return st.claim }), s.q.steps.claim,
+		a.Key.Scope, a.Key.ID, a.Owner, now, int64(a.Lease)).Scan(&p.fp, &p.progress, &tries)
 	switch {
 	case errors.Is(err, sql.ErrNoRows):
 		return false, nil
@@ -270,7 +264,7 @@ func (p *phase) Tries() int { return p.tries }
 // Save commits the phase with progress and the owner's lease until the
 // store's clock plus the Acquisition's Lease.
 func (p *phase) Save(ctx context.Context, progress []byte) error {
-	return p.commitProgress(ctx, "save", progress, p.s.q.steps.save, p.stmt(func(st *stmts) *sql.Stmt { return st.save }), p.a.Owner, int64(p.a.Lease))
+	return p.commitProgress(ctx, "save", progress, p.s.q.steps.save, p.s.stepStmt(func(st *stmts) *sql.Stmt { return st.save }), p.a.Owner, int64(p.a.Lease))
 }
 
 // Release commits the phase with progress, the lease ended at the store's
@@ -279,13 +273,31 @@ func (p *phase) Release(ctx context.Context, progress []byte) error {
 	return p.commitProgress(ctx, "release", progress, p.s.q.steps.release, nil)
 }
 
-// stmt returns the statement of the Store's prepared ones that pick
-// chooses, nil if none was prepared.
-func (p *phase) stmt(pick func(*stmts) *sql.Stmt) *sql.Stmt {
-	if st := p.s.prepared.Load(); st != nil {
+// stepStmt is the statement of the Store's prepared ones that pick
+// chooses, nil if there is none (not prepared yet, or the table lacked its
+// columns then).
+func (s *Store) stepStmt(pick func(*stmts) *sql.Stmt) *sql.Stmt {
+	if st := s.prepared.Load(); st != nil {
 		return pick(st)
 	}
 	return nil
+}
+
+// queryRowIn runs query with args in tx: as prepared, the same query
+// prepared, if it is not nil.
+func queryRowIn(ctx context.Context, tx *sql.Tx, prepared *sql.Stmt, query string, args ...any) *sql.Row {
+	if prepared != nil {
+		return tx.StmtContext(ctx, prepared).QueryRowContext(ctx, args...)
+	}
+	return tx.QueryRowContext(ctx, query, args...)
+}
+
+// execIn is queryRowIn for a statement that returns no rows.
+func execIn(ctx context.Context, tx *sql.Tx, prepared *sql.Stmt, query string, args ...any) (sql.Result, error) {
+	if prepared != nil {
+		return tx.StmtContext(ctx, prepared).ExecContext(ctx, args...)
+	}
+	return tx.ExecContext(ctx, query, args...)
 }
 
 // commitProgress stores progress with query (parameters: progress, scope,
@@ -302,14 +314,7 @@ func (p *phase) commitProgress(ctx context.Context, op string, progress []byte, 
 	p.ended = true
 	cur := p.commitBusyTimeout
 	err := p.commitWith(ctx, cur, func(now any) error {
-		args := append([]any{progress, p.key.Scope, p.key.ID, now}, more...)
-		var res sql.Result
-		var err error
-		if prepared != nil {
-			res, err = p.tx.StmtContext(ctx, prepared).ExecContext(ctx, args...)
-		} else {
-			res, err = p.tx.ExecContext(ctx, query, args...)
-		}
+		res, err := execIn(ctx, p.tx, prepared, query, append([]any{progress, p.key.Scope, p.key.ID, now}, more...)...)
 		if err != nil {
 			return mapError(ctx, op, err)
 		}
@@ -333,14 +338,8 @@ func (p *phase) Complete(ctx context.Context, resp idempotency.Response) error {
 	cur := p.commitBusyTimeout
 	err := p.commitWith(ctx, cur, func(now any) error {
 		var expires int64
-		args := []any{resp.Status, backend.MarshalHeader(resp.Header), resp.Body, p.key.Scope, p.key.ID, now, int64(p.ttl)}
-		var row *sql.Row
-		if st := p.stmt(func(st *stmts) *sql.Stmt { return st.stepComplete }); st != nil {
-			row = p.tx.StmtContext(ctx, st).QueryRowContext(ctx, args...)
-		} else {
-			row = p.tx.QueryRowContext(ctx, p.s.q.steps.complete, args...)
-		}
-		err := row.Scan(&expires)
+		err := queryRowIn(ctx, p.tx, p.s.stepStmt(func(st *stmts) *sql.Stmt { return st.stepComplete }), p.s.q.steps.complete,
+			resp.Status, backend.MarshalHeader(resp.Header), resp.Body, p.key.Scope, p.key.ID, now, int64(p.ttl)).Scan(&expires)
 		if errors.Is(err, sql.ErrNoRows) {
 			return fmt.Errorf("sqlite: complete: the row of key %v is gone (no row changed)", p.key)
 		}
