@@ -184,14 +184,8 @@ func (r *runner[Tx]) merges() bool {
 //
 // retry says the phase was rolled back and drive goes on.
 func (r *runner[Tx]) finishMerged(ctx context.Context, ph backend.Phase[Tx], before progress) (resp Response, retry bool, err error) {
-	r.st.p.Step = ""
-	resp, err = r.op.Finish(ctx, ph.Tx(), r.st)
-	var stop *stopError
-	if errors.As(err, &stop) {
-		resp, err = stop.Response, nil
-	}
-	if err != nil && r.isConflict(err) {
-		_ = ph.Rollback(context.WithoutCancel(ctx))
+	resp, conflict, err := r.runFinish(ctx, ph)
+	if conflict {
 		r.st.p = before
 		if r.conflicted(ctx, fmt.Errorf("%w: %w", backend.ErrConflict, err)) {
 			return Response{}, true, nil
@@ -281,17 +275,27 @@ func (r *runner[Tx]) foreign(ctx context.Context, i int) (*Response, error) {
 	return nil, nil
 }
 
-// finish runs Finish in ph and completes the key with its answer.
-func (r *runner[Tx]) finish(ctx context.Context, ph backend.Phase[Tx]) (Response, error) {
+// runFinish runs Finish in ph and returns its answer: a [FinalAnswer]'s
+// as an answer. When Finish's statement met a conflict, it rolls ph back
+// and reports conflict, with Finish's error.
+func (r *runner[Tx]) runFinish(ctx context.Context, ph backend.Phase[Tx]) (resp Response, conflict bool, err error) {
 	r.st.p.Step = ""
-	resp, err := r.op.Finish(ctx, ph.Tx(), r.st)
+	resp, err = r.op.Finish(ctx, ph.Tx(), r.st)
 	var stop *stopError
 	if errors.As(err, &stop) {
-		resp, err = stop.Response, nil
+		return stop.Response, false, nil
 	}
 	if err != nil && r.isConflict(err) {
-		// Finish's statement met a conflict: drive runs it again.
 		_ = ph.Rollback(context.WithoutCancel(ctx))
+		return Response{}, true, err
+	}
+	return resp, false, err
+}
+
+// finish runs Finish in ph and completes the key with its answer.
+func (r *runner[Tx]) finish(ctx context.Context, ph backend.Phase[Tx]) (Response, error) {
+	resp, conflict, err := r.runFinish(ctx, ph)
+	if conflict { // drive runs it again
 		return Response{}, fmt.Errorf("%w: %w", backend.ErrConflict, err)
 	}
 	if err != nil {
