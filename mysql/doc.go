@@ -70,8 +70,8 @@
 //
 //   - First the key may be looked up outside any transaction. A completed,
 //     live key is returned from that one primary-key SELECT, a consistent
-//     read that never waits. On MariaDB the store does so unless its
-//     recent first tries all took new keys, and for a caller that
+//     read that never waits. On MariaDB the store does so while most of its
+//     recent first tries found a completed key, and for a caller that
 //     waited for a held key. [backend.LookupAlways] looks up always,
 //     [backend.LookupNever] never (see [Config.Lookup]). On MySQL the
 //     store always does, unless [backend.LookupNever].
@@ -116,16 +116,12 @@
 // then START TRANSACTION with the INSERT (duplicate key), a locking read
 // and ROLLBACK.
 //
-// MariaDB's default follows the load. While new keys come alone (the
-// last four first tries, net, took new keys), the store skips the lookup,
-// as with [backend.LookupNever]. Otherwise it looks keys up first, and a
-// replay is the lookup alone: one replay among new keys turns the lookup
-// on again (see TestRoundTripsFollowTheLoad). The bias is on purpose: a
-// replay without the lookup costs three round trips and a row lock, a
-// lookup wasted on a new key one, and under 8 goroutines of half replays
-// looking up first was measured 15% faster than following the majority.
-// A SELECT before the write transaction slows the transaction itself, by
-// far more than its round trip.
+// MariaDB's default follows the load. While new keys dominate, the store
+// skips the lookup, as with [backend.LookupNever]. While replays
+// dominate, it looks keys up first, and a replay is the lookup alone. Four
+// first tries of the other kind in a row switch the way (see
+// TestRoundTripsFollowTheLoad). A SELECT before the write transaction
+// slows the transaction itself, by far more than its round trip.
 //
 // On MySQL a new key is the lookup (which also reads the session's
 // innodb_lock_wait_timeout), the probe, SET, START TRANSACTION, INSERT,

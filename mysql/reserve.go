@@ -16,7 +16,7 @@ import (
 //
 //  1. It may look the key up outside any transaction, with a consistent
 //     read; a completed, live key then costs that one round trip. It does
-//     so unless recent first tries all took new keys, for a caller that
+//     so while most recent first tries were replays, for a caller that
 //     waited for the key, and always with [backend.LookupAlways]; never
 //     with [backend.LookupNever]. A new key saves that read otherwise.
 //  2. It begins the transaction fn will use and inserts the key row (or
@@ -165,11 +165,8 @@ func (s *Store) refusedAtOnce(ctx context.Context, conn *sql.Conn, tx *sql.Tx, k
 // lookingFirst reports whether Reserve looks r's key up before reserving
 // it (MariaDB). It does always with [backend.LookupAlways], never with
 // [backend.LookupNever]. Otherwise it does for a caller that waited for
-// the key (its holder may have completed it), and unless the recent first
-// tries all took new keys. A replay without the look-up costs three round
-// trips and a row lock, a look-up wasted on a new key one round trip: under
-// mixed traffic looking up first costs less (measured in
-// docs/performance.md), so only a stream of new keys skips it.
+// the key (its holder may have completed it), and while most recent first
+// tries found a completed key.
 func (s *Store) lookingFirst(r backend.Reservation) bool {
 	switch {
 	case s.lookup == backend.LookupNever:
@@ -177,7 +174,7 @@ func (s *Store) lookingFirst(r backend.Reservation) bool {
 	case s.lookup == backend.LookupAlways || r.Wait > 0:
 		return true
 	}
-	return s.firstTries.Any()
+	return s.firstTries.Replays()
 }
 
 // claim takes the key in tx: it takes over the expired row the lookup saw,

@@ -43,8 +43,8 @@ type Config struct {
 	// Lookup says when [Store.Reserve] looks the key up outside any
 	// transaction before reserving it (see "Round trips" in the package
 	// documentation). The default, [backend.LookupAdaptive], looks up
-	// first unless the recent first tries all took new keys, and always
-	// for a caller that waited for a held key. [backend.LookupAlways] always
+	// first while most recent first tries were replays, and always for a
+	// caller that waited for a held key. [backend.LookupAlways] always
 	// does: a replay then always costs one round trip, and a new key one
 	// more than without. [backend.LookupNever] never does: it begins
 	// the transaction and inserts the key at once. A replay then always
@@ -97,7 +97,7 @@ type Store struct {
 	lookup    backend.LookupPolicy
 	clock     func() time.Time // Config.Clock: nil for the server's
 	// firstTries: under LookupAdaptive, Reserve looks the key up first
-	// unless its recent first tries all took new keys.
+	// while most recent first tries found a completed key.
 	firstTries lookup.Tally
 	// acquireFinds: whether recent first acquisitions of a phase (Acquire,
 	// not waiting) found the key's row; while they did not, Acquire on

@@ -24,13 +24,6 @@ type Tally struct{ n atomic.Int32 }
 // then a look-up first pays off.
 func (t *Tally) Replays() bool { return t.n.Load() > 0 }
 
-// Any reports whether the tally is above its floor: a first try found a
-// completed key among the last few, or too few have been counted to say
-// that new keys alone came. A store whose reservation of a completed key
-// costs several times the look-up that a new key wastes looks up first
-// while Any holds, and stops only while new keys come alone.
-func (t *Tally) Any() bool { return t.n.Load() > -Bias }
-
 // Add records the outcome of a reservation that found a completed key
 // (replayed) or took the key, if it was a first try: wait, the
 // reservation's Wait, is 0. A caller that waited for a held key says

@@ -57,37 +57,3 @@ func TestTallyIgnoresWaiters(t *testing.T) {
 		t.Fatalf("after waiters' replays only: Replays %v, count %d; want false, 0", tl.Replays(), tl.n.Load())
 	}
 }
-
-// TestTallyAny: Replays follows the majority of the recent first tries, Any
-// holds unless they all took new keys (the tally at its floor), and a
-// caller that waited is not counted.
-func TestTallyAny(t *testing.T) {
-	var tl Tally
-	check := func(step string, replays, any bool) {
-		t.Helper()
-		if tl.Replays() != replays || tl.Any() != any {
-			t.Fatalf("%s: Replays %v, Any %v; want %v, %v", step, tl.Replays(), tl.Any(), replays, any)
-		}
-	}
-	check("zero value", false, true)
-	for i := 1; i < Bias; i++ {
-		tl.Add(0, false)
-		check("a few new keys", false, true)
-	}
-	tl.Add(0, false)
-	check("Bias new keys", false, false)
-	tl.Add(0, false)
-	check("more new keys (saturated)", false, false)
-	tl.Add(1, true)
-	check("a replay that waited", false, false)
-	tl.Add(0, true)
-	check("one replay among new keys", false, true)
-	for range 2 * Bias {
-		tl.Add(0, true)
-	}
-	check("replays", true, true)
-	for range Bias {
-		tl.Add(0, false)
-	}
-	check("as many new keys as Bias after saturated replays", false, true)
-}
