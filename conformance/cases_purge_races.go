@@ -296,20 +296,34 @@ func (s *suite[Tx]) failedCompleteFreesKey(t *testing.T) {
 	}
 }
 
-// reserveRetrying calls store.Reserve for key with wait as the core
-// would: again, for up to wait in all, while it reports a conflict to retry
-// ([backend.ErrConflict], a serialization failure).
-func (e *env[Tx]) reserveRetrying(store idempotency.KeyStore[Tx], key idempotency.Key, wait time.Duration) (backend.Txn[Tx], *backend.Record, error) {
-	deadline := time.Now().Add(wait)
+// retryingConflicts calls try as the core would: again, 5ms apart, for up
+// to bound in all and while the case's context lives, while it reports a
+// conflict to retry ([backend.ErrConflict], a serialization failure, which
+// did nothing). try gets the deadline. It returns try's last error and how
+// many conflicts were retried.
+func (e *env[Tx]) retryingConflicts(bound time.Duration, try func(deadline time.Time) error) (retried int, err error) {
+	deadline := time.Now().Add(bound)
 	for {
-		txn, rec, err := store.Reserve(e.ctx, reservation(key, max(time.Until(deadline), 0)))
+		err = try(deadline)
 		if !errors.Is(err, backend.ErrConflict) || !time.Now().Before(deadline) {
-			return txn, rec, err
+			return retried, err
 		}
 		select {
 		case <-e.ctx.Done():
-			return txn, rec, err
+			return retried, err
 		case <-time.After(5 * time.Millisecond):
 		}
+		retried++
 	}
+}
+
+// reserveRetrying calls store.Reserve for key with wait as the core
+// would: again, for up to wait in all, while it reports a conflict to retry
+// ([backend.ErrConflict], a serialization failure).
+func (e *env[Tx]) reserveRetrying(store idempotency.KeyStore[Tx], key idempotency.Key, wait time.Duration) (txn backend.Txn[Tx], rec *backend.Record, err error) {
+	_, err = e.retryingConflicts(wait, func(deadline time.Time) (err error) {
+		txn, rec, err = store.Reserve(e.ctx, reservation(key, max(time.Until(deadline), 0)))
+		return err
+	})
+	return txn, rec, err
 }

@@ -1,7 +1,6 @@
 package conformance
 
 import (
-	"errors"
 	"fmt"
 	"sync/atomic"
 	"testing"
@@ -80,15 +79,11 @@ func (s *suite[Tx]) quotaAtomic(t *testing.T) {
 			// bounded by time, not by count: a store without a wait of its
 			// own (SQLite without a busy timeout) may refuse one caller
 			// many times in a row on a loaded host.
-			deadline := time.Now().Add(quotaRetryFor)
-			for try := 0; ; try++ {
+			n, _ := e.retryingConflicts(quotaRetryFor, func(time.Time) error {
 				adms[i], errs[i] = qcs[i%len(qcs)].AdmitQuota(e.ctx, check)
-				if !errors.Is(errs[i], backend.ErrConflict) || time.Now().After(deadline) || e.ctx.Err() != nil {
-					break
-				}
-				conflicts.Add(1)
-				time.Sleep(time.Duration(1+try%5) * time.Millisecond)
-			}
+				return errs[i]
+			})
+			conflicts.Add(int64(n))
 			return idempotency.Response{}, nil
 		})
 		if n := conflicts.Load(); n > 0 {

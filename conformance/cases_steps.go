@@ -84,19 +84,12 @@ func waiting(a backend.Acquisition, d time.Duration) backend.Acquisition {
 
 // acquireRetrying calls st.Acquire as the core would: again, for up to
 // bound in all, while it reports a conflict to retry.
-func (e *env[Tx]) acquireRetrying(st backend.Stepper[Tx], a backend.Acquisition, bound time.Duration) (backend.Phase[Tx], *backend.Record, error) {
-	deadline := time.Now().Add(bound)
-	for {
-		p, rec, err := st.Acquire(e.ctx, a)
-		if !errors.Is(err, backend.ErrConflict) || !time.Now().Before(deadline) {
-			return p, rec, err
-		}
-		select {
-		case <-e.ctx.Done():
-			return p, rec, err
-		case <-time.After(5 * time.Millisecond):
-		}
-	}
+func (e *env[Tx]) acquireRetrying(st backend.Stepper[Tx], a backend.Acquisition, bound time.Duration) (p backend.Phase[Tx], rec *backend.Record, err error) {
+	_, err = e.retryingConflicts(bound, func(time.Time) (err error) {
+		p, rec, err = st.Acquire(e.ctx, a)
+		return err
+	})
+	return p, rec, err
 }
 
 // phase fails the case unless a gives a Phase.
