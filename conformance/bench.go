@@ -35,6 +35,11 @@ import (
 //     runs the bare effect, the 19 others wait for it on a channel and copy
 //     its response. What answering 20 callers costs on the machine at the
 //     least, next to SameKey20.
+//   - SameKey20Lead: SameKey20Bare with Do on a new key as the first
+//     caller's effect. Against SameKey20 it shows what the library's 19
+//     followers cost beyond channel waiters; against SameKey20Bare, what
+//     the library's leader costs among 19 other goroutines. Not in
+//     idembench's default set: a diagnostic, run by name.
 //   - BareParallel8, Mixed8: 8 goroutines; Mixed8 does half new keys and half
 //     replays, BareParallel8 the bare effect (its baseline). NewKey8 and
 //     Replay8 are Mixed8's halves on their own (only new keys, only
@@ -147,30 +152,22 @@ func Benchmark[Tx any](b *testing.B, h Harness[Tx]) {
 	})
 	b.Run("SameKey20Bare", func(b *testing.B) {
 		resp := created("bare", 1)
-		call := func() func() (bool, error) {
-			var first atomic.Bool
-			done := make(chan struct{})
-			var answer idempotency.Response
-			return func() (bool, error) {
-				if first.CompareAndSwap(false, true) {
-					err := f.Bare(ctx, "bare")
-					answer = resp
-					close(done)
-					return false, err
-				}
-				<-done
-				r := answer
-				r.Header, r.Body = r.Header.Clone(), bytes.Clone(r.Body)
-				if len(r.Body) == 0 {
-					return true, errors.New("conformance: SameKey20Bare: empty answer")
-				}
-				return true, nil
-			}
-		}
 		b.ReportAllocs()
 		for b.Loop() {
-			sameKey(b, call())
+			sameKey(b, channelWaiters(func() (idempotency.Response, error) {
+				return resp, f.Bare(ctx, "bare")
+			}))
 		}
+	})
+	b.Run("SameKey20Lead", func(b *testing.B) {
+		b.ReportAllocs()
+		for b.Loop() {
+			key := next()
+			sameKey(b, channelWaiters(func() (idempotency.Response, error) {
+				return g.Do(ctx, key, "fp", fn)
+			}))
+		}
+		checkEffects(b)
 	})
 	parallel8 := func(b *testing.B, op func(i int64) error) {
 		b.ReportAllocs()
@@ -234,6 +231,33 @@ func Benchmark[Tx any](b *testing.B, h Harness[Tx]) {
 
 // sameKey releases [Callers] goroutines together on call and fails b unless
 // all of them succeed and exactly one is not a replay (ran the effect).
+// channelWaiters returns the call of one op of SameKey20Bare and
+// SameKey20Lead: the first caller runs lead, the others wait for it on a
+// channel and copy its response, as a hand-written single flight would.
+func channelWaiters(lead func() (idempotency.Response, error)) func() (bool, error) {
+	var first atomic.Bool
+	done := make(chan struct{})
+	var answer idempotency.Response
+	var leadErr error
+	return func() (bool, error) {
+		if first.CompareAndSwap(false, true) {
+			answer, leadErr = lead()
+			close(done)
+			return false, leadErr
+		}
+		<-done
+		if leadErr != nil {
+			return true, nil // reported once, by the first caller
+		}
+		r := answer
+		r.Header, r.Body = r.Header.Clone(), bytes.Clone(r.Body)
+		if len(r.Body) == 0 {
+			return true, errors.New("conformance: SameKey20: empty answer")
+		}
+		return true, nil
+	}
+}
+
 func sameKey(b *testing.B, call func() (replayed bool, err error)) {
 	if err := benchkit.SameKey(Callers, call); err != nil {
 		b.Fatal(err)
