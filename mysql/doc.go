@@ -116,12 +116,15 @@
 // then START TRANSACTION with the INSERT (duplicate key), a locking read
 // and ROLLBACK.
 //
-// MariaDB's default follows the load. While new keys dominate, the store
-// skips the lookup, as with [backend.LookupNever]. While replays
-// dominate, it looks keys up first, and a replay is the lookup alone. Four
-// first tries of the other kind in a row switch the way (see
-// TestRoundTripsFollowTheLoad). A SELECT before the write transaction
-// slows the transaction itself, by far more than its round trip.
+// MariaDB's default follows the load. While replays are more than about a
+// third of recent first tries, it looks keys up first, and a replay is the
+// lookup alone. Otherwise it skips the lookup, as with
+// [backend.LookupNever]. Four first tries of the other kind in a row
+// switch the way (see TestRoundTripsFollowTheLoad). The third is where the
+// two ways cost the same: a lookup wasted on a new key costs one round
+// trip (and a SELECT before the write transaction slows the transaction
+// itself, by far more than its round trip), a replay without it two round
+// trips and a row lock more.
 //
 // On MySQL a new key is the lookup (which also reads the session's
 // innodb_lock_wait_timeout), the probe, SET, START TRANSACTION, INSERT,

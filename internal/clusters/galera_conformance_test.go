@@ -116,6 +116,15 @@ var pinStreaming = map[string]string{
 	// deletes, met their applier's locks there and failed with 1213 (1 of
 	// 2 runs here); Guard.Purge would retry it, the case calls the store.
 	"StepsPurgeSkipsUnfinished": "a Purge right after another node's Purge",
+	// They check which keys a Purge deleted with Do right after it, the
+	// test clock set back so that the keys look live. A Do that looks its
+	// key up first (MariaDB's default once replays are a third of first
+	// tries) reads without a lock and, on a node that has not applied the
+	// deletes yet, replays a deleted key (CI saw "reported 3 and deleted
+	// 1" once). On a real clock a purged key is expired, and the look-up
+	// does not answer an expired row.
+	"PurgeLimit":         "Do right after another node's Purge, the clock set back",
+	"PurgeCountsDeleted": "Do right after another node's Purge, the clock set back",
 }
 
 // galeraConformance runs the mysql conformance suite on g, each case with

@@ -15,13 +15,24 @@ import (
 const Bias = 4
 
 // Tally counts recent first tries: reservations of a caller that has not
-// waited for the key. It adds +1 for each that found a completed key and
-// -1 for each that took the key, saturating at ±Bias. The zero value counts none (and
-// favours reserving straight away). It is safe for concurrent use.
-type Tally struct{ n atomic.Int32 }
+// waited for the key. It adds ReplayWeight (1 if zero) for each that found
+// a completed key and -1 for each that took the key, saturating at
+// -Bias*ReplayWeight and +Bias: from either end, Bias first tries of the
+// other kind bring it back to even. The zero value counts both kinds alike
+// (and favours reserving straight away). It is safe for concurrent use.
+//
+// A weight w makes a look-up first the way as soon as replays are more
+// than 1/(w+1) of first tries: the weight is what a replay that skipped
+// the look-up costs more, in units of what a look-up wasted on a new key
+// costs.
+type Tally struct {
+	// ReplayWeight is set before first use and not changed after.
+	ReplayWeight int32
+	n            atomic.Int32
+}
 
-// Replays reports whether most recent first tries found a completed key:
-// then a look-up first pays off.
+// Replays reports whether recent first tries found completed keys often
+// enough for a look-up first to pay off.
 func (t *Tally) Replays() bool { return t.n.Load() > 0 }
 
 // Add records the outcome of a reservation that found a completed key
@@ -34,13 +45,14 @@ func (t *Tally) Add(wait time.Duration, replayed bool) {
 	if wait != 0 {
 		return
 	}
+	w := max(t.ReplayWeight, 1)
 	d := int32(-1)
 	if replayed {
-		d = 1
+		d = w
 	}
 	for {
 		n := t.n.Load()
-		if m := min(max(n+d, -Bias), Bias); m == n || t.n.CompareAndSwap(n, m) {
+		if m := min(max(n+d, -Bias*w), Bias); m == n || t.n.CompareAndSwap(n, m) {
 			return
 		}
 	}
