@@ -120,11 +120,12 @@
 // third of recent first tries, it looks keys up first, and a replay is the
 // lookup alone. Otherwise it skips the lookup, as with
 // [backend.LookupNever]. Four first tries of the other kind in a row
-// switch the way (see TestRoundTripsFollowTheLoad). The third is where the
-// two ways cost the same: a lookup wasted on a new key costs one round
-// trip (and a SELECT before the write transaction slows the transaction
-// itself, by far more than its round trip), a replay without it two round
-// trips and a row lock more.
+// switch the way (see TestRoundTripsFollowTheLoad). A lookup wasted on a
+// new key costs one round trip (and a SELECT before the write transaction
+// slows the transaction itself, by far more than its round trip); a
+// replay without it costs two round trips and a row lock more, and about
+// twice the CPU of a wasted lookup: near a third the two ways cost the
+// same.
 //
 // On MySQL a new key is the lookup (which also reads the session's
 // innodb_lock_wait_timeout), the probe, SET, START TRANSACTION, INSERT,

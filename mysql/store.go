@@ -88,13 +88,14 @@ func ttlArgs(ttl time.Duration) (int64, int64) {
 	return math.MaxInt64 - int64(ttl), int64(ttl)
 }
 
-// replayWeight weighs a replay in Store.firstTries against a new key. A
-// look-up wasted on a new key costs one round trip, and on MariaDB 10.11
-// 110-140 µs (a SELECT before the write transaction slows the transaction
-// itself). A replay that skips it costs two round trips more (its INSERT
-// is refused, a locking read, ROLLBACK) and a row lock: about 300 µs
-// more. So the look-up pays off once replays are more than about a third
-// of first tries, the break-even of weight 2.
+// replayWeight weighs a replay in Store.firstTries against a new key: the
+// store looks keys up first while replays are more than 1/(1+replayWeight)
+// of its recent first tries. On MariaDB 10.11 under 8 goroutines, a replay
+// that skipped the look-up cost 130-160 µs more and a look-up wasted on a
+// new key 115-125 µs; in a mix of the two the reservation path costs more
+// still, and by CPU it costs about twice a wasted look-up. With weight 1,
+// half replays sent 79% of them down the reservation path.
+// docs/performance.md has the figures.
 const replayWeight = 2
 
 // Store is an [idempotency.KeyStore] on a MySQL or MariaDB table (InnoDB).
