@@ -93,6 +93,7 @@ func (r *runner[Tx]) acquire(ctx context.Context) (backend.Phase[Tx], *backend.R
 		Owner: r.owner, Lease: r.op.lease()}
 	conflicts := 0
 	poll := pollStart
+	looked := false // at the key's fingerprint (otherFingerprint)
 	deadline := r.deadline
 	if r.st != nil {
 		// This run holds the key by its lease: another caller's phase may
@@ -116,6 +117,12 @@ func (r *runner[Tx]) acquire(ctx context.Context) (backend.Phase[Tx], *backend.R
 			conflicts++
 			pause = backoff(r.g.cfg.RetryBackoff, conflicts)
 		case errors.Is(err, ErrInProgress) && (r.st != nil || !r.g.noWait && !r.resume):
+			if r.st == nil && !looked {
+				looked = true
+				if r.otherFingerprint(ctx) {
+					return nil, nil, fmt.Errorf("%w: the key's operation, in progress, started with another fingerprint", ErrMismatch)
+				}
+			}
 			pause, poll = poll, min(2*poll, pollMax)
 		case errors.Is(err, backend.ErrConflict):
 			return nil, nil, r.storeErr(err)
@@ -132,6 +139,22 @@ func (r *runner[Tx]) acquire(ctx context.Context) (backend.Phase[Tx], *backend.R
 			return nil, nil, werr
 		}
 	}
+}
+
+// otherFingerprint reports whether the key that a first acquisition found
+// held is an operation's (it has progress) that started with another
+// fingerprint. Waiting for its lease would end in ErrMismatch (see adopt):
+// an operation's fingerprint stays until its record is deleted. It looks
+// once, with the store's Inspect (a read that takes no lock); a store
+// without KeyAdmin, or an error, says no, and the caller waits as before.
+func (r *runner[Tx]) otherFingerprint(ctx context.Context) bool {
+	ka, ok := r.g.store.(backend.KeyAdmin)
+	if !ok {
+		return false
+	}
+	info, err := ka.Inspect(ctx, r.key, false)
+	return err == nil && info != nil && info.Progress != nil && info.Fingerprint != r.fp &&
+		(info.State == backend.KeyInProgress || info.State == backend.KeyUnfinished)
 }
 
 // adopt takes the state of the key from ph: a new one, or the one saved.

@@ -26,7 +26,10 @@ import (
 //  3. Other fingerprint: an error wrapping [ErrMismatch]; nothing runs.
 //  4. Key held by a running caller (in this Guard, another Guard or
 //     process, or a run whose lease has not ended): Run waits for it up to
-//     [Config.WaitTimeout], as Do does, then [ErrInProgress].
+//     [Config.WaitTimeout], as Do does, then [ErrInProgress]. A key held by
+//     a run that started with another fingerprint gives [ErrMismatch] at
+//     once, without the wait, when the store implements
+//     [backend.KeyAdmin] (one Inspect tells).
 //  5. A step's transient error: the key is released at its last recovery
 //     point and Run returns an error wrapping [ErrUnfinished] and the
 //     step's error. A [FinalAnswer] finishes the operation with its answer. So

@@ -521,3 +521,84 @@ func TestInspectOperation(t *testing.T) {
 		t.Fatalf("another scope: %v; want ErrNotFound", err)
 	}
 }
+
+// TestRunOtherFingerprintWhileHeld: a run with another fingerprint than
+// the run that holds the key's lease gets ErrMismatch at once, not
+// ErrInProgress after the wait bound; a run with the same fingerprint still
+// waits. A store without KeyAdmin keeps the wait.
+func TestRunOtherFingerprintWhileHeld(t *testing.T) {
+	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+	defer cancel()
+	s := memstore.New()
+	holding, release := make(chan struct{}), make(chan struct{})
+	op := &idempotency.Operation[*memstore.Tx]{
+		Name: "held",
+		Steps: []idempotency.Step[*memstore.Tx]{
+			{Name: "order", Local: func(_ context.Context, tx *memstore.Tx, _ *idempotency.State) error {
+				tx.Effect("order")
+				return nil
+			}},
+			{Name: "wait", Foreign: func(ctx context.Context, _ *idempotency.State) error {
+				close(holding)
+				select {
+				case <-release:
+					return nil
+				case <-ctx.Done():
+					return ctx.Err()
+				}
+			}},
+		},
+		Finish: func(context.Context, *memstore.Tx, *idempotency.State) (idempotency.Response, error) {
+			return idempotency.Response{Status: 201, Body: []byte("done")}, nil
+		},
+	}
+	key := idempotency.Key{ID: "held"}
+	holder := make(chan error, 1)
+	go func() {
+		_, err := newGuard(t, s, nil).Run(ctx, key, "fp", nil, op)
+		holder <- err
+	}()
+	select {
+	case <-holding:
+	case err := <-holder:
+		t.Fatalf("holder ended before its Foreign step: %v", err)
+	}
+	// A wait bound longer than the callers' contexts: a caller that waits
+	// ends with its context, not with an answer.
+	long := newGuard(t, s, &idempotency.Config{WaitTimeout: time.Hour})
+	short := func() (context.Context, context.CancelFunc) { return context.WithTimeout(ctx, 300*time.Millisecond) }
+
+	c, stop := short()
+	_, err := long.Run(c, key, "other", nil, op)
+	stop()
+	if !errors.Is(err, idempotency.ErrMismatch) || errors.Is(err, context.DeadlineExceeded) {
+		t.Fatalf("other fingerprint while held: %v; want ErrMismatch at once", err)
+	}
+	c, stop = short()
+	_, err = long.Run(c, key, "fp", nil, op)
+	stop()
+	if !errors.Is(err, context.DeadlineExceeded) || errors.Is(err, idempotency.ErrMismatch) {
+		t.Fatalf("same fingerprint while held: %v; want to wait until its context ends", err)
+	}
+	// Without KeyAdmin the store cannot tell: the caller waits out its bound.
+	bare, err := idempotency.New[*memstore.Tx](struct {
+		idempotency.KeyStore[*memstore.Tx]
+		backend.Stepper[*memstore.Tx]
+	}{s, s}, &idempotency.Config{WaitTimeout: 100 * time.Millisecond})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := bare.Run(ctx, key, "other", nil, op); !errors.Is(err, idempotency.ErrInProgress) {
+		t.Fatalf("other fingerprint, store without KeyAdmin: %v; want ErrInProgress at the wait bound", err)
+	}
+	close(release)
+	if err := <-holder; err != nil {
+		t.Fatalf("holder: %v", err)
+	}
+	if _, err := long.Run(ctx, key, "other", nil, op); !errors.Is(err, idempotency.ErrMismatch) {
+		t.Fatalf("other fingerprint once completed: %v; want ErrMismatch", err)
+	}
+	if n := s.Count("order"); n != 1 {
+		t.Fatalf("order effects: %d, want 1", n)
+	}
+}
