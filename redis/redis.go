@@ -105,6 +105,9 @@ type Store struct {
 	holds   map[string]*hold // by token: the reservations this Store is making or holds
 	waiting atomic.Int32     // callers waiting for a key held by another
 	seen    seenKeys         // keys lately found completed
+	// pins counts the goroutines of pin still alive: a released
+	// connection is back in the pool once its goroutine ended.
+	pins atomic.Int32
 }
 
 var _ idempotency.KeyStore[*Tx] = (*Store)(nil)

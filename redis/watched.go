@@ -47,7 +47,9 @@ func (s *Store) pin(ctx context.Context) (*pinned, error) {
 	p := &pinned{done: make(chan struct{}), ended: make(chan struct{})}
 	ready := make(chan *goredis.Tx, 1)
 	var err error
+	s.pins.Add(1)
 	go func() {
+		defer s.pins.Add(-1)
 		defer close(p.ended)
 		err = s.single.Watch(context.WithoutCancel(ctx), func(tx *goredis.Tx) error {
 			ready <- tx
