@@ -38,8 +38,9 @@ import (
 //   - SameKey20Lead: SameKey20Bare with Do on a new key as the first
 //     caller's effect. Against SameKey20 it shows what the library's 19
 //     followers cost beyond channel waiters; against SameKey20Bare, what
-//     the library's leader costs among 19 other goroutines. Not in
-//     idembench's default set: a diagnostic, run by name.
+//     the library's leader costs among 19 other goroutines. A diagnostic
+//     with no target: idembench runs it with -parallel (which runs every
+//     case), or by name.
 //   - BareParallel8, Mixed8: 8 goroutines; Mixed8 does half new keys and half
 //     replays, BareParallel8 the bare effect (its baseline). NewKey8 and
 //     Replay8 are Mixed8's halves on their own (only new keys, only
