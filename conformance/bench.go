@@ -230,8 +230,6 @@ func Benchmark[Tx any](b *testing.B, h Harness[Tx]) {
 	})
 }
 
-// sameKey releases [Callers] goroutines together on call and fails b unless
-// all of them succeed and exactly one is not a replay (ran the effect).
 // channelWaiters returns the call of one op of SameKey20Bare and
 // SameKey20Lead: the first caller runs lead, the others wait for it on a
 // channel and copy its response, as a hand-written single flight would.
@@ -259,6 +257,8 @@ func channelWaiters(lead func() (idempotency.Response, error)) func() (bool, err
 	}
 }
 
+// sameKey releases [Callers] goroutines together on call and fails b unless
+// all of them succeed and exactly one is not a replay (ran the effect).
 func sameKey(b *testing.B, call func() (replayed bool, err error)) {
 	if err := benchkit.SameKey(Callers, call); err != nil {
 		b.Fatal(err)

@@ -70,11 +70,11 @@
 //
 //   - First the key may be looked up outside any transaction. A completed,
 //     live key is returned from that one primary-key SELECT, a consistent
-//     read that never waits. On MariaDB the store does so while most of its
-//     recent first tries found a completed key, and for a caller that
-//     waited for a held key. [backend.LookupAlways] looks up always,
-//     [backend.LookupNever] never (see [Config.Lookup]). On MySQL the
-//     store always does, unless [backend.LookupNever].
+//     read that never waits. On MariaDB the store does so while more than
+//     about a third of its recent first tries found a completed key, and
+//     for a caller that waited for a held key. [backend.LookupAlways]
+//     looks up always, [backend.LookupNever] never (see [Config.Lookup]).
+//     On MySQL the store always does, unless [backend.LookupNever].
 //   - A new key: START TRANSACTION, the INSERT of the pending row (bounded
 //     by the wait bound), fn, an UPDATE storing the response, COMMIT. On
 //     MariaDB the store's four statements travel as two (see Round trips).
@@ -119,8 +119,8 @@
 // MariaDB's default follows the load. While replays are more than about a
 // third of recent first tries, it looks keys up first, and a replay is the
 // lookup alone. Otherwise it skips the lookup, as with
-// [backend.LookupNever]. Four first tries of the other kind in a row
-// switch the way (see TestRoundTripsFollowTheLoad). A lookup wasted on a
+// [backend.LookupNever]. Four new keys in a row switch the lookup off,
+// five replays in a row on again (see TestRoundTripsFollowTheLoad). A lookup wasted on a
 // new key costs one round trip (and a SELECT before the write transaction
 // slows the transaction itself, by far more than its round trip); a
 // replay without it costs two round trips and a row lock more, and about

@@ -16,9 +16,9 @@ import (
 //
 //  1. It may look the key up outside any transaction, with a consistent
 //     read; a completed, live key then costs that one round trip. It does
-//     so while most recent first tries were replays, for a caller that
-//     waited for the key, and always with [backend.LookupAlways]; never
-//     with [backend.LookupNever]. A new key saves that read otherwise.
+//     so while more than about a third of recent first tries were replays,
+//     for a caller that waited for the key, and always with
+//     [backend.LookupAlways]; never with [backend.LookupNever]. A new key saves that read otherwise.
 //  2. It begins the transaction fn will use and inserts the key row (or
 //     takes over an expired one); on MariaDB with a pool of [Open], in one
 //     statement. A key held by another open transaction makes that
@@ -165,8 +165,8 @@ func (s *Store) refusedAtOnce(ctx context.Context, conn *sql.Conn, tx *sql.Tx, k
 // lookingFirst reports whether Reserve looks r's key up before reserving
 // it (MariaDB). It does always with [backend.LookupAlways], never with
 // [backend.LookupNever]. Otherwise it does for a caller that waited for
-// the key (its holder may have completed it), and while most recent first
-// tries found a completed key.
+// the key (its holder may have completed it), and while more than about a
+// third of recent first tries found a completed key (replayWeight).
 func (s *Store) lookingFirst(r backend.Reservation) bool {
 	switch {
 	case s.lookup == backend.LookupNever:

@@ -43,8 +43,9 @@ type Config struct {
 	// Lookup says when [Store.Reserve] looks the key up outside any
 	// transaction before reserving it (see "Round trips" in the package
 	// documentation). The default, [backend.LookupAdaptive], looks up
-	// first while most recent first tries were replays, and always for a
-	// caller that waited for a held key. [backend.LookupAlways] always
+	// first while more than about a third of recent first tries were
+	// replays, and always for a caller that waited for a held key.
+	// [backend.LookupAlways] always
 	// does: a replay then always costs one round trip, and a new key one
 	// more than without. [backend.LookupNever] never does: it begins
 	// the transaction and inserts the key at once. A replay then always
