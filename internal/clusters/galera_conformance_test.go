@@ -93,6 +93,8 @@ var pinStreaming = map[string]string{
 	"StepsInvalidInput":                  "an Acquire with no wait right after the key's Save",
 	"StepsCompleteClearsProgress":        "an Acquire with no wait right after the key's Save",
 	"StepsLeaseEndsByStoreClock":         "an Acquire with no wait right after the key's Save",
+	"StepsHoldRunsOutMidStep":            "an Acquire with no wait right after the key's Release (CI saw 1205 once)",
+	"StepsOtherOwnerLiveLease":           "its owner's Acquire with no wait soon after the key's Save",
 	"StepsReserveTreatsUnfinishedAsHeld": "a Reserve with no wait right after the key's first commit",
 	"AdminForget":                        "a Reserve with no wait right after the key's Forget",
 	// A Reserve of a key that an open phase on another node holds may be
