@@ -126,7 +126,7 @@ func TestCompleteCancelledBeforeCommit(t *testing.T) {
 		t.Fatal(err)
 	}
 	n.setHook(func(name string) {
-		if name == "query complete done" { // the UPDATE ... RETURNING ran
+		if name == "exec complete done" { // the completing UPDATE ran
 			cancel()
 			// Let database/sql's watcher of ctx mark the transaction done;
 			// it then waits for the UPDATE to return before rolling back.

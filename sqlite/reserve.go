@@ -211,13 +211,24 @@ type firstStatement func(ctx context.Context, tx *sql.Tx) (bool, error)
 // unfinished one, whose expiry is MaxExpiry) is left as it is.
 func insertReservation(st *stmts, r backend.Reservation, now any) firstStatement {
 	return func(ctx context.Context, tx *sql.Tx) (bool, error) {
-		var created int64
-		err := tx.StmtContext(ctx, st.reserve).QueryRowContext(ctx, r.Key.Scope, r.Key.ID, r.Fingerprint, now, int64(r.TTL)).Scan(&created)
-		if errors.Is(err, sql.ErrNoRows) {
-			return false, nil // a live row is in the way
-		}
-		return err == nil, err
+		// No row changed: a live row is in the way.
+		return changedOne(tx.StmtContext(ctx, st.reserve).ExecContext(ctx, r.Key.Scope, r.Key.ID, r.Fingerprint, now, int64(r.TTL)))
 	}
+}
+
+// changedOne reports whether the statement whose result is res changed a
+// row (the statements it is used with change at most one: they name one
+// key of the primary key). For an upsert SQLite counts the row inserted or
+// updated; a DO UPDATE whose WHERE is false changes none.
+func changedOne(res sql.Result, err error) (bool, error) {
+	if err != nil {
+		return false, err
+	}
+	n, err := res.RowsAffected()
+	if err != nil {
+		return false, err
+	}
+	return n > 0, nil
 }
 
 // end rolls o's transaction back (if it is still open) and returns its

@@ -51,11 +51,11 @@ func TestStatementsPerCall(t *testing.T) {
 		id   string
 		want []string
 	}{
-		{"NewKey", g, "new", []string{"query lookup", "begin", "query reserve", "exec effect", "query complete", "commit"}},
+		{"NewKey", g, "new", []string{"query lookup", "begin", "exec reserve", "exec effect", "exec complete", "commit"}},
 		{"Replay", g, "new", []string{"query lookup"}},
 		{"NewKeyNoWait", gNoWait, "new-nowait", []string{
-			"query lookup", "query PRAGMA busy_timeout", "exec PRAGMA busy_timeout = 0", "begin", "query reserve",
-			"exec PRAGMA busy_timeout = 5000", "exec effect", "query complete", "commit"}},
+			"query lookup", "query PRAGMA busy_timeout", "exec PRAGMA busy_timeout = 0", "begin", "exec reserve",
+			"exec PRAGMA busy_timeout = 5000", "exec effect", "exec complete", "commit"}},
 	} {
 		if got := do(c.g, c.id); strings.Join(got, "; ") != strings.Join(c.want, "; ") {
 			t.Errorf("%s: sent %d:\n  %s\nwant %d:\n  %s", c.name, len(got), strings.Join(got, "\n  "), len(c.want), strings.Join(c.want, "\n  "))
@@ -258,7 +258,7 @@ func (s *stmt) QueryContext(ctx context.Context, args []driver.NamedValue) (driv
 }
 
 // rowsDone calls done once its rows are closed: a query (such as an
-// UPDATE ... RETURNING) has run by then.
+// UPDATE ... RETURNING of the steps) has run by then.
 type rowsDone struct {
 	driver.Rows
 	done func()

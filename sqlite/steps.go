@@ -59,8 +59,7 @@ WHERE scope = ?2 AND id = ?3`,
 		// The parameters of the Store's complete statement.
 		complete: `UPDATE ` + t + ` SET state = 'completed', status = ?1, header = ?2, body = ?3, expires_at = ` + expirySQL(nowSQL(6), 7) + `,
 	progress = NULL, owner = NULL, lease_ends = NULL, tries = 0
-WHERE scope = ?4 AND id = ?5 AND state = 'pending'
-RETURNING expires_at`,
+WHERE scope = ?4 AND id = ?5 AND state = 'pending'`,
 		// now - grace, clamped so as not to leave int64.
 		abandoned: `SELECT scope, id, fingerprint, progress, tries, lease_ends FROM ` + t + `
 WHERE progress IS NOT NULL AND lease_ends <= max(` + nowSQL(1) + `, ?2 + (-9223372036854775807 - 1)) - ?2 AND tries < ?3
@@ -337,14 +336,13 @@ func (p *phase) Complete(ctx context.Context, resp idempotency.Response) error {
 	p.ended = true
 	cur := p.commitBusyTimeout
 	err := p.commitWith(ctx, cur, func(now any) error {
-		var expires int64
-		err := queryRowIn(ctx, p.tx, p.s.stepStmt(func(st *stmts) *sql.Stmt { return st.stepComplete }), p.s.q.steps.complete,
-			resp.Status, backend.MarshalHeader(resp.Header), resp.Body, p.key.Scope, p.key.ID, now, int64(p.ttl)).Scan(&expires)
-		if errors.Is(err, sql.ErrNoRows) {
-			return fmt.Errorf("sqlite: complete: the row of key %v is gone (no row changed)", p.key)
-		}
+		changed, err := changedOne(execIn(ctx, p.tx, p.s.stepStmt(func(st *stmts) *sql.Stmt { return st.stepComplete }), p.s.q.steps.complete,
+			resp.Status, backend.MarshalHeader(resp.Header), resp.Body, p.key.Scope, p.key.ID, now, int64(p.ttl)))
 		if err != nil {
 			return mapError(ctx, "complete", err)
+		}
+		if !changed {
+			return fmt.Errorf("sqlite: complete: the row of key %v is gone (no row changed)", p.key)
 		}
 		return nil
 	})

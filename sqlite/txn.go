@@ -57,13 +57,12 @@ func (t *txn) Complete(ctx context.Context, resp idempotency.Response) error {
 func (t *txn) completeAndCommit(ctx context.Context, resp idempotency.Response, cur int64) error {
 	return t.commitWith(ctx, cur, func(now any) error {
 		header := backend.MarshalHeader(resp.Header)
-		var expires int64
-		err := t.tx.StmtContext(ctx, t.complete).QueryRowContext(ctx, resp.Status, header, resp.Body, t.key.Scope, t.key.ID, now, int64(t.ttl)).Scan(&expires)
-		if errors.Is(err, sql.ErrNoRows) {
-			return fmt.Errorf("sqlite: complete: the reservation of key %v is gone (no row changed)", t.key)
-		}
+		changed, err := changedOne(t.tx.StmtContext(ctx, t.complete).ExecContext(ctx, resp.Status, header, resp.Body, t.key.Scope, t.key.ID, now, int64(t.ttl)))
 		if err != nil {
 			return mapError(ctx, "complete", err)
+		}
+		if !changed {
+			return fmt.Errorf("sqlite: complete: the reservation of key %v is gone (no row changed)", t.key)
 		}
 		return nil
 	})
