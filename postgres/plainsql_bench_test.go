@@ -26,10 +26,6 @@ func BenchmarkPlainSQL(b *testing.B) {
 	testkit.BenchmarkContender(b, plainSQLContender(b))
 }
 
-// plainSQLBody is the response the plain SQL stores: the body the
-// library's benchmark stores, in a JSONB column.
-const plainSQLBody = `{"tag":"plain","execution":1}`
-
 // plainSQLContender creates the plain SQL's key table and an effects table of the
 // shape BenchmarkStore uses (tag TEXT), dropped when b ends.
 func plainSQLContender(b *testing.B) testkit.Contender {
@@ -82,17 +78,13 @@ type plainSQLPG struct {
 	reserve, effect, finish, lookup, count string
 }
 
-// plainSQLFingerprint is the request hash the plain SQL stores; the
-// library's benchmark passes a constant fingerprint too.
-const plainSQLFingerprint = "fp"
-
 func (s *plainSQLPG) do(ctx context.Context, key string) (replayed bool, err error) {
 	tx, err := s.pool.Begin(ctx)
 	if err != nil {
 		return false, err
 	}
 	defer func() { _ = tx.Rollback(ctx) }()
-	tag, err := tx.Exec(ctx, s.reserve, key, plainSQLFingerprint)
+	tag, err := tx.Exec(ctx, s.reserve, key, testkit.ContenderFingerprint)
 	if err != nil {
 		return false, err
 	}
@@ -106,7 +98,7 @@ func (s *plainSQLPG) do(ctx context.Context, key string) (replayed bool, err err
 		if err := s.pool.QueryRow(ctx, s.lookup, key).Scan(&fp, &status, &body); err != nil {
 			return false, err
 		}
-		if fp != plainSQLFingerprint || status == nil || *status != 201 || len(body) == 0 {
+		if fp != testkit.ContenderFingerprint || status == nil || *status != 201 || len(body) == 0 {
 			return false, errors.New("plain SQL: stored answer is not the one written")
 		}
 		return true, nil
@@ -114,7 +106,7 @@ func (s *plainSQLPG) do(ctx context.Context, key string) (replayed bool, err err
 	if _, err := tx.Exec(ctx, s.effect, "plain"); err != nil {
 		return false, err
 	}
-	if _, err := tx.Exec(ctx, s.finish, key, plainSQLBody); err != nil {
+	if _, err := tx.Exec(ctx, s.finish, key, testkit.ContenderBody); err != nil {
 		return false, err
 	}
 	return false, tx.Commit(ctx)

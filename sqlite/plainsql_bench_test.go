@@ -30,14 +30,6 @@ func BenchmarkPlainSQL(b *testing.B) {
 	testkit.BenchmarkContender(b, plainSQLContender(b))
 }
 
-// plainSQLBody is the response the plain SQL stores: the body the
-// library's benchmark stores.
-const plainSQLBody = `{"tag":"plain","execution":1}`
-
-// plainSQLFingerprint is the request hash the plain SQL stores; the
-// library's benchmark passes a constant fingerprint too.
-const plainSQLFingerprint = "fp"
-
 // plainSQLContender creates the plain SQL's key table and an effects table
 // of the shape BenchmarkStore uses (tag TEXT) in a database file of b's
 // temporary directory.
@@ -94,7 +86,7 @@ func (s *plainSQLite) do(ctx context.Context, key string) (replayed bool, err er
 		return false, err
 	}
 	defer func() { _ = tx.Rollback() }()
-	res, err := tx.StmtContext(ctx, s.reserve).ExecContext(ctx, key, plainSQLFingerprint)
+	res, err := tx.StmtContext(ctx, s.reserve).ExecContext(ctx, key, testkit.ContenderFingerprint)
 	if err != nil {
 		return false, err
 	}
@@ -112,7 +104,7 @@ func (s *plainSQLite) do(ctx context.Context, key string) (replayed bool, err er
 		if err := s.lookup.QueryRowContext(ctx, key).Scan(&fp, &status, &body); err != nil {
 			return false, err
 		}
-		if fp != plainSQLFingerprint || status.Int64 != 201 || string(body) != plainSQLBody {
+		if fp != testkit.ContenderFingerprint || status.Int64 != 201 || string(body) != testkit.ContenderBody {
 			return false, errors.New("plain SQL: stored answer is not the one written")
 		}
 		return true, nil
@@ -120,7 +112,7 @@ func (s *plainSQLite) do(ctx context.Context, key string) (replayed bool, err er
 	if _, err := tx.ExecContext(ctx, "INSERT INTO plain_effects (tag) VALUES (?)", "plain"); err != nil {
 		return false, err
 	}
-	if _, err := tx.StmtContext(ctx, s.finish).ExecContext(ctx, key, []byte(plainSQLBody)); err != nil {
+	if _, err := tx.StmtContext(ctx, s.finish).ExecContext(ctx, key, []byte(testkit.ContenderBody)); err != nil {
 		return false, err
 	}
 	return false, tx.Commit()

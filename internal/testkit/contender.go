@@ -28,6 +28,15 @@ type Contender struct {
 	Effects func(ctx context.Context) (int, error)
 }
 
+// ContenderBody is the response body a plain-SQL contender stores (the
+// body the library's benchmark stores), and ContenderFingerprint the
+// request hash it stores with the key (the library's benchmark passes a
+// constant fingerprint too). The contenders of every backend share them.
+const (
+	ContenderBody        = `{"tag":"plain","execution":1}`
+	ContenderFingerprint = "fp"
+)
+
 // BenchmarkContender measures c with the single-caller cases of
 // conformance.Benchmark and the same names, so that cmd/idembench can pair
 // them:
