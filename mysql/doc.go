@@ -120,10 +120,10 @@
 // third of recent first tries, it looks keys up first, and a replay is the
 // lookup alone. Otherwise it skips the lookup, as with
 // [backend.LookupNever]. Four new keys in a row switch the lookup off,
-// five replays in a row on again (see TestRoundTripsFollowTheLoad). A lookup wasted on a
-// new key costs one round trip (and a SELECT before the write transaction
-// slows the transaction itself, by far more than its round trip); a
-// replay without it costs two round trips and a row lock more, and about
+// five replays in a row on again (see TestRoundTripsFollowTheLoad). A
+// lookup wasted on a new key costs one round trip (and a SELECT before
+// the write transaction slows the transaction itself, by far more than
+// its round trip); a replay without it costs two round trips and a row lock more, and about
 // twice the CPU of a wasted lookup: near a third the two ways cost the
 // same.
 //

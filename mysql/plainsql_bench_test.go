@@ -30,14 +30,6 @@ func BenchmarkPlainSQL(b *testing.B) {
 	testkit.BenchmarkContender(b, plainSQLContender(b))
 }
 
-// plainSQLBody is the response the plain SQL stores: the body the
-// library's benchmark stores, in a JSON column.
-const plainSQLBody = `{"tag":"plain","execution":1}`
-
-// plainSQLFingerprint is the request hash the plain SQL stores; the
-// library's benchmark passes a constant fingerprint too.
-const plainSQLFingerprint = "fp"
-
 // plainSQLContender creates the plain SQL's key table and an effects table of the
 // shape BenchmarkStore uses (tag VARBINARY), dropped when b ends.
 func plainSQLContender(b *testing.B) testkit.Contender {
@@ -106,7 +98,7 @@ func (s *plainSQLMySQL) do(ctx context.Context, key string) (replayed bool, err 
 		return false, err
 	}
 	defer func() { _ = tx.Rollback() }()
-	res, err := tx.ExecContext(ctx, s.reserve, []byte(key), plainSQLFingerprint)
+	res, err := tx.ExecContext(ctx, s.reserve, []byte(key), testkit.ContenderFingerprint)
 	if err != nil {
 		return false, err
 	}
@@ -124,7 +116,7 @@ func (s *plainSQLMySQL) do(ctx context.Context, key string) (replayed bool, err 
 		if err := s.db.QueryRowContext(ctx, s.lookup, []byte(key)).Scan(&fp, &status, &body); err != nil {
 			return false, err
 		}
-		if fp != plainSQLFingerprint || status.Int32 != 201 || len(body) == 0 {
+		if fp != testkit.ContenderFingerprint || status.Int32 != 201 || len(body) == 0 {
 			return false, errors.New("plain SQL: stored answer is not the one written")
 		}
 		return true, nil
@@ -132,7 +124,7 @@ func (s *plainSQLMySQL) do(ctx context.Context, key string) (replayed bool, err 
 	if _, err := tx.ExecContext(ctx, s.effect, []byte("plain")); err != nil {
 		return false, err
 	}
-	if _, err := tx.ExecContext(ctx, s.finish, plainSQLBody, []byte(key)); err != nil {
+	if _, err := tx.ExecContext(ctx, s.finish, testkit.ContenderBody, []byte(key)); err != nil {
 		return false, err
 	}
 	return false, tx.Commit()

@@ -18,7 +18,8 @@ import (
 //     read; a completed, live key then costs that one round trip. It does
 //     so while more than about a third of recent first tries were replays,
 //     for a caller that waited for the key, and always with
-//     [backend.LookupAlways]; never with [backend.LookupNever]. A new key saves that read otherwise.
+//     [backend.LookupAlways]; never with [backend.LookupNever]. A new key
+//     saves that read otherwise.
 //  2. It begins the transaction fn will use and inserts the key row (or
 //     takes over an expired one); on MariaDB with a pool of [Open], in one
 //     statement. A key held by another open transaction makes that
