@@ -487,3 +487,65 @@ func TestConflictRetriesNotCut(t *testing.T) {
 		t.Fatalf("fn's conflict past the bound: %+v, %v after %d runs; want 201 after 2", resp, err, runs)
 	}
 }
+
+// TestFollowersGetPrivateCopy: the callers that wait in memory for a call
+// get its answer as it was committed, although the leader's caller changes
+// the response it got (header and body) as soon as Do returns. The answer
+// is copied for them only when some joined (see leave).
+func TestFollowersGetPrivateCopy(t *testing.T) {
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	g := mustNew(t, &fakeStore{}, nil)
+	key := Key{ID: "k"}
+	started, release := make(chan struct{}), make(chan struct{})
+	fn := func(int) (Response, error) {
+		close(started)
+		<-release
+		return Response{Status: 201, Header: http.Header{"A": {"x"}}, Body: []byte("body")}, nil
+	}
+	leader := make(chan error, 1)
+	go func() {
+		resp, err := g.Do(ctx, key, "fp", fn)
+		if err == nil {
+			resp.Header["A"][0] = "y" // the caller's own copy: any change
+			resp.Header.Set("B", "z")
+			resp.Body[0] = 'X'
+		}
+		leader <- err
+	}()
+	<-started
+	const followers = 3
+	got := make(chan Response, followers)
+	errs := make(chan error, followers)
+	for range followers {
+		go func() {
+			resp, err := g.Do(ctx, key, "fp", func(int) (Response, error) {
+				return Response{}, errors.New("fn ran for a follower")
+			})
+			got <- resp
+			errs <- err
+		}()
+	}
+	for joined := 0; joined < followers; {
+		g.fl.mu.Lock()
+		if c := g.fl.calls[key]; c != nil {
+			joined = c.followers
+		}
+		g.fl.mu.Unlock()
+		if ctx.Err() != nil {
+			t.Fatalf("%d followers joined, want %d", joined, followers)
+		}
+		time.Sleep(time.Millisecond)
+	}
+	close(release)
+	if err := <-leader; err != nil {
+		t.Fatalf("leader: %v", err)
+	}
+	for range followers {
+		resp, err := <-got, <-errs
+		if err != nil || !resp.Replayed || resp.Status != 201 || string(resp.Body) != "body" ||
+			len(resp.Header) != 1 || len(resp.Header["A"]) != 1 || resp.Header["A"][0] != "x" {
+			t.Fatalf("follower got %+v (body %q), %v; want 201 {A: x} \"body\", replayed", resp, resp.Body, err)
+		}
+	}
+}

@@ -27,6 +27,9 @@ type call struct {
 	ran  chan struct{} // closed when the call won the key and runs fn
 	once sync.Once
 	ans  *answer // nil: the call failed, waiters compete again
+	// followers counts the callers that joined the call to wait for it
+	// (under flight.mu): with none, its answer is not copied for them.
+	followers int
 }
 
 // answer is a committed answer handed to the waiters of a call.
@@ -54,6 +57,7 @@ func (g *Guard[Tx]) join(key Key) (c *call, lead bool) {
 	f.mu.Lock()
 	defer f.mu.Unlock()
 	if c, ok := f.calls[key]; ok {
+		c.followers++
 		return c, false
 	}
 	c = &call{done: make(chan struct{}), ran: make(chan struct{})}
@@ -61,11 +65,17 @@ func (g *Guard[Tx]) join(key Key) (c *call, lead bool) {
 	return c, true
 }
 
-// leave ends c with ans (nil if it failed) and wakes its waiters.
+// leave ends c with ans (nil if it failed) and wakes its waiters. ans.resp
+// is the leader's own response: the waiters get a private copy of it, made
+// only if any joined (none can join once c has left the flight).
 func (g *Guard[Tx]) leave(key Key, c *call, ans *answer) {
 	g.fl.mu.Lock()
 	delete(g.fl.calls, key)
+	followers := c.followers
 	g.fl.mu.Unlock()
+	if ans != nil && followers > 0 {
+		ans.resp = cloneResponse(ans.resp)
+	}
 	c.ans = ans
 	close(c.done)
 }

@@ -199,6 +199,6 @@ func (g *Guard[Tx]) lead(ctx context.Context, c *call, key Key, fp string, deadl
 		return Response{}, attempts, own, err
 	}
 	handed = true
-	g.leave(key, c, &answer{fp: fp, resp: cloneResponse(resp)})
+	g.leave(key, c, &answer{fp: fp, resp: resp})
 	return resp, attempts, false, nil
 }

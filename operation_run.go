@@ -167,7 +167,7 @@ func (r *runner[Tx]) lead(ctx context.Context) (resp Response, step string, err 
 		return Response{}, step, err
 	}
 	handed = true
-	r.g.leave(r.key, r.c, &answer{fp: r.fp, resp: cloneResponse(resp)})
+	r.g.leave(r.key, r.c, &answer{fp: r.fp, resp: resp})
 	return resp, step, nil
 }
 
