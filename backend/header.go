@@ -67,7 +67,8 @@ func UnmarshalHeader(b []byte) (http.Header, error) {
 	if b[0] != headerFormat {
 		return nil, fmt.Errorf("%w: format byte %#x, want %#x", ErrInvalidHeader, b[0], headerFormat)
 	}
-	d := headerDecoder{b: b[1:]}
+	// One string holds every name and value: they are substrings of it.
+	d := headerDecoder{b: b[1:], s: string(b[1:])}
 	names := d.count()
 	h := make(http.Header, min(names, 64))
 	for i := 0; i < names && d.err == nil; i++ {
@@ -97,8 +98,11 @@ func UnmarshalHeader(b []byte) (http.Header, error) {
 	return h, nil
 }
 
+// headerDecoder reads an encoding from b; s holds the same bytes as b, as
+// a string that the names and values are cut from.
 type headerDecoder struct {
 	b   []byte
+	s   string
 	err error
 }
 
@@ -111,7 +115,7 @@ func (d *headerDecoder) uvarint() uint64 {
 		d.err = errors.New("truncated or overlong length")
 		return 0
 	}
-	d.b = d.b[n:]
+	d.b, d.s = d.b[n:], d.s[n:]
 	return v
 }
 
@@ -137,7 +141,7 @@ func (d *headerDecoder) bytes() string {
 	if d.err != nil {
 		return ""
 	}
-	s := string(d.b[:v])
-	d.b = d.b[v:]
+	s := d.s[:v]
+	d.b, d.s = d.b[v:], d.s[v:]
 	return s
 }
