@@ -53,7 +53,7 @@ func TestKeysShareASlot(t *testing.T) {
 			ks := s.keysFor(k)
 			tx := &Tx{base: ks.base}
 			want := hashSlot(ks.rec)
-			for _, name := range []string{ks.wake, tx.Key("effects"), tx.Key("{other}")} {
+			for _, name := range []string{ks.wake(), tx.Key("effects"), tx.Key("{other}")} {
 				if got := hashSlot(name); got != want {
 					t.Fatalf("prefix %q key %+v: %q in slot %d, record %q in %d", prefix, k, name, got, ks.rec, want)
 				}

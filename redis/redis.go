@@ -255,18 +255,23 @@ func validatePrefix(p string) error {
 type keys struct {
 	id   uint64 // a hash of the key, never 0
 	base string // prefix + "{tag}:"
-	rec  string // the record hash
-	wake string // the pub/sub channel waiters listen on
+	rec  string // the record hash: base + "rec"
 }
 
+// wake is the pub/sub channel that waiters of the record listen on.
+func (k keys) wake() string { return k.base + "wake" }
+
+// keysFor names key's Redis keys: its tag is the first 16 bytes of the
+// SHA-256 of scope, a zero byte and id, in hex. It allocates the record's
+// name once, base being its prefix (a replay's look-up builds nothing else).
 func (s *Store) keysFor(k idempotency.Key) keys {
-	h := sha256.New()
-	h.Write([]byte(k.Scope))
-	h.Write([]byte{0})
-	h.Write([]byte(k.ID))
-	sum := h.Sum(nil)
-	base := s.prefix + "{" + hex.EncodeToString(sum[:16]) + "}:"
-	return keys{id: binary.BigEndian.Uint64(sum) | 1, base: base, rec: base + "rec", wake: base + "wake"}
+	var buf [256]byte // most keys: hashed without an allocation
+	b := append(append(append(buf[:0], k.Scope...), 0), k.ID...)
+	sum := sha256.Sum256(b)
+	var tag [32]byte
+	hex.Encode(tag[:], sum[:16])
+	rec := s.prefix + "{" + string(tag[:]) + "}:rec"
+	return keys{id: binary.BigEndian.Uint64(sum[:]) | 1, base: rec[:len(rec)-len("rec")], rec: rec}
 }
 
 // Purge implements [idempotency.KeyStore]. Completed records carry a Redis

@@ -4,6 +4,7 @@ import (
 	"context"
 	"crypto/rand"
 	"fmt"
+	"slices"
 	"strconv"
 	"strings"
 	"time"
@@ -85,7 +86,7 @@ func (s *Store) Reserve(ctx context.Context, r backend.Reservation) (backend.Txn
 		if h == nil && w == nil {
 			// Subscribe, then look again: a completion after that look
 			// publishes to a live subscription.
-			if w, err = s.subscribe(ctx, k.wake, remaining); err != nil {
+			if w, err = s.subscribe(ctx, k.wake(), remaining); err != nil {
 				return nil, nil, fmt.Errorf("%w: waiting for key %v: %w", idempotency.ErrInProgress, r.Key, err)
 			}
 			continue
@@ -208,12 +209,22 @@ func (s *Store) abandon(ctx context.Context, k keys, token string) {
 	ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), abandonTimeout)
 	defer cancel()
 	_ = s.abandonScript.Run(ctx, s.client, []string{k.rec},
-		token, k.wake, s.lease.Milliseconds()).Err()
+		token, k.wake(), s.lease.Milliseconds()).Err()
 }
 
 // lookupFields are the fields of a completed record that lookup reads, in
 // the order decodeRecord takes them after the state.
 var lookupFields = []string{"state", "fp", "status", "hdr", "body", "created", "expires", "scope", "id"}
+
+// lookupArgs is the HMGET of lookup, its record's name (index 1) left to
+// fill: built once, so that a replay boxes no field name.
+var lookupArgs = func() []any {
+	args := []any{"hmget", nil}
+	for _, f := range lookupFields {
+		args = append(args, f)
+	}
+	return args
+}()
 
 // lookup reads the record of a key this Store lately saw completed, with
 // plain commands in one round trip: HMGET and Redis's clock (TIME), on a
@@ -223,13 +234,14 @@ var lookupFields = []string{"state", "fp", "status", "hdr", "body", "created", "
 // rather than a script.
 func (s *Store) lookup(ctx context.Context, k keys, r backend.Reservation) (tryResult, error) {
 	sent := time.Now()
-	var fields *goredis.SliceCmd
-	var clock *goredis.TimeCmd
-	_, err := s.single.Pipelined(ctx, func(p goredis.Pipeliner) error {
-		fields = p.HMGet(ctx, k.rec, lookupFields...)
-		clock = p.Time(ctx)
-		return nil
-	})
+	args := slices.Clone(lookupArgs)
+	args[1] = k.rec
+	fields := goredis.NewSliceCmd(ctx, args...)
+	clock := goredis.NewTimeCmd(ctx, "time")
+	p := s.single.Pipeline()
+	_ = p.Process(ctx, fields)
+	_ = p.Process(ctx, clock)
+	_, err := p.Exec(ctx)
 	if err != nil {
 		return tryResult{}, mapError("reserve", err)
 	}

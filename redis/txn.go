@@ -228,7 +228,7 @@ func (t *txn) commit(ctx context.Context, resp idempotency.Response) error {
 			p.HDel(ctx, t.k.rec, "owner")
 			done = p.HIncrBy(ctx, t.k.rec, "expires", expires-provisional)
 			p.PExpire(ctx, t.k.rec, expire)
-			p.Publish(ctx, t.k.wake, msgCompleted)
+			p.Publish(ctx, t.k.wake(), msgCompleted)
 			return nil
 		})
 		if err == nil { // replicas.go: WAIT on this connection, if asked
@@ -392,7 +392,7 @@ func (t *txn) Rollback(ctx context.Context) error {
 func (t *txn) release(ctx context.Context) error {
 	ctx, cancel := cleanupContext(ctx)
 	defer cancel()
-	err := t.s.releaseScript.Run(ctx, t.s.client, []string{t.k.rec}, t.token, t.k.wake).Err()
+	err := t.s.releaseScript.Run(ctx, t.s.client, []string{t.k.rec}, t.token, t.k.wake()).Err()
 	return mapError("release", err)
 }
 

@@ -60,7 +60,7 @@ func TestWaitersWokenPromptly(t *testing.T) {
 					returned[i] = time.Now()
 				})
 			}
-			wake := f.store.keysFor(key).wake
+			wake := f.store.keysFor(key).wake()
 			testkit.WaitUntil(t, 10*time.Second, "the waiters", func() bool {
 				n, err := f.client.PubSubNumSub(ctx, wake).Result()
 				if remote {
