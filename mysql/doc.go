@@ -123,9 +123,9 @@
 // five replays in a row on again (see TestRoundTripsFollowTheLoad). A
 // lookup wasted on a new key costs one round trip (and a SELECT before
 // the write transaction slows the transaction itself, by far more than
-// its round trip); a replay without it costs two round trips and a row lock more, and about
-// twice the CPU of a wasted lookup: near a third the two ways cost the
-// same.
+// its round trip); a replay without it costs two round trips and a row
+// lock more, and about twice the CPU of a wasted lookup: near a third the
+// two ways cost the same.
 //
 // On MySQL a new key is the lookup (which also reads the session's
 // innodb_lock_wait_timeout), the probe, SET, START TRANSACTION, INSERT,
