@@ -239,8 +239,7 @@ func (s *Store) lookup(ctx context.Context, k keys, r backend.Reservation) (tryR
 	fields := goredis.NewSliceCmd(ctx, args...)
 	clock := goredis.NewTimeCmd(ctx, "time")
 	p := s.single.Pipeline()
-	_ = p.Process(ctx, fields)
-	_ = p.Process(ctx, clock)
+	_ = p.BatchProcess(ctx, fields, clock) // only queues: never fails
 	_, err := p.Exec(ctx)
 	if err != nil {
 		return tryResult{}, mapError("reserve", err)
