@@ -187,7 +187,7 @@ func (s *Store) Forget(ctx context.Context, key idempotency.Key) (*backend.KeyIn
 		return err == nil, err
 	}
 	r := backend.Reservation{Key: key, Deadline: time.Now().Add(forgetWait)}
-	o, _, err := s.openKey(ctx, st, r, now, false, del)
+	o, _, err := s.openKey(ctx, st, r, now, false, false, del)
 	if o == nil {
 		return nil, fmt.Errorf("sqlite: forget: %w", err)
 	}

@@ -13,11 +13,20 @@ import (
 
 // Reserve implements [idempotency.KeyStore].
 //
-// It first looks the key up with one prepared SELECT on any connection of
-// the pool, outside any transaction: a completed, live key is returned at
-// once. Otherwise it takes the Store's write turn (SQLite has one writer at
-// a time), then a connection, and begins a transaction whose first
-// statement inserts the reservation.
+// It may first look the key up with one prepared SELECT on any connection
+// of the pool, outside any transaction: a completed, live key is returned
+// at once. [Config.Lookup] says when: by default while replays were more
+// than a fifth of the Store's recent first tries (a caller that waited for
+// a held key is not counted). A fresh Store does not; its first replay
+// switches the look-up on, four new keys in a row switch it off, and after
+// a long run of new keys five replays in a row switch it on again. Under
+// any policy the look-up also comes first when the write turn is busy, so
+// a replay never waits for writers of other keys. Then Reserve takes the Store's write turn (SQLite has one writer
+// at a time), then a connection, and begins a transaction whose first
+// statement inserts the reservation; a completed key found there is
+// returned as the look-up would have returned it. A reservation that
+// cannot take the turn or the write lock looks the key up before it
+// returns an error, whatever the policy.
 //
 // Callers of one key in one Store meet at the write turn, as any two
 // writers do. (A [idempotency.Guard] lets only one of its callers of a key
@@ -63,14 +72,20 @@ func (s *Store) Reserve(ctx context.Context, r backend.Reservation) (backend.Txn
 	if err != nil {
 		return nil, nil, err
 	}
-	o, rec, err := s.openKey(ctx, st, r, now, true, insertReservation(st, r, now))
+	o, rec, err := s.openKey(ctx, st, r, now, true, s.lookingFirst(), insertReservation(st, r, now))
 	if o == nil {
+		if rec != nil {
+			s.firstTries.Add(r.Wait, true)
+		}
 		return nil, rec, err
 	}
 	if !o.won {
 		rec, err := s.read(ctx, o.tx, r.Key)
 		o.end()
 		s.releaseTurn()
+		if rec != nil {
+			s.firstTries.Add(r.Wait, true)
+		}
 		return nil, rec, err
 	}
 	t, err := o.hold(ctx, s, st, r)
@@ -78,19 +93,34 @@ func (s *Store) Reserve(ctx context.Context, r backend.Reservation) (backend.Txn
 		s.releaseTurn()
 		return nil, nil, err
 	}
+	s.firstTries.Add(r.Wait, false)
 	return t, nil, nil
+}
+
+// lookingFirst reports whether Reserve looks the key up before it takes
+// the write turn ([Config.Lookup]).
+func (s *Store) lookingFirst() bool {
+	switch s.policy {
+	case backend.LookupAlways:
+		return true
+	case backend.LookupNever:
+		return false
+	}
+	return s.firstTries.Replays()
 }
 
 // openKey takes the Store's write turn for r.Key and begins a transaction
 // whose first statement is first. It is what Reserve, Acquire and Forget
-// share. With lookup set, a completed live key is first looked up outside
-// any transaction, and returned as rec when found (also after a wait for
-// the key that ended in [idempotency.ErrInProgress]: its holder may have
+// share. With lookup set, a completed live key is looked up outside any
+// transaction and returned as rec when found: first, if lookFirst is set
+// or the write turn is not free at once (so that a replay never waits for
+// writers of other keys), and again after a failure to take the turn or
+// the write lock, before any error is returned (the key's holder may have
 // completed it). now is the test clock's reading (nil for SQLite's).
 //
 // On success (o not nil) the caller holds the write turn and o's open
 // transaction: it ends both. Otherwise neither is held.
-func (s *Store) openKey(ctx context.Context, st *stmts, r backend.Reservation, now any, lookup bool, first firstStatement) (o *opened, rec *backend.Record, err error) {
+func (s *Store) openKey(ctx context.Context, st *stmts, r backend.Reservation, now any, lookup, lookFirst bool, first firstStatement) (o *opened, rec *backend.Record, err error) {
 	deadline := time.Now().Add(r.Wait)
 	look := func() *backend.Record {
 		if !lookup {
@@ -101,41 +131,52 @@ func (s *Store) openKey(ctx context.Context, st *stmts, r backend.Reservation, n
 		}
 		return nil
 	}
-	if lookup {
+	// Without the look-up first, the turn is taken only if it is free at
+	// once: a reservation that would wait behind another writer looks the
+	// key up first anyway.
+	turned := false
+	if lookup && !lookFirst {
+		turned = s.tryAcquire(&r.Key)
+		lookFirst = !turned
+	}
+	if lookup && lookFirst {
 		rec, err := s.lookup(ctx, st, r, now)
 		if err != nil || rec != nil {
 			return nil, rec, err
 		}
 	}
 	by := lockBound(r, deadline)
-	if err := s.acquire(ctx, &r.Key, r.NoWait, deadline, turnWait(r, by)); err != nil {
-		if errors.Is(err, idempotency.ErrInProgress) {
-			// The key's holder may have committed and not yet given the
-			// turn back.
-			if rec := look(); rec != nil {
-				return nil, rec, nil
-			}
-			return nil, nil, err
-		}
-		if errors.Is(err, backend.ErrConflict) || errors.Is(err, idempotency.ErrStore) {
-			// The turn's holder may be stuck behind a writer outside the
-			// Store, which may hold this key too.
-			if started := s.lockWait.Load(); started != 0 && time.Since(time.Unix(0, started)) >= outsideAfter {
+	if !turned {
+		if err := s.acquire(ctx, &r.Key, r.NoWait, deadline, turnWait(r, by)); err != nil {
+			if errors.Is(err, idempotency.ErrInProgress) {
+				// The key's holder may have committed and not yet given the
+				// turn back.
 				if rec := look(); rec != nil {
 					return nil, rec, nil
 				}
-				// Not wrapped: the key may be held, not a conflict to retry.
-				err = fmt.Errorf("%w: sqlite: key %v may be held: the Store's writer waits for SQLite's write lock, held by another connection (%v)",
-					idempotency.ErrInProgress, r.Key, err)
+				return nil, nil, err
 			}
+			if errors.Is(err, backend.ErrConflict) || errors.Is(err, idempotency.ErrStore) {
+				// The turn's holder may be stuck behind a writer outside the
+				// Store, which may hold this key too.
+				if started := s.lockWait.Load(); started != 0 && time.Since(time.Unix(0, started)) >= outsideAfter {
+					if rec := look(); rec != nil {
+						return nil, rec, nil
+					}
+					// Not wrapped: the key may be held, not a conflict to retry.
+					err = fmt.Errorf("%w: sqlite: key %v may be held: the Store's writer waits for SQLite's write lock, held by another connection (%v)",
+						idempotency.ErrInProgress, r.Key, err)
+				}
+			}
+			return nil, nil, err
 		}
-		return nil, nil, err
 	}
 	o, err = s.open(ctx, st, r, by, first)
 	if err != nil {
 		s.releaseTurn()
-		if errors.Is(err, idempotency.ErrInProgress) {
-			// The writer outside the Store may just have completed the key.
+		if errors.Is(err, idempotency.ErrInProgress) || !lookFirst {
+			// The writer outside the Store may just have completed the
+			// key, or it was not looked up first.
 			if rec := look(); rec != nil {
 				return nil, rec, nil
 			}

@@ -13,6 +13,7 @@ import (
 	"modernc.org/sqlite"
 
 	"github.com/go-idempotency/idempotency"
+	"github.com/go-idempotency/idempotency/backend"
 	"github.com/go-idempotency/idempotency/internal/testkit"
 	sqlitestore "github.com/go-idempotency/idempotency/sqlite"
 )
@@ -56,9 +57,19 @@ func TestStatementsPerCall(t *testing.T) {
 		{"NewKeyNoWait", gNoWait, "new-nowait", []string{
 			"query lookup", "query PRAGMA busy_timeout", "exec PRAGMA busy_timeout = 0", "begin", "exec reserve",
 			"exec PRAGMA busy_timeout = 5000", "exec effect", "exec complete", "commit"}},
+		// Config.Lookup's default: new keys in a row switch the look-up
+		// off (the replay above set the tally at its top, 4; each new key
+		// takes 1 off; it looks up while above 0).
+		{"NewKeyLookUpStillOn", g, "run-1", []string{"query lookup", "begin", "exec reserve", "exec effect", "exec complete", "commit"}},
+		{"NewKeyLookUpStillOn", g, "run-2", []string{"query lookup", "begin", "exec reserve", "exec effect", "exec complete", "commit"}},
+		{"NewKeyLookUpStillOn", g, "run-3", []string{"query lookup", "begin", "exec reserve", "exec effect", "exec complete", "commit"}},
+		{"NewKeyLookUpOff", g, "run-4", []string{"begin", "exec reserve", "exec effect", "exec complete", "commit"}},
+		// A replay then takes the write path, and switches the look-up on.
+		{"ReplayLookUpOff", g, "run-4", []string{"begin", "exec reserve", "query read", "rollback"}},
+		{"ReplayLookUpOn", g, "run-4", []string{"query lookup"}},
 	} {
 		if got := do(c.g, c.id); strings.Join(got, "; ") != strings.Join(c.want, "; ") {
-			t.Errorf("%s: sent %d:\n  %s\nwant %d:\n  %s", c.name, len(got), strings.Join(got, "\n  "), len(c.want), strings.Join(c.want, "\n  "))
+			t.Errorf("%s %s: sent %d:\n  %s\nwant %d:\n  %s", c.name, c.id, len(got), strings.Join(got, "\n  "), len(c.want), strings.Join(c.want, "\n  "))
 		}
 	}
 }
@@ -268,4 +279,82 @@ func (r *rowsDone) Close() error {
 	err := r.Rows.Close()
 	r.done()
 	return err
+}
+
+// TestLookupPolicies: what a replay sends under each Config.Lookup, with
+// the Store's write turn free, and with it held by a caller of another key
+// (its fn blocked): then the look-up comes first under every policy, and
+// the replay is answered without waiting for that writer.
+func TestLookupPolicies(t *testing.T) {
+	writePath := []string{"begin", "exec reserve", "query read", "rollback"}
+	lookUp := []string{"query lookup"}
+	for _, c := range []struct {
+		policy backend.LookupPolicy
+		free   []string
+	}{
+		{backend.LookupNever, writePath},
+		{backend.LookupAlways, lookUp},
+		// Adaptive after a new key and its replay: the replay came first
+		// through the write path (a fresh Store does not look up), and
+		// switched the look-up on.
+		{backend.LookupAdaptive, lookUp},
+	} {
+		t.Run(c.policy.String(), func(t *testing.T) {
+			ctx := testkit.Context(t, testTimeout)
+			var n counter
+			db := sql.OpenDB(countingConnector(t, filepath.Join(t.TempDir(), "count.db")+"?"+sqlitestore.DSNOptions, &n))
+			f := newFixture(t, db, 2)
+			store, err := sqlitestore.New(db, &sqlitestore.Config{Table: f.table, Lookup: c.policy})
+			if err != nil {
+				t.Fatal(err)
+			}
+			g := guard(t, store, nil)
+			do := func(id string, fn func(*sql.Tx) (idempotency.Response, error)) (idempotency.Response, []string) {
+				t.Helper()
+				n.start()
+				resp, err := g.Do(ctx, idempotency.Key{ID: id}, "fp", fn)
+				sent := n.stop()
+				if err != nil {
+					t.Fatalf("%s: %v", id, err)
+				}
+				// Each connection prepares a statement the first time it
+				// runs it; that says nothing about the policy.
+				return resp, slices.DeleteFunc(sent, func(s string) bool { return strings.HasPrefix(s, "prepare") })
+			}
+			effect := func(tx *sql.Tx) (idempotency.Response, error) {
+				return idempotency.Response{Status: 201, Body: []byte("done")}, f.fx.Effect(ctx, tx, "done")
+			}
+			do("done", effect)
+			do("done", mustNotRun)
+			if _, got := do("done", mustNotRun); !slices.Equal(got, c.free) {
+				t.Errorf("replay, turn free: sent %q, want %q", got, c.free)
+			}
+
+			// Another key's caller holds the write turn, blocked in fn.
+			entered, release := make(chan struct{}), make(chan struct{})
+			held := make(chan error, 1)
+			go func() {
+				_, err := g.Do(ctx, idempotency.Key{ID: "slow"}, "fp", func(tx *sql.Tx) (idempotency.Response, error) {
+					close(entered)
+					<-release
+					return idempotency.Response{Status: 201}, f.fx.Effect(ctx, tx, "slow")
+				})
+				held <- err
+			}()
+			<-entered
+			resp, got := do("done", mustNotRun)
+			close(release)
+			if !slices.Equal(got, lookUp) || string(resp.Body) != "done" {
+				t.Errorf("replay, turn held by another key: sent %q, body %q; want %q, %q", got, resp.Body, lookUp, "done")
+			}
+			if err := <-held; err != nil {
+				t.Fatalf("holder: %v", err)
+			}
+			for _, tag := range []string{"done", "slow"} {
+				if got, err := f.fx.Count(ctx, tag); err != nil || got != 1 {
+					t.Fatalf("effects %q: %d (%v), want 1", tag, got, err)
+				}
+			}
+		})
+	}
 }

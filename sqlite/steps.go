@@ -135,7 +135,7 @@ func (s *Store) Acquire(ctx context.Context, a backend.Acquisition) (backend.Pha
 		return nil, nil, err
 	}
 	r := a.Reservation
-	o, rec, err := s.openKey(ctx, st, r, now, true, insertReservation(st, r, now))
+	o, rec, err := s.openKey(ctx, st, r, now, true, true, insertReservation(st, r, now))
 	if o == nil {
 		return nil, rec, err
 	}

@@ -46,11 +46,8 @@ const busyUnknown = -1
 // [idempotency.ErrStore]. Otherwise it waits up to d (forever: no bound)
 // while ctx lives, then reports [backend.ErrConflict].
 func (s *Store) acquire(ctx context.Context, key *idempotency.Key, noWait bool, keyBy time.Time, d time.Duration) error {
-	select {
-	case s.writer <- struct{}{}:
-		s.turnKey.Store(key)
+	if s.tryAcquire(key) {
 		return nil
-	default:
 	}
 	held := func() error {
 		if k := s.turnKey.Load(); key != nil && k != nil && *k == *key {
@@ -102,6 +99,18 @@ func (s *Store) acquire(ctx context.Context, key *idempotency.Key, noWait bool, 
 }
 
 // releaseTurn gives the Store's write turn back.
+// tryAcquire takes the Store's write turn for key if it is free, without
+// waiting, and reports whether it did.
+func (s *Store) tryAcquire(key *idempotency.Key) bool {
+	select {
+	case s.writer <- struct{}{}:
+		s.turnKey.Store(key)
+		return true
+	default:
+		return false
+	}
+}
+
 func (s *Store) releaseTurn() {
 	s.turnKey.Store(nil)
 	<-s.writer
