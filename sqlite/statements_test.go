@@ -4,6 +4,7 @@ import (
 	"context"
 	"database/sql"
 	"database/sql/driver"
+	"errors"
 	"path/filepath"
 	"slices"
 	"strings"
@@ -286,6 +287,11 @@ func (r *rowsDone) Close() error {
 // (its fn blocked): then the look-up comes first under every policy, and
 // the replay is answered without waiting for that writer.
 func TestLookupPolicies(t *testing.T) {
+	bad := openBare(t, filepath.Join(t.TempDir(), "bad.db"))
+	t.Cleanup(func() { _ = bad.Close() })
+	if _, err := sqlitestore.New(bad, &sqlitestore.Config{Lookup: 99}); !errors.Is(err, idempotency.ErrInvalidConfig) {
+		t.Fatalf("Config.Lookup 99: %v, want ErrInvalidConfig", err)
+	}
 	writePath := []string{"begin", "exec reserve", "query read", "rollback"}
 	lookUp := []string{"query lookup"}
 	for _, c := range []struct {

@@ -36,8 +36,8 @@ type Config struct {
 	// any policy a reservation that would wait for writers of other keys
 	// reads first, and one that cannot take the write turn or the write
 	// lock looks the key up before it returns an error, so a completed key
-	// is answered without waiting for them. Defaults
-	// to [backend.LookupAdaptive]: the Store reads first while replays are
+	// is answered without waiting for them. Defaults to
+	// [backend.LookupAdaptive]: the Store reads first while replays are
 	// more than a fifth of its recent first tries (see [Store.Reserve]).
 	Lookup backend.LookupPolicy
 	// Clock is for tests only. When set, the store reads it instead of

@@ -98,7 +98,6 @@ func (s *Store) acquire(ctx context.Context, key *idempotency.Key, noWait bool, 
 	}
 }
 
-// releaseTurn gives the Store's write turn back.
 // tryAcquire takes the Store's write turn for key if it is free, without
 // waiting, and reports whether it did.
 func (s *Store) tryAcquire(key *idempotency.Key) bool {
@@ -111,6 +110,7 @@ func (s *Store) tryAcquire(key *idempotency.Key) bool {
 	}
 }
 
+// releaseTurn gives the Store's write turn back.
 func (s *Store) releaseTurn() {
 	s.turnKey.Store(nil)
 	<-s.writer
