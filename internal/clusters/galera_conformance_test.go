@@ -97,6 +97,7 @@ var pinStreaming = map[string]string{
 	"StepsOtherOwnerLiveLease":           "its owner's Acquire with no wait soon after the key's Save",
 	"StepsReserveTreatsUnfinishedAsHeld": "a Reserve with no wait right after the key's first commit",
 	"AdminForget":                        "a Reserve with no wait right after the key's Forget",
+	"OperationDurable":                   "an Inspect right after the failed first step's Release (CI saw the key before it once)",
 	// A Reserve of a key that an open phase on another node holds may be
 	// aborted by the applier there (1213: ErrConflict, which Do retries)
 	// instead of refused (1205: ErrInProgress).
