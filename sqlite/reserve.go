@@ -21,9 +21,9 @@ import (
 // switches the look-up on, four new keys in a row switch it off, and after
 // a long run of new keys five replays in a row switch it on again. Under
 // any policy the look-up also comes first when the write turn is busy, so
-// a replay never waits for writers of other keys. Then Reserve takes the Store's write turn (SQLite has one writer
-// at a time), then a connection, and begins a transaction whose first
-// statement inserts the reservation; a completed key found there is
+// a replay never waits for writers of other keys. Then Reserve takes the
+// Store's write turn (SQLite has one writer at a time), then a connection,
+// and begins a transaction whose first statement inserts the reservation; a completed key found there is
 // returned as the look-up would have returned it. A reservation that
 // cannot take the turn or the write lock looks the key up before it
 // returns an error, whatever the policy.
@@ -146,30 +146,32 @@ func (s *Store) openKey(ctx context.Context, st *stmts, r backend.Reservation, n
 		}
 	}
 	by := lockBound(r, deadline)
+	// err, the named result, is nil here: the turn was taken above or not yet.
 	if !turned {
-		if err := s.acquire(ctx, &r.Key, r.NoWait, deadline, turnWait(r, by)); err != nil {
-			if errors.Is(err, idempotency.ErrInProgress) {
-				// The key's holder may have committed and not yet given the
-				// turn back.
-				if rec := look(); rec != nil {
-					return nil, rec, nil
-				}
-				return nil, nil, err
-			}
-			if errors.Is(err, backend.ErrConflict) || errors.Is(err, idempotency.ErrStore) {
-				// The turn's holder may be stuck behind a writer outside the
-				// Store, which may hold this key too.
-				if started := s.lockWait.Load(); started != 0 && time.Since(time.Unix(0, started)) >= outsideAfter {
-					if rec := look(); rec != nil {
-						return nil, rec, nil
-					}
-					// Not wrapped: the key may be held, not a conflict to retry.
-					err = fmt.Errorf("%w: sqlite: key %v may be held: the Store's writer waits for SQLite's write lock, held by another connection (%v)",
-						idempotency.ErrInProgress, r.Key, err)
-				}
+		err = s.acquire(ctx, &r.Key, r.NoWait, deadline, turnWait(r, by))
+	}
+	if err != nil {
+		if errors.Is(err, idempotency.ErrInProgress) {
+			// The key's holder may have committed and not yet given the
+			// turn back.
+			if rec := look(); rec != nil {
+				return nil, rec, nil
 			}
 			return nil, nil, err
 		}
+		if errors.Is(err, backend.ErrConflict) || errors.Is(err, idempotency.ErrStore) {
+			// The turn's holder may be stuck behind a writer outside the
+			// Store, which may hold this key too.
+			if started := s.lockWait.Load(); started != 0 && time.Since(time.Unix(0, started)) >= outsideAfter {
+				if rec := look(); rec != nil {
+					return nil, rec, nil
+				}
+				// Not wrapped: the key may be held, not a conflict to retry.
+				err = fmt.Errorf("%w: sqlite: key %v may be held: the Store's writer waits for SQLite's write lock, held by another connection (%v)",
+					idempotency.ErrInProgress, r.Key, err)
+			}
+		}
+		return nil, nil, err
 	}
 	o, err = s.open(ctx, st, r, by, first)
 	if err != nil {
