@@ -31,12 +31,7 @@
 // 30s by default). A timer of the reservation renews the lease every third
 // of it while fn runs, by compare-and-set on the token. No goroutine runs
 // between renewals, and none is left once Complete or Rollback returns. (A
-// reservation that keeps its connection parks one goroutine on it. On a
-// single node or Sentinel client, that connection, given back clean, waits
-// up to 100ms for the next reservation, with its goroutine: at most a
-// quarter of the client's PoolSize is kept so, the rest stays the
-// application's. One that failed meanwhile is not an error: the
-// reservation is made again on a connection from the pool.) A
+// reservation that keeps its connection parks one goroutine on it.) A
 // holder that dies stops renewing. Redis deletes the pending record when the
 // lease runs out, and the key is free again.
 //

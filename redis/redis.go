@@ -105,14 +105,9 @@ type Store struct {
 	holds   map[string]*hold // by token: the reservations this Store is making or holds
 	waiting atomic.Int32     // callers waiting for a key held by another
 	seen    seenKeys         // keys lately found completed
-	// pins counts the connections that pin took and release gave back
-	// whose goroutines have not ended yet: such a connection is back in
-	// the pool once its goroutine ended.
+	// pins counts the goroutines of pin still alive: a released
+	// connection is back in the pool once its goroutine ended.
 	pins atomic.Int32
-	// parked holds the reservations' connections given back clean, for
-	// the next ones (see pinned), for pinIdle.
-	parked  pinPark
-	pinIdle time.Duration
 }
 
 var _ idempotency.KeyStore[*Tx] = (*Store)(nil)
@@ -216,13 +211,7 @@ func New(client goredis.UniversalClient, cfg *Config) (*Store, error) {
 	}
 	single, _ := client.(*goredis.Client)
 	cluster, _ := client.(*goredis.ClusterClient)
-	parked := 0
-	if single != nil {
-		parked = single.Options().PoolSize / 4
-	}
 	return &Store{
-		parked:        pinPark{max: parked},
-		pinIdle:       pinIdle,
 		single:        single,
 		cluster:       cluster,
 		repl:          repl,

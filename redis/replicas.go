@@ -101,7 +101,7 @@ func (s *Store) tryReplicated(ctx context.Context, k keys, r backend.Reservation
 	if err != nil {
 		return tryResult{}, err
 	}
-	cn, err := s.pin(false) // the WAITs are this call's own
+	cn, err := s.pin(ctx)
 	if err != nil {
 		return tryResult{}, mapError("reserve", err)
 	}

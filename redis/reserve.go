@@ -3,7 +3,6 @@ package redis
 import (
 	"context"
 	"crypto/rand"
-	"errors"
 	"fmt"
 	"slices"
 	"strconv"
@@ -58,17 +57,8 @@ func (s *Store) Reserve(ctx context.Context, r backend.Reservation) (backend.Txn
 			s.endHold(own)
 		}
 	}()
-	retried := false
 	for {
 		out, err := s.try(ctx, k, r, own.token, dead)
-		if errors.Is(err, errStalePin) && !retried {
-			// A parked connection failed, its token abandoned: once more
-			// under a new token, on a connection from the pool.
-			retried = true
-			s.endHold(own)
-			own = s.addHold(s.tokens + rand.Text())
-			continue
-		}
 		if err != nil {
 			return nil, nil, err
 		}

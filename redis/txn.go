@@ -244,7 +244,6 @@ func (t *txn) commit(ctx context.Context, resp idempotency.Response) error {
 			// The reservation's connection failed (a failover): check
 			// under a fresh WATCH through the client, on the primary.
 			t.conn = nil
-			cn.bad = true
 			t.s.unwatch(ctx, cn)
 			err = t.s.watchOwned(ctx, t.k.rec, t.token, exec)
 		} else if cn != nil {
@@ -253,11 +252,8 @@ func (t *txn) commit(ctx context.Context, resp idempotency.Response) error {
 			err = exec(cn.tx)
 			ran := err == nil || errors.Is(err, goredis.TxFailedErr) || applied(done)
 			if ran {
-				// EXEC ran: nothing is watched any more. Parked if its
-				// reply was read whole.
-				cn.put(err == nil || errors.Is(err, goredis.TxFailedErr))
+				cn.release() // EXEC ran: nothing is watched any more
 			} else {
-				cn.bad = true
 				t.s.unwatch(ctx, cn)
 			}
 			if !ran && notSent(err) {
@@ -384,7 +380,6 @@ func (t *txn) Rollback(ctx context.Context) error {
 	defer t.end()
 	if cn := t.conn; cn != nil {
 		t.conn = nil
-		cn.bad = cn.bad || t.connFailed
 		t.s.unwatch(ctx, cn) // before release takes a connection of the pool
 	}
 	return t.release(ctx)

@@ -2,7 +2,6 @@ package redis
 
 import (
 	"errors"
-	"strconv"
 	"testing"
 	"time"
 
@@ -97,59 +96,5 @@ func TestNoWatchLeftOnPool(t *testing.T) {
 	}
 	if st := f.client.PoolStats(); st.TotalConns != 1 || st.IdleConns != 1 {
 		t.Fatalf("pool after every call returned: %d connections, %d idle; want 1 and 1", st.TotalConns, st.IdleConns)
-	}
-}
-
-// TestParkedConnection: a reservation's connection, given back clean, is
-// parked for the next reservation (no goroutine nor pool round to take
-// one); one that the server closed while parked is not an error for the
-// caller that takes it: the reservation is abandoned and made again on a
-// connection from the pool, and the effect runs once.
-func TestParkedConnection(t *testing.T) {
-	ctx := testkit.Context(t, 30*time.Second)
-	f := newFixture(t, singleClient(t), 8, nil)
-	f.store.pinIdle = time.Minute // parked through the test, whatever the machine's speed
-	t.Cleanup(f.store.parked.flush)
-	g, err := idempotency.New(f.store, nil)
-	if err != nil {
-		t.Fatal(err)
-	}
-	admin := goredis.NewClient(&goredis.Options{Addr: testenv.RedisAddr(t)})
-	t.Cleanup(func() { _ = admin.Close() })
-	parkedID := func() int64 {
-		t.Helper()
-		f.store.parked.mu.Lock()
-		defer f.store.parked.mu.Unlock()
-		if n := len(f.store.parked.idle); n != 1 {
-			t.Fatalf("%d connections parked, want 1", n)
-		}
-		id, err := f.store.parked.idle[0].tx.ClientID(ctx).Result()
-		if err != nil {
-			t.Fatal(err)
-		}
-		return id
-	}
-	do := func(tag string) {
-		t.Helper()
-		r, err := g.Do(ctx, idempotency.Key{ID: testkit.Name(tag + "-")}, "fp", func(tx *Tx) (idempotency.Response, error) {
-			return idempotency.Response{Status: 201, Body: []byte(tag)}, f.effect(ctx, tx, tag)
-		})
-		if err != nil || r.Replayed || string(r.Body) != tag {
-			t.Fatalf("%s: %+v, %v", tag, r, err)
-		}
-		testkit.MustCount(t, ctx, f.count, tag, 1)
-	}
-	do("first")
-	first := parkedID()
-	do("reused")
-	if id := parkedID(); id != first {
-		t.Fatalf("the second new key ran on connection %d, not on the parked %d", id, first)
-	}
-	if err := admin.ClientKillByFilter(ctx, "ID", strconv.FormatInt(first, 10)).Err(); err != nil {
-		t.Fatal(err)
-	}
-	do("after-kill")
-	if id := parkedID(); id == first {
-		t.Fatalf("the killed connection %d is parked again", id)
 	}
 }
