@@ -23,10 +23,10 @@ import (
 // any policy the look-up also comes first when the write turn is busy, so
 // a replay never waits for writers of other keys. Then Reserve takes the
 // Store's write turn (SQLite has one writer at a time), then a connection,
-// and begins a transaction whose first statement inserts the reservation; a completed key found there is
-// returned as the look-up would have returned it. A reservation that
-// cannot take the turn or the write lock looks the key up before it
-// returns an error, whatever the policy.
+// and begins a transaction whose first statement inserts the reservation;
+// a completed key found there is returned as the look-up would have
+// returned it. A reservation that cannot take the turn or the write lock
+// looks the key up before it returns an error, whatever the policy.
 //
 // Callers of one key in one Store meet at the write turn, as any two
 // writers do. (A [idempotency.Guard] lets only one of its callers of a key
