@@ -338,6 +338,8 @@ func TestLookupPolicies(t *testing.T) {
 
 			// Another key's caller holds the write turn, blocked in fn.
 			entered, release := make(chan struct{}), make(chan struct{})
+			free := sync.OnceFunc(func() { close(release) })
+			t.Cleanup(free) // a failing test frees the holder before the fixture checks its connections
 			held := make(chan error, 1)
 			go func() {
 				_, err := g.Do(ctx, idempotency.Key{ID: "slow"}, "fp", func(tx *sql.Tx) (idempotency.Response, error) {
@@ -347,9 +349,15 @@ func TestLookupPolicies(t *testing.T) {
 				})
 				held <- err
 			}()
-			<-entered
+			select {
+			case <-entered:
+			case err := <-held:
+				t.Fatalf("holder ended before its fn ran: %v", err)
+			case <-ctx.Done():
+				t.Fatalf("holder never ran its fn: %v", ctx.Err())
+			}
 			resp, got := do("done", mustNotRun)
-			close(release)
+			free()
 			if !slices.Equal(got, lookUp) || string(resp.Body) != "done" {
 				t.Errorf("replay, turn held by another key: sent %q, body %q; want %q, %q", got, resp.Body, lookUp, "done")
 			}
