@@ -1,0 +1,107 @@
+package idempotency_test
+
+import (
+	"bufio"
+	"io/fs"
+	"maps"
+	"os"
+	"path/filepath"
+	"regexp"
+	"slices"
+	"strings"
+	"testing"
+)
+
+var (
+	fuzzFuncRe   = regexp.MustCompile(`^func (Fuzz\w+)\(\w+ \*testing\.F\)`)
+	ciFuzzEntry  = regexp.MustCompile(`"(\S+) (Fuzz\w+)"`)
+	ciFuzzOpenRe = regexp.MustCompile(`^fuzz_targets=\($`)
+)
+
+// TestCIFuzzesEveryTarget checks that the fuzz_targets list of .ci/run
+// names every fuzz target of this module under the package that declares
+// it, and nothing else. `go test -fuzz` in a package without the target
+// prints a warning and passes, so a target that moved to another package
+// (FuzzHeader, listed under "." after it moved to ./backend) was fuzzed by
+// nobody while CI stayed green.
+func TestCIFuzzesEveryTarget(t *testing.T) {
+	declared := map[string]string{} // "pkg target" -> file
+	err := filepath.WalkDir(".", func(path string, d fs.DirEntry, err error) error {
+		if err != nil {
+			return err
+		}
+		if d.IsDir() {
+			name := d.Name()
+			if path != "." && (strings.HasPrefix(name, ".") || name == "testdata" || name == "node_modules") {
+				return filepath.SkipDir
+			}
+			return nil
+		}
+		if !strings.HasSuffix(path, "_test.go") {
+			return nil
+		}
+		pkg := "./" + filepath.ToSlash(filepath.Dir(path))
+		if pkg == "./." {
+			pkg = "."
+		}
+		return eachLine(path, func(line string) {
+			if m := fuzzFuncRe.FindStringSubmatch(line); m != nil {
+				declared[pkg+" "+m[1]] = path
+			}
+		})
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(declared) == 0 {
+		t.Fatal("found no fuzz target in the module: the walk is broken")
+	}
+
+	listed := map[string]bool{}
+	in := false
+	err = eachLine(filepath.Join(".ci", "run"), func(line string) {
+		line = strings.TrimSpace(line)
+		switch {
+		case ciFuzzOpenRe.MatchString(line):
+			in = true
+		case in && line == ")":
+			in = false
+		case in:
+			for _, m := range ciFuzzEntry.FindAllStringSubmatch(line, -1) {
+				listed[m[1]+" "+m[2]] = true
+			}
+		}
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(listed) == 0 {
+		t.Fatal(".ci/run: found no fuzz_targets=( ... ) list")
+	}
+
+	for _, k := range slices.Sorted(maps.Keys(declared)) {
+		if !listed[k] {
+			t.Errorf(".ci/run does not fuzz %q (declared in %s): add it to fuzz_targets", k, declared[k])
+		}
+	}
+	for _, k := range slices.Sorted(maps.Keys(listed)) {
+		if _, ok := declared[k]; !ok {
+			t.Errorf(".ci/run fuzzes %q, which no _test.go of that package declares: go test would fuzz nothing and pass", k)
+		}
+	}
+}
+
+// eachLine calls fn with each line of the file at path.
+func eachLine(path string, fn func(string)) error {
+	f, err := os.Open(path)
+	if err != nil {
+		return err
+	}
+	defer f.Close()
+	sc := bufio.NewScanner(f)
+	sc.Buffer(make([]byte, 0, 64*1024), 1<<20)
+	for sc.Scan() {
+		fn(sc.Text())
+	}
+	return sc.Err()
+}
