@@ -18,20 +18,24 @@ import (
 // asked. The store must implement [backend.KeyAdmin] (every store of this module
 // does); others give an error wrapping [errors.ErrUnsupported].
 //
-// A record sealed by a [Codec] has Sealed set. With body, a sealed answer
-// is opened with [Config.Codec] (an error wrapping [ErrCodec] if it cannot
-// be); a Guard without a Codec leaves Body nil: it never shows the sealed
-// bytes.
+// A record sealed by a [Codec] has Sealed set. With body, a stored answer
+// is opened as [Guard.Do] opens it for a replay: with [Config.Codec], the
+// answer sealed or not (the codec decides what it accepts: an error
+// wrapping [ErrCodec] where a replay would fail); a Guard without a Codec
+// leaves a sealed answer's Body nil: it never shows the sealed bytes.
 func (g *Guard[Tx]) Inspect(ctx context.Context, key Key, body bool) (*KeyInfo, error) {
 	info, err := g.inspect(ctx, key, body)
-	if err != nil || !body || !info.Sealed || info.Body == nil {
+	if err != nil || !body || (info.State != KeyCompleted && info.State != KeyExpired) {
 		return info, err
 	}
-	if g.cfg.Codec == nil {
+	switch {
+	case g.cfg.Codec == nil && info.Sealed:
 		info.Body = nil
 		return info, nil
+	case g.cfg.Codec == nil:
+		return info, nil
 	}
-	resp, err := g.open(ctx, key, true, info.Status, info.Header, info.Body)
+	resp, err := g.open(ctx, key, info.Sealed, info.Status, info.Header, info.Body)
 	if err != nil {
 		return nil, &backend.KeyError{Key: key, Err: err}
 	}

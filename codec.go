@@ -53,8 +53,33 @@ type Codec interface {
 	Seal(ctx context.Context, key Key, resp Response) (Response, error)
 	// Open returns the answer stored as stored for key: the inverse of
 	// Seal. It fails, rather than guess, for a record it cannot
-	// authenticate.
+	// authenticate. [StoredSealed](ctx) reports whether the Guard marked
+	// the record sealed when it stored it.
 	Open(ctx context.Context, key Key, stored Response) (Response, error)
+}
+
+type storedSealedKey struct{}
+
+// StoredSealed reports whether what a [Codec]'s Open or OpenData is asked
+// to open was stored sealed: a Guard with a Codec marks every answer it
+// seals, and stores an operation's sealed input and data apart from clear
+// ones, so it knows, whatever the bytes look like. It calls Open and
+// OpenData with a context that says so; other contexts report false.
+//
+// A Codec that passes through what was stored in clear, for the time a
+// switch to sealing takes (sealed.Keyring.AcceptPlain), must not pass
+// through what StoredSealed reports: those bytes were sealed, and if they
+// do not open they are damaged or were sealed by another codec, never an
+// answer to serve as it is.
+func StoredSealed(ctx context.Context) bool {
+	sealed, _ := ctx.Value(storedSealedKey{}).(bool)
+	return sealed
+}
+
+// withStoredSealed returns ctx for a Codec's Open or OpenData of what was
+// stored sealed or, if not sealed, in clear (see [StoredSealed]).
+func withStoredSealed(ctx context.Context, sealed bool) context.Context {
+	return context.WithValue(ctx, storedSealedKey{}, sealed)
 }
 
 // dataSealer is the optional part of a [Codec] that seals an
@@ -128,7 +153,8 @@ func (g *Guard[Tx]) replay(ctx context.Context, key Key, rec *backend.Record) (R
 
 // open returns the answer stored as status, h and body, opened by the
 // codec. A record marked sealed needs a codec: without one it fails with
-// [ErrCodec] rather than serve the sealed bytes. A record not marked (a
+// [ErrCodec] rather than serve the sealed bytes, and the codec is told
+// ([StoredSealed]) not to take it for a plain one. A record not marked (a
 // plain one, or one sealed before records were marked) goes to the codec
 // as it is, which decides (sealed.Keyring.AcceptPlain).
 func (g *Guard[Tx]) open(ctx context.Context, key Key, sealed bool, status int, h http.Header, body []byte) (Response, error) {
@@ -142,7 +168,7 @@ func (g *Guard[Tx]) open(ctx context.Context, key Key, sealed bool, status int, 
 		}
 		return resp, nil
 	}
-	out, err := g.cfg.Codec.Open(ctx, key, resp)
+	out, err := g.cfg.Codec.Open(withStoredSealed(ctx, sealed), key, resp)
 	if err != nil {
 		return Response{}, fmt.Errorf("%w: open: %w", ErrCodec, err)
 	}
@@ -187,22 +213,34 @@ func (g *Guard[Tx]) encodeProgress(ctx context.Context, key Key, p progress) ([]
 	return progress{Op: p.Op, Step: p.Step, Failure: p.Failure, sealed: append([]byte{}, sealed...)}.encode()
 }
 
-// openProgress returns p with its input and data opened by the Codec, if
-// they are sealed. Progress stored in clear (by a Guard without a Codec)
-// is taken as it is; the next save seals it.
+// openProgress returns p with its input and data opened by the Codec.
+// Without a Codec, progress stored in clear is taken as it is and sealed
+// progress fails with [ErrCodec]. With one, sealed progress is opened, and
+// progress stored in clear (by a Guard without a Codec, or written into
+// the table by hand) goes to OpenData in its clear encoding, which
+// decides, as Open does for an answer stored in clear: sealed.Codec
+// refuses it unless its Keyring has AcceptPlain. The next save seals it.
 func (g *Guard[Tx]) openProgress(ctx context.Context, key Key, p progress) (progress, error) {
-	if p.sealed == nil {
-		return p, nil
-	}
 	ds, err := g.dataSealer()
 	switch {
 	case err != nil:
 		return p, err
-	case ds == nil:
+	case ds == nil && p.sealed != nil:
 		return p, fmt.Errorf("%w: open: the operation's input and data are sealed and this Guard has no Config.Codec", ErrCodec)
+	case ds == nil:
+		return p, nil
 	}
-	inner, err := ds.OpenData(ctx, key, p.sealed)
+	stored := p.sealed
+	if stored == nil {
+		if stored, err = (progress{Input: p.Input, Data: p.Data}).encode(); err != nil {
+			return p, err
+		}
+	}
+	inner, err := ds.OpenData(withStoredSealed(ctx, p.sealed != nil), key, stored)
 	if err != nil {
+		if p.sealed == nil {
+			return p, fmt.Errorf("%w: the operation's input and data are stored in clear, and Config.Codec does not accept them: %w", ErrCodec, err)
+		}
 		return p, fmt.Errorf("%w: open the operation's input and data: %w", ErrCodec, err)
 	}
 	q, err := decodeProgress(inner)

@@ -45,7 +45,9 @@ type backend[Tx any] struct {
 	orders    func(ctx context.Context) (int, error)
 }
 
-func sqliteBackend(t *testing.T, ctx context.Context) backend[*sql.Tx] {
+// openSQLite returns a migrated SQLite store on a new file, and its
+// database.
+func openSQLite(t *testing.T, ctx context.Context) (*sql.DB, *sqlite.Store) {
 	db, err := sqlite.Open(ctx, filepath.Join(t.TempDir(), "sealed.db"))
 	if err != nil {
 		t.Fatal(err)
@@ -58,6 +60,11 @@ func sqliteBackend(t *testing.T, ctx context.Context) backend[*sql.Tx] {
 	if err := s.Migrate(ctx); err != nil {
 		t.Fatal(err)
 	}
+	return db, s
+}
+
+func sqliteBackend(t *testing.T, ctx context.Context) backend[*sql.Tx] {
+	db, s := openSQLite(t, ctx)
 	if _, err := db.ExecContext(ctx, `CREATE TABLE orders (id TEXT PRIMARY KEY, status TEXT NOT NULL)`); err != nil {
 		t.Fatal(err)
 	}

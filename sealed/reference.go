@@ -32,7 +32,8 @@ type Reference struct {
 	// fails the replay closed (the operation never runs again). Required.
 	Render func(ctx context.Context, key idempotency.Key, resourceID string) (idempotency.Response, error)
 	// AcceptPlain makes Open return records stored without this codec
-	// as they are, instead of failing with [ErrNotSealed].
+	// as they are, instead of failing with [ErrNotSealed]; never a record
+	// a Guard marked sealed ([idempotency.StoredSealed]).
 	AcceptPlain bool
 }
 
@@ -119,7 +120,7 @@ func (c *ReferenceCodec) Seal(_ context.Context, _ idempotency.Key, resp idempot
 // Open renders the answer of the resource the record names.
 func (c *ReferenceCodec) Open(ctx context.Context, key idempotency.Key, stored idempotency.Response) (idempotency.Response, error) {
 	if kindOf(stored.Body) != kindReference {
-		if c.cfg.AcceptPlain && kindOf(stored.Body) == 0 {
+		if c.cfg.AcceptPlain && kindOf(stored.Body) == 0 && !idempotency.StoredSealed(ctx) {
 			return stored, nil
 		}
 		return idempotency.Response{}, ErrNotSealed

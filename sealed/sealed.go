@@ -28,8 +28,11 @@ type Keyring struct {
 	Current string
 	// AcceptPlain makes Open return records stored without this codec
 	// (before sealing was turned on) as they are, instead of failing with
-	// [ErrNotSealed]. Turn it on while such records may still be
-	// replayed, for one TTL.
+	// [ErrNotSealed], and OpenData the input and data of operations left
+	// unfinished then. Turn it on while such records may still be
+	// replayed, for one TTL (and until such operations have finished).
+	// What a Guard stored sealed ([idempotency.StoredSealed]) is never
+	// taken for plain: damaged, or sealed by another codec, it fails.
 	AcceptPlain bool
 }
 
@@ -149,9 +152,9 @@ func (c *Codec) Seal(_ context.Context, key idempotency.Key, resp idempotency.Re
 }
 
 // Open decrypts a record Seal stored for key, with the key its id names.
-func (c *Codec) Open(_ context.Context, key idempotency.Key, stored idempotency.Response) (idempotency.Response, error) {
+func (c *Codec) Open(ctx context.Context, key idempotency.Key, stored idempotency.Response) (idempotency.Response, error) {
 	if kindOf(stored.Body) != kindAEAD {
-		if c.acceptPlain && kindOf(stored.Body) == 0 {
+		if c.acceptPlain && kindOf(stored.Body) == 0 && !idempotency.StoredSealed(ctx) {
 			return stored, nil
 		}
 		return idempotency.Response{}, ErrNotSealed
@@ -182,9 +185,15 @@ func (c *Codec) SealData(_ context.Context, key idempotency.Key, data []byte) ([
 	return c.seal(kindData, key, 0, data), nil
 }
 
-// OpenData decrypts what SealData sealed for key.
-func (c *Codec) OpenData(_ context.Context, key idempotency.Key, sealed []byte) ([]byte, error) {
+// OpenData decrypts what SealData sealed for key. Data stored in clear
+// (by a Guard without a codec) is refused with [ErrNotSealed], or, with
+// [Keyring].AcceptPlain, returned as it is unless the Guard stored it
+// sealed ([idempotency.StoredSealed]).
+func (c *Codec) OpenData(ctx context.Context, key idempotency.Key, sealed []byte) ([]byte, error) {
 	if kindOf(sealed) != kindData {
+		if c.acceptPlain && kindOf(sealed) == 0 && !idempotency.StoredSealed(ctx) {
+			return sealed, nil
+		}
 		return nil, ErrNotSealed
 	}
 	return c.open(key, 0, sealed)
