@@ -60,9 +60,15 @@ func loadKeyring(path string) (*sealed.Codec, error) {
 			clear(k)
 		}
 	}()
+	// A record stored in clear is shown as it is, with or without a
+	// keyring; one a Guard marked sealed never is (sealed refuses it,
+	// damaged or sealed by another codec: idempotency.StoredSealed).
+	kr.AcceptPlain = true
 	c, err := sealed.New(kr) // copies the keys
 	if err != nil {
-		return nil, usagef("-keyring %s: %v", path, err)
+		// parseKeyring checked all that New checks; New's errors quote
+		// key ids, which may be keys written in the wrong column.
+		return nil, usagef("-keyring %s: the keyring is refused by package sealed", path)
 	}
 	return c, nil
 }
@@ -72,10 +78,14 @@ var errKeyring = errors.New("malformed keyring")
 
 // parseKeyring reads a keyring file's content. Without a "current" line
 // the first key is the current one: idemctl only opens records, with any
-// key of the ring.
+// key of the ring. Its errors name a line and what is wrong with it,
+// never a field: a key id may be a key written in the wrong column. It
+// checks all that [sealed.New] checks, whose errors quote the ids.
 func parseKeyring(data []byte) (sealed.Keyring, error) {
 	kr := sealed.Keyring{Keys: map[string][]byte{}}
 	first := ""
+	lineOf := map[string]int{} // the line of each key id
+	currentLine := 0
 	sc := bufio.NewScanner(bytes.NewReader(data))
 	sc.Buffer(make([]byte, 0, 4096), maxKeyringFile)
 	for n := 1; sc.Scan(); n++ {
@@ -89,36 +99,76 @@ func parseKeyring(data []byte) (sealed.Keyring, error) {
 		}
 		id, value := fields[0], fields[1]
 		if id == "current" {
-			if kr.Current != "" {
+			if currentLine != 0 {
 				return kr, fmt.Errorf("%w: line %d: a second current line", errKeyring, n)
 			}
-			kr.Current = value
+			kr.Current, currentLine = value, n
 			continue
 		}
-		if _, dup := kr.Keys[id]; dup {
-			return kr, fmt.Errorf("%w: line %d: key id %q twice", errKeyring, n, id)
+		if len(value) != 2*sealed.KeySize {
+			hint := ""
+			if isKeyHex(id) {
+				hint = "; the key id looks like a key: write the id first, then the key"
+			}
+			return kr, fmt.Errorf("%w: line %d: the key is %d characters, want %d hexadecimal digits%s", errKeyring, n, len(value), 2*sealed.KeySize, hint)
+		}
+		if !validKeyID(id) {
+			return kr, fmt.Errorf("%w: line %d: the key id is not 1 to %d printable ASCII characters", errKeyring, n, sealed.MaxKeyIDLen)
+		}
+		if prev, dup := lineOf[id]; dup {
+			return kr, fmt.Errorf("%w: line %d: the key id of line %d again", errKeyring, n, prev)
 		}
 		key := make([]byte, sealed.KeySize)
-		if len(value) != 2*sealed.KeySize {
-			return kr, fmt.Errorf("%w: line %d: the key of %q is %d characters, want %d hexadecimal digits", errKeyring, n, id, len(value), 2*sealed.KeySize)
-		}
 		if _, err := hex.Decode(key, []byte(value)); err != nil {
 			// hex's error quotes the offending digit: keep it out.
-			return kr, fmt.Errorf("%w: line %d: the key of %q is not hexadecimal", errKeyring, n, id)
+			clear(key)
+			return kr, fmt.Errorf("%w: line %d: the key is not hexadecimal", errKeyring, n)
 		}
 		kr.Keys[id] = key
+		lineOf[id] = n
 		if first == "" {
 			first = id
 		}
 	}
 	if err := sc.Err(); err != nil {
+		// The scanner's errors (a line too long) quote nothing of the file.
 		return kr, fmt.Errorf("%w: %v", errKeyring, err)
 	}
 	if len(kr.Keys) == 0 {
 		return kr, fmt.Errorf("%w: no key: %s", errKeyring, keyringHelp)
 	}
-	if kr.Current == "" {
+	if currentLine == 0 {
 		kr.Current = first
+	} else if _, ok := kr.Keys[kr.Current]; !ok {
+		// sealed.New would refuse it too, quoting the id.
+		return kr, fmt.Errorf("%w: line %d: current names a key id that no line defines", errKeyring, currentLine)
 	}
 	return kr, nil
+}
+
+// validKeyID reports whether id is a key id [sealed.New] accepts: 1 to
+// [sealed.MaxKeyIDLen] bytes of printable ASCII without space.
+func validKeyID(id string) bool {
+	if id == "" || len(id) > sealed.MaxKeyIDLen {
+		return false
+	}
+	for i := range len(id) {
+		if id[i] <= ' ' || id[i] > '~' {
+			return false
+		}
+	}
+	return true
+}
+
+// isKeyHex reports whether s has the form of a key: 64 hexadecimal digits.
+func isKeyHex(s string) bool {
+	if len(s) != 2*sealed.KeySize {
+		return false
+	}
+	for i := range len(s) {
+		if !strings.ContainsRune("0123456789abcdefABCDEF", rune(s[i])) {
+			return false
+		}
+	}
+	return true
 }

@@ -66,12 +66,12 @@ func TestKeyringFile(t *testing.T) {
 	}{
 		"others read":     {good, 0o644, "mode 0644 lets others read or change the keys; chmod 600 it"},
 		"group read":      {good, 0o640, "chmod 600 it"},
-		"not hex":         {"a " + bad + "\n", 0o600, "line 1: the key of \"a\" is not hexadecimal"},
-		"short":           {"a " + k1[:62] + "\n", 0o600, "line 1: the key of \"a\" is 62 characters, want 64 hexadecimal digits"},
+		"not hex":         {"a " + bad + "\n", 0o600, "line 1: the key is not hexadecimal"},
+		"short":           {"a " + k1[:62] + "\n", 0o600, "line 1: the key is 62 characters, want 64 hexadecimal digits"},
 		"three fields":    {"# c\na " + k1 + " x\n", 0o600, "line 2 has 3 fields, want 2"},
-		"twice":           {"a " + k1 + "\na " + k2 + "\n", 0o600, "line 2: key id \"a\" twice"},
+		"twice":           {"a " + k1 + "\na " + k2 + "\n", 0o600, "line 2: the key id of line 1 again"},
 		"empty":           {"# nothing\n", 0o600, "no key"},
-		"unknown current": {"a " + k1 + "\ncurrent b\n", 0o600, "the current key \"b\" is not in the keyring"},
+		"unknown current": {"a " + k1 + "\ncurrent b\n", 0o600, "line 2: current names a key id that no line defines"},
 	} {
 		_, err := loadKeyring(writeKeyring(t, tc.content, tc.perm))
 		var ue *usageError
