@@ -1,6 +1,7 @@
 package idemhttp
 
 import (
+	"log/slog"
 	"time"
 
 	"github.com/go-idempotency/idempotency"
@@ -57,4 +58,36 @@ func (e RequestEvent) KeyHash() string {
 		return ""
 	}
 	return e.Key.Hash()
+}
+
+// LogValue makes [log/slog] log a RequestEvent as [observe.Event] logs
+// its own: a group of its key's hash (key_hash, [RequestEvent.KeyHash],
+// "" without a valid key), method, route, outcome, status and duration,
+// then waited, record_age, after_fn, quota_limit and error when set. It
+// never logs the raw key (scope or id).
+func (e RequestEvent) LogValue() slog.Value {
+	attrs := []slog.Attr{
+		slog.String("key_hash", e.KeyHash()),
+		slog.String("method", e.Method),
+		slog.String("route", e.Route),
+		slog.String("outcome", e.Outcome.String()),
+		slog.Int("status", e.Status),
+		slog.Duration("duration", e.Duration),
+	}
+	if e.Waited > 0 {
+		attrs = append(attrs, slog.Duration("waited", e.Waited))
+	}
+	if e.RecordAge > 0 {
+		attrs = append(attrs, slog.Duration("record_age", e.RecordAge))
+	}
+	if e.AfterFn {
+		attrs = append(attrs, slog.Bool("after_fn", true))
+	}
+	if e.QuotaLimit != "" {
+		attrs = append(attrs, slog.String("quota_limit", e.QuotaLimit))
+	}
+	if e.Err != nil {
+		attrs = append(attrs, slog.String("error", e.Err.Error()))
+	}
+	return slog.GroupValue(attrs...)
 }
