@@ -33,6 +33,13 @@ func keyColumns() []string {
 // or a DSN without a database, gives an error wrapping
 // [idempotency.ErrSchema] naming the table and what is missing: run
 // [Store.Migrate], or apply [Schema] (and [QuotaSchema]).
+//
+// The key columns scope and id must be VARBINARY, as [Schema] makes
+// them: a table made by other migrations with VARCHAR columns compares
+// keys by its collation (MySQL's default utf8mb4_0900_ai_ci ignores case
+// and accents), so scopes "Acme" and "acme" would be one key space and one
+// client could replay another's answer. Such a table gives an error
+// wrapping [idempotency.ErrSchema] too.
 func (s *Store) CheckSchema(ctx context.Context, c backend.SchemaCheck) error {
 	if err := s.checkColumns(ctx, s.table, keyColumns(), "Schema"); err != nil {
 		return err
@@ -60,16 +67,31 @@ func (s *Store) checkColumns(ctx context.Context, table string, want []string, d
 	case err != nil:
 		return mapError(ctx, err, false, "mysql: check the schema of %s", table)
 	}
-	cols, err := rows.Columns()
+	types, err := rows.ColumnTypes()
 	if cerr := rows.Close(); err == nil {
 		err = cerr
 	}
 	if err != nil {
 		return mapError(ctx, err, false, "mysql: check the schema of %s", table)
 	}
+	cols := make([]string, len(types))
+	for i, ct := range types {
+		cols[i] = ct.Name()
+	}
 	if missing := backend.MissingColumns(cols, want); len(missing) > 0 {
 		return fmt.Errorf("%w: mysql: table %s lacks the column(s) %s of this version: %s",
 			idempotency.ErrSchema, table, strings.Join(missing, ", "), hint)
+	}
+	if table != s.table {
+		return nil
+	}
+	for _, ct := range types {
+		if name := strings.ToLower(ct.Name()); (name == "scope" || name == "id") && ct.DatabaseTypeName() != "VARBINARY" {
+			return fmt.Errorf("%w: mysql: table %s: column %s is %s, not VARBINARY: keys would compare by its collation, so keys that differ "+
+				"only in case, accents or trailing spaces would be one key (one client could replay another's answer): "+
+				"ALTER TABLE `%s` MODIFY %s VARBINARY(255) NOT NULL, as mysql.Schema(%q) makes it",
+				idempotency.ErrSchema, table, name, ct.DatabaseTypeName(), table, name, s.table)
+		}
 	}
 	return nil
 }

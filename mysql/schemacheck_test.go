@@ -64,6 +64,23 @@ func TestSchemaMissing(t *testing.T) {
 		testkit.SchemaBroken(t, ctx, guard(f.store), f.table, true, "fingerprint")
 	})
 
+	t.Run("KeysByCollation", func(t *testing.T) {
+		// A table of the user's own migrations with VARCHAR keys: the
+		// default collation takes "Acme" and "acme" for one scope.
+		for _, col := range []string{"scope", "id"} {
+			f := newFixture(t, db, nil)
+			if _, err := db.ExecContext(ctx, "ALTER TABLE `"+f.table+"` MODIFY "+col+" VARCHAR(255) CHARACTER SET utf8mb4 NOT NULL"); err != nil {
+				t.Fatal(err)
+			}
+			err := guard(f.store).CheckSchema(ctx, idempotency.SchemaCheck{})
+			testkit.SchemaErr(t, "CheckSchema", err, f.table, "column "+col+" is VARCHAR, not VARBINARY", "MODIFY "+col+" VARBINARY(255)")
+		}
+		f := newFixture(t, db, nil)
+		if err := guard(f.store).CheckSchema(ctx, idempotency.SchemaCheck{Quota: true}); err != nil {
+			t.Fatalf("CheckSchema of the table Migrate made: %v", err)
+		}
+	})
+
 	t.Run("V010", func(t *testing.T) {
 		// Do works on a table of v0.1.0 (TestMigrateFromV010); operations
 		// and the check need the columns Migrate adds.

@@ -65,6 +65,34 @@ func TestSchemaMissing(t *testing.T) {
 		testkit.SchemaBroken(t, ctx, f.guard(t, nil), f.table, true, f.table, "fingerprint")
 	})
 
+	t.Run("KeysByCollation", func(t *testing.T) {
+		// Tables of the user's own migrations whose keys do not compare
+		// byte for byte: "Acme" and "acme" (or "a" and "a ") one key.
+		coll := testkit.Name("idem_ci_")
+		if _, err := pool.Exec(ctx, `CREATE COLLATION "`+coll+`" (provider = icu, locale = 'und-u-ks-level2', deterministic = false)`); err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { _, _ = pool.Exec(context.Background(), `DROP COLLATION IF EXISTS "`+coll+`"`) })
+		for _, c := range []struct{ alter, want string }{
+			{`ALTER COLUMN scope TYPE character(255)`, "column scope is character, not text"},
+			{`ALTER COLUMN id TYPE text COLLATE "` + coll + `"`, "column id has a nondeterministic collation"},
+		} {
+			f := newFixture(t, pool, postgres.Config{})
+			if _, err := pool.Exec(ctx, `ALTER TABLE "`+f.table+`" `+c.alter); err != nil {
+				t.Fatal(err)
+			}
+			err := f.guard(t, nil).CheckSchema(ctx, idempotency.SchemaCheck{})
+			testkit.SchemaErr(t, "CheckSchema", err, f.table, c.want, `text COLLATE "C"`)
+		}
+		f := newFixture(t, pool, postgres.Config{})
+		if _, err := pool.Exec(ctx, `ALTER TABLE "`+f.table+`" ALTER COLUMN id TYPE character varying(255) COLLATE "C"`); err != nil {
+			t.Fatal(err)
+		}
+		if err := f.guard(t, nil).CheckSchema(ctx, idempotency.SchemaCheck{Quota: true}); err != nil {
+			t.Fatalf("CheckSchema of a table with varchar keys: %v", err)
+		}
+	})
+
 	t.Run("V010", func(t *testing.T) {
 		// Do works on a table of v0.1.0 (TestMigrateFromV010); operations
 		// and the check need the columns Migrate adds.

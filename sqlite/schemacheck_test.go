@@ -55,6 +55,35 @@ func TestSchemaMissing(t *testing.T) {
 		testkit.SchemaErr(t, "Admit", err, table+"_quota", "Migrate")
 	})
 
+	t.Run("KeysByCollation", func(t *testing.T) {
+		// A table of the user's own migrations whose key columns ignore
+		// case: "Acme" and "acme" would be one scope.
+		for _, col := range []string{"scope", "id"} {
+			table := testkit.Name("keys_")
+			ddl, err := sqlite.Schema(table)
+			if err != nil {
+				t.Fatal(err)
+			}
+			old := "\t" + col + " "
+			i := strings.Index(ddl, old)
+			j := i + strings.Index(ddl[i:], "COLLATE BINARY")
+			if i < 0 || j < i {
+				t.Fatalf("no %s column with COLLATE BINARY in %s", col, ddl)
+			}
+			ddl = ddl[:j] + "COLLATE NOCASE" + ddl[j+len("COLLATE BINARY"):]
+			if _, err := db.ExecContext(ctx, ddl); err != nil {
+				t.Fatal(err)
+			}
+			_, g := store(t, table, false)
+			err = g.CheckSchema(ctx, idempotency.SchemaCheck{})
+			testkit.SchemaErr(t, "CheckSchema", err, table, "compares "+col+" by COLLATE NOCASE, not BINARY")
+		}
+		_, g := store(t, testkit.Name("keys_"), true)
+		if err := g.CheckSchema(ctx, idempotency.SchemaCheck{Quota: true}); err != nil {
+			t.Fatalf("CheckSchema of the table Migrate made: %v", err)
+		}
+	})
+
 	t.Run("ColumnMissing", func(t *testing.T) {
 		table := testkit.Name("keys_")
 		_, g := store(t, table, true)
