@@ -18,11 +18,12 @@ import (
 // asked. The store must implement [backend.KeyAdmin] (every store of this module
 // does); others give an error wrapping [errors.ErrUnsupported].
 //
-// A record sealed by a [Codec] has Sealed set. With body, a stored answer
-// is opened as [Guard.Do] opens it for a replay: with [Config.Codec], the
-// answer sealed or not (the codec decides what it accepts: an error
-// wrapping [ErrCodec] where a replay would fail); a Guard without a Codec
-// leaves a sealed answer's Body nil: it never shows the sealed bytes.
+// A record sealed by a [Codec] has Sealed set. With body, a completed
+// answer is opened as [Guard.Do] opens it for a replay: with
+// [Config.Codec], sealed or not (the codec decides what it accepts: an
+// error wrapping [ErrCodec] where a replay would fail); an expired one only
+// if sealed. A Guard without a Codec leaves a sealed answer's Body nil: it
+// never shows the sealed bytes.
 func (g *Guard[Tx]) Inspect(ctx context.Context, key Key, body bool) (*KeyInfo, error) {
 	info, err := g.inspect(ctx, key, body)
 	if err != nil || !body || (info.State != KeyCompleted && info.State != KeyExpired) {
@@ -32,7 +33,9 @@ func (g *Guard[Tx]) Inspect(ctx context.Context, key Key, body bool) (*KeyInfo, 
 	case g.cfg.Codec == nil && info.Sealed:
 		info.Body = nil
 		return info, nil
-	case g.cfg.Codec == nil:
+	case g.cfg.Codec == nil, info.State == KeyExpired && !info.Sealed:
+		// An expired answer stored in clear is shown as it is: no replay
+		// serves it, and a strict codec would fail what is not served.
 		return info, nil
 	}
 	resp, err := g.open(ctx, key, info.Sealed, info.Status, info.Header, info.Body)

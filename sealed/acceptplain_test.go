@@ -171,6 +171,12 @@ func TestAcceptPlainNeverOpensMarked(t *testing.T) {
 	if n := d.runs.Load(); n != runs {
 		t.Errorf("fn ran %d more times; want none", n-runs)
 	}
+	// An expired answer stored in clear is shown as it is: no replay
+	// serves it (the status resource answers 404, not 503).
+	d.exec(t, ctx, `UPDATE idempotency_keys SET expires_at = 1 WHERE id = 'plain'`)
+	if info, err := inspect(strict, "plain"); err != nil || info.State != idempotency.KeyExpired || string(info.Body) != `{"id":"order-1"}` {
+		t.Errorf("Inspect of an expired plain record without AcceptPlain: %+v, %v; want it expired, as stored", info, err)
+	}
 }
 
 // TestAcceptPlainProgress: an operation left unfinished by a Guard
