@@ -41,7 +41,9 @@ const (
 // random key ([NewKeyID]) sent as an sf-string ("8e03978e-..."), the draft's
 // form.
 // The key of a request can be read back from the response:
-// resp.Request.Header.Get("Idempotency-Key").
+// resp.Request.Header.Get("Idempotency-Key"), and, when no attempt got an
+// answer, from the error ([ErrorKey]): a caller that tries the
+// operation again later must send that key, not let a new one be made.
 //
 // A request with a key is retried when Retry says so, up to MaxAttempts
 // attempts and while Budget allows. [DefaultRetry] retries transport
@@ -115,10 +117,39 @@ type RetryEvent struct {
 	Wait time.Duration
 }
 
+// attemptError is the error of [Transport.RoundTrip] once an attempt was
+// sent and no response is returned; see [ErrorKey].
+type attemptError struct {
+	header, key string // the key header's name and its value as sent
+	err         error  // the error, its text that of the attemptError
+}
+
+func (e *attemptError) Error() string { return e.err.Error() }
+
+func (e *attemptError) Unwrap() error { return e.err }
+
+// ErrorKey returns the idempotency key that every attempt of a request
+// carried (the [Transport]'s generated one or the caller's own: header is
+// its name, key its value as sent), when err is [Transport.RoundTrip]'s
+// error after at least one attempt was sent and no response is returned
+// (transport errors, a context that ended, [ErrKeyExpired]), as wrapped
+// by http.Client's *url.Error. The operation may then have run once: to
+// try it again later, send the request with this key. Sent again without
+// it, the request gets a new key, and the server runs the operation as a
+// new one. ok is false for other errors. The error's text names no key.
+func ErrorKey(err error) (header, key string, ok bool) {
+	var ae *attemptError
+	if !errors.As(err, &ae) {
+		return "", "", false
+	}
+	return ae.header, ae.key, true
+}
+
 // RoundTrip sends req as one logical operation, retrying as described on
 // [Transport]. It returns the last attempt's response (the caller closes
 // its body) or, when the last attempt failed, its error wrapped with the
-// attempt count. req is not modified; each attempt is a clone of it.
+// attempt count; [ErrorKey] reads the key from it. req is not
+// modified; each attempt is a clone of it.
 func (t *Transport) RoundTrip(req *http.Request) (*http.Response, error) {
 	send := t.Base
 	if send == nil {
@@ -135,6 +166,11 @@ func (t *Transport) RoundTrip(req *http.Request) (*http.Response, error) {
 		}
 		key = quoteKey(NewKeyID())
 	}
+	sentKey := key
+	if sentKey == "" {
+		sentKey = strings.Join(req.Header.Values(header), ", ")
+	}
+	failed := func(err error) error { return &attemptError{header: header, key: sentKey, err: err} }
 	getBody, err := replayableBody(req)
 	if err != nil {
 		return nil, err
@@ -157,7 +193,11 @@ func (t *Transport) RoundTrip(req *http.Request) (*http.Response, error) {
 		}
 		if getBody != nil {
 			if areq.Body, err = getBody(); err != nil {
-				return nil, fmt.Errorf("idemhttp: attempt %d: GetBody: %w", attempt, err)
+				err = fmt.Errorf("idemhttp: attempt %d: GetBody: %w", attempt, err)
+				if attempt > 1 {
+					err = failed(err)
+				}
+				return nil, err
 			}
 			areq.GetBody = getBody
 		}
@@ -169,11 +209,11 @@ func (t *Transport) RoundTrip(req *http.Request) (*http.Response, error) {
 			}
 		}
 		if err != nil && ctx.Err() != nil {
-			return nil, fmt.Errorf("idemhttp: attempt %d of %d: %w", attempt, maxAttempts, err)
+			return nil, failed(fmt.Errorf("idemhttp: attempt %d of %d: %w", attempt, maxAttempts, err))
 		}
 		answer := func() (*http.Response, error) {
 			if err != nil {
-				return nil, fmt.Errorf("idemhttp: attempt %d of %d: %w", attempt, maxAttempts, err)
+				return nil, failed(fmt.Errorf("idemhttp: attempt %d of %d: %w", attempt, maxAttempts, err))
 			}
 			return resp, nil
 		}
@@ -188,7 +228,7 @@ func (t *Transport) RoundTrip(req *http.Request) (*http.Response, error) {
 			return answer()
 		}
 		if !expires.IsZero() && !time.Now().Add(wait).Before(expires) {
-			return nil, t.expired(attempt, maxAttempts, resp, err, expires, wait)
+			return nil, failed(t.expired(attempt, maxAttempts, resp, err, expires, wait))
 		}
 		if !t.Budget.withdraw() {
 			return answer()
@@ -203,9 +243,9 @@ func (t *Transport) RoundTrip(req *http.Request) (*http.Response, error) {
 		}
 		if serr := sleep(ctx, wait); serr != nil {
 			if err != nil {
-				return nil, fmt.Errorf("idemhttp: waiting after attempt %d: %w (last error: %w)", attempt, serr, err)
+				return nil, failed(fmt.Errorf("idemhttp: waiting after attempt %d: %w (last error: %w)", attempt, serr, err))
 			}
-			return nil, fmt.Errorf("idemhttp: waiting after attempt %d (last status %d): %w", attempt, resp.StatusCode, serr)
+			return nil, failed(fmt.Errorf("idemhttp: waiting after attempt %d (last status %d): %w", attempt, resp.StatusCode, serr))
 		}
 	}
 }
