@@ -160,7 +160,8 @@ func (t *Transport) RoundTrip(req *http.Request) (*http.Response, error) {
 		header = DefaultKeyHeader
 	}
 	key := ""
-	if len(req.Header.Values(header)) == 0 {
+	callers := headerValues(req.Header, header)
+	if len(callers) == 0 {
 		if !t.keyed(req.Method) {
 			return send.RoundTrip(req)
 		}
@@ -168,7 +169,7 @@ func (t *Transport) RoundTrip(req *http.Request) (*http.Response, error) {
 	}
 	sentKey := key
 	if sentKey == "" {
-		sentKey = strings.Join(req.Header.Values(header), ", ")
+		sentKey = strings.Join(callers, ", ")
 	}
 	failed := func(err error) error { return &attemptError{header: header, key: sentKey, err: err} }
 	getBody, err := replayableBody(req)
@@ -283,6 +284,20 @@ func keyExpiry(resp *http.Response, sent time.Time) (time.Time, bool) {
 		}
 	}
 	return e, true
+}
+
+// headerValues returns the values of h's header name, under its
+// canonical form or any other spelling (a header set directly in the map,
+// h["idempotency-key"], which Header.Values does not see): a caller's key
+// however it was written, so that no second key is generated beside it.
+func headerValues(h http.Header, name string) []string {
+	var vs []string
+	for k, v := range h {
+		if strings.EqualFold(k, name) {
+			vs = append(vs, v...)
+		}
+	}
+	return vs
 }
 
 func (t *Transport) keyed(method string) bool {

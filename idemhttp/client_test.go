@@ -182,6 +182,23 @@ func TestTransportKeepsCallersKey(t *testing.T) {
 	}
 }
 
+// TestTransportKeepsCallersKeyAnySpelling: a key header set in the map
+// under a name that is not canonical is the caller's key too: no second,
+// generated key is sent beside it (the server would refuse two keys).
+func TestTransportKeepsCallersKeyAnySpelling(t *testing.T) {
+	t.Parallel()
+	rec, srv := startRecorder(t, status(http.StatusServiceUnavailable), status(http.StatusOK))
+	req := post(t, testkit.Context(t, 20*time.Second), srv.URL, `x`)
+	req.Header["idempotency-key"] = []string{"my-own-key"}
+	resp, _ := do(t, fastTransport(srv), req)
+	if resp.StatusCode != http.StatusOK {
+		t.Fatalf("status %d, want 200", resp.StatusCode)
+	}
+	if key := sameKey(t, rec, 2, "x"); key != "my-own-key" {
+		t.Errorf("server saw key %q, want only the caller's my-own-key", key)
+	}
+}
+
 func TestTransportNeverRetriesOther4xx(t *testing.T) {
 	t.Parallel()
 	for _, code := range []int{400, 401, 404, 413, 422} {
