@@ -75,7 +75,30 @@ func TestReadmeSnippets(t *testing.T) {
 func readmeRegions(root string) (map[string]readmeRegion, []string) {
 	regions := map[string]readmeRegion{}
 	var problems []string
-	err := filepath.WalkDir(root, func(path string, d fs.DirEntry, err error) error {
+	err := walkGoFiles(root, func(path string, src []byte) error {
+		found, p := readmeParseRegions(path, string(src))
+		problems = append(problems, p...)
+		for _, name := range slices.Sorted(maps.Keys(found)) {
+			r := found[name]
+			if prev, dup := regions[name]; dup {
+				problems = append(problems, fmt.Sprintf("%s:%d: region %q already defined at %s:%d", r.file, r.line-1, name, prev.file, prev.line-1))
+				continue
+			}
+			regions[name] = r
+		}
+		return nil
+	})
+	if err != nil {
+		problems = append(problems, err.Error())
+	}
+	return regions, problems
+}
+
+// walkGoFiles calls fn with the path and content of every .go file under
+// root, in every module of the repository, skipping testdata, vendor,
+// node_modules and hidden directories.
+func walkGoFiles(root string, fn func(path string, src []byte) error) error {
+	return filepath.WalkDir(root, func(path string, d fs.DirEntry, err error) error {
 		if err != nil {
 			return err
 		}
@@ -93,22 +116,8 @@ func readmeRegions(root string) (map[string]readmeRegion, []string) {
 		if err != nil {
 			return err
 		}
-		found, p := readmeParseRegions(path, string(src))
-		problems = append(problems, p...)
-		for _, name := range slices.Sorted(maps.Keys(found)) {
-			r := found[name]
-			if prev, dup := regions[name]; dup {
-				problems = append(problems, fmt.Sprintf("%s:%d: region %q already defined at %s:%d", r.file, r.line-1, name, prev.file, prev.line-1))
-				continue
-			}
-			regions[name] = r
-		}
-		return nil
+		return fn(path, src)
 	})
-	if err != nil {
-		problems = append(problems, err.Error())
-	}
-	return regions, problems
 }
 
 // readmeParseRegions returns the regions of one Go file.
