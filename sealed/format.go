@@ -2,6 +2,7 @@ package sealed
 
 import (
 	"bytes"
+	"context"
 	"encoding/binary"
 	"errors"
 	"fmt"
@@ -41,6 +42,13 @@ func kindOf(body []byte) byte {
 		return 0
 	}
 	return body[len(magic)]
+}
+
+// passPlain reports whether a codec whose AcceptPlain is accept returns
+// stored as it is: bytes of no kind of this package that the Guard did
+// not store sealed ([idempotency.StoredSealed]).
+func passPlain(ctx context.Context, accept bool, stored []byte) bool {
+	return accept && kindOf(stored) == 0 && !idempotency.StoredSealed(ctx)
 }
 
 // appendString appends s with its length as a uvarint.

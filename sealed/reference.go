@@ -120,7 +120,7 @@ func (c *ReferenceCodec) Seal(_ context.Context, _ idempotency.Key, resp idempot
 // Open renders the answer of the resource the record names.
 func (c *ReferenceCodec) Open(ctx context.Context, key idempotency.Key, stored idempotency.Response) (idempotency.Response, error) {
 	if kindOf(stored.Body) != kindReference {
-		if c.cfg.AcceptPlain && kindOf(stored.Body) == 0 && !idempotency.StoredSealed(ctx) {
+		if passPlain(ctx, c.cfg.AcceptPlain, stored.Body) {
 			return stored, nil
 		}
 		return idempotency.Response{}, ErrNotSealed

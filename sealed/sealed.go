@@ -154,7 +154,7 @@ func (c *Codec) Seal(_ context.Context, key idempotency.Key, resp idempotency.Re
 // Open decrypts a record Seal stored for key, with the key its id names.
 func (c *Codec) Open(ctx context.Context, key idempotency.Key, stored idempotency.Response) (idempotency.Response, error) {
 	if kindOf(stored.Body) != kindAEAD {
-		if c.acceptPlain && kindOf(stored.Body) == 0 && !idempotency.StoredSealed(ctx) {
+		if passPlain(ctx, c.acceptPlain, stored.Body) {
 			return stored, nil
 		}
 		return idempotency.Response{}, ErrNotSealed
@@ -191,7 +191,7 @@ func (c *Codec) SealData(_ context.Context, key idempotency.Key, data []byte) ([
 // sealed ([idempotency.StoredSealed]).
 func (c *Codec) OpenData(ctx context.Context, key idempotency.Key, sealed []byte) ([]byte, error) {
 	if kindOf(sealed) != kindData {
-		if c.acceptPlain && kindOf(sealed) == 0 && !idempotency.StoredSealed(ctx) {
+		if passPlain(ctx, c.acceptPlain, sealed) {
 			return sealed, nil
 		}
 		return nil, ErrNotSealed
