@@ -2,6 +2,7 @@ package mysql
 
 import (
 	"context"
+	"database/sql"
 	"errors"
 	"fmt"
 	"strings"
@@ -41,56 +42,64 @@ func keyColumns() []string {
 // client could replay another's answer. Such a table gives an error
 // wrapping [idempotency.ErrSchema] too.
 func (s *Store) CheckSchema(ctx context.Context, c backend.SchemaCheck) error {
-	if err := s.checkColumns(ctx, s.table, keyColumns(), "Schema"); err != nil {
+	types, err := s.checkColumns(ctx, s.table, keyColumns(), "Schema")
+	if err != nil {
+		return err
+	}
+	if err := s.checkKeyTypes(types); err != nil {
 		return err
 	}
 	if !c.Quota {
 		return nil
 	}
-	return s.checkColumns(ctx, quotaName(s.table), quotaColumns, "QuotaSchema")
+	_, err = s.checkColumns(ctx, quotaName(s.table), quotaColumns, "QuotaSchema")
+	return err
 }
 
-// checkColumns checks that table has the columns want; ddl names the
-// function whose DDL creates it. It reads the columns of an empty result
-// of the table, not information_schema (whose temporary tables a busy
-// MariaDB may fail to clean up, failing the check for no reason of the
-// schema's).
-func (s *Store) checkColumns(ctx context.Context, table string, want []string, ddl string) error {
+// checkColumns checks that table has the columns want, and returns the
+// table's columns; ddl names the function whose DDL creates it. It reads
+// the columns of an empty result of the table, not information_schema
+// (whose temporary tables a busy MariaDB may fail to clean up, failing the
+// check for no reason of the schema's).
+func (s *Store) checkColumns(ctx context.Context, table string, want []string, ddl string) ([]*sql.ColumnType, error) {
 	hint := fmt.Sprintf("run Store.Migrate, or apply mysql.%s(%q) in your migrations", ddl, s.table)
 	rows, err := s.db.QueryContext(ctx, "SELECT * FROM `"+table+"` LIMIT 0")
 	var me *gomysql.MySQLError
 	switch {
 	case errors.As(err, &me) && me.Number == erNoSuchTable && ctx.Err() == nil:
-		return fmt.Errorf("%w: mysql: table %s does not exist in the DSN's database (%s): %s", idempotency.ErrSchema, table, me.Message, hint)
+		return nil, fmt.Errorf("%w: mysql: table %s does not exist in the DSN's database (%s): %s", idempotency.ErrSchema, table, me.Message, hint)
 	case errors.As(err, &me) && me.Number == erNoDB && ctx.Err() == nil:
-		return fmt.Errorf("%w: mysql: table %s: the DSN names no database (%s): %s", idempotency.ErrSchema, table, me.Message, hint)
+		return nil, fmt.Errorf("%w: mysql: table %s: the DSN names no database (%s): %s", idempotency.ErrSchema, table, me.Message, hint)
 	case err != nil:
-		return mapError(ctx, err, false, "mysql: check the schema of %s", table)
+		return nil, mapError(ctx, err, false, "mysql: check the schema of %s", table)
 	}
 	types, err := rows.ColumnTypes()
 	if cerr := rows.Close(); err == nil {
 		err = cerr
 	}
 	if err != nil {
-		return mapError(ctx, err, false, "mysql: check the schema of %s", table)
+		return nil, mapError(ctx, err, false, "mysql: check the schema of %s", table)
 	}
 	cols := make([]string, len(types))
 	for i, ct := range types {
 		cols[i] = ct.Name()
 	}
 	if missing := backend.MissingColumns(cols, want); len(missing) > 0 {
-		return fmt.Errorf("%w: mysql: table %s lacks the column(s) %s of this version: %s",
+		return nil, fmt.Errorf("%w: mysql: table %s lacks the column(s) %s of this version: %s",
 			idempotency.ErrSchema, table, strings.Join(missing, ", "), hint)
 	}
-	if table != s.table {
-		return nil
-	}
+	return types, nil
+}
+
+// checkKeyTypes checks that the keys table's columns scope and id, among
+// types, compare byte for byte: VARBINARY.
+func (s *Store) checkKeyTypes(types []*sql.ColumnType) error {
 	for _, ct := range types {
 		if name := strings.ToLower(ct.Name()); (name == "scope" || name == "id") && ct.DatabaseTypeName() != "VARBINARY" {
 			return fmt.Errorf("%w: mysql: table %s: column %s is %s, not VARBINARY: keys would compare by its collation, so keys that differ "+
 				"only in case, accents or trailing spaces would be one key (one client could replay another's answer): "+
 				"ALTER TABLE `%s` MODIFY %s VARBINARY(255) NOT NULL, as mysql.Schema(%q) makes it",
-				idempotency.ErrSchema, table, name, ct.DatabaseTypeName(), table, name, s.table)
+				idempotency.ErrSchema, s.table, name, ct.DatabaseTypeName(), s.table, name, s.table)
 		}
 	}
 	return nil
